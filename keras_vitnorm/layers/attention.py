@@ -1,0 +1,162 @@
+"""Multi-head self-attention with the normalization hooks of QK-norm, NormFormer and Sub-LN."""
+
+import keras
+from keras import ops
+
+from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.normalization import make_norm
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention over `(batch, tokens, width)` inputs.
+
+    One fused `qkv` projection (kernel `(width, 3 * width)`, columns ordered
+    `[q | k | v]`, each head-major like timm), attention through
+    `keras.ops.dot_product_attention`, then the `out` projection.
+
+    Args:
+        num_heads: int. `width` must be divisible by it.
+        qkv_bias: bool, default `True`.
+        qk_norm: str or None, default `None`. A `norm` type applied to q and k
+            over the head dimension (weights shared by all heads), before the
+            `1/sqrt(head_dim)` scaling (ViT-22B).
+        head_scale: bool, default `False`. NormFormer per-head learnable gains
+            (init 1), applied to each head's output before the out projection
+            (the paper's form, not fairseq's post-projection one).
+        inner_norm: str or None, default `None`. A `norm` type applied to the
+            concatenated heads before the out projection (Sub-LN / Magneto).
+        norm_epsilon: float, default `1e-6`, for `qk_norm` and `inner_norm`.
+        norm_groups: int, default `32`, for `groupnorm`.
+        init_scale: float, default `1.0`. Multiplies the initial value and out
+            projection weights (DeepNorm beta, Sub-LN gamma).
+        dropout: float, default `0.0`. Dropout after the out projection.
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> attention = MultiHeadSelfAttention(num_heads=4)
+    >>> y = attention(keras.random.normal((2, 17, 32)))
+
+    Reference:
+    - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    - [Shleifer et al., NormFormer, 2021](https://arxiv.org/abs/2110.09456)
+    - [Wang et al., Foundation Transformers (Sub-LN), 2022](https://arxiv.org/abs/2210.06423)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        qkv_bias=True,
+        qk_norm=None,
+        head_scale=False,
+        inner_norm=None,
+        norm_epsilon=1e-6,
+        norm_groups=32,
+        init_scale=1.0,
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        self.num_heads = num_heads
+        self.qkv_bias = qkv_bias
+        self.qk_norm = qk_norm
+        self.head_scale = head_scale
+        self.inner_norm = inner_norm
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.init_scale = init_scale
+        self.dropout = dropout
+
+    def _norm(self, norm, name):
+        return make_norm(
+            norm,
+            epsilon=self.norm_epsilon,
+            groups=self.norm_groups,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(
+                f"width={width} is not divisible by num_heads={self.num_heads}. "
+                f"Pick num_heads among the divisors of {width}."
+            )
+        self.head_dim = width // self.num_heads
+        self.qkv = keras.layers.Dense(
+            3 * width,
+            use_bias=self.qkv_bias,
+            kernel_initializer="glorot_uniform",
+            name="qkv",
+            dtype=self.dtype_policy,
+        )
+        self.qkv.build(input_shape)
+        self.out = keras.layers.Dense(
+            width, kernel_initializer="glorot_uniform", name="out", dtype=self.dtype_policy
+        )
+        self.out.build(input_shape)
+        if self.init_scale != 1.0:
+            # Only the value third of the fused qkv kernel (and bias) is scaled.
+            segments = [1.0, 1.0, self.init_scale]
+            scale_variable(self.qkv.kernel, self.init_scale, segments=segments)
+            if self.qkv_bias:
+                scale_variable(self.qkv.bias, self.init_scale, segments=segments)
+            scale_variable(self.out.kernel, self.init_scale)
+            scale_variable(self.out.bias, self.init_scale)
+        self.q_norm = self.k_norm = None
+        if self.qk_norm is not None:
+            head_shape = (None, None, self.num_heads, self.head_dim)
+            self.q_norm = self._norm(self.qk_norm, "q_norm")
+            self.k_norm = self._norm(self.qk_norm, "k_norm")
+            self.q_norm.build(head_shape)
+            self.k_norm.build(head_shape)
+        self.head_gains = None
+        if self.head_scale:
+            self.head_gains = self.add_weight(
+                name="head_scale", shape=(self.num_heads, 1), initializer="ones"
+            )
+        self.inner_norm_layer = None
+        if self.inner_norm is not None:
+            self.inner_norm_layer = self._norm(self.inner_norm, "inner_norm")
+            self.inner_norm_layer.build(input_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, training=None):
+        num_tokens, width = x.shape[1], x.shape[2]
+        qkv = self.qkv(x)
+        qkv = ops.reshape(qkv, (-1, num_tokens, 3, self.num_heads, self.head_dim))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if self.q_norm is not None:
+            q = self.q_norm(q, training=training)
+            k = self.k_norm(k, training=training)
+        y = ops.dot_product_attention(q, k, v)
+        if self.head_gains is not None:
+            y = y * ops.cast(self.head_gains, y.dtype)
+        y = ops.reshape(y, (-1, num_tokens, width))
+        if self.inner_norm_layer is not None:
+            y = self.inner_norm_layer(y, training=training)
+        y = self.out(y)
+        return self.dropout_layer(y, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "qkv_bias": self.qkv_bias,
+                "qk_norm": self.qk_norm,
+                "head_scale": self.head_scale,
+                "inner_norm": self.inner_norm,
+                "norm_epsilon": self.norm_epsilon,
+                "norm_groups": self.norm_groups,
+                "init_scale": self.init_scale,
+                "dropout": self.dropout,
+            }
+        )
+        return config

@@ -1,0 +1,317 @@
+"""The transformer encoder block with configurable norm placement and block style."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers._validation import check_rate
+from keras_vitnorm.layers.attention import MultiHeadSelfAttention
+from keras_vitnorm.layers.mlp import MLP
+from keras_vitnorm.layers.normalization import NORM_TYPES
+from keras_vitnorm.layers.normalization import make_norm
+
+#: Every value accepted by `attn_norm` and `mlp_norm`.
+PLACEMENTS = ("pre", "post", "pre_post", "none")
+#: Every value accepted by `block_style`.
+BLOCK_STYLES = ("standard", "normformer", "sub_ln", "deepnorm")
+
+
+def deepnorm_alpha(num_layers):
+    """DeepNorm residual weight for an N-block encoder: `(2N) ** (1/4)`."""
+    return (2.0 * num_layers) ** 0.25
+
+
+def deepnorm_beta(num_layers):
+    """DeepNorm init gain for an N-block encoder: `(8N) ** (-1/4)`."""
+    return (8.0 * num_layers) ** -0.25
+
+
+def sub_ln_gamma(num_layers):
+    """Sub-LN (Magneto) init gain for an N-block encoder: `sqrt(log(2N))`."""
+    return math.sqrt(math.log(2.0 * num_layers))
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class LayerScale(keras.layers.Layer):
+    """Per-channel learnable scale `gamma * x`, `gamma` initialized to `init_value`.
+
+    Args:
+        init_value: float. Initial value of every channel's scale.
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> y = LayerScale(1e-4)(keras.random.normal((2, 5, 8)))
+
+    Reference:
+    - [Touvron et al., CaiT, 2021](https://arxiv.org/abs/2103.17239)
+    """
+
+    def __init__(self, init_value, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = init_value
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(
+            name="gamma",
+            shape=(input_shape[-1],),
+            initializer=keras.initializers.Constant(self.init_value),
+        )
+
+    def call(self, x):
+        return x * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"init_value": self.init_value})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class EncoderBlock(keras.layers.Layer):
+    """One transformer block (attention sublayer then MLP sublayer).
+
+    Each sublayer `F` is wrapped according to its placement, with `N` a norm of
+    type `norm`, `S` the optional LayerScale and `D` stochastic depth:
+
+    | placement  | sublayer output                  |
+    |------------|----------------------------------|
+    | `pre`      | `x + D(S(F(N(x))))`              |
+    | `post`     | `N(alpha * x + D(S(F(x))))`      |
+    | `pre_post` | `x + D(S(N2(F(N1(x)))))`         |
+    | `none`     | `x + D(S(F(x)))`                 |
+
+    `alpha` is 1 except for `block_style="deepnorm"`. The block style adds, on top
+    of the placement:
+
+    * `normformer`: per-head gains before the attention out projection, a norm on
+      the attention output (after the out projection) and a norm after the MLP
+      activation;
+    * `sub_ln`: a norm before the attention out projection and after the MLP
+      activation; value, out, fc1 and fc2 initial weights times `sqrt(log(2N))`;
+    * `deepnorm` (requires `post` for both sublayers): `alpha = (2N)^(1/4)`;
+      value, out, fc1 and fc2 initial weights times `(8N)^(-1/4)`.
+
+    `N` is `num_layers`, the depth of the whole encoder.
+
+    Args:
+        num_heads: int.
+        mlp_dim: int. MLP hidden width.
+        num_layers: int. Encoder depth, used by `deepnorm` and `sub_ln` constants.
+        norm: str, default `"layernorm"`. One of `NORM_TYPES`.
+        norm_epsilon: float, default `1e-6`.
+        norm_groups: int, default `32`, for `groupnorm`.
+        attn_norm: str, default `"pre"`. Placement for the attention sublayer.
+        mlp_norm: str, default `"pre"`. Placement for the MLP sublayer.
+        block_style: str, default `"standard"`. One of `BLOCK_STYLES`.
+        layer_scale: float or None, default `None`. LayerScale init value.
+        qk_norm: bool, default `False`. Norm (of type `norm`) on q and k per head.
+        qkv_bias: bool, default `True`.
+        drop_path_rate: float, default `0.0`. Stochastic depth rate of this block.
+        dropout: float, default `0.0`.
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> block = EncoderBlock(num_heads=4, mlp_dim=128, num_layers=12, attn_norm="post")
+    >>> y = block(keras.random.normal((2, 17, 32)))
+
+    Reference:
+    - [Xiong et al., On Layer Normalization in the Transformer, 2020](
+      https://arxiv.org/abs/2002.04745)
+    - [Wang et al., DeepNet, 2022](https://arxiv.org/abs/2203.00555)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        num_layers,
+        norm="layernorm",
+        norm_epsilon=1e-6,
+        norm_groups=32,
+        attn_norm="pre",
+        mlp_norm="pre",
+        block_style="standard",
+        layer_scale=None,
+        qk_norm=False,
+        qkv_bias=True,
+        drop_path_rate=0.0,
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("mlp_dim", mlp_dim)
+        check_positive_int("num_layers", num_layers)
+        check_choice("norm", norm, NORM_TYPES)
+        check_choice("attn_norm", attn_norm, PLACEMENTS)
+        check_choice("mlp_norm", mlp_norm, PLACEMENTS)
+        check_choice("block_style", block_style, BLOCK_STYLES)
+        check_rate("drop_path_rate", drop_path_rate)
+        check_rate("dropout", dropout)
+        if block_style == "deepnorm" and (attn_norm, mlp_norm) != ("post", "post"):
+            raise ValueError(
+                "block_style='deepnorm' is post-LN with an up-weighted residual, so it "
+                "needs attn_norm='post' and mlp_norm='post'; got "
+                f"attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}."
+            )
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.num_layers = num_layers
+        self.norm = norm
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.attn_norm = attn_norm
+        self.mlp_norm = mlp_norm
+        self.block_style = block_style
+        self.layer_scale = layer_scale
+        self.qk_norm = qk_norm
+        self.qkv_bias = qkv_bias
+        self.drop_path_rate = drop_path_rate
+        self.dropout = dropout
+
+    @property
+    def residual_alpha(self):
+        if self.block_style == "deepnorm":
+            return deepnorm_alpha(self.num_layers)
+        return 1.0
+
+    def _init_scale(self):
+        if self.block_style == "deepnorm":
+            return deepnorm_beta(self.num_layers)
+        if self.block_style == "sub_ln":
+            return sub_ln_gamma(self.num_layers)
+        return 1.0
+
+    def _norm(self, name, shape):
+        layer = make_norm(
+            self.norm,
+            epsilon=self.norm_epsilon,
+            groups=self.norm_groups,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+        layer.build(shape)
+        return layer
+
+    def _placement_norms(self, prefix, placement, shape):
+        first = second = None
+        if placement != "none":
+            first = self._norm(f"{prefix}_norm", shape)
+        if placement == "pre_post":
+            second = self._norm(f"{prefix}_post_norm", shape)
+        return first, second
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if self.norm == "groupnorm" and width % self.norm_groups:
+            raise ValueError(
+                f"norm='groupnorm' needs width divisible by norm_groups; got "
+                f"width={width}, norm_groups={self.norm_groups}."
+            )
+        extra_norm = self.norm if self.block_style in ("normformer", "sub_ln") else None
+        init_scale = self._init_scale()
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.norm if self.qk_norm else None,
+            head_scale=self.block_style == "normformer",
+            inner_norm=extra_norm if self.block_style == "sub_ln" else None,
+            norm_epsilon=self.norm_epsilon,
+            norm_groups=self.norm_groups,
+            init_scale=init_scale,
+            dropout=self.dropout,
+            name="attention",
+            dtype=self.dtype_policy,
+        )
+        self.attention.build(input_shape)
+        self.mlp = MLP(
+            self.mlp_dim,
+            mid_norm=extra_norm,
+            norm_epsilon=self.norm_epsilon,
+            norm_groups=self.norm_groups,
+            init_scale=init_scale,
+            dropout=self.dropout,
+            name="mlp",
+            dtype=self.dtype_policy,
+        )
+        self.mlp.build(input_shape)
+        self.attn_out_norm = None
+        if self.block_style == "normformer":
+            self.attn_out_norm = self._norm("attn_out_norm", input_shape)
+        self.attn_norms = self._placement_norms("attn", self.attn_norm, input_shape)
+        self.mlp_norms = self._placement_norms("mlp", self.mlp_norm, input_shape)
+        self.attn_scale = self.mlp_scale = None
+        if self.layer_scale is not None:
+            self.attn_scale = LayerScale(self.layer_scale, name="attn_scale", dtype=self.dtype_policy)
+            self.mlp_scale = LayerScale(self.layer_scale, name="mlp_scale", dtype=self.dtype_policy)
+            self.attn_scale.build(input_shape)
+            self.mlp_scale.build(input_shape)
+        # Stochastic depth: drop the whole residual branch per sample.
+        self.drop_path = keras.layers.Dropout(
+            self.drop_path_rate, noise_shape=(None, 1, 1), name="drop_path", dtype=self.dtype_policy
+        )
+
+    def _sublayer(self, x, branch, placement, norms, scale, training):
+        first, second = norms
+        if placement in ("pre", "pre_post"):
+            h = branch(first(x, training=training))
+        else:
+            h = branch(x)
+        if second is not None:
+            h = second(h, training=training)
+        if scale is not None:
+            h = scale(h)
+        h = self.drop_path(h, training=training)
+        if placement == "post":
+            alpha = self.residual_alpha
+            residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
+            return first(residual + h, training=training)
+        return x + h
+
+    def call(self, x, training=None):
+        def attention(h):
+            h = self.attention(h, training=training)
+            if self.attn_out_norm is not None:
+                h = self.attn_out_norm(h, training=training)
+            return h
+
+        x = self._sublayer(x, attention, self.attn_norm, self.attn_norms, self.attn_scale, training)
+        return self._sublayer(
+            x,
+            lambda h: self.mlp(h, training=training),
+            self.mlp_norm,
+            self.mlp_norms,
+            self.mlp_scale,
+            training,
+        )
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "num_layers": self.num_layers,
+                "norm": self.norm,
+                "norm_epsilon": self.norm_epsilon,
+                "norm_groups": self.norm_groups,
+                "attn_norm": self.attn_norm,
+                "mlp_norm": self.mlp_norm,
+                "block_style": self.block_style,
+                "layer_scale": self.layer_scale,
+                "qk_norm": self.qk_norm,
+                "qkv_bias": self.qkv_bias,
+                "drop_path_rate": self.drop_path_rate,
+                "dropout": self.dropout,
+            }
+        )
+        return config

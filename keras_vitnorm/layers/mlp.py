@@ -1,0 +1,110 @@
+"""The transformer MLP: Dense, GELU, optional mid norm, Dense."""
+
+import keras
+
+from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.normalization import make_norm
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class MLP(keras.layers.Layer):
+    """Two-layer MLP `fc2(N(gelu(fc1(x))))` of a transformer block.
+
+    Args:
+        hidden_dim: int. Width of the hidden layer.
+        mid_norm: str or None, default `None`. A `norm` type applied after the
+            activation and before `fc2` (NormFormer and Sub-LN).
+        norm_epsilon: float, default `1e-6`.
+        norm_groups: int, default `32`, for `groupnorm`.
+        init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2`
+            weights (DeepNorm beta, Sub-LN gamma).
+        dropout: float, default `0.0`. Dropout after the activation and after fc2.
+        **kwargs: base layer keyword arguments.
+
+    GELU is the exact (erf) form, as in timm and Hugging Face ViT. Kernels are
+    Xavier-uniform and biases `N(0, 1e-6)`, as in big_vision.
+
+    Example:
+    >>> mlp = MLP(hidden_dim=128, mid_norm="layernorm")
+    >>> y = mlp(keras.random.normal((2, 17, 32)))
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        mid_norm=None,
+        norm_epsilon=1e-6,
+        norm_groups=32,
+        init_scale=1.0,
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("hidden_dim", hidden_dim)
+        self.hidden_dim = hidden_dim
+        self.mid_norm = mid_norm
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.init_scale = init_scale
+        self.dropout = dropout
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        hidden_shape = (*input_shape[:-1], self.hidden_dim)
+        bias_init = keras.initializers.RandomNormal(stddev=1e-6)
+        self.fc1 = keras.layers.Dense(
+            self.hidden_dim,
+            kernel_initializer="glorot_uniform",
+            bias_initializer=bias_init,
+            name="fc1",
+            dtype=self.dtype_policy,
+        )
+        self.fc1.build(input_shape)
+        self.fc2 = keras.layers.Dense(
+            width,
+            kernel_initializer="glorot_uniform",
+            bias_initializer=bias_init,
+            name="fc2",
+            dtype=self.dtype_policy,
+        )
+        self.fc2.build(hidden_shape)
+        if self.init_scale != 1.0:
+            for variable in (self.fc1.kernel, self.fc1.bias, self.fc2.kernel, self.fc2.bias):
+                scale_variable(variable, self.init_scale)
+        self.mid_norm_layer = None
+        if self.mid_norm is not None:
+            self.mid_norm_layer = make_norm(
+                self.mid_norm,
+                epsilon=self.norm_epsilon,
+                groups=self.norm_groups,
+                name="mid_norm",
+                dtype=self.dtype_policy,
+            )
+            self.mid_norm_layer.build(hidden_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, training=None):
+        x = keras.activations.gelu(self.fc1(x), approximate=False)
+        if self.mid_norm_layer is not None:
+            x = self.mid_norm_layer(x, training=training)
+        x = self.dropout_layer(x, training=training)
+        x = self.fc2(x)
+        return self.dropout_layer(x, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "mid_norm": self.mid_norm,
+                "norm_epsilon": self.norm_epsilon,
+                "norm_groups": self.norm_groups,
+                "init_scale": self.init_scale,
+                "dropout": self.dropout,
+            }
+        )
+        return config

@@ -1,0 +1,220 @@
+"""Normalization layers and the factory that maps a `norm` string to a layer.
+
+LayerNorm, BatchNorm and GroupNorm come from Keras core, which already computes
+their statistics in float32 under mixed precision. RMSNorm, DyT and the stem's
+`affine` layer are written here:
+
+* `keras.layers.RMSNormalization` autocasts its input to the compute dtype, so under
+  `mixed_float16` an input above 65504 becomes `inf` before it is normalized and the
+  output is NaN. `RMSNorm` below keeps its input in float32.
+* Keras has no Dynamic Tanh and no scale-and-shift-only layer.
+"""
+
+import keras
+from keras import ops
+
+from keras_vitnorm.layers._validation import check_choice
+
+#: Every value accepted by the `norm` argument of blocks and models.
+NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
+#: Every value accepted by `stem_norm` (the block norms plus `affine`).
+STEM_NORM_TYPES = NORM_TYPES + ("affine",)
+
+#: Keras `BatchNormalization` momentum matching PyTorch's 0.1 (pycls, timm).
+BATCHNORM_MOMENTUM = 0.9
+
+
+def _to_compute_dtype(layer, x):
+    return ops.cast(x, layer.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class RMSNorm(keras.layers.Layer):
+    """Root mean square normalization over the last axis.
+
+    `y = x / sqrt(mean(x**2) + epsilon) * scale`, with no mean subtraction and no
+    bias. Statistics are computed in float32 whatever the dtype policy, and the
+    input is not cast to the compute dtype first, so float32 inputs above the
+    float16 range stay finite under `mixed_float16`.
+
+    Args:
+        epsilon: float, default `1e-6`. Added to the mean square inside the root.
+        scale: bool, default `True`. Whether to learn a per-channel gain (init 1).
+            `False` standardizes only.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Example:
+    >>> layer = RMSNorm(epsilon=1e-6)
+    >>> y = layer(keras.random.normal((2, 5, 8)))
+
+    Reference:
+    - [Zhang & Sennrich, 2019](https://arxiv.org/abs/1910.07467)
+    """
+
+    def __init__(self, epsilon=1e-6, scale=True, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+        self.scale = scale
+        self.autocast = False
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.gamma = None
+        if self.scale:
+            self.gamma = self.add_weight(
+                name="scale", shape=(input_shape[-1],), initializer="ones", autocast=False
+            )
+
+    def call(self, x):
+        x = ops.cast(x, "float32")
+        y = ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.epsilon)
+        return _to_compute_dtype(self, y)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"epsilon": self.epsilon, "scale": self.scale})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class DyT(keras.layers.Layer):
+    """Dynamic Tanh: `gamma * tanh(alpha * x) + beta`, a drop-in for LayerNorm.
+
+    `alpha` is one learnable scalar; `gamma` and `beta` are per channel (init 1
+    and 0). Computed in float32 and cast to the compute dtype.
+
+    Args:
+        alpha_init: float, default `0.5` (the value the paper uses for ViTs).
+        affine: bool, default `True`. `False` drops `gamma`/`beta` and freezes
+            `alpha` (a parameter-free squashing).
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> layer = DyT(alpha_init=0.5)
+    >>> y = layer(keras.random.normal((2, 5, 8)))
+
+    Reference:
+    - [Zhu et al., 2025](https://arxiv.org/abs/2503.10622)
+    """
+
+    def __init__(self, alpha_init=0.5, affine=True, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha_init = alpha_init
+        self.affine = affine
+        self.autocast = False
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.alpha = self.add_weight(
+            name="alpha",
+            shape=(),
+            initializer=keras.initializers.Constant(self.alpha_init),
+            trainable=self.affine,
+            autocast=False,
+        )
+        self.gamma = self.beta = None
+        if self.affine:
+            dim = input_shape[-1]
+            self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
+            self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
+
+    def call(self, x):
+        y = ops.tanh(self.alpha * ops.cast(x, "float32"))
+        if self.affine:
+            y = y * self.gamma + self.beta
+        return _to_compute_dtype(self, y)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"alpha_init": self.alpha_init, "affine": self.affine})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class Affine(keras.layers.Layer):
+    """Learnable per-channel scale and shift, no standardization: `gamma * x + beta`.
+
+    The "only learnable parameters" ablation of Dual PatchNorm (`stem_norm="affine"`).
+
+    Args:
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> y = Affine()(keras.random.normal((2, 5, 8)))
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.autocast = False
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
+
+    def call(self, x):
+        y = ops.cast(x, "float32") * self.gamma + self.beta
+        return _to_compute_dtype(self, y)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=None):
+    """Returns a new normalization layer for a `norm` string.
+
+    All layers normalize the last (channel) axis of `(batch, tokens, channels)`
+    inputs, except `batchnorm`, which uses per-channel statistics over batch x
+    tokens, and `groupnorm`, which uses per-sample statistics over tokens x the
+    channels of each group (GroupNorm on the token grid, as on an image).
+
+    Args:
+        norm: str, one of `NORM_TYPES` or `"affine"`.
+        epsilon: float, default `1e-6` (the ViT value; Keras' own default is 1e-3).
+        learnable: bool, default `True`. `False` gives a standardize-only norm
+            (no scale or shift); invalid for `"affine"`.
+        groups: int, default `32`. Number of groups for `groupnorm`.
+        name: str, layer name.
+        dtype: dtype policy for the layer.
+
+    Example:
+    >>> layer = make_norm("rmsnorm", epsilon=1e-6)
+    """
+    check_choice("norm", norm, STEM_NORM_TYPES)
+    common = {"name": name, "dtype": dtype}
+    if norm == "layernorm":
+        return keras.layers.LayerNormalization(
+            epsilon=epsilon, center=learnable, scale=learnable, **common
+        )
+    if norm == "rmsnorm":
+        return RMSNorm(epsilon=epsilon, scale=learnable, **common)
+    if norm == "batchnorm":
+        return keras.layers.BatchNormalization(
+            axis=-1,
+            momentum=BATCHNORM_MOMENTUM,
+            epsilon=epsilon,
+            center=learnable,
+            scale=learnable,
+            **common,
+        )
+    if norm == "groupnorm":
+        return keras.layers.GroupNormalization(
+            groups=groups, axis=-1, epsilon=epsilon, center=learnable, scale=learnable, **common
+        )
+    if norm == "dyt":
+        return DyT(affine=learnable, **common)
+    if norm == "affine":
+        if not learnable:
+            raise ValueError(
+                "norm='affine' is the learnable scale and shift alone; with "
+                "learnable=False it would do nothing. Use norm='identity' instead."
+            )
+        return Affine(**common)
+    return keras.layers.Identity(**common)

@@ -1,0 +1,294 @@
+"""The ViT stem: image to token sequence, with every Dual PatchNorm variant."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
+from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
+from keras_vitnorm.layers.normalization import make_norm
+
+#: Every value accepted by `stem`.
+STEM_TYPES = (
+    "patch",
+    "dual_patchnorm",
+    "pre_patchnorm",
+    "post_patchnorm",
+    "post_posemb",
+    "conv",
+)
+_USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
+_USES_POST_NORM = ("dual_patchnorm", "post_patchnorm")
+# pycls (Xiao et al.) BatchNorm epsilon for the convolutional stem.
+_CONV_STEM_BN_EPSILON = 1e-5
+
+
+def patchify(images, patch_size):
+    """Cuts `(batch, H, W, C)` images into `(batch, H/P * W/P, P*P*C)` patch vectors.
+
+    Patches are in row-major grid order and each vector is flattened in
+    `(row, column, channel)` order, the Flax/DPN `"b (h p1) (w p2) c -> b (h w)
+    (p1 p2 c)"` layout. A Keras `Conv2D` patch-embedding kernel of shape
+    `(P, P, C, D)` reshaped to `(P*P*C, D)` is therefore exactly the `Dense`
+    kernel used here; a PyTorch `Conv2d` weight `(D, C, P, P)` maps by
+    `weight.permute(2, 3, 1, 0).reshape(P*P*C, D)`.
+    """
+    _, height, width, channels = images.shape
+    grid_h, grid_w = height // patch_size, width // patch_size
+    x = ops.reshape(images, (-1, grid_h, patch_size, grid_w, patch_size, channels))
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class PatchStem(keras.layers.Layer):
+    """Turns images into the token sequence a ViT encoder consumes.
+
+    Patch embedding, optional class token and learned position embedding, with the
+    stem normalizations of Dual PatchNorm and its ablations:
+
+    | `stem`            | tokens                                   |
+    |-------------------|------------------------------------------|
+    | `patch`           | `Dense(patches)`                         |
+    | `dual_patchnorm`  | `N1(Dense(N0(patches)))`                 |
+    | `pre_patchnorm`   | `Dense(N0(patches))`                     |
+    | `post_patchnorm`  | `N1(Dense(patches))`                     |
+    | `post_posemb`     | `N1(Dense(patches) (+cls) + posemb)`     |
+    | `conv`            | 3x3 conv-BN-ReLU stack (stride 2 each, total stride P), 1x1 conv |
+
+    `N0` normalizes each flattened `P*P*C` patch vector, `N1` the width. For the
+    patch-norm stems the class token and position embedding come after `N1`.
+
+    Args:
+        patch_size: int. Side of a square patch; for `conv` a power of two.
+        width: int. Token width.
+        stem: str, default `"patch"`. One of `STEM_TYPES`.
+        stem_norm: str or None, default `None`: the norm inside the stem, one of
+            `STEM_NORM_TYPES`. `None` means `"layernorm"` for the patch-norm stems
+            and `"batchnorm"` for `conv`; it must be `None` for `patch`.
+        stem_norm_learnable: bool, default `True`. `False` standardizes only.
+        norm_epsilon: float, default `1e-6`.
+        norm_groups: int, default `32`, groups when `stem_norm="groupnorm"`.
+        class_token: bool, default `True`. Prepend a learned class token.
+        position_embedding: bool, default `True`. Add a learned position embedding
+            (initialized `N(0, 1/sqrt(width))` as in big_vision).
+        **kwargs: base layer keyword arguments.
+
+    Example:
+    >>> stem = PatchStem(patch_size=4, width=32, stem="dual_patchnorm")
+    >>> tokens = stem(keras.random.uniform((2, 16, 16, 3)))  # (2, 17, 32)
+
+    Reference:
+    - [Kumar et al., Dual PatchNorm, 2023](https://arxiv.org/abs/2302.01327)
+    - [Xiao et al., Early Convolutions Help Transformers See Better, 2021](
+      https://arxiv.org/abs/2106.14881)
+    """
+
+    def __init__(
+        self,
+        patch_size,
+        width,
+        stem="patch",
+        stem_norm=None,
+        stem_norm_learnable=True,
+        norm_epsilon=1e-6,
+        norm_groups=32,
+        class_token=True,
+        position_embedding=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("patch_size", patch_size)
+        check_positive_int("width", width)
+        check_choice("stem", stem, STEM_TYPES)
+        if stem_norm is not None:
+            check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
+            if stem == "patch":
+                raise ValueError(
+                    f"stem='patch' has no normalization, but stem_norm={stem_norm!r} was "
+                    "given. Use stem_norm=None, or a stem with norms such as "
+                    "'dual_patchnorm'."
+                )
+        if stem == "conv" and (patch_size < 2 or patch_size & (patch_size - 1)):
+            raise ValueError(
+                f"stem='conv' stacks stride-2 convolutions, so patch_size must be a "
+                f"power of two >= 2; got patch_size={patch_size}."
+            )
+        self.patch_size = patch_size
+        self.width = width
+        self.stem = stem
+        self.stem_norm = stem_norm
+        self.stem_norm_learnable = stem_norm_learnable
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.class_token = class_token
+        self.position_embedding = position_embedding
+
+    @property
+    def resolved_stem_norm(self):
+        """The norm type actually used inside the stem (`None` for `patch`)."""
+        if self.stem == "patch":
+            return None
+        if self.stem_norm is not None:
+            return self.stem_norm
+        return "batchnorm" if self.stem == "conv" else "layernorm"
+
+    def _norm(self, name):
+        norm = self.resolved_stem_norm
+        if norm == "batchnorm" and self.stem == "conv":
+            return keras.layers.BatchNormalization(
+                momentum=BATCHNORM_MOMENTUM,
+                epsilon=_CONV_STEM_BN_EPSILON,
+                center=self.stem_norm_learnable,
+                scale=self.stem_norm_learnable,
+                name=name,
+                dtype=self.dtype_policy,
+            )
+        return make_norm(
+            norm,
+            epsilon=self.norm_epsilon,
+            learnable=self.stem_norm_learnable,
+            groups=self.norm_groups,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def build(self, input_shape):
+        _, height, width, channels = input_shape
+        for axis_name, size in (("height", height), ("width", width)):
+            if size is None or size % self.patch_size:
+                raise ValueError(
+                    f"Image {axis_name} {size} is not divisible by patch_size="
+                    f"{self.patch_size}. Use an image size that is a multiple of "
+                    f"{self.patch_size}."
+                )
+        self.grid_size = (height // self.patch_size, width // self.patch_size)
+        self.num_channels = channels
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        patch_dim = self.patch_size * self.patch_size * channels
+
+        self.patch_norm = self.embedding_norm = None
+        if self.stem == "conv":
+            self.conv_layers = []
+            num_convs = int(math.log2(self.patch_size))
+            shape = tuple(input_shape)
+            for i in range(num_convs):
+                filters = max(1, self.width // 2 ** (num_convs - 1 - i))
+                block = [
+                    keras.layers.ZeroPadding2D(1, name=f"conv{i}_pad", dtype=self.dtype_policy),
+                    keras.layers.Conv2D(
+                        filters,
+                        3,
+                        strides=2,
+                        use_bias=False,
+                        kernel_initializer="he_normal",
+                        name=f"conv{i}",
+                        dtype=self.dtype_policy,
+                    ),
+                    self._norm(f"conv{i}_norm"),
+                    keras.layers.ReLU(name=f"conv{i}_relu", dtype=self.dtype_policy),
+                ]
+                for layer in block:
+                    layer.build(shape)
+                    shape = layer.compute_output_shape(shape)
+                self.conv_layers.extend(block)
+            self.projection = keras.layers.Conv2D(
+                self.width,
+                1,
+                kernel_initializer=keras.initializers.RandomNormal(stddev=math.sqrt(2.0 / self.width)),
+                name="projection",
+                dtype=self.dtype_policy,
+            )
+            self.projection.build(shape)
+        else:
+            if self.stem in _USES_PRE_NORM:
+                self.patch_norm = self._norm("patch_norm")
+                self.patch_norm.build((None, num_patches, patch_dim))
+            self.projection = keras.layers.Dense(
+                self.width,
+                kernel_initializer="lecun_normal",
+                name="projection",
+                dtype=self.dtype_policy,
+            )
+            self.projection.build((None, num_patches, patch_dim))
+        num_tokens = num_patches + int(self.class_token)
+        if self.stem in _USES_POST_NORM or self.stem == "post_posemb":
+            self.embedding_norm = self._norm("embedding_norm")
+            self.embedding_norm.build((None, num_tokens, self.width))
+
+        self.cls_token = None
+        if self.class_token:
+            self.cls_token = self.add_weight(
+                name="class_token", shape=(1, 1, self.width), initializer="zeros"
+            )
+        self.pos_embedding = None
+        if self.position_embedding:
+            self.pos_embedding = self.add_weight(
+                name="position_embedding",
+                shape=(1, num_tokens, self.width),
+                initializer=keras.initializers.RandomNormal(stddev=1.0 / math.sqrt(self.width)),
+            )
+
+    def call(self, images, training=None):
+        expected = (*self.grid_size, self.num_channels)
+        found = tuple(images.shape[1:])
+        expected_pixels = (
+            self.grid_size[0] * self.patch_size,
+            self.grid_size[1] * self.patch_size,
+            self.num_channels,
+        )
+        if found != expected_pixels:
+            raise ValueError(
+                f"Expected images of shape (batch, {expected_pixels[0]}, "
+                f"{expected_pixels[1]}, {expected_pixels[2]}) (height, width, "
+                f"channels; {expected[0]}x{expected[1]} patches of {self.patch_size}), "
+                f"got {tuple(images.shape)}."
+            )
+        if self.stem == "conv":
+            x = images
+            for layer in self.conv_layers:
+                x = layer(x, training=training) if "norm" in layer.name else layer(x)
+            x = self.projection(x)
+            x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
+        else:
+            x = patchify(images, self.patch_size)
+            if self.patch_norm is not None:
+                x = self.patch_norm(x, training=training)
+            x = self.projection(x)
+            if self.stem != "post_posemb" and self.embedding_norm is not None:
+                x = self.embedding_norm(x, training=training)
+        if self.cls_token is not None:
+            cls = ops.broadcast_to(
+                ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, self.width)
+            )
+            x = ops.concatenate([cls, x], axis=1)
+        if self.pos_embedding is not None:
+            x = x + ops.cast(self.pos_embedding, x.dtype)
+        if self.stem == "post_posemb":
+            x = self.embedding_norm(x, training=training)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        num_tokens = (height // self.patch_size) * (width // self.patch_size)
+        return (batch, num_tokens + int(self.class_token), self.width)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "patch_size": self.patch_size,
+                "width": self.width,
+                "stem": self.stem,
+                "stem_norm": self.stem_norm,
+                "stem_norm_learnable": self.stem_norm_learnable,
+                "norm_epsilon": self.norm_epsilon,
+                "norm_groups": self.norm_groups,
+                "class_token": self.class_token,
+                "position_embedding": self.position_embedding,
+            }
+        )
+        return config

@@ -1,0 +1,213 @@
+"""Saving and loading preset directories, and weight transfer by variable path.
+
+Weights are stored as a NumPy archive keyed by Keras variable path
+(`block_0/attention/qkv/kernel`, ...): plain arrays, readable under every backend,
+and addressable by name so that a loader can say which weight does not fit and
+resample the position embedding.
+"""
+
+import datetime
+import json
+import os
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vitnorm.models.presets import PRESETS
+from keras_vitnorm.models.presets import preset_config
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.weights.npz"
+METADATA_FILE = "metadata.json"
+POSITION_EMBEDDING = "stem/position_embedding"
+HEAD_PREFIX = "head/"
+
+
+def weights_by_path(model):
+    """Returns `{path: variable}` for every weight of `model`."""
+    return {variable.path: variable for variable in model.weights}
+
+
+def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_tokens):
+    """Resamples a learned `(1, prefix + h*w, D)` position embedding to a new grid.
+
+    The grid part is reshaped to `(1, h, w, D)` and resized bilinearly
+    (`keras.ops.image.resize`, half-pixel centers, no antialiasing: the same as
+    `scipy.ndimage.zoom(order=1)` that big_vision uses up to its edge handling);
+    the prefix (class token) embedding is kept as is.
+
+    Args:
+        embedding: array `(1, num_prefix_tokens + h * w, D)`.
+        source_grid: `(h, w)` of `embedding`.
+        target_grid: `(h', w')` wanted.
+        num_prefix_tokens: int, 1 with a class token, else 0.
+
+    Returns:
+        A NumPy array `(1, num_prefix_tokens + h' * w', D)`.
+    """
+    embedding = np.asarray(embedding, dtype="float32")
+    dim = embedding.shape[-1]
+    prefix = embedding[:, :num_prefix_tokens]
+    grid = embedding[:, num_prefix_tokens:].reshape(1, source_grid[0], source_grid[1], dim)
+    resized = ops.image.resize(
+        grid,
+        target_grid,
+        interpolation="bilinear",
+        antialias=False,
+        data_format="channels_last",
+    )
+    resized = ops.convert_to_numpy(resized).reshape(1, -1, dim)
+    return np.concatenate([prefix, resized], axis=1)
+
+
+def _grid(model):
+    stem = model.get_layer("stem")
+    return stem.grid_size
+
+
+def assign_weights(model, arrays, resample_position_embedding_ok=True, new_head_ok=False):
+    """Loads `{path: array}` into `model`, checking every name and shape.
+
+    Args:
+        model: a built `ViT`.
+        arrays: mapping of variable path to array.
+        resample_position_embedding_ok: bool. Resample a position embedding whose
+            grid differs instead of failing.
+        new_head_ok: bool. Keep the model's own (fresh) head when the stored head
+            has another number of classes, instead of failing.
+
+    Returns:
+        The list of paths that kept their fresh initialization (a new head).
+
+    Raises:
+        ValueError: naming the first weight that is missing, unexpected or of the
+            wrong shape, with the expected and found shapes.
+    """
+    targets = weights_by_path(model)
+    kept_fresh = []
+    if new_head_ok:
+        arrays = {k: v for k, v in arrays.items() if not k.startswith(HEAD_PREFIX)}
+        kept_fresh = [path for path in targets if path.startswith(HEAD_PREFIX)]
+        targets = {k: v for k, v in targets.items() if k not in kept_fresh}
+    missing = [path for path in targets if path not in arrays]
+    unexpected = [path for path in arrays if path not in targets]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing from the file: {missing[0]!r}" + _more(missing))
+        if unexpected:
+            parts.append(f"in the file but not in the model: {unexpected[0]!r}" + _more(unexpected))
+        raise ValueError(
+            "The weights do not fit this model's config (" + "; ".join(parts) + "). "
+            "Build the model with the config the weights were saved with."
+        )
+    values = []
+    for path, variable in targets.items():
+        array = np.asarray(arrays[path])
+        expected = tuple(variable.shape)
+        if array.shape != expected:
+            if path == POSITION_EMBEDDING and resample_position_embedding_ok:
+                array = _resample_for(model, array)
+            else:
+                raise ValueError(
+                    f"Weight {path!r} does not fit: the model expects shape {expected}, "
+                    f"the file has {array.shape}. Build the model with the config the "
+                    "weights were saved with."
+                )
+        values.append((variable, array))
+    for variable, array in values:
+        variable.assign(array.astype(variable.dtype))
+    return kept_fresh
+
+
+def _more(paths):
+    return f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+
+
+def _resample_for(model, array):
+    num_prefix = 1 if model.pooling == "cls" else 0
+    target = tuple(model.get_layer("stem").pos_embedding.shape)
+    source_tokens = array.shape[1] - num_prefix
+    side = int(round(source_tokens**0.5))
+    if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
+        raise ValueError(
+            f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
+            f"{target}: only a square grid of the same width can be."
+        )
+    return resample_position_embedding(array, (side, side), _grid(model), num_prefix)
+
+
+def _write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def save_preset(model, directory, overwrite=False):
+    """Writes `model`'s config, weights and metadata to `directory`."""
+    directory = os.fspath(directory)
+    if os.path.exists(os.path.join(directory, CONFIG_FILE)) and not overwrite:
+        raise FileExistsError(
+            f"{directory!r} already holds a preset ({CONFIG_FILE}). Pass overwrite=True to "
+            "replace it, or choose another directory."
+        )
+    os.makedirs(directory, exist_ok=True)
+    from keras_vitnorm import __version__
+
+    _write_json(
+        os.path.join(directory, CONFIG_FILE),
+        {"class_name": type(model).__name__, "config": model.get_config()},
+    )
+    arrays = {path: ops.convert_to_numpy(v) for path, v in weights_by_path(model).items()}
+    np.savez(os.path.join(directory, WEIGHTS_FILE), **arrays)
+    _write_json(
+        os.path.join(directory, METADATA_FILE),
+        {
+            "keras_vitnorm_version": __version__,
+            "keras_version": keras.__version__,
+            "backend": keras.backend.backend(),
+            "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "parameter_count": int(model.count_params()),
+        },
+    )
+
+
+def read_preset_directory(directory):
+    """Returns `(config, {path: array})` of a preset directory."""
+    config_path = os.path.join(directory, CONFIG_FILE)
+    weights_path = os.path.join(directory, WEIGHTS_FILE)
+    for path in (config_path, weights_path):
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"{directory!r} is not a keras_vitnorm preset directory: {os.path.basename(path)} "
+                f"is missing. A preset directory holds {CONFIG_FILE} and {WEIGHTS_FILE} "
+                "(written by save_to_preset)."
+            )
+    with open(config_path) as f:
+        config = json.load(f)["config"]
+    with np.load(weights_path) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    return config, arrays
+
+
+def load_preset(cls, preset, overrides):
+    """Implements `ViT.from_preset`: a built-in name or a preset directory."""
+    preset = os.fspath(preset)
+    unknown = sorted(set(overrides) - set(cls.CONFIG_KEYS) - {"name", "dtype", "trainable"})
+    if unknown:
+        raise ValueError(
+            f"Unknown override(s) {unknown} for from_preset. Valid keys: "
+            f"{', '.join(cls.CONFIG_KEYS)}."
+        )
+    if preset in PRESETS and not os.path.isdir(preset):
+        return cls(**{**preset_config(preset), **overrides})
+    if not os.path.isdir(preset):
+        preset_config(preset)  # raises the "unknown preset" error with suggestions
+    config, arrays = read_preset_directory(preset)
+    model = cls.from_config({**config, **overrides})
+    new_head_ok = overrides.get("num_classes", config["num_classes"]) != config["num_classes"]
+    fresh = assign_weights(model, arrays, resample_position_embedding_ok=True, new_head_ok=new_head_ok)
+    if fresh:
+        print(f"Loaded {preset}; new, freshly initialized weights: {', '.join(fresh)}")
+    return model

@@ -1,0 +1,394 @@
+"""The configurable Vision Transformer."""
+
+import keras
+
+from keras_vitnorm.layers import BLOCK_STYLES
+from keras_vitnorm.layers import NORM_TYPES
+from keras_vitnorm.layers import PLACEMENTS
+from keras_vitnorm.layers import STEM_NORM_TYPES
+from keras_vitnorm.layers import STEM_TYPES
+from keras_vitnorm.layers import EncoderBlock
+from keras_vitnorm.layers import PatchStem
+from keras_vitnorm.layers import make_norm
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers._validation import check_rate
+from keras_vitnorm.models import preset_io
+from keras_vitnorm.models.presets import list_presets
+
+#: Every value accepted by `pooling`.
+POOLINGS = ("cls", "gap")
+
+
+def _image_hw(image_size):
+    if isinstance(image_size, bool):
+        image_size = None
+    if isinstance(image_size, int):
+        return image_size, image_size
+    if isinstance(image_size, (list, tuple)) and len(image_size) == 2:
+        if all(isinstance(s, int) and not isinstance(s, bool) for s in image_size):
+            return tuple(image_size)
+    raise ValueError(
+        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}."
+    )
+
+
+def validate_config(
+    image_size,
+    patch_size,
+    num_channels,
+    width,
+    depth,
+    num_heads,
+    mlp_dim,
+    num_classes,
+    norm,
+    norm_groups,
+    attn_norm,
+    mlp_norm,
+    block_style,
+    stem,
+    stem_norm,
+    pooling,
+    drop_path_rate,
+    dropout,
+    layer_scale,
+):
+    """Checks a ViT configuration; raises a `ValueError` naming the first bad value."""
+    for argument, value in (
+        ("patch_size", patch_size),
+        ("num_channels", num_channels),
+        ("width", width),
+        ("depth", depth),
+        ("num_heads", num_heads),
+        ("mlp_dim", mlp_dim),
+        ("norm_groups", norm_groups),
+    ):
+        check_positive_int(argument, value)
+    height, image_width = _image_hw(image_size)
+    for axis_name, size in (("height", height), ("width", image_width)):
+        if size < 1 or size % patch_size:
+            raise ValueError(
+                f"image_size={image_size!r}: image {axis_name} {size} is not divisible by "
+                f"patch_size={patch_size}. Valid sizes are multiples of {patch_size}, "
+                f"e.g. {max(1, round(size / patch_size)) * patch_size}."
+            )
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise ValueError(
+            f"num_classes must be a positive integer (or 0 for a feature extractor), "
+            f"got {num_classes!r}."
+        )
+    if width % num_heads:
+        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
+        raise ValueError(
+            f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
+            f"for this width include {divisors}."
+        )
+    check_choice("norm", norm, NORM_TYPES)
+    check_choice("attn_norm", attn_norm, PLACEMENTS)
+    check_choice("mlp_norm", mlp_norm, PLACEMENTS)
+    check_choice("block_style", block_style, BLOCK_STYLES)
+    check_choice("stem", stem, STEM_TYPES)
+    if stem_norm is not None:
+        check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
+    check_choice("pooling", pooling, POOLINGS)
+    check_rate("drop_path_rate", drop_path_rate)
+    check_rate("dropout", dropout)
+    if layer_scale is not None and (
+        isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))
+    ):
+        raise ValueError(f"layer_scale must be None or a float, got {layer_scale!r}.")
+    if norm == "groupnorm" and width % norm_groups:
+        raise ValueError(
+            f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
+            f"norm_groups={norm_groups}."
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class ViT(keras.Model):
+    """Vision Transformer whose normalization is part of its config.
+
+    A Keras functional model, configured only by JSON-safe values, so that a norm
+    ablation is a one-line config change:
+
+    ```python
+    config = model.get_config()
+    config["norm"] = "rmsnorm"
+    ablated = keras_vitnorm.ViT.from_config(config)
+    ```
+
+    Inputs are `(batch, height, width, channels)` images (channels last); outputs
+    are float32 logits `(batch, num_classes)`, or pooled features `(batch, width)`
+    when `num_classes=0`.
+
+    Args:
+        image_size: int or [height, width], default `224`.
+        patch_size: int, default `16`.
+        num_channels: int, default `3`.
+        width: int, default `768`. Token width (hidden size).
+        depth: int, default `12`. Number of encoder blocks.
+        num_heads: int, default `12`. Must divide `width`.
+        mlp_dim: int, default `3072`.
+        num_classes: int, default `1000`. `0` returns pooled features.
+        norm: str, default `"layernorm"`. Norm of the blocks and final norm:
+            `"layernorm"`, `"rmsnorm"`, `"batchnorm"`, `"groupnorm"`, `"dyt"`,
+            `"identity"`.
+        norm_epsilon: float, default `1e-6` (ViT's value; Keras' is 1e-3).
+        norm_groups: int, default `32`. Groups for `groupnorm`.
+        attn_norm: str, default `"pre"`. Attention placement: `"pre"`, `"post"`,
+            `"pre_post"`, `"none"`.
+        mlp_norm: str, default `"pre"`. MLP placement, same values.
+        block_style: str, default `"standard"`. `"normformer"`, `"sub_ln"`,
+            `"deepnorm"` add norms or residual scaling on top of the placement.
+        stem: str, default `"patch"`. `"dual_patchnorm"`, `"pre_patchnorm"`,
+            `"post_patchnorm"`, `"post_posemb"` or `"conv"`.
+        stem_norm: str or None, default `None`: norm inside the stem (any `norm`
+            value or `"affine"`); `None` = LayerNorm (BatchNorm for `conv`).
+        stem_norm_learnable: bool, default `True`. `False` = standardize only.
+        final_norm: bool, default `True`. Norm after the last block.
+        layer_scale: float or None, default `None`. LayerScale init value.
+        qk_norm: bool, default `False`.
+        qkv_bias: bool, default `True`.
+        drop_path_rate: float, default `0.0`. Stochastic depth of the last block;
+            block `i` uses `drop_path_rate * i / (depth - 1)`.
+        dropout: float, default `0.0`. Dropout in attention output and MLP.
+        pooling: str, default `"cls"`. `"cls"` (class token) or `"gap"` (mean of
+            the tokens; no class token is created).
+        dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
+        **kwargs: `name`, `trainable`.
+
+    Example:
+    >>> model = ViT(image_size=32, patch_size=4, width=64, depth=2, num_heads=4,
+    ...             mlp_dim=128, num_classes=10, stem="dual_patchnorm")
+    >>> logits = model(keras.random.uniform((2, 32, 32, 3)))
+
+    Reference:
+    - [Dosovitskiy et al., An Image is Worth 16x16 Words, 2021](
+      https://arxiv.org/abs/2010.11929)
+    - [Kumar et al., Dual PatchNorm, 2023](https://arxiv.org/abs/2302.01327)
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        width=768,
+        depth=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_classes=1000,
+        norm="layernorm",
+        norm_epsilon=1e-6,
+        norm_groups=32,
+        attn_norm="pre",
+        mlp_norm="pre",
+        block_style="standard",
+        stem="patch",
+        stem_norm=None,
+        stem_norm_learnable=True,
+        final_norm=True,
+        layer_scale=None,
+        qk_norm=False,
+        qkv_bias=True,
+        drop_path_rate=0.0,
+        dropout=0.0,
+        pooling="cls",
+        dtype=None,
+        **kwargs,
+    ):
+        validate_config(
+            image_size,
+            patch_size,
+            num_channels,
+            width,
+            depth,
+            num_heads,
+            mlp_dim,
+            num_classes,
+            norm,
+            norm_groups,
+            attn_norm,
+            mlp_norm,
+            block_style,
+            stem,
+            stem_norm,
+            pooling,
+            drop_path_rate,
+            dropout,
+            layer_scale,
+        )
+        height, image_width = _image_hw(image_size)
+        policy = keras.dtype_policies.get(dtype) if dtype is not None else None
+        images = keras.Input((height, image_width, num_channels), name="images")
+        x = PatchStem(
+            patch_size,
+            width,
+            stem=stem,
+            stem_norm=stem_norm,
+            stem_norm_learnable=stem_norm_learnable,
+            norm_epsilon=norm_epsilon,
+            norm_groups=norm_groups,
+            class_token=pooling == "cls",
+            name="stem",
+            dtype=policy,
+        )(images)
+        for i in range(depth):
+            rate = drop_path_rate * i / (depth - 1) if depth > 1 else drop_path_rate
+            x = EncoderBlock(
+                num_heads,
+                mlp_dim,
+                num_layers=depth,
+                norm=norm,
+                norm_epsilon=norm_epsilon,
+                norm_groups=norm_groups,
+                attn_norm=attn_norm,
+                mlp_norm=mlp_norm,
+                block_style=block_style,
+                layer_scale=layer_scale,
+                qk_norm=qk_norm,
+                qkv_bias=qkv_bias,
+                drop_path_rate=rate,
+                dropout=dropout,
+                name=f"block_{i}",
+                dtype=policy,
+            )(x)
+        if final_norm:
+            x = make_norm(
+                norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm", dtype=policy
+            )(x)
+        if pooling == "cls":
+            x = keras.layers.Lambda(lambda t: t[:, 0], name="cls_pool", dtype=policy)(x)
+        else:
+            x = keras.layers.GlobalAveragePooling1D(name="gap_pool", dtype=policy)(x)
+        if num_classes:
+            # big_vision zero-initializes the head for training from scratch.
+            x = keras.layers.Dense(
+                num_classes, kernel_initializer="zeros", name="head", dtype=policy
+            )(x)
+        # Logits (or features) are returned in float32 under mixed precision.
+        outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
+        kwargs.setdefault("name", "vit")
+        super().__init__(inputs=images, outputs=outputs, **kwargs)
+
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.width = width
+        self.depth = depth
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.num_classes = num_classes
+        self.norm = norm
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.attn_norm = attn_norm
+        self.mlp_norm = mlp_norm
+        self.block_style = block_style
+        self.stem = stem
+        self.stem_norm = stem_norm
+        self.stem_norm_learnable = stem_norm_learnable
+        self.final_norm = final_norm
+        self.layer_scale = layer_scale
+        self.qk_norm = qk_norm
+        self.qkv_bias = qkv_bias
+        self.drop_path_rate = drop_path_rate
+        self.dropout = dropout
+        self.pooling = pooling
+        self._dtype_argument = dtype
+
+    #: Names of the constructor arguments that `get_config` returns.
+    CONFIG_KEYS = (
+        "image_size",
+        "patch_size",
+        "num_channels",
+        "width",
+        "depth",
+        "num_heads",
+        "mlp_dim",
+        "num_classes",
+        "norm",
+        "norm_epsilon",
+        "norm_groups",
+        "attn_norm",
+        "mlp_norm",
+        "block_style",
+        "stem",
+        "stem_norm",
+        "stem_norm_learnable",
+        "final_norm",
+        "layer_scale",
+        "qk_norm",
+        "qkv_bias",
+        "drop_path_rate",
+        "dropout",
+        "pooling",
+    )
+
+    def get_config(self):
+        config = {key: getattr(self, key) for key in self.CONFIG_KEYS}
+        if isinstance(config["image_size"], tuple):
+            config["image_size"] = list(config["image_size"])
+        config["name"] = self.name
+        config["trainable"] = self.trainable
+        dtype = self._dtype_argument
+        if dtype is not None and not isinstance(dtype, str):
+            dtype = keras.dtype_policies.serialize(dtype)
+        config["dtype"] = dtype
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        dtype = config.get("dtype")
+        if isinstance(dtype, dict):
+            config["dtype"] = keras.dtype_policies.deserialize(dtype)
+        return cls(**config)
+
+    @classmethod
+    def presets(cls):
+        """Returns `{name: description}` of the built-in presets."""
+        return list_presets()
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """Builds a ViT from a built-in preset name or a saved preset directory.
+
+        A built-in name (see `ViT.presets()`) gives a freshly initialized model of
+        that architecture. A directory written by `save_to_preset` gives the saved
+        model with its weights. `overrides` replace config values (e.g.
+        `num_classes=10`, `image_size=384`, `norm="rmsnorm"`). When loading saved
+        weights, a new `image_size` resamples the learned position embedding and a
+        new `num_classes` gives a freshly initialized head; any other weight that
+        no longer fits raises a `ValueError` naming it.
+
+        Args:
+            preset: str, a built-in preset name or a path to a preset directory.
+            **overrides: ViT keyword arguments that replace the preset's.
+
+        Example:
+        >>> model = ViT.from_preset("s16_dpn", num_classes=10)
+        """
+        return preset_io.load_preset(cls, preset, overrides)
+
+    def save_to_preset(self, directory, overwrite=False):
+        """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`.
+
+        The weights are stored by variable path in a NumPy archive, so the
+        directory loads under any Keras backend with `ViT.from_preset(directory)`.
+
+        Args:
+            directory: str or path. Created if missing.
+            overwrite: bool, default `False`. A directory that already holds a
+                preset is only replaced when this is `True`.
+        """
+        preset_io.save_preset(self, directory, overwrite=overwrite)
+
+    def weights_by_path(self):
+        """Returns `{path: variable}` for every weight, in a backend-neutral naming."""
+        return preset_io.weights_by_path(self)
+
+    def load_weights_by_path(self, arrays, resample_position_embedding=True):
+        """Loads `{path: array}` weights, with the checks and resampling of `from_preset`."""
+        preset_io.assign_weights(self, arrays, resample_position_embedding)
