@@ -1,0 +1,335 @@
+"""Layer outputs against the independent float64 NumPy formulas of `numpy_reference`.
+
+Every variable of each built layer is first set to a random value (gains around
+1 +- 0.3, random shifts, kernels and BatchNorm moving statistics), so that a weight
+used in the wrong place, or not at all, changes the output. The init-scaling
+constants of DeepNorm and Sub-LN are checked on freshly initialized weights.
+"""
+
+import math
+
+import keras
+import numpy as np
+import numpy_reference as ref
+import pytest
+
+from keras_vitnorm.layers import MLP
+from keras_vitnorm.layers import PLACEMENTS
+from keras_vitnorm.layers import EncoderBlock
+from keras_vitnorm.layers import MultiHeadSelfAttention
+from keras_vitnorm.layers import PatchStem
+from keras_vitnorm.layers import make_norm
+
+ATOL = 1e-5
+RTOL = 1e-5
+EPSILON = 1e-6
+GROUPS = 4
+BATCH, TOKENS, WIDTH, HEADS, MLP_DIM, DEPTH = 2, 5, 16, 2, 32, 6
+
+# Gains, scales and LayerScale/head gains: 1 +- 0.3.
+_GAIN_NAMES = ("gamma", "scale", "head_scale")
+
+
+def _random_value(name, shape, rng):
+    if name in _GAIN_NAMES:
+        return 1.0 + rng.uniform(-0.3, 0.3, shape)
+    if name == "moving_variance":
+        return rng.uniform(0.5, 1.5, shape)
+    if name == "alpha":
+        return rng.uniform(0.3, 0.9, shape)
+    if name == "kernel":
+        return rng.normal(0.0, 1.0 / math.sqrt(shape[0]), shape)
+    return rng.normal(0.0, 0.3, shape)
+
+
+def randomize(layer, seed=0):
+    """Assigns a random value to every variable of a built layer.
+
+    Args:
+        layer: a built Keras layer.
+        seed: int, default `0`.
+
+    Returns:
+        The assigned values as a nested dict following the variable paths below
+        the layer (e.g. `{"attention": {"qkv": {"kernel": array}}}`), float64.
+    """
+    rng = np.random.default_rng(seed)
+    tree = {}
+    for variable in layer.weights:
+        *scopes, name = variable.path.split("/")[1:]
+        value = _random_value(name, tuple(variable.shape), rng)
+        variable.assign(value.astype(variable.dtype))
+        node = tree
+        for scope in scopes:
+            node = node.setdefault(scope, {})
+        node[name] = value.astype(variable.dtype).astype(np.float64)
+    return tree
+
+
+def random_input(shape, seed=1):
+    """A float32 standard normal array of `shape`."""
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def assert_matches(got, expected):
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), expected, atol=ATOL, rtol=RTOL)
+
+
+def build_and_randomize(layer, input_shape, seed=0):
+    layer.build(input_shape)
+    return randomize(layer, seed)
+
+
+# --- Norms ---------------------------------------------------------------------------
+
+# The norm types other than identity; each also has a standardize-only form
+# (`learnable=False`: no scale or shift, and for DyT a frozen alpha).
+BLOCK_NORMS = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt")
+ALL_NORMS = (*BLOCK_NORMS, "identity", "affine")
+
+
+@pytest.mark.parametrize(
+    "kind, learnable",
+    [(kind, True) for kind in ALL_NORMS] + [(kind, False) for kind in BLOCK_NORMS],
+)
+def test_norm_matches_formula(kind, learnable):
+    x = random_input((BATCH, TOKENS, WIDTH))
+    layer = make_norm(kind, epsilon=EPSILON, learnable=learnable, groups=GROUPS)
+    weights = build_and_randomize(layer, x.shape)
+    expected = ref.norm(kind, x, weights, epsilon=EPSILON, groups=GROUPS)
+    assert_matches(layer(x, training=False), expected)
+
+
+@pytest.mark.parametrize("learnable", [True, False])
+def test_batchnorm_training_uses_batch_token_statistics(learnable):
+    x = 2.0 * random_input((BATCH, TOKENS, WIDTH)) + 0.5
+    layer = make_norm("batchnorm", epsilon=EPSILON, learnable=learnable)
+    weights = build_and_randomize(layer, x.shape)
+    expected = ref.norm("batchnorm", x, weights, epsilon=EPSILON, training=True)
+    assert_matches(layer(x, training=True), expected)
+
+
+def test_batchnorm_moving_statistics_use_torch_equivalent_momentum():
+    """Keras momentum 0.9 (PyTorch's 0.1); Keras updates with the biased batch variance."""
+    x = 2.0 * random_input((BATCH, TOKENS, WIDTH)) + 0.5
+    layer = make_norm("batchnorm", epsilon=EPSILON)
+    weights = build_and_randomize(layer, x.shape)
+    layer(x, training=True)
+    mean, variance = ref.batch_norm_statistics(x)
+    assert_matches(layer.moving_mean, 0.9 * weights["moving_mean"] + 0.1 * mean)
+    assert_matches(layer.moving_variance, 0.9 * weights["moving_variance"] + 0.1 * variance)
+
+
+# --- Attention and MLP ---------------------------------------------------------------
+
+ATTENTION_CASES = {
+    "plain": {},
+    "qk_layernorm": {"qk_norm": "layernorm"},
+    "qk_rmsnorm": {"qk_norm": "rmsnorm"},
+    "head_scale": {"head_scale": True},
+    "inner_layernorm": {"inner_norm": "layernorm"},
+    "inner_rmsnorm": {"inner_norm": "rmsnorm"},
+    "all": {"qk_norm": "layernorm", "head_scale": True, "inner_norm": "layernorm"},
+}
+
+
+@pytest.mark.parametrize("num_heads", [2, 4])
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_matches_formula(case, num_heads):
+    options = ATTENTION_CASES[case]
+    x = random_input((BATCH, TOKENS, WIDTH))
+    layer = MultiHeadSelfAttention(num_heads, norm_epsilon=EPSILON, **options)
+    weights = build_and_randomize(layer, x.shape)
+    expected = ref.multi_head_self_attention(x, weights, num_heads, epsilon=EPSILON, **options)
+    assert_matches(layer(x), expected)
+
+
+@pytest.mark.parametrize("mid_norm", [None, *BLOCK_NORMS])
+def test_mlp_matches_formula(mid_norm):
+    x = random_input((BATCH, TOKENS, WIDTH))
+    layer = MLP(MLP_DIM, mid_norm=mid_norm, norm_epsilon=EPSILON, norm_groups=GROUPS)
+    weights = build_and_randomize(layer, x.shape)
+    expected = ref.mlp(x, weights, mid_norm, epsilon=EPSILON, groups=GROUPS)
+    assert_matches(layer(x), expected)
+
+
+def test_gelu_is_exact_erf_form():
+    x = np.linspace(-4.0, 4.0, 41, dtype="float32")
+    layer = MLP(1)
+    layer.build((None, 1))
+    layer.fc1.kernel.assign(np.ones((1, 1), "float32"))
+    layer.fc1.bias.assign(np.zeros((1,), "float32"))
+    layer.fc2.kernel.assign(np.ones((1, 1), "float32"))
+    layer.fc2.bias.assign(np.zeros((1,), "float32"))
+    assert_matches(layer(x[:, None])[:, 0], ref.gelu(x))
+
+
+# --- Encoder block -------------------------------------------------------------------
+
+
+def check_block(seed=0, training=False, **config):
+    """Builds an `EncoderBlock`, randomizes it and compares to `ref.encoder_block`."""
+    config = {"norm": "layernorm", "norm_groups": GROUPS, "norm_epsilon": EPSILON, **config}
+    x = random_input((BATCH, TOKENS, WIDTH), seed=seed + 1)
+    block = EncoderBlock(HEADS, MLP_DIM, DEPTH, **config)
+    weights = build_and_randomize(block, x.shape, seed)
+    expected = ref.encoder_block(
+        x,
+        weights,
+        HEADS,
+        DEPTH,
+        norm_type=config["norm"],
+        attn_norm=config.get("attn_norm", "pre"),
+        mlp_norm=config.get("mlp_norm", "pre"),
+        block_style=config.get("block_style", "standard"),
+        qk_norm=config.get("qk_norm", False),
+        layer_scale=config.get("layer_scale") is not None,
+        epsilon=EPSILON,
+        groups=GROUPS,
+        training=training,
+    )
+    assert_matches(block(x, training=training), expected)
+
+
+@pytest.mark.parametrize("mlp_norm", PLACEMENTS)
+@pytest.mark.parametrize("attn_norm", PLACEMENTS)
+def test_block_placements_match_formula(attn_norm, mlp_norm):
+    check_block(attn_norm=attn_norm, mlp_norm=mlp_norm)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "dyt"])
+@pytest.mark.parametrize(
+    "block_style, attn_norm, mlp_norm",
+    [
+        ("normformer", "pre", "pre"),
+        ("sub_ln", "pre", "pre"),
+        ("deepnorm", "post", "post"),
+    ],
+)
+def test_block_styles_match_formula(block_style, attn_norm, mlp_norm, norm):
+    check_block(block_style=block_style, attn_norm=attn_norm, mlp_norm=mlp_norm, norm=norm)
+
+
+@pytest.mark.parametrize("norm", [*BLOCK_NORMS, "identity"])
+def test_block_norm_types_match_formula(norm):
+    check_block(norm=norm, attn_norm="pre_post", mlp_norm="post")
+
+
+@pytest.mark.parametrize("block_style", ["standard", "normformer", "sub_ln"])
+def test_block_batchnorm_training_matches_formula(block_style):
+    check_block(norm="batchnorm", block_style=block_style, training=True)
+
+
+def test_block_with_qk_norm_and_layer_scale_matches_formula():
+    check_block(attn_norm="pre_post", qk_norm=True, layer_scale=0.1)
+
+
+# --- Init scaling of DeepNorm and Sub-LN ---------------------------------------------
+
+INIT_WIDTH, INIT_DEPTH = 128, 12
+
+
+def _init_kernels(block_style, placement):
+    """Initial kernels of a freshly built block (fixed seed), the qkv kernel split in thirds."""
+    keras.utils.set_random_seed(1234)
+    block = EncoderBlock(
+        4,
+        2 * INIT_WIDTH,
+        INIT_DEPTH,
+        attn_norm=placement,
+        mlp_norm=placement,
+        block_style=block_style,
+    )
+    block.build((None, TOKENS, INIT_WIDTH))
+    kernels = {
+        variable.path.split("/", 1)[1]: keras.ops.convert_to_numpy(variable)
+        for variable in block.weights
+        if variable.name == "kernel"
+    }
+    q, k, v = np.split(kernels.pop("attention/qkv/kernel"), 3, axis=-1)
+    return {"q": q, "k": k, "v": v, **kernels}
+
+
+@pytest.mark.parametrize(
+    "block_style, placement, factor",
+    [
+        ("deepnorm", "post", (8.0 * INIT_DEPTH) ** -0.25),
+        ("sub_ln", "pre", math.sqrt(math.log(2.0 * INIT_DEPTH))),
+    ],
+    ids=["deepnorm", "sub_ln"],
+)
+def test_init_scaling_of_value_out_and_mlp_kernels(block_style, placement, factor):
+    standard = _init_kernels("standard", "pre")
+    scaled = _init_kernels(block_style, placement)
+    expected = {
+        "q": 1.0,
+        "k": 1.0,
+        "v": factor,
+        "attention/out/kernel": factor,
+        "mlp/fc1/kernel": factor,
+        "mlp/fc2/kernel": factor,
+    }
+    assert sorted(scaled) == sorted(expected)
+    for key, want in expected.items():
+        ratio = np.std(scaled[key]) / np.std(standard[key])
+        message = f"{key}: std ratio {ratio:.4f}, want {want:.4f}"
+        assert ratio == pytest.approx(want, rel=0.1), message
+
+
+# --- Patch stem ----------------------------------------------------------------------
+
+IMAGE_SHAPE, PATCH = (BATCH, 12, 8, 3), 4
+
+
+@pytest.mark.parametrize(
+    "stem, stem_norm, learnable, class_token",
+    [
+        ("patch", None, True, True),
+        ("dual_patchnorm", None, True, True),
+        ("pre_patchnorm", None, True, True),
+        ("post_patchnorm", None, True, True),
+        ("post_posemb", None, True, True),
+        ("post_posemb", None, True, False),
+        ("dual_patchnorm", None, False, True),
+        ("dual_patchnorm", "rmsnorm", True, True),
+        ("dual_patchnorm", "rmsnorm", False, True),
+        ("dual_patchnorm", "batchnorm", True, True),
+        ("dual_patchnorm", "groupnorm", True, True),
+        ("dual_patchnorm", "dyt", True, True),
+        ("dual_patchnorm", "affine", True, True),
+        ("dual_patchnorm", "identity", True, True),
+    ],
+)
+def test_patch_stem_matches_formula(stem, stem_norm, learnable, class_token):
+    images = random_input(IMAGE_SHAPE)
+    layer = PatchStem(
+        PATCH,
+        WIDTH,
+        stem=stem,
+        stem_norm=stem_norm,
+        stem_norm_learnable=learnable,
+        norm_epsilon=EPSILON,
+        norm_groups=GROUPS,
+        class_token=class_token,
+    )
+    weights = build_and_randomize(layer, IMAGE_SHAPE)
+    expected = ref.patch_stem(
+        images,
+        weights,
+        PATCH,
+        stem=stem,
+        stem_norm=stem_norm or "layernorm",
+        epsilon=EPSILON,
+        groups=GROUPS,
+    )
+    assert_matches(layer(images, training=False), expected)
+
+
+def test_patchify_order_is_row_column_channel():
+    images = np.arange(np.prod(IMAGE_SHAPE), dtype="float32").reshape(IMAGE_SHAPE)
+    patch_dim = PATCH * PATCH * IMAGE_SHAPE[-1]
+    layer = PatchStem(PATCH, patch_dim, class_token=False, position_embedding=False)
+    layer.build(IMAGE_SHAPE)
+    layer.projection.kernel.assign(np.eye(patch_dim, dtype="float32"))
+    layer.projection.bias.assign(np.zeros((patch_dim,), "float32"))
+    assert_matches(layer(images), ref.patchify(images, PATCH))

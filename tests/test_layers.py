@@ -1,0 +1,225 @@
+"""Per-layer behaviour: shapes, config round trip, gradients, mixed precision, errors."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vitnorm import layers
+
+TOKENS = (3, 9, 16)  # batch, tokens, width
+IMAGES = (3, 8, 8, 3)
+
+
+def _token_layers():
+    """name -> factory of every token-level layer configuration under test."""
+    cases = {f"norm_{norm}": (lambda n=norm: layers.make_norm(n, groups=4)) for norm in layers.STEM_NORM_TYPES}
+    cases.update(
+        {
+            "rmsnorm_standardize_only": lambda: layers.RMSNorm(scale=False),
+            "dyt_no_affine": lambda: layers.DyT(affine=False),
+            "layer_scale": lambda: layers.LayerScale(0.1),
+            "attention": lambda: layers.MultiHeadSelfAttention(4),
+            "attention_qk_norm_head_scale_inner": lambda: layers.MultiHeadSelfAttention(
+                4, qk_norm="layernorm", head_scale=True, inner_norm="rmsnorm", qkv_bias=False
+            ),
+            "mlp": lambda: layers.MLP(32),
+            "mlp_mid_norm": lambda: layers.MLP(32, mid_norm="layernorm", dropout=0.1),
+        }
+    )
+    for attn, mlp, style in (
+        ("pre", "pre", "standard"),
+        ("post", "pre_post", "standard"),
+        ("none", "post", "standard"),
+        ("pre_post", "pre", "normformer"),
+        ("pre", "pre", "sub_ln"),
+        ("post", "post", "deepnorm"),
+    ):
+        cases[f"block_{attn}_{mlp}_{style}"] = (
+            lambda a=attn, m=mlp, s=style: layers.EncoderBlock(
+                4, 32, num_layers=6, attn_norm=a, mlp_norm=m, block_style=s,
+                layer_scale=0.5, qk_norm=True, drop_path_rate=0.1,
+            )
+        )
+    return cases
+
+
+def _stem_layers():
+    cases = {}
+    for stem in layers.STEM_TYPES:
+        cases[f"stem_{stem}"] = lambda s=stem: layers.PatchStem(4, 16, stem=s)
+    cases["stem_dpn_rmsnorm_fixed"] = lambda: layers.PatchStem(
+        4, 16, stem="dual_patchnorm", stem_norm="rmsnorm", stem_norm_learnable=False
+    )
+    cases["stem_dpn_affine_gap"] = lambda: layers.PatchStem(
+        4, 16, stem="dual_patchnorm", stem_norm="affine", class_token=False
+    )
+    return cases
+
+
+PARAMETER_FREE = ("norm_identity", "rmsnorm_standardize_only", "dyt_no_affine")
+CASES = {**{k: (v, TOKENS) for k, v in _token_layers().items()},
+         **{k: (v, IMAGES) for k, v in _stem_layers().items()}}
+
+
+def _expected_shape(name, input_shape):
+    if name.startswith("stem"):
+        tokens = (input_shape[1] // 4) * (input_shape[2] // 4)
+        return (input_shape[0], tokens + (0 if "gap" in name else 1), 16)
+    return input_shape
+
+
+def _inputs(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_output_shape(name):
+    factory, shape = CASES[name]
+    y = factory()(_inputs(shape))
+    assert tuple(y.shape) == _expected_shape(name, shape)
+    assert np.isfinite(keras.ops.convert_to_numpy(y)).all()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_config_round_trip(name):
+    factory, shape = CASES[name]
+    layer = factory()
+    x = _inputs(shape)
+    y = keras.ops.convert_to_numpy(layer(x))
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    clone(x)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(clone(x)), y, atol=1e-6)
+    serialized = keras.saving.serialize_keras_object(layer)
+    assert type(keras.saving.deserialize_keras_object(serialized)) is type(layer)
+
+
+@pytest.mark.parametrize("name", PARAMETER_FREE)
+def test_standardize_only_layers_have_no_trainable_weights(name):
+    layer = CASES[name][0]()
+    layer(_inputs(TOKENS))
+    assert layer.trainable_weights == []
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(PARAMETER_FREE)))
+def test_every_trainable_weight_gets_a_gradient_in_one_fit_step(name):
+    factory, shape = CASES[name]
+    keras.utils.set_random_seed(1)
+    layer = factory()
+    inputs = keras.Input(shape[1:])
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(layer(inputs)))
+    model = keras.Model(inputs, outputs)
+    before = {v.path: keras.ops.convert_to_numpy(v) for v in layer.trainable_weights}
+    assert before, "layer under test has no trainable weights"
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x, y = _inputs(shape, 2), _inputs((shape[0], 1), 3)
+    model.fit(x, y, batch_size=shape[0], epochs=1, verbose=0)
+    unchanged = [
+        v.path
+        for v in layer.trainable_weights
+        if np.array_equal(before[v.path], keras.ops.convert_to_numpy(v))
+    ]
+    assert not unchanged, f"no gradient reached {unchanged}"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mixed_precision(name, policy):
+    if policy == "mixed_float16" and keras.backend.backend() == "torch" and "stem_conv" in name:
+        pytest.skip("PyTorch has no float16 convolution on CPU")
+    factory, shape = CASES[name]
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        layer = factory()
+        y = layer(_inputs(shape))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert all(w.dtype == "float32" for w in layer.weights), [
+        (w.path, w.dtype) for w in layer.weights if w.dtype != "float32"
+    ]
+    assert keras.backend.standardize_dtype(y.dtype) == policy.split("_")[1]
+    assert np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(y, "float32"))).all()
+
+
+@pytest.mark.parametrize("norm", layers.NORM_TYPES + ("affine",))
+def test_norms_stay_finite_on_inputs_beyond_float16_range(norm):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        layer = layers.make_norm(norm, groups=4)
+        x = _inputs(TOKENS) * 1e5  # well above float16's 65504
+        x[0, 0, 0] = 2e5
+        # training=True: BatchNorm normalizes with batch statistics (its inference
+        # mode is an affine map with the moving statistics).
+        y = keras.ops.convert_to_numpy(keras.ops.cast(layer(x, training=True), "float32"))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    if norm in ("identity", "affine"):
+        # These do not normalize: beyond float16's range the float16 output is inf by
+        # design, but never NaN.
+        assert not np.isnan(y).any()
+    else:
+        assert np.isfinite(y).all()
+
+
+@pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`")
+def test_rmsnorm_is_not_keras_rms_scaling_layernorm():
+    x = _inputs(TOKENS) + 3.0  # non-zero mean separates the two definitions
+    ours = keras.ops.convert_to_numpy(layers.RMSNorm()(x))
+    expected = x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+    rms_scaling = keras.layers.LayerNormalization(epsilon=1e-6, rms_scaling=True)(x)
+    assert np.abs(keras.ops.convert_to_numpy(rms_scaling) - expected).max() > 0.1
+
+
+def test_patchify_is_conv_patch_embedding_with_reshaped_kernel():
+    images = _inputs((2, 8, 8, 3))
+    conv = keras.layers.Conv2D(5, 4, strides=4, use_bias=False)
+    expected = keras.ops.convert_to_numpy(conv(images)).reshape(2, 4, 5)
+    kernel = keras.ops.convert_to_numpy(conv.kernel).reshape(4 * 4 * 3, 5)
+    patches = keras.ops.convert_to_numpy(layers.patchify(images, 4))
+    np.testing.assert_allclose(patches @ kernel, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: layers.make_norm("layer_norm"), "Did you mean 'layernorm'"),
+        (lambda: layers.make_norm("affine", learnable=False), "identity"),
+        (lambda: layers.EncoderBlock(4, 32, 6, attn_norm="sandwich"), "attn_norm='sandwich'"),
+        (lambda: layers.EncoderBlock(4, 32, 6, block_style="deep_norm"), "'deepnorm'"),
+        (lambda: layers.EncoderBlock(4, 32, 6, block_style="deepnorm"), "attn_norm='post'"),
+        (lambda: layers.EncoderBlock(4, 32, 6, drop_path_rate=1.5), "drop_path_rate"),
+        (lambda: layers.PatchStem(4, 16, stem="dpn"), "stem='dpn'"),
+        (lambda: layers.PatchStem(4, 16, stem="patch", stem_norm="layernorm"), "stem_norm=None"),
+        (lambda: layers.PatchStem(6, 16, stem="conv"), "power of two"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(factory, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        factory()
+
+
+def test_attention_width_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="width=16 is not divisible by num_heads=3"):
+        layers.MultiHeadSelfAttention(3)(_inputs(TOKENS))
+
+
+def test_stem_rejects_images_not_divisible_by_patch():
+    with pytest.raises(ValueError, match="not divisible by patch_size=4"):
+        layers.PatchStem(4, 16)(_inputs((2, 10, 8, 3)))
+
+
+def test_stem_rejects_wrong_image_shape_at_call_time():
+    stem = layers.PatchStem(4, 16)
+    stem(_inputs(IMAGES))
+    with pytest.raises(ValueError, match=r"Expected images of shape \(batch, 8, 8, 3\)"):
+        stem(_inputs((3, 8, 8, 1)))
+
+
+def test_groupnorm_width_must_divide_groups():
+    with pytest.raises(ValueError, match="norm_groups"):
+        layers.EncoderBlock(4, 32, 6, norm="groupnorm", norm_groups=5)(_inputs(TOKENS))
