@@ -12,6 +12,7 @@ from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.normalization import Affine
+from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import DyT
 from keras_vitnorm.layers.normalization import RMSNorm
 from keras_vitnorm.layers.normalization import make_norm

@@ -7,6 +7,8 @@ their statistics in float32 under mixed precision. RMSNorm, DyT and the stem's
 * `keras.layers.RMSNormalization` autocasts its input to the compute dtype, so under
   `mixed_float16` an input above 65504 becomes `inf` before it is normalized and the
   output is NaN. `RMSNorm` below keeps its input in float32.
+* `keras.layers.BatchNormalization` also casts its input to the compute dtype
+  before computing float32 statistics (same NaN); `BatchNorm` below does not.
 * Keras has no Dynamic Tanh and no scale-and-shift-only layer.
 """
 
@@ -77,6 +79,32 @@ class RMSNorm(keras.layers.Layer):
         config = super().get_config()
         config.update({"epsilon": self.epsilon, "scale": self.scale})
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class BatchNorm(keras.layers.BatchNormalization):
+    """Keras `BatchNormalization` that keeps float32 inputs in float32.
+
+    Keras' layer casts its input to the compute dtype first, so under
+    `mixed_float16` an input above 65504 is `inf` before its float32 statistics
+    are taken. This subclass skips that cast and returns the compute dtype. On
+    `(batch, tokens, channels)` inputs the statistics are per channel over
+    batch x tokens (BatchNorm1d on the flattened tokens).
+
+    Args:
+        **kwargs: `keras.layers.BatchNormalization` arguments.
+
+    Example:
+    >>> y = BatchNorm(momentum=0.9, epsilon=1e-6)(keras.random.normal((2, 5, 8)))
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.autocast = False
+
+    def call(self, inputs, training=None, mask=None):
+        outputs = super().call(inputs, training=training, mask=mask)
+        return _to_compute_dtype(self, outputs)
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -196,7 +224,7 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     if norm == "rmsnorm":
         return RMSNorm(epsilon=epsilon, scale=learnable, **common)
     if norm == "batchnorm":
-        return keras.layers.BatchNormalization(
+        return BatchNorm(
             axis=-1,
             momentum=BATCHNORM_MOMENTUM,
             epsilon=epsilon,

@@ -8,6 +8,7 @@ from keras import ops
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
+from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 
@@ -139,7 +140,7 @@ class PatchStem(keras.layers.Layer):
     def _norm(self, name):
         norm = self.resolved_stem_norm
         if norm == "batchnorm" and self.stem == "conv":
-            return keras.layers.BatchNormalization(
+            return BatchNorm(
                 momentum=BATCHNORM_MOMENTUM,
                 epsilon=_CONV_STEM_BN_EPSILON,
                 center=self.stem_norm_learnable,
