@@ -1,0 +1,287 @@
+"""The ViT model: presets, every option, serialization, overrides, errors, training."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vitnorm
+from keras_vitnorm import ViT
+from keras_vitnorm.layers import BLOCK_STYLES
+from keras_vitnorm.layers import NORM_TYPES
+from keras_vitnorm.layers import PLACEMENTS
+from keras_vitnorm.layers import STEM_TYPES
+
+TINY = dict(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
+# The standard ViT parameter counts (224x224, 1000 classes, class token).
+STANDARD_COUNTS = {
+    "ti16": 5_717_416,
+    "s16": 22_050_664,
+    "s32": 22_878_952,
+    "b16": 86_567_656,
+    "b32": 88_224_232,
+    "l16": 304_326_632,
+}
+
+
+def _images(shape=(2, 16, 16, 3), seed=0):
+    return np.random.default_rng(seed).uniform(size=shape).astype("float32")
+
+
+def _numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize("name", sorted(STANDARD_COUNTS))
+def test_preset_parameter_counts(name):
+    model = ViT.from_preset(name)
+    assert model.count_params() == STANDARD_COUNTS[name]
+    del model
+    dpn = ViT.from_preset(f"{name}_dpn")
+    patch = dpn.patch_size
+    # Dual PatchNorm adds two LayerNorms: over P*P*C and over the width.
+    extra = 2 * patch * patch * 3 + 2 * dpn.width
+    assert dpn.count_params() == STANDARD_COUNTS[name] + extra
+
+
+def test_list_presets():
+    presets = keras_vitnorm.list_presets()
+    assert set(presets) == set(STANDARD_COUNTS) | {f"{n}_dpn" for n in STANDARD_COUNTS}
+    assert "Dual PatchNorm" in presets["s16_dpn"]
+    assert ViT.presets() == presets
+
+
+def test_from_preset_overrides():
+    model = ViT.from_preset("s16_dpn", num_classes=10, image_size=32, depth=1)
+    assert model.stem == "dual_patchnorm"
+    assert model.output_shape == (None, 10)
+    assert model.depth == 1
+    assert _numpy(model(_images((1, 32, 32, 3)))).shape == (1, 10)
+
+
+@pytest.mark.parametrize("style", BLOCK_STYLES)
+@pytest.mark.parametrize("attn_norm", PLACEMENTS)
+@pytest.mark.parametrize("mlp_norm", PLACEMENTS)
+def test_every_placement_and_block_style_runs(attn_norm, mlp_norm, style):
+    config = dict(TINY, attn_norm=attn_norm, mlp_norm=mlp_norm, block_style=style)
+    if style == "deepnorm" and (attn_norm, mlp_norm) != ("post", "post"):
+        with pytest.raises(ValueError, match="deepnorm"):
+            ViT(**config)
+        return
+    y = _numpy(ViT(**config)(_images()))
+    assert y.shape == (2, 5) and np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("norm", NORM_TYPES)
+@pytest.mark.parametrize("stem", STEM_TYPES)
+def test_every_norm_and_stem_runs(norm, stem):
+    model = ViT(**TINY, norm=norm, norm_groups=4, stem=stem, qk_norm=True)
+    y = _numpy(model(_images(), training=True))
+    assert y.shape == (2, 5) and np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("norm", NORM_TYPES)
+@pytest.mark.parametrize("style", ["normformer", "sub_ln", "deepnorm"])
+def test_every_norm_with_every_block_style_runs(norm, style):
+    placement = "post" if style == "deepnorm" else "pre"
+    model = ViT(
+        **TINY, norm=norm, norm_groups=4, block_style=style, attn_norm=placement, mlp_norm=placement
+    )
+    y = _numpy(model(_images()))
+    assert y.shape == (2, 5) and np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("stem_norm", ["layernorm", "rmsnorm", "dyt", "batchnorm", "affine"])
+@pytest.mark.parametrize("learnable", [True, False])
+def test_stem_norm_variants(stem_norm, learnable):
+    if stem_norm == "affine" and not learnable:
+        with pytest.raises(ValueError, match="identity"):
+            ViT(**TINY, stem="dual_patchnorm", stem_norm=stem_norm, stem_norm_learnable=False)
+        return
+    model = ViT(**TINY, stem="dual_patchnorm", stem_norm=stem_norm, stem_norm_learnable=learnable)
+    stem_weights = [w for w in model.trainable_weights if w.path.startswith("stem/") and "norm" in w.path]
+    assert bool(stem_weights) == learnable
+    assert np.isfinite(_numpy(model(_images()))).all()
+
+
+def test_options_that_change_structure():
+    gap = ViT(**TINY, pooling="gap")
+    assert not any("class_token" in w.path for w in gap.weights)
+    assert gap.get_layer("stem").pos_embedding.shape == (1, 16, 32)
+    no_final = ViT(**TINY, final_norm=False)
+    assert not any(w.path.startswith("final_norm") for w in no_final.weights)
+    features = ViT(**dict(TINY, num_classes=0))
+    assert features.output_shape == (None, 32)
+    rect = ViT(**dict(TINY, image_size=[16, 24]))
+    assert _numpy(rect(_images((1, 16, 24, 3)))).shape == (1, 5)
+
+
+def test_norm_ablation_is_a_one_line_config_change():
+    model = ViT(**TINY)
+    config = model.get_config()
+    json.dumps(config)  # JSON-safe
+    config["norm"] = "rmsnorm"
+    ablated = ViT.from_config(config)
+    assert ablated.norm == "rmsnorm"
+    assert any(w.path == "block_0/attn_norm/scale" for w in ablated.weights)
+    assert not any(w.path == "block_0/attn_norm/beta" for w in ablated.weights)
+
+
+def test_get_config_from_config_round_trip():
+    model = ViT(**TINY, stem="dual_patchnorm", layer_scale=0.1, drop_path_rate=0.1)
+    clone = ViT.from_config(model.get_config())
+    assert clone.get_config() == model.get_config()
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(_numpy(clone(_images())), _numpy(model(_images())), atol=1e-6)
+
+
+def test_keras_file_round_trip(tmp_path):
+    model = ViT(**TINY, stem="conv", norm="rmsnorm", block_style="normformer")
+    model.get_layer("head").kernel.assign(np.ones((32, 5), "float32"))
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, ViT)
+    assert loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(_numpy(loaded(_images())), _numpy(model(_images())), atol=1e-6)
+
+
+def test_save_to_preset_and_reload(tmp_path):
+    model = ViT(**TINY, stem="dual_patchnorm")
+    model.get_layer("head").kernel.assign(np.ones((32, 5), "float32"))
+    directory = tmp_path / "preset"
+    model.save_to_preset(directory)
+    metadata = json.loads((directory / "metadata.json").read_text())
+    assert metadata["parameter_count"] == model.count_params()
+    assert metadata["backend"] == keras.backend.backend()
+    loaded = ViT.from_preset(str(directory))
+    np.testing.assert_allclose(_numpy(loaded(_images())), _numpy(model(_images())), atol=1e-6)
+
+
+def test_save_to_preset_refuses_to_overwrite(tmp_path):
+    model = ViT(**TINY)
+    model.save_to_preset(tmp_path)
+    before = (tmp_path / "model.weights.npz").read_bytes()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ViT(**TINY).save_to_preset(tmp_path)
+    assert (tmp_path / "model.weights.npz").read_bytes() == before
+    ViT(**TINY).save_to_preset(tmp_path, overwrite=True)
+    assert (tmp_path / "model.weights.npz").read_bytes() != before
+
+
+def _bilinear_reference(grid, new_h, new_w):
+    """Half-pixel-centre bilinear resize of an (h, w, d) array, edges clamped."""
+    h, w, _ = grid.shape
+
+    def coords(new, old):
+        src = (np.arange(new) + 0.5) * old / new - 0.5
+        src = np.clip(src, 0, old - 1)
+        low = np.floor(src).astype(int)
+        high = np.minimum(low + 1, old - 1)
+        return low, high, src - low
+
+    y0, y1, fy = coords(new_h, h)
+    x0, x1, fx = coords(new_w, w)
+    top = grid[y0][:, x0] * (1 - fx)[None, :, None] + grid[y0][:, x1] * fx[None, :, None]
+    bottom = grid[y1][:, x0] * (1 - fx)[None, :, None] + grid[y1][:, x1] * fx[None, :, None]
+    return top * (1 - fy)[:, None, None] + bottom * fy[:, None, None]
+
+
+def test_new_image_size_resamples_position_embedding(tmp_path):
+    model = ViT(**TINY)
+    model.save_to_preset(tmp_path)
+    bigger = ViT.from_preset(str(tmp_path), image_size=28)  # 4x4 grid -> 7x7
+    old = _numpy(model.get_layer("stem").pos_embedding)
+    new = _numpy(bigger.get_layer("stem").pos_embedding)
+    assert new.shape == (1, 1 + 49, 32)
+    np.testing.assert_allclose(new[:, 0], old[:, 0])  # class token position kept
+    expected = _bilinear_reference(old[0, 1:].reshape(4, 4, 32), 7, 7).reshape(49, 32)
+    np.testing.assert_allclose(new[0, 1:], expected, atol=1e-5)
+    old_other = {w.path: _numpy(w) for w in model.weights if "position" not in w.path}
+    for w in bigger.weights:
+        if "position" not in w.path:
+            np.testing.assert_array_equal(_numpy(w), old_other[w.path])
+    assert np.isfinite(_numpy(bigger(_images((1, 28, 28, 3))))).all()
+
+
+def test_new_num_classes_keeps_body_and_makes_a_fresh_head(tmp_path, capsys):
+    model = ViT(**TINY)
+    model.get_layer("head").kernel.assign(np.ones((32, 5), "float32"))
+    model.save_to_preset(tmp_path)
+    new = ViT.from_preset(str(tmp_path), num_classes=3)
+    assert "head/kernel" in capsys.readouterr().out
+    assert new.get_layer("head").kernel.shape == (32, 3)
+    np.testing.assert_array_equal(
+        _numpy(new.get_layer("block_1").mlp.fc2.kernel), _numpy(model.get_layer("block_1").mlp.fc2.kernel)
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(image_size=18), "image height 18 is not divisible by patch_size=4"),
+        (dict(num_heads=5), "width=32 is not divisible by num_heads=5"),
+        (dict(norm="layer_norm"), "Did you mean 'layernorm'"),
+        (dict(attn_norm="sandwich"), "Unknown attn_norm='sandwich'"),
+        (dict(mlp_norm="peri"), "Unknown mlp_norm='peri'"),
+        (dict(stem="dual_patch_norm"), "Did you mean 'dual_patchnorm'"),
+        (dict(block_style="normformers"), "Did you mean 'normformer'"),
+        (dict(stem_norm="rms"), "Unknown stem_norm='rms'"),
+        (dict(pooling="mean"), "Unknown pooling='mean'"),
+        (dict(block_style="deepnorm"), "needs attn_norm='post'"),
+        (dict(norm="groupnorm", norm_groups=5), "norm_groups=5"),
+        (dict(depth=0), "depth must be a positive integer"),
+        (dict(image_size="big"), "image_size must be"),
+    ],
+)
+def test_bad_config_raises_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ViT(**{**TINY, **kwargs})
+
+
+def test_unknown_preset_suggests_close_names():
+    with pytest.raises(ValueError, match="Did you mean 's16_dpn'"):
+        ViT.from_preset("s16dpn")
+    with pytest.raises(ValueError, match="Unknown override"):
+        ViT.from_preset("s16", normalization="rmsnorm")
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 16, 1), (2, 32, 32, 3)])
+def test_wrong_image_shape_at_call_time(shape):
+    model = ViT(**TINY)
+    # Keras' input check or the stem's own check, depending on what differs.
+    expected = r"(expected shape=\(None, 16, 16, 3\)|Expected images of shape \(batch, 16, 16, 3\))"
+    with pytest.raises(ValueError, match=expected):
+        model(_images(shape))
+
+
+def test_weights_that_do_not_fit_the_config(tmp_path):
+    ViT(**TINY).save_to_preset(tmp_path)
+    with pytest.raises(ValueError, match=r"'stem/class_token'.*expects shape \(1, 1, 48\).*\(1, 1, 32\)"):
+        ViT.from_preset(str(tmp_path), width=48)
+    with pytest.raises(ValueError, match="missing from the file: 'block_0/attn_norm/scale'"):
+        ViT.from_preset(str(tmp_path), norm="rmsnorm")
+    with pytest.raises(ValueError, match="not a keras_vitnorm preset directory"):
+        (tmp_path / "empty").mkdir()
+        ViT.from_preset(str(tmp_path / "empty"))
+
+
+def test_tiny_vit_trains_with_fit_and_loss_falls():
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, size=256)
+    images = rng.normal(0, 0.3, size=(256, 16, 16, 3)).astype("float32")
+    for i, label in enumerate(labels):  # the class is the bright quadrant
+        r, c = divmod(int(label), 2)
+        images[i, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] += 1.0
+    model = ViT(**dict(TINY, num_classes=4), stem="dual_patchnorm")
+    model.compile(
+        optimizer=keras.optimizers.AdamW(3e-3, weight_decay=1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    history = model.fit(images, labels, batch_size=32, epochs=10, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert history.history["accuracy"][-1] > 0.5
