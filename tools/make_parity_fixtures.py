@@ -12,6 +12,10 @@ Run (the committed fixtures were made with the JAX backend):
 
     KERAS_BACKEND=jax python tools/make_parity_fixtures.py
 
+Report this backend's error against the committed fixtures without writing:
+
+    KERAS_BACKEND=torch python tools/make_parity_fixtures.py --check
+
 Regenerate only when a config is added or the model's computation changes on
 purpose; the fixtures are the contract that all backends compute the same thing.
 """
@@ -106,7 +110,33 @@ def make_fixture(name, overrides, rng):
     return model, logits
 
 
+def check():
+    """Prints the max absolute logit and input-gradient error of each fixture."""
+    worst = 0.0
+    for name in CONFIGS:
+        with np.load(os.path.join(OUTPUT_DIR, f"{name}.npz")) as data:
+            data = {key: data[key] for key in data.files}
+        config = json.loads(str(data["config"]))
+        model = keras_vitnorm.ViT(**config)
+        model.load_weights_by_path(
+            {k[len("weight:"):]: v for k, v in data.items() if k.startswith("weight:")}
+        )
+        logits = keras.ops.convert_to_numpy(model(data["images"], training=False))
+        cotangent = data["cotangent"]
+        _, input_gradient, _ = value_and_gradients(
+            model, data["images"], lambda y: keras.ops.sum(keras.ops.multiply(y, cotangent))
+        )
+        logit_error = float(np.abs(logits - data["logits"]).max())
+        gradient_error = float(np.abs(input_gradient - data["input_gradient"]).max())
+        worst = max(worst, logit_error)
+        print(f"{name:26s} logits {logit_error:.2e}  input gradient {gradient_error:.2e}")
+    print(f"{keras.backend.backend()}: worst logit error {worst:.2e}")
+    return 0
+
+
 def main():
+    if "--check" in sys.argv[1:]:
+        return check()
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     rng = np.random.default_rng(20261122)
     for name, overrides in CONFIGS.items():
