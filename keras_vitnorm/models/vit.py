@@ -33,38 +33,13 @@ def _image_hw(image_size):
     )
 
 
-def validate_config(
-    image_size,
-    patch_size,
-    num_channels,
-    width,
-    depth,
-    num_heads,
-    mlp_dim,
-    num_classes,
-    norm,
-    norm_groups,
-    attn_norm,
-    mlp_norm,
-    block_style,
-    stem,
-    stem_norm,
-    pooling,
-    drop_path_rate,
-    dropout,
-    layer_scale,
-):
-    """Checks a ViT configuration; raises a `ValueError` naming the first bad value."""
-    for argument, value in (
-        ("patch_size", patch_size),
-        ("num_channels", num_channels),
-        ("width", width),
-        ("depth", depth),
-        ("num_heads", num_heads),
-        ("mlp_dim", mlp_dim),
-        ("norm_groups", norm_groups),
-    ):
-        check_positive_int(argument, value)
+def validate_config(config):
+    """Checks a ViT config dict; raises a `ValueError` naming the first bad value."""
+    c = config
+    image_size, patch_size, width = c["image_size"], c["patch_size"], c["width"]
+    num_heads, num_classes, norm = c["num_heads"], c["num_classes"], c["norm"]
+    for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim", "norm_groups"):
+        check_positive_int(argument, c[argument])
     height, image_width = _image_hw(image_size)
     for axis_name, size in (("height", height), ("width", image_width)):
         if size < 1 or size % patch_size:
@@ -84,24 +59,28 @@ def validate_config(
             f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
             f"for this width include {divisors}."
         )
-    check_choice("norm", norm, NORM_TYPES)
-    check_choice("attn_norm", attn_norm, PLACEMENTS)
-    check_choice("mlp_norm", mlp_norm, PLACEMENTS)
-    check_choice("block_style", block_style, BLOCK_STYLES)
-    check_choice("stem", stem, STEM_TYPES)
-    if stem_norm is not None:
-        check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
-    check_choice("pooling", pooling, POOLINGS)
-    check_rate("drop_path_rate", drop_path_rate)
-    check_rate("dropout", dropout)
+    for argument, choices in (
+        ("norm", NORM_TYPES),
+        ("attn_norm", PLACEMENTS),
+        ("mlp_norm", PLACEMENTS),
+        ("block_style", BLOCK_STYLES),
+        ("stem", STEM_TYPES),
+        ("pooling", POOLINGS),
+    ):
+        check_choice(argument, c[argument], choices)
+    if c["stem_norm"] is not None:
+        check_choice("stem_norm", c["stem_norm"], STEM_NORM_TYPES)
+    check_rate("drop_path_rate", c["drop_path_rate"])
+    check_rate("dropout", c["dropout"])
+    layer_scale = c["layer_scale"]
     if layer_scale is not None and (
         isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))
     ):
         raise ValueError(f"layer_scale must be None or a float, got {layer_scale!r}.")
-    if norm == "groupnorm" and width % norm_groups:
+    if norm == "groupnorm" and width % c["norm_groups"]:
         raise ValueError(
             f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
-            f"norm_groups={norm_groups}."
+            f"norm_groups={c['norm_groups']}."
         )
 
 
@@ -169,6 +148,34 @@ class ViT(keras.Model):
     - [Kumar et al., Dual PatchNorm, 2023](https://arxiv.org/abs/2302.01327)
     """
 
+    #: Names of the constructor arguments that `get_config` returns.
+    CONFIG_KEYS = (
+        "image_size",
+        "patch_size",
+        "num_channels",
+        "width",
+        "depth",
+        "num_heads",
+        "mlp_dim",
+        "num_classes",
+        "norm",
+        "norm_epsilon",
+        "norm_groups",
+        "attn_norm",
+        "mlp_norm",
+        "block_style",
+        "stem",
+        "stem_norm",
+        "stem_norm_learnable",
+        "final_norm",
+        "layer_scale",
+        "qk_norm",
+        "qkv_bias",
+        "drop_path_rate",
+        "dropout",
+        "pooling",
+    )
+
     def __init__(
         self,
         image_size=224,
@@ -198,27 +205,8 @@ class ViT(keras.Model):
         dtype=None,
         **kwargs,
     ):
-        validate_config(
-            image_size,
-            patch_size,
-            num_channels,
-            width,
-            depth,
-            num_heads,
-            mlp_dim,
-            num_classes,
-            norm,
-            norm_groups,
-            attn_norm,
-            mlp_norm,
-            block_style,
-            stem,
-            stem_norm,
-            pooling,
-            drop_path_rate,
-            dropout,
-            layer_scale,
-        )
+        config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        validate_config(config)
         height, image_width = _image_hw(image_size)
         policy = keras.dtype_policies.get(dtype) if dtype is not None else None
         images = keras.Input((height, image_width, num_channels), name="images")
@@ -272,59 +260,9 @@ class ViT(keras.Model):
         kwargs.setdefault("name", "vit")
         super().__init__(inputs=images, outputs=outputs, **kwargs)
 
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.num_channels = num_channels
-        self.width = width
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.num_classes = num_classes
-        self.norm = norm
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.attn_norm = attn_norm
-        self.mlp_norm = mlp_norm
-        self.block_style = block_style
-        self.stem = stem
-        self.stem_norm = stem_norm
-        self.stem_norm_learnable = stem_norm_learnable
-        self.final_norm = final_norm
-        self.layer_scale = layer_scale
-        self.qk_norm = qk_norm
-        self.qkv_bias = qkv_bias
-        self.drop_path_rate = drop_path_rate
-        self.dropout = dropout
-        self.pooling = pooling
+        for key, value in config.items():
+            setattr(self, key, value)
         self._dtype_argument = dtype
-
-    #: Names of the constructor arguments that `get_config` returns.
-    CONFIG_KEYS = (
-        "image_size",
-        "patch_size",
-        "num_channels",
-        "width",
-        "depth",
-        "num_heads",
-        "mlp_dim",
-        "num_classes",
-        "norm",
-        "norm_epsilon",
-        "norm_groups",
-        "attn_norm",
-        "mlp_norm",
-        "block_style",
-        "stem",
-        "stem_norm",
-        "stem_norm_learnable",
-        "final_norm",
-        "layer_scale",
-        "qk_norm",
-        "qkv_bias",
-        "drop_path_rate",
-        "dropout",
-        "pooling",
-    )
 
     def get_config(self):
         config = {key: getattr(self, key) for key in self.CONFIG_KEYS}
