@@ -75,9 +75,9 @@ def _tensorflow(model, inputs, loss_fn, training):
 def _torch(model, inputs, loss_fn, training):
     import torch
 
-    device = keras.backend.get_device() if hasattr(keras.backend, "get_device") else None
-    x = torch.tensor(np.asarray(inputs), device=device, requires_grad=True)
     parameters = [v.value for v in model.trainable_variables]
+    device = parameters[0].device if parameters else None
+    x = torch.tensor(np.asarray(inputs), device=device, requires_grad=True)
     loss = loss_fn(model(x, training=training))
     grads = torch.autograd.grad(loss, [x] + parameters, allow_unused=True)
     return loss.detach(), grads[0], grads[1:]

@@ -251,7 +251,7 @@ class PatchStem(keras.layers.Layer):
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
-                x = layer(x, training=training) if "norm" in layer.name else layer(x)
+                x = layer(x, training=training)
             x = self.projection(x)
             x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
         else:
