@@ -61,11 +61,6 @@ def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_
     return np.concatenate([prefix, resized], axis=1)
 
 
-def _grid(model):
-    stem = model.get_layer("stem")
-    return stem.grid_size
-
-
 def assign_weights(model, arrays, resample_position_embedding_ok=True, new_head_ok=False):
     """Loads `{path: array}` into `model`, checking every name and shape.
 
@@ -127,7 +122,8 @@ def _more(paths):
 
 def _resample_for(model, array):
     num_prefix = 1 if model.pooling == "cls" else 0
-    target = tuple(model.get_layer("stem").pos_embedding.shape)
+    stem = model.get_layer("stem")
+    target = tuple(stem.pos_embedding.shape)
     source_tokens = array.shape[1] - num_prefix
     side = int(round(source_tokens**0.5))
     if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
@@ -135,7 +131,7 @@ def _resample_for(model, array):
             f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
             f"{target}: only a square grid of the same width can be."
         )
-    return resample_position_embedding(array, (side, side), _grid(model), num_prefix)
+    return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix)
 
 
 def _write_json(path, data):

@@ -77,11 +77,6 @@ def validate_config(config):
         isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))
     ):
         raise ValueError(f"layer_scale must be None or a float, got {layer_scale!r}.")
-    if norm == "groupnorm" and width % c["norm_groups"]:
-        raise ValueError(
-            f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
-            f"norm_groups={c['norm_groups']}."
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
