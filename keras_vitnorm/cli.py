@@ -1,0 +1,256 @@
+"""The `keras-vitnorm` command: `train` and `evaluate`.
+
+The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
+Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
+"""
+
+import argparse
+import json
+import sys
+
+from keras_vitnorm.layers.encoder_block import BLOCK_STYLES
+from keras_vitnorm.layers.encoder_block import PLACEMENTS
+from keras_vitnorm.layers.normalization import NORM_TYPES
+from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
+from keras_vitnorm.layers.patch_stem import STEM_TYPES
+from keras_vitnorm.training.config import PRECISIONS
+from keras_vitnorm.training.data import CROP_MODES
+from keras_vitnorm.training.recipes import RECIPE_NAMES
+
+TRAIN_EXAMPLES = """examples:
+  keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
+  keras-vitnorm train --norm rmsnorm --stem patch       # same recipe, other normalization
+  keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
+  keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224
+  keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
+  keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
+
+Settings not given here come from the recipe (--recipe); see docs/training.md.
+The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
+"""
+
+# (flag, ViT config key, type, choices, help)
+MODEL_FLAGS = (
+    ("--image-size", "image_size", int, None, "input height and width in pixels"),
+    ("--patch-size", "patch_size", int, None, "patch side in pixels"),
+    ("--width", "width", int, None, "token width"),
+    ("--depth", "depth", int, None, "number of encoder blocks"),
+    ("--num-heads", "num_heads", int, None, "attention heads"),
+    ("--mlp-dim", "mlp_dim", int, None, "MLP hidden width"),
+    ("--norm", "norm", str, NORM_TYPES, "norm inside the blocks and the final norm"),
+    ("--attn-norm", "attn_norm", str, PLACEMENTS, "placement of the attention norm"),
+    ("--mlp-norm", "mlp_norm", str, PLACEMENTS, "placement of the MLP norm"),
+    ("--block-style", "block_style", str, BLOCK_STYLES, "extra norms / residual scaling"),
+    ("--stem", "stem", str, STEM_TYPES, "patch embedding (dual_patchnorm = DPN)"),
+    ("--stem-norm", "stem_norm", str, STEM_NORM_TYPES, "norm type inside the stem"),
+    ("--pooling", "pooling", str, ("cls", "gap"), "class token or mean of tokens"),
+    ("--layer-scale", "layer_scale", float, None, "LayerScale init value"),
+)
+
+
+def _model_flag_help(key, choices, text):
+    return f"{text} ({', '.join(choices)})" if choices else text
+
+
+def _parse_setting(text):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        value = json.loads(value)
+    except json.JSONDecodeError:
+        pass  # a bare string such as norm=rmsnorm
+    return key.strip(), value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-vitnorm",
+        allow_abbrev=False,
+        description="Train and evaluate Vision Transformers whose normalization is a config choice.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a ViT (default: a small DPN ViT on the bundled digits)",
+        description="Train a ViT preset on a dataset with model.fit.",
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = train.add_argument_group("what to train")
+    what.add_argument("--recipe", choices=RECIPE_NAMES, default="small",
+                      help="named set of defaults (default: small)")
+    what.add_argument("--preset", help="built-in preset name (see docs/presets.md) or a preset "
+                      "directory to fine-tune from (recipe default: ti16_dpn)")
+    what.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> (default: digits)")
+    what.add_argument("--val-fraction", type=float,
+                      help="training share held out for validation if the dataset has no "
+                      "validation split (default 0.1)")
+    what.add_argument("--data-dir", help="tensorflow-datasets data directory")
+    what.add_argument("--manual-dir", help="folder of manually downloaded archives "
+                      "(imagenet2012)")
+
+    model = train.add_argument_group("model overrides (on top of the preset)")
+    for flag, key, kind, choices, text in MODEL_FLAGS:
+        model.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
+                           help=_model_flag_help(key, choices, text))
+    model.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
+                       help="normalize queries and keys per head")
+    model.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
+                       default=[], metavar="KEY=VALUE",
+                       help="any other ViT config value, e.g. --set final_norm=false "
+                       "(JSON values); repeatable")
+
+    schedule = train.add_argument_group("optimization")
+    schedule.add_argument("--epochs", type=int, help="training length in epochs")
+    schedule.add_argument("--steps", type=int, help="training length in steps (instead of epochs)")
+    schedule.add_argument("--steps-per-epoch", type=int,
+                          help="steps between validations and backups (default: one pass)")
+    schedule.add_argument("--batch-size", type=int, help="global batch size")
+    schedule.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float,
+                          help="peak learning rate")
+    schedule.add_argument("--warmup-steps", type=int, help="linear warm-up steps from 0")
+    schedule.add_argument("--min-lr", dest="min_learning_rate", type=float,
+                          help="learning rate at the end of the cosine decay (default 0)")
+    schedule.add_argument("--weight-decay", type=float,
+                          help="AdamW decoupled weight decay (Keras convention: times the "
+                          "learning rate); kernels only")
+    schedule.add_argument("--beta1", dest="beta_1", type=float, help="Adam beta_1")
+    schedule.add_argument("--beta2", dest="beta_2", type=float, help="Adam beta_2")
+    schedule.add_argument("--grad-clip", type=float, help="global-norm clipping, 0 = off")
+    schedule.add_argument("--label-smoothing", type=float, help="label smoothing in [0, 1)")
+    schedule.add_argument("--drop-path", type=float, help="stochastic depth rate of the last block")
+    schedule.add_argument("--mixed-precision", choices=PRECISIONS, help="dtype policy")
+    schedule.add_argument("--seed", type=int, help="seed of weights, data order, augmentation")
+
+    augment = train.add_argument_group("augmentation (Keras preprocessing layers)")
+    augment.add_argument("--crop", choices=CROP_MODES,
+                         help="pad = zero-pad then random crop; zoom = random zoom-in")
+    augment.add_argument("--crop-padding", type=int, help="pixels of padding for --crop pad")
+    augment.add_argument("--zoom", type=float, help="largest zoom-in for --crop zoom")
+    augment.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
+                         help="random horizontal flips")
+    augment.add_argument("--randaugment-ops", type=int, help="RandAugment ops per image, 0 = off")
+    augment.add_argument("--randaugment-factor", type=float, help="RandAugment strength in [0, 1]")
+    augment.add_argument("--mixup", type=float, help="MixUp alpha, 0 = off")
+    augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
+
+    run = train.add_argument_group("run")
+    run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
+    overwrite = run.add_mutually_exclusive_group()
+    overwrite.add_argument("--resume", action="store_true",
+                           help="continue the interrupted run in --output-dir")
+    overwrite.add_argument("--overwrite", action="store_true",
+                           help="delete an existing --output-dir and start again")
+    run.add_argument("--backup-every", type=int,
+                     help="steps between mid-epoch backups (default: each epoch end)")
+    run.add_argument("--shuffle-buffer", type=int, help="tf.data shuffle buffer size")
+    run.add_argument("--distribute", action="store_true", default=None,
+                     help="data-parallel over all local devices (JAX or TensorFlow backend)")
+    run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
+                     help="do not write TensorBoard logs")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch")
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        allow_abbrev=False,
+        help="score a saved model on a dataset split",
+        description="Score a preset directory (or a run directory from `train`) on a dataset.",
+    )
+    evaluate.add_argument("path", help="preset directory, or run directory (uses its preset/)")
+    evaluate.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> "
+                          "(default: the run's dataset)")
+    evaluate.add_argument("--split", choices=("test", "validation", "train"), default="test")
+    evaluate.add_argument("--batch-size", type=int, default=256)
+    evaluate.add_argument("--val-fraction", type=float, help="as used in training")
+    evaluate.add_argument("--data-dir")
+    evaluate.add_argument("--manual-dir")
+    evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def train_config_from_args(args):
+    """The `TrainConfig` that parsed `train` arguments describe."""
+    from keras_vitnorm.training import TrainConfig
+
+    model = {key[len("model_"):]: value for key, value in vars(args).items()
+             if key.startswith("model_") and key != "model_set" and value is not None}
+    for key, value in args.model_set:
+        model[key] = value
+    settings = {
+        key: value
+        for key, value in vars(args).items()
+        if key in TrainConfig.field_names() and key not in ("recipe", "model")
+    }
+    return TrainConfig.from_recipe(args.recipe, model=model, **settings)
+
+
+def _fail(parser, command, message, code=2):
+    print(f"{parser.prog} {command}: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv=None):
+    """Runs the command line; returns the exit status (0 success, 2 bad arguments,
+    3 diverged, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        return _train(parser, args)
+    return _evaluate(parser, args)
+
+
+def _train(parser, args):
+    from keras_vitnorm.models.vit import ViT
+    from keras_vitnorm.training import TrainingDiverged
+    from keras_vitnorm.training import train
+
+    try:
+        config = train_config_from_args(args)
+        unknown = sorted(set(config.model) - set(ViT.CONFIG_KEYS))
+        if unknown:
+            raise ValueError(
+                f"Unknown model setting(s) {unknown}. Valid: {', '.join(ViT.CONFIG_KEYS)}."
+            )
+        metrics = train(config, resume=args.resume, overwrite=args.overwrite,
+                        verbose=args.verbose)
+    except TrainingDiverged as error:
+        return _fail(parser, "train", str(error), code=3)
+    except (ValueError, FileExistsError) as error:
+        return _fail(parser, "train", str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, "train", "interrupted. Continue with the same command plus "
+                     "--resume --output-dir <the run directory>.", code=130)
+    if args.verbose:
+        print(f"metrics: test_accuracy={metrics['test_accuracy']:.4f} "
+              f"val_accuracy={metrics['val_accuracy']:.4f}")
+    return 0
+
+
+def _evaluate(parser, args):
+    from keras_vitnorm.training import evaluate
+
+    try:
+        result = evaluate(args.path, args.dataset, args.split, args.batch_size,
+                          args.val_fraction, args.data_dir, args.manual_dir,
+                          verbose=0 if args.json else 1)
+    except (ValueError, FileNotFoundError) as error:
+        return _fail(parser, "evaluate", str(error))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['dataset']} {result['split']}: accuracy {result['accuracy']:.4f}, "
+              f"loss {result['loss']:.4f} on {result['examples']} images")
+    return 0
+
+
+def console():
+    """Entry point of the `keras-vitnorm` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()

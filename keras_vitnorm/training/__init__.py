@@ -1,0 +1,9 @@
+"""Training: datasets, the recipe, `train` and `evaluate` (see docs/training.md)."""
+
+from keras_vitnorm.training.config import TrainConfig
+from keras_vitnorm.training.data import load_dataset
+from keras_vitnorm.training.recipes import RECIPE_NAMES
+from keras_vitnorm.training.recipes import get_recipe
+from keras_vitnorm.training.trainer import TrainingDiverged
+from keras_vitnorm.training.trainer import evaluate
+from keras_vitnorm.training.trainer import train

@@ -1,0 +1,183 @@
+"""`TrainConfig`: every setting of a training run, with checks that name bad values."""
+
+import dataclasses
+import json
+import math
+import os
+
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.models.presets import preset_config
+from keras_vitnorm.training.data import CROP_MODES
+from keras_vitnorm.training.data import parse_dataset
+from keras_vitnorm.training.recipes import get_recipe
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`.
+
+    Attributes:
+        recipe: name of the recipe the defaults came from (recorded with the run).
+        preset: built-in preset name or a preset directory (fine-tuning starts from
+            its weights).
+        model: dict of ViT config overrides (`image_size`, `patch_size`, `depth`,
+            `width`, `norm`, `attn_norm`, `stem`, ...). `num_classes` always comes
+            from the dataset; `num_channels` too unless given here.
+        dataset: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
+        val_fraction: share of the training data held out for validation when the
+            dataset has no validation split.
+        data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
+        epochs, steps: training length; give one. `steps` is kept exactly: when it
+            is not a multiple of `steps_per_epoch`, the last epoch is shorter.
+        steps_per_epoch: steps between validations and backups; default one pass over
+            the training split.
+        batch_size: global batch size (split over devices with `distribute`).
+        learning_rate: peak learning rate, reached after `warmup_steps` of linear
+            warm-up from 0, then cosine decay to `min_learning_rate`.
+        weight_decay: AdamW decoupled weight decay in Keras' convention (multiplied
+            by the learning rate), applied to kernels only: never to norms, biases,
+            the position embedding or the class token.
+        beta_1, beta_2: Adam moment decay rates.
+        grad_clip: global-norm gradient clipping threshold; `None` or 0 = off.
+        label_smoothing: float in [0, 1).
+        drop_path: stochastic depth rate of the last block (overrides the model's).
+        crop, crop_padding, zoom, flip, randaugment_ops, randaugment_factor, mixup,
+            cutmix: augmentation, see `keras_vitnorm.training.data.Augmentation`.
+        mixed_precision: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
+        seed: int, seeds weights, data order and augmentation.
+        output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
+        backup_every: steps between mid-epoch backups (`None`: end of epoch only).
+        shuffle_buffer: tf.data shuffle buffer (examples).
+        distribute: bool, data-parallel over all local devices (JAX:
+            `keras.distribution.DataParallel`; TensorFlow: `tf.distribute.MirroredStrategy`).
+        tensorboard: bool, write TensorBoard logs.
+    """
+
+    recipe: str = "small"
+    preset: str = "ti16_dpn"
+    model: dict = dataclasses.field(default_factory=dict)
+    dataset: str = "digits"
+    val_fraction: float = 0.1
+    data_dir: str = None
+    manual_dir: str = None
+    epochs: int = None
+    steps: int = None
+    steps_per_epoch: int = None
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 0
+    min_learning_rate: float = 0.0
+    weight_decay: float = 0.05
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.0
+    drop_path: float = None
+    crop: str = "none"
+    crop_padding: int = 4
+    zoom: float = 0.5
+    flip: bool = False
+    randaugment_ops: int = 0
+    randaugment_factor: float = 0.5
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mixed_precision: str = "float32"
+    seed: int = 0
+    output_dir: str = None
+    backup_every: int = None
+    shuffle_buffer: int = 50_000
+    distribute: bool = False
+    tensorboard: bool = True
+
+    @classmethod
+    def field_names(cls):
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def from_recipe(cls, recipe="small", **overrides):
+        """The recipe's settings, then `overrides` (a `None` override is ignored).
+
+        `model` overrides are merged into the recipe's model overrides. Giving
+        `epochs` clears the recipe's `steps` and the other way round.
+        """
+        values = {"recipe": recipe, **get_recipe(recipe)}
+        unknown = sorted(set(overrides) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(
+                f"Unknown training setting(s) {unknown}. Valid: {', '.join(cls.field_names())}."
+            )
+        overrides = {key: value for key, value in overrides.items() if value is not None}
+        if "epochs" in overrides:
+            values.pop("steps", None)
+        if "steps" in overrides:
+            values.pop("epochs", None)
+        model = {**values.get("model", {}), **overrides.pop("model", {})}
+        config = cls(**{**values, **overrides, "model": model})
+        config.validate()
+        return config
+
+    def validate(self):
+        """Raises a `ValueError` naming the first bad setting."""
+        parse_dataset(self.dataset)
+        if not isinstance(self.preset, str) or not os.path.isdir(self.preset):
+            preset_config(self.preset)  # raises, naming close matches, unless it is built in
+        check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
+        check_choice("crop", self.crop, CROP_MODES)
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError(
+                f"Give exactly one of epochs and steps (got epochs={self.epochs!r}, "
+                f"steps={self.steps!r})."
+            )
+        for name in ("epochs", "steps", "steps_per_epoch", "batch_size", "backup_every",
+                     "shuffle_buffer"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        for name in ("warmup_steps", "crop_padding", "randaugment_ops", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+        for name, low, high in (
+            ("learning_rate", 0.0, math.inf),
+            ("min_learning_rate", 0.0, math.inf),
+            ("weight_decay", 0.0, math.inf),
+            ("mixup", 0.0, math.inf),
+            ("cutmix", 0.0, math.inf),
+        ):
+            self._check_range(name, low, high, closed_high=False, open_low=name == "learning_rate")
+        for name in ("label_smoothing", "zoom", "val_fraction", "beta_1", "beta_2"):
+            self._check_range(name, 0.0, 1.0, closed_high=False, open_low=name == "val_fraction")
+        self._check_range("randaugment_factor", 0.0, 1.0, closed_high=True)
+        if self.grad_clip is not None:
+            self._check_range("grad_clip", 0.0, math.inf, closed_high=False)
+        if self.drop_path is not None:
+            self._check_range("drop_path", 0.0, 1.0, closed_high=False)
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(
+                f"min_learning_rate={self.min_learning_rate} is above "
+                f"learning_rate={self.learning_rate}."
+            )
+        if not isinstance(self.model, dict):
+            raise ValueError(f"model must be a dict of ViT config overrides, got {self.model!r}.")
+        if "num_classes" in self.model:
+            raise ValueError(
+                "model['num_classes'] is set from the dataset; remove it from the overrides."
+            )
+
+    def _check_range(self, name, low, high, closed_high, open_low=False):
+        value = getattr(self, name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and (value > low if open_low else value >= low)
+        ok = ok and (value <= high if closed_high else value < high)
+        if not ok:
+            left = "(" if open_low else "["
+            right = "]" if closed_high else ")"
+            raise ValueError(f"{name} must be a number in {left}{low}, {high}{right}, got {value!r}.")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -1,0 +1,485 @@
+"""Datasets and the tf.data input pipeline used by `keras-vitnorm train` and `evaluate`.
+
+Three sources, named by a string:
+
+- `"digits"`: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes,
+  grayscale), upsampled to the model's image size. Needs no download.
+- `"tfds:<name>"`: any tensorflow-datasets image-classification dataset
+  (`tfds:cifar10`, `tfds:cifar100`, `tfds:imagenette`, `tfds:imagenet2012`, ...).
+- `"folder:<path>"`: a user's class-per-folder images (`<path>/<class>/*.jpg`), or a
+  folder with `train/` (and optionally `val/` or `validation/`, and `test/`) subfolders
+  laid out that way.
+
+Every source gives three splits that never share an example: train, validation (for
+model selection and the per-epoch numbers) and test (scored once, at the end). When a
+source has no validation or test split, one is carved off the training split with a
+fixed seed (0), the same for every run, so runs with different seeds are comparable.
+
+The pipeline is tf.data under every Keras backend (Keras documents tf.data as an input
+pipeline for JAX and PyTorch too). This module is therefore, with
+`keras_vitnorm.backend_ops`, one of the two that import TensorFlow; model and layer code
+uses `keras.ops` only. Augmentations are Keras core preprocessing layers, which run
+inside tf.data on any backend.
+
+Images enter the model as float32 in [-1, 1] (big_vision's `value_range(-1, 1)`).
+"""
+
+import dataclasses
+import math
+import os
+
+import keras
+import numpy as np
+
+DATASET_CHOICES = ("digits", "tfds:<name>", "folder:<path>")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+CROP_MODES = ("none", "pad", "zoom")
+# Fraction held out as the test split when a source has none (folders without test/).
+TEST_FRACTION = 0.2
+
+
+@dataclasses.dataclass
+class Split:
+    """One split: a tf.data.Dataset of `(raw, label)` pairs and its size.
+
+    `raw` is whatever the source stores (a uint8 image, encoded image bytes or a file
+    path); `Dataset.decode` turns it into a uint8 `(height, width, channels)` image.
+    """
+
+    name: str
+    source: object
+    size: int
+
+
+@dataclasses.dataclass
+class Dataset:
+    """The three splits of a dataset and what the model needs to know about it."""
+
+    name: str
+    train: Split
+    validation: Split
+    test: Split
+    num_classes: int
+    channels: int
+    class_names: list
+    decode: object
+
+    def describe(self):
+        return (
+            f"{self.name}: {self.num_classes} classes, {self.channels} channel(s); "
+            f"train {self.train.size} ({self.train.name}), validation "
+            f"{self.validation.size} ({self.validation.name}), test {self.test.size} "
+            f"({self.test.name})"
+        )
+
+
+def _tf():
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ImportError(
+            "The training input pipeline is tf.data, which needs TensorFlow under every "
+            "Keras backend: pip install 'keras-vitnorm[tensorflow]' (or tensorflow)."
+        ) from None
+    return tf
+
+
+def parse_dataset(spec):
+    """Splits `"tfds:cifar10"` into `("tfds", "cifar10")`; raises on an unknown form."""
+    if not isinstance(spec, str):
+        raise ValueError(f"dataset must be a string such as 'digits', got {spec!r}.")
+    if spec == "digits":
+        return "digits", None
+    for kind in ("tfds", "folder"):
+        if spec.startswith(kind + ":"):
+            argument = spec[len(kind) + 1 :]
+            if not argument:
+                raise ValueError(f"dataset={spec!r} names no {kind} {'dataset' if kind == 'tfds' else 'path'}.")
+            return kind, argument
+    raise ValueError(
+        f"Unknown dataset={spec!r}. Valid forms: {', '.join(DATASET_CHOICES)} "
+        "(e.g. 'tfds:cifar10' or 'folder:/data/flowers')."
+    )
+
+
+def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None):
+    """Loads the train, validation and test splits of a dataset.
+
+    Args:
+        spec: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
+        val_fraction: float in (0, 1). Fraction of the training data held out for
+            validation when the source has no validation split.
+        data_dir: tfds data directory (default: tfds' own, `~/tensorflow_datasets`).
+        manual_dir: directory holding manually downloaded archives, for datasets such
+            as `imagenet2012` that tfds cannot download itself.
+
+    Returns:
+        A `Dataset`.
+    """
+    if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
+    kind, argument = parse_dataset(spec)
+    if kind == "digits":
+        return _digits(val_fraction)
+    if kind == "tfds":
+        return _tfds(argument, val_fraction, data_dir, manual_dir)
+    return _folder(argument, val_fraction)
+
+
+def _stratified_split(labels, fraction, seed=0):
+    """Indices `(kept, held_out)` with `fraction` of every class held out."""
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(len(labels))
+    try:
+        kept, held_out = train_test_split(
+            indices, test_size=fraction, stratify=labels, random_state=seed
+        )
+    except ValueError:  # a class too small to stratify: split without stratification
+        kept, held_out = train_test_split(indices, test_size=fraction, random_state=seed)
+    return np.sort(kept), np.sort(held_out)
+
+
+def _digits(val_fraction):
+    from sklearn.datasets import load_digits
+
+    tf = _tf()
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
+    labels = digits.target.astype("int64")
+    rest, test = _stratified_split(labels, TEST_FRACTION)
+    train_pos, val_pos = _stratified_split(labels[rest], val_fraction)
+    train, val = rest[train_pos], rest[val_pos]
+
+    def split(name, index):
+        source = tf.data.Dataset.from_tensor_slices((images[index], labels[index]))
+        return Split(name, source, len(index))
+
+    return Dataset(
+        name="digits",
+        train=split("train", train),
+        validation=split(f"{val_fraction:.0%} of the non-test images", val),
+        test=split(f"{TEST_FRACTION:.0%} of all images", test),
+        num_classes=10,
+        channels=1,
+        class_names=[str(i) for i in range(10)],
+        decode=lambda raw: raw,
+    )
+
+
+def _tfds(name, val_fraction, data_dir, manual_dir):
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as error:  # tfds raises DatasetNotFoundError with its own list
+        raise ValueError(f"Unknown tensorflow-datasets dataset {name!r}: {error}") from None
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+        raise ValueError(
+            f"tfds:{name} has features {sorted(features.keys())}; keras-vitnorm trains on "
+            "datasets with an 'image' and a 'label' feature."
+        )
+    download_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+    builder.download_and_prepare(download_config=download_config)
+    available = set(builder.info.splits.keys()) or {"train", "test"}
+    percent = round(100 * val_fraction)
+    if "test" in available:
+        test_split = "test"
+        if "validation" in available:
+            train_split, val_split = "train", "validation"
+        else:
+            train_split, val_split = f"train[:{100 - percent}%]", f"train[{100 - percent}%:]"
+    else:  # e.g. imagenet2012: score on validation, select on a slice of train (minival)
+        test_split = "validation"
+        train_split, val_split = f"train[:{100 - percent}%]", f"train[{100 - percent}%:]"
+
+    def split(split_name):
+        source = builder.as_dataset(
+            split=split_name,
+            as_supervised=True,
+            shuffle_files=False,
+            decoders={"image": tfds.decode.SkipDecoding()},
+        )
+        size = int(source.cardinality())
+        if size < 0:
+            size = int(source.reduce(0, lambda count, _: count + 1))
+        return Split(split_name, source, size)
+
+    channels = features["image"].shape[-1] or 3
+    tf = _tf()
+
+    def decode(raw):
+        return tf.io.decode_image(raw, channels=channels, expand_animations=False)
+
+    return Dataset(
+        name=f"tfds:{name}",
+        train=split(train_split),
+        validation=split(val_split),
+        test=split(test_split),
+        num_classes=features["label"].num_classes,
+        channels=channels,
+        class_names=list(features["label"].names),
+        decode=decode,
+    )
+
+
+def _list_images(directory, classes=None):
+    """`(paths, labels, classes)` of a class-per-folder tree."""
+    found = sorted(
+        entry
+        for entry in os.listdir(directory)
+        if os.path.isdir(os.path.join(directory, entry))
+    )
+    if classes is None:
+        classes = found
+    else:
+        extra = sorted(set(found) - set(classes))
+        if extra:
+            raise ValueError(
+                f"{directory} has class folder(s) {extra} that the training folder lacks; "
+                f"training classes: {classes}."
+            )
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        folder = os.path.join(directory, name)
+        if not os.path.isdir(folder):
+            continue
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    if not paths:
+        raise ValueError(
+            f"{directory} holds no images in class subfolders (expected "
+            f"{directory}/<class>/<image> with extensions {', '.join(IMAGE_EXTENSIONS)})."
+        )
+    return np.array(paths), np.array(labels, "int64"), classes
+
+
+def _folder(path, val_fraction):
+    tf = _tf()
+    if not os.path.isdir(path):
+        raise ValueError(f"dataset folder {path!r} does not exist or is not a directory.")
+    train_root = os.path.join(path, "train")
+    if os.path.isdir(train_root):
+        paths, labels, classes = _list_images(train_root)
+        val_root = next(
+            (os.path.join(path, d) for d in ("val", "validation") if os.path.isdir(os.path.join(path, d))),
+            None,
+        )
+        test_root = os.path.join(path, "test")
+        if os.path.isdir(test_root):
+            test = (*_list_images(test_root, classes)[:2], f"{test_root}")
+        else:
+            kept, held = _stratified_split(labels, TEST_FRACTION)
+            test = (paths[held], labels[held], f"{TEST_FRACTION:.0%} of {train_root}")
+            paths, labels = paths[kept], labels[kept]
+        if val_root:
+            val = (*_list_images(val_root, classes)[:2], val_root)
+            train = (paths, labels, train_root)
+        else:
+            kept, held = _stratified_split(labels, val_fraction)
+            val = (paths[held], labels[held], f"{val_fraction:.0%} of {train_root}")
+            train = (paths[kept], labels[kept], f"the rest of {train_root}")
+    else:
+        paths, labels, classes = _list_images(path)
+        rest, test_index = _stratified_split(labels, TEST_FRACTION)
+        test = (paths[test_index], labels[test_index], f"{TEST_FRACTION:.0%} of {path}")
+        kept, held = _stratified_split(labels[rest], val_fraction)
+        val = (paths[rest][held], labels[rest][held], f"{val_fraction:.0%} of the rest")
+        train = (paths[rest][kept], labels[rest][kept], "the rest")
+    if len(classes) < 2:
+        raise ValueError(f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
+
+    first = tf.io.decode_image(tf.io.read_file(train[0][0]), expand_animations=False)
+    channels = 1 if first.shape[-1] in (1, 2) else 3
+
+    def split(paths_labels_name):
+        split_paths, split_labels, name = paths_labels_name
+        source = tf.data.Dataset.from_tensor_slices((split_paths, split_labels))
+        return Split(name, source, len(split_paths))
+
+    def decode(raw):
+        image = tf.io.decode_image(tf.io.read_file(raw), channels=channels, expand_animations=False)
+        image.set_shape([None, None, channels])
+        return image
+
+    return Dataset(
+        name=f"folder:{path}",
+        train=split(train),
+        validation=split(val),
+        test=split(test),
+        num_classes=len(classes),
+        channels=channels,
+        class_names=list(classes),
+        decode=decode,
+    )
+
+
+@dataclasses.dataclass
+class Augmentation:
+    """Training-time augmentation; every piece is a Keras core preprocessing layer.
+
+    Attributes:
+        crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, then a random crop
+            back to size: the CIFAR recipe) or `"zoom"` (random zoom-in of up to
+            `zoom` of each side, approximating Inception-style crops; Keras core has no
+            RandomResizedCrop).
+        crop_padding: int, pixels for `crop="pad"`.
+        zoom: float in [0, 1), the largest zoom-in for `crop="zoom"`.
+        flip: bool, random horizontal flips.
+        randaugment_ops: int, RandAugment operations per image (0 = off).
+        randaugment_factor: float in [0, 1], Keras RandAugment strength.
+        mixup: float, MixUp Beta(alpha, alpha) concentration (0 = off).
+        cutmix: float, CutMix Beta concentration (0 = off). With both on, each batch
+            gets one of them, chosen with probability 1/2 (as timm does).
+    """
+
+    crop: str = "none"
+    crop_padding: int = 4
+    zoom: float = 0.5
+    flip: bool = False
+    randaugment_ops: int = 0
+    randaugment_factor: float = 0.5
+    mixup: float = 0.0
+    cutmix: float = 0.0
+
+
+def _to_model_image(image, image_size, channels):
+    """uint8 image of any size -> float32 `(h, w, channels)` in [0, 255]."""
+    tf = _tf()
+    image = tf.convert_to_tensor(image)
+    have = image.shape[-1]
+    if have == 1 and channels == 3:
+        image = tf.image.grayscale_to_rgb(image)
+    elif have == 3 and channels == 1:
+        image = tf.image.rgb_to_grayscale(image)
+    image = tf.image.resize(tf.cast(image, "float32"), image_size, method="bilinear")
+    return tf.clip_by_value(image, 0.0, 255.0)
+
+
+def _to_model_range(image):
+    return image / 127.5 - 1.0
+
+
+def eval_dataset(data, split, image_size, channels, batch_size):
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation."""
+    tf = _tf()
+    image_size = tuple(image_size)
+
+    def prepare(raw, label):
+        image = _to_model_image(data.decode(raw), image_size, channels)
+        return _to_model_range(image), tf.one_hot(label, data.num_classes)
+
+    dataset = split.source.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(batch_size)
+    if split.size * math.prod(image_size) * channels * 4 < 2**30:
+        dataset = dataset.cache()
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def train_stream(
+    data,
+    image_size,
+    channels,
+    batch_size,
+    seed,
+    augmentation,
+    start_step=0,
+    end_step=None,
+    shuffle_buffer=50_000,
+):
+    """Augmented training batches for steps `start_step` up to `end_step`.
+
+    Pass `p` over the training split is shuffled with the seed `seed + p`, so the
+    batches are the same sequence whatever step the stream starts from: a resumed run
+    continues with the examples it would have seen next instead of replaying the
+    interrupted epoch, and skips at most one pass to get there. A pass never repeats an
+    example; a batch may span the end of one pass and the start of the next.
+    """
+    tf = _tf()
+    image_size = tuple(image_size)
+    size = data.train.size
+    first_pass, offset = divmod(start_step * batch_size, size)
+    end_step = end_step if end_step is not None else start_step + 1_000_000
+    last_pass = (end_step * batch_size - 1) // size
+    source = data.train.source
+    if size <= 200_000:
+        source = source.cache()
+    buffer = min(size, shuffle_buffer)
+    passes = [
+        source.shuffle(buffer, seed=seed + index, reshuffle_each_iteration=False)
+        for index in range(first_pass, last_pass + 1)
+    ]
+    passes[0] = passes[0].skip(offset)
+    lengths = [size - offset] + [size] * (len(passes) - 1)
+    order = tf.data.Dataset.from_tensor_slices(tf.range(len(passes), dtype="int64"))
+    order = order.flat_map(
+        lambda index: tf.data.Dataset.from_tensors(index).repeat(tf.gather(tf.constant(lengths, "int64"), index))
+    )
+    stream = tf.data.Dataset.choose_from_datasets(passes, order, stop_on_empty_dataset=False)
+    per_image = _per_image_augmentation(augmentation, image_size, channels, seed)
+
+    def prepare(raw, label):
+        image = _to_model_image(data.decode(raw), image_size, channels)
+        for layer in per_image:
+            image = layer(image)
+        return image, tf.one_hot(label, data.num_classes)
+
+    stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    stream = stream.batch(batch_size, drop_remainder=True)
+    stream = stream.map(_batch_augmentation(augmentation, seed), num_parallel_calls=tf.data.AUTOTUNE)
+    return stream.prefetch(tf.data.AUTOTUNE)
+
+
+def _per_image_augmentation(augmentation, image_size, channels, seed):
+    tf = _tf()
+    layers = []
+    if augmentation.crop == "pad":
+        pad = augmentation.crop_padding
+        layers.append(lambda image: tf.pad(image, [[pad, pad], [pad, pad], [0, 0]]))
+        layers.append(keras.layers.RandomCrop(*image_size, seed=seed))
+    elif augmentation.crop == "zoom":
+        zoom = (-augmentation.zoom, 0.0)
+        layers.append(keras.layers.RandomZoom(zoom, zoom, fill_mode="reflect", seed=seed))
+    if augmentation.flip:
+        layers.append(keras.layers.RandomFlip("horizontal", seed=seed))
+    if augmentation.randaugment_ops:
+        if channels != 3:
+            raise ValueError(
+                "RandAugment needs RGB images; this dataset/model has "
+                f"{channels} channel(s). Set randaugment_ops=0."
+            )
+        layers.append(
+            keras.layers.RandAugment(
+                value_range=(0, 255),
+                num_ops=augmentation.randaugment_ops,
+                factor=augmentation.randaugment_factor,
+                seed=seed,
+            )
+        )
+    return layers
+
+
+def _batch_augmentation(augmentation, seed):
+    tf = _tf()
+    mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
+    cutmix = keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix else None
+
+    def apply(layer, images, labels):
+        out = layer({"images": images, "labels": labels})
+        return out["images"], out["labels"]
+
+    def augment(images, labels):
+        if mixup and cutmix:
+            images, labels = tf.cond(
+                tf.random.uniform([]) < 0.5,
+                lambda: apply(mixup, images, labels),
+                lambda: apply(cutmix, images, labels),
+            )
+        elif mixup or cutmix:
+            images, labels = apply(mixup or cutmix, images, labels)
+        return _to_model_range(images), labels
+
+    return augment

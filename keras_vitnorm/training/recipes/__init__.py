@@ -1,0 +1,20 @@
+"""Named training recipes: each module holds one `RECIPE` dict of `TrainConfig` fields.
+
+- `small` (the default): a small DPN ViT that trains on a CPU in minutes.
+- `augreg_i1k`: ImageNet-1k as in the Dual PatchNorm paper (AugReg / big_vision).
+
+Each module's docstring gives the command that runs it and where its numbers come from.
+"""
+
+import importlib
+
+RECIPE_NAMES = ("small", "augreg_i1k")
+
+
+def get_recipe(name):
+    """Returns a copy of the `RECIPE` dict of recipe `name`."""
+    from keras_vitnorm.layers._validation import check_choice
+
+    check_choice("recipe", name, RECIPE_NAMES)
+    recipe = importlib.import_module(f"{__name__}.{name}").RECIPE
+    return {key: dict(value) if isinstance(value, dict) else value for key, value in recipe.items()}

@@ -1,0 +1,408 @@
+"""Training: the recipe's pieces, datasets, runs, resume, NaN stop, CLI, data parallel."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vitnorm import ViT
+from keras_vitnorm import cli
+from keras_vitnorm.training import TrainConfig
+from keras_vitnorm.training import TrainingDiverged
+from keras_vitnorm.training import evaluate
+from keras_vitnorm.training import load_dataset
+from keras_vitnorm.training import train
+from keras_vitnorm.training.data import Augmentation
+from keras_vitnorm.training.data import train_stream
+from keras_vitnorm.training.trainer import decayed_variables
+from keras_vitnorm.training.trainer import make_optimizer
+from keras_vitnorm.training.trainer import plan_segments
+
+BACKEND = keras.backend.backend()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
+
+
+def tiny_config(tmp_path, name="run", **overrides):
+    settings = dict(
+        model=TINY,
+        steps=8,
+        batch_size=32,
+        warmup_steps=1,
+        learning_rate=3e-3,
+        tensorboard=False,
+        output_dir=str(tmp_path / name),
+    )
+    settings.update(overrides)
+    return TrainConfig.from_recipe("small", **settings)
+
+
+def run_python(code, env=None, timeout=600):
+    environment = {**os.environ, "KERAS_BACKEND": BACKEND, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+@pytest.mark.parametrize(
+    "total, per_epoch, epoch, done, expected",
+    [
+        (40, 10, 0, 0, [(0, 4, 10, 0)]),
+        (45, 10, 0, 0, [(0, 4, 10, 0), (4, 5, 5, 0)]),
+        (40, 10, 1, 6, [(1, 2, 4, 6), (2, 4, 10, 0)]),
+        (45, 10, 4, 2, [(4, 5, 3, 2)]),
+        (45, 10, 3, 0, [(3, 4, 10, 0), (4, 5, 5, 0)]),
+        (5, 10, 0, 0, [(0, 1, 5, 0)]),
+    ],
+)
+def test_plan_segments_cover_exactly_the_remaining_steps(total, per_epoch, epoch, done, expected):
+    segments = plan_segments(total, per_epoch, epoch, done)
+    assert segments == expected
+    remaining = sum((end - start) * steps for start, end, steps, _ in segments)
+    assert remaining == total - epoch * per_epoch - done
+
+
+def test_weight_decay_only_on_kernels():
+    model = ViT(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64,
+                num_classes=3, stem="dual_patchnorm", layer_scale=0.1)
+    config = TrainConfig.from_recipe("small", steps=10, warmup_steps=0, weight_decay=0.5,
+                                     learning_rate=0.1)
+    optimizer = make_optimizer(config, 10, model)
+    before = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_variables}
+    # Zero gradients: Adam's update is zero, so only weight decay can move a weight.
+    optimizer.apply([keras.ops.zeros(v.shape) for v in model.trainable_variables],
+                    model.trainable_variables)
+    moved = {v.path for v in model.trainable_variables
+             if not np.allclose(keras.ops.convert_to_numpy(v), before[v.path])}
+    kernels = {v.path for v in decayed_variables(model) if np.any(before[v.path] != 0)}
+    assert moved == kernels
+    assert any("projection/kernel" in p for p in moved)
+    never = ("position_embedding", "class_token", "bias", "gamma", "beta", "scale")
+    assert not [p for p in moved if p.rsplit("/", 1)[-1] in never]
+
+
+def test_learning_rate_warms_up_linearly_then_decays_to_the_minimum():
+    model = ViT(image_size=16, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32,
+                num_classes=2)
+    config = TrainConfig.from_recipe("small", steps=100, warmup_steps=10, learning_rate=1e-3,
+                                     min_learning_rate=1e-5)
+    schedule = make_optimizer(config, 100, model)._learning_rate
+    lr = [float(keras.ops.convert_to_numpy(schedule(step))) for step in (0, 5, 10, 55, 100)]
+    np.testing.assert_allclose(lr, [0.0, 5e-4, 1e-3, 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-5], rtol=1e-5)
+
+
+def test_digits_splits_are_disjoint_and_complete():
+    from collections import Counter
+
+    from sklearn.datasets import load_digits
+
+    def examples(split):
+        return Counter((x.tobytes(), int(y)) for x, y in split.source.as_numpy_iterator())
+
+    data = load_dataset("digits")
+    splits = [examples(s) for s in (data.train, data.validation, data.test)]
+    assert (data.train.size, data.validation.size, data.test.size) == (1293, 144, 360)
+    # Every example is used once: the splits add up to the dataset, duplicates included.
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
+    everything = Counter((x.tobytes(), int(y)) for x, y in zip(images, digits.target))
+    assert splits[0] + splits[1] + splits[2] == everything
+    # The split is fixed (seed 0), whatever the run's seed.
+    assert examples(load_dataset("digits").test) == splits[2]
+
+
+def test_train_stream_resumes_with_the_batches_it_would_have_seen(tmp_path):
+    data = load_dataset("digits")
+    options = dict(image_size=(8, 8), channels=1, batch_size=100, seed=3,
+                   augmentation=Augmentation(), end_step=40)
+    full = [y for _, y in train_stream(data, start_step=0, **options).take(30).as_numpy_iterator()]
+    tail = [y for _, y in train_stream(data, start_step=17, **options).take(13).as_numpy_iterator()]
+    for a, b in zip(full[17:], tail):
+        np.testing.assert_array_equal(a, b)
+    # One pass (1293 examples) never repeats an example: labels over the first 12
+    # batches (1200 examples) are a subset of the split's label counts.
+    labels = np.concatenate(full[:12]).argmax(-1)
+    counts = np.bincount(labels, minlength=10)
+    split_counts = np.bincount([y for _, y in data.train.source.as_numpy_iterator()], minlength=10)
+    assert np.all(counts <= split_counts)
+
+
+def test_augmentations_run_and_keep_shapes_and_label_mass():
+    data = load_dataset("digits")
+    augmentation = Augmentation(crop="pad", crop_padding=2, flip=True, mixup=0.4, cutmix=1.0)
+    images, labels = next(iter(train_stream(data, (16, 16), 3, 8, 0, augmentation, end_step=1)))
+    assert tuple(images.shape) == (8, 16, 16, 3)
+    np.testing.assert_allclose(np.asarray(labels).sum(-1), 1.0, rtol=1e-5)
+    assert -1.0 <= float(np.min(images)) and float(np.max(images)) <= 1.0
+    rand = Augmentation(crop="zoom", randaugment_ops=2)
+    images, _ = next(iter(train_stream(data, (16, 16), 3, 4, 0, rand, end_step=1)))
+    assert np.all(np.isfinite(images))
+    with pytest.raises(ValueError, match="RandAugment needs RGB"):
+        train_stream(data, (16, 16), 1, 4, 0, rand, end_step=1)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_tiny_model_trains_on_digits_and_beats_chance(tmp_path):
+    config = tiny_config(tmp_path, steps=120, steps_per_epoch=30, warmup_steps=5,
+                         learning_rate=1e-2)
+    metrics = train(config, verbose=0)
+    out = tmp_path / "run"
+    assert metrics["status"] == "completed" and metrics["steps"] == 120
+    # Chance is 0.1; this 1-block width-32 model reached 0.41-0.54 over seeds 0-2 (JAX).
+    assert metrics["test_accuracy"] > 0.25, metrics
+    assert json.loads((out / "metrics.json").read_text())["test_accuracy"] == metrics["test_accuracy"]
+    rows = (out / "log.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 4 and rows[0].startswith("epoch")
+    assert (out / "checkpoints" / "best.weights.h5").exists()
+    assert (out / "checkpoints" / "last.weights.h5").exists()
+    assert not (out / "backup").exists()
+    # The saved preset scores the same on the test split.
+    scored = evaluate(str(out), verbose=0)
+    assert scored["examples"] == 360
+    assert scored["accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    reloaded = ViT.from_preset(str(out / "preset"))
+    assert reloaded.get_config()["num_channels"] == 1
+
+
+def test_tensorboard_and_mixed_bfloat16(tmp_path):
+    config = tiny_config(tmp_path, steps=3, tensorboard=True, mixed_precision="mixed_bfloat16")
+    metrics = train(config, verbose=0)
+    assert np.isfinite(metrics["val_loss"])
+    assert os.listdir(tmp_path / "run" / "tensorboard" / "train")
+    assert keras.config.dtype_policy().name == "float32"  # restored after the run
+
+
+def test_resume_after_kill_finishes_the_planned_steps_without_starting_over(tmp_path):
+    output = tmp_path / "killed"
+    code = f"""
+        import os, signal, keras
+        from keras_vitnorm.training import TrainConfig, train
+
+        class Kill(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == 17:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        config = TrainConfig.from_recipe(
+            "small", model={TINY!r}, steps=40, steps_per_epoch=10, batch_size=32,
+            warmup_steps=2, backup_every=3, tensorboard=False, output_dir={str(output)!r})
+        train(config, callbacks=[Kill()], verbose=0)
+    """
+    killed = run_python(code)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    state = json.loads((output / "backup" / "training_metadata.json").read_text())
+    assert state == {"epoch": 1, "batch": 6, "step": 16}
+    assert not (output / "metrics.json").exists()
+
+    class Count(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            Count.steps += 1
+
+    config = TrainConfig.from_recipe(
+        "small", model=TINY, steps=40, steps_per_epoch=10, batch_size=32, warmup_steps=2,
+        backup_every=3, tensorboard=False, output_dir=str(output))
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(config, verbose=0)
+    metrics = train(config, resume=True, callbacks=[Count()], verbose=0)
+    assert Count.steps == 40 - 16
+    assert metrics["steps"] == 40 and metrics["resumed_from_step"] == 16
+    epochs = [line.split(",")[0] for line in (output / "log.csv").read_text().splitlines()[1:]]
+    assert epochs == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="already completed"):
+        train(config, resume=True, verbose=0)
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    config = tiny_config(tmp_path, steps=2)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train_config.json").write_text(tiny_config(tmp_path, steps=3).to_json())
+    with pytest.raises(ValueError, match="steps: saved 3, now 2"):
+        train(config, resume=True, verbose=0)
+
+
+def test_nan_loss_stops_with_the_step(tmp_path):
+    config = tiny_config(tmp_path, steps=6, learning_rate=1e38, warmup_steps=0, grad_clip=0)
+    with pytest.raises(TrainingDiverged, match="at step 2 \\(epoch 1, batch 2\\)") as error:
+        train(config, verbose=0)
+    assert error.value.step == 2
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["status"] == "diverged" and metrics["diverged_at_step"] == 2
+    assert not (tmp_path / "run" / "checkpoints" / "last.weights.h5").exists()
+    assert not (tmp_path / "run" / "preset").exists()
+
+
+def test_existing_output_dir_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    config = tiny_config(tmp_path, steps=2)
+    with pytest.raises(FileExistsError, match="already exists"):
+        train(config, verbose=0)
+    assert (out / "notes.txt").read_text() == "mine"
+    with pytest.raises(ValueError, match="not a keras-vitnorm run"):
+        train(config, resume=True, verbose=0)
+    train(config, overwrite=True, verbose=0)
+    assert not (out / "notes.txt").exists() and (out / "metrics.json").exists()
+
+
+def test_tfds_dataset_on_mock_data(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=64):
+        data = load_dataset("tfds:cifar10")
+        assert (data.num_classes, data.channels) == (10, 3)
+        assert data.test.name == "test" and data.train.name == "train[:90%]"
+        metrics = train(tiny_config(tmp_path, dataset="tfds:cifar10", steps=3, batch_size=16),
+                        verbose=0)
+    assert metrics["dataset"] == "tfds:cifar10" and metrics["steps"] == 3
+    assert np.isfinite(metrics["test_loss"])
+    with pytest.raises(ValueError, match="Unknown tensorflow-datasets dataset 'cifar_ten'"):
+        load_dataset("tfds:cifar_ten")
+
+
+def write_image_folder(root, classes=("cat", "dog", "eel"), per_class=10, size=12):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for index, name in enumerate(classes):
+        os.makedirs(root / name, exist_ok=True)
+        for i in range(per_class):
+            image = rng.integers(0, 60, (size, size, 3)).astype("uint8")
+            image[..., index] += 150  # each class has its own dominant colour
+            tf.io.write_file(str(root / name / f"{i}.png"), tf.io.encode_png(image))
+
+
+def test_folder_dataset_splits_and_trains(tmp_path):
+    root = tmp_path / "images"
+    write_image_folder(root)
+    (root / "cat" / "readme.txt").write_text("not an image")
+    data = load_dataset(f"folder:{root}")
+    assert data.class_names == ["cat", "dog", "eel"] and data.channels == 3
+    files = [set(p.decode() for p, _ in s.source.as_numpy_iterator())
+             for s in (data.train, data.validation, data.test)]
+    assert sum(map(len, files)) == 30
+    assert not (files[0] & files[1] or files[0] & files[2] or files[1] & files[2])
+    metrics = train(tiny_config(tmp_path, dataset=f"folder:{root}", steps=30, batch_size=8,
+                                learning_rate=1e-2), verbose=0)
+    assert metrics["class_names"] == ["cat", "dog", "eel"]
+    assert metrics["test_accuracy"] > 0.34  # colours separate the classes; chance is 1/3
+
+
+def test_folder_with_train_and_test_subfolders(tmp_path):
+    write_image_folder(tmp_path / "data" / "train")
+    write_image_folder(tmp_path / "data" / "test", per_class=4)
+    data = load_dataset(f"folder:{tmp_path / 'data'}", val_fraction=0.2)
+    assert (data.train.size, data.validation.size, data.test.size) == (24, 6, 12)
+    write_image_folder(tmp_path / "data" / "test", classes=("zebra",), per_class=1)
+    with pytest.raises(ValueError, match="zebra"):
+        load_dataset(f"folder:{tmp_path / 'data'}")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_dataset(f"folder:{tmp_path / 'nowhere'}")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def cli_error(capsys, *argv):
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "s16_dpm"], "Did you mean 's16_dpn'"),
+        (["--dataset", "mnist"], "Unknown dataset='mnist'"),
+        (["--dataset", "folder:/no/such/dir", "--steps", "2"], "does not exist"),
+        (["--epochs", "0"], "epochs must be a positive integer, got 0"),
+        (["--label-smoothing", "1.5"], "label_smoothing must be a number in [0.0, 1.0)"),
+        (["--set", "depht=2"], "Unknown model setting(s) ['depht']"),
+        (["--norm", "rmsnrom"], "invalid choice: 'rmsnrom'"),
+        (["--recipe", "big"], "invalid choice: 'big'"),
+        (["--learning-rat", "1"], "unrecognized arguments"),
+        (["--resume", "--overwrite"], "not allowed with argument"),
+    ],
+)
+def test_bad_cli_arguments_exit_nonzero_with_a_clear_message(capsys, tmp_path, argv, message):
+    status, err = cli_error(capsys, "train", "--output-dir", str(tmp_path / "x"), *argv)
+    assert status == 2
+    assert message in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_console_command_exit_status():
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_vitnorm", "train", "--preset", "nope"],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": BACKEND}, capture_output=True,
+        text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "Unknown preset 'nope'" in result.stderr
+
+
+def test_cli_train_then_evaluate(capsys, tmp_path):
+    out = str(tmp_path / "cli")
+    status = cli.main(["train", "--output-dir", out, "--steps", "3", "--warmup-steps", "1", "--verbose", "0",
+                       "--no-tensorboard", *sum(([f"--set", f"{k}={v}"] for k, v in TINY.items()), [])])
+    assert status == 0
+    assert cli.main(["evaluate", out, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    metrics = json.loads(open(os.path.join(out, "metrics.json")).read())
+    assert result["accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    status, err = cli_error(capsys, "train", "--output-dir", out, "--steps", "3", "--warmup-steps", "1")
+    assert status == 2 and "already exists" in err
+    status, err = cli_error(capsys, "evaluate", out, "--dataset", f"folder:{tmp_path}")
+    assert status == 2
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.DataParallel is JAX-only")
+def test_data_parallel_matches_single_device_after_one_step(tmp_path):
+    code = f"""
+        import json, jax, numpy as np
+        from keras_vitnorm.training import TrainConfig, train
+        assert jax.device_count() == 4, jax.devices()
+        results = {{}}
+        for distribute in (False, True):
+            config = TrainConfig.from_recipe(
+                "small", model={TINY!r}, steps=1, batch_size=16, warmup_steps=0,
+                learning_rate=1e-2, crop="none", label_smoothing=0.0, tensorboard=False,
+                distribute=distribute, output_dir={str(tmp_path)!r} + f"/dp{{int(distribute)}}")
+            metrics = train(config, verbose=0)
+            weights = np.load({str(tmp_path)!r} + f"/dp{{int(distribute)}}/preset/model.weights.npz")
+            results[distribute] = (metrics, weights)
+        (m0, w0), (m1, w1) = results[False], results[True]
+        assert m1["replicas"] == 4 and m0["replicas"] == 1
+        print(json.dumps({{
+            "val_loss": [m0["val_loss"], m1["val_loss"]],
+            "weight_diff": max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files),
+            "weight_change": max(float(np.max(np.abs(w0[k]))) for k in w0.files),
+        }}))
+    """
+    result = run_python(code, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    single, parallel = report["val_loss"]
+    assert parallel == pytest.approx(single, rel=1e-5, abs=1e-6)
+    assert report["weight_diff"] < 1e-5
