@@ -89,7 +89,7 @@ def data_parallel_scope():
     JAX: `keras.distribution.DataParallel` over all local devices (and, when the
     `KERAS_DISTRIBUTION_*` variables describe several processes, over all hosts after
     `keras.distribution.initialize()`). TensorFlow: `tf.distribute.MirroredStrategy`
-    over the local GPUs (or the CPU). PyTorch: not supported, because Keras' `fit`
+    over the local GPUs (or the logical CPUs when there is no GPU). PyTorch: not supported, because Keras' `fit`
     has no DistributedDataParallel integration (see docs/training.md).
     """
     backend = keras.backend.backend()
@@ -103,7 +103,9 @@ def data_parallel_scope():
     if backend == "tensorflow":
         import tensorflow as tf
 
-        strategy = tf.distribute.MirroredStrategy()
+        # All GPUs, else every logical CPU (one unless the process split the CPU).
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in devices])
         return strategy.scope(), strategy.num_replicas_in_sync
     raise ValueError(
         f"distribute=True is not available on the {backend!r} backend: Keras' model.fit "

@@ -204,17 +204,11 @@ def main(argv=None):
 
 
 def _train(parser, args):
-    from keras_vitnorm.models.vit import ViT
     from keras_vitnorm.training import TrainingDiverged
     from keras_vitnorm.training import train
 
     try:
         config = train_config_from_args(args)
-        unknown = sorted(set(config.model) - set(ViT.CONFIG_KEYS))
-        if unknown:
-            raise ValueError(
-                f"Unknown model setting(s) {unknown}. Valid: {', '.join(ViT.CONFIG_KEYS)}."
-            )
         metrics = train(config, resume=args.resume, overwrite=args.overwrite,
                         verbose=args.verbose)
     except TrainingDiverged as error:

@@ -336,6 +336,8 @@ def cli_error(capsys, *argv):
         (["--epochs", "0"], "epochs must be a positive integer, got 0"),
         (["--label-smoothing", "1.5"], "label_smoothing must be a number in [0.0, 1.0)"),
         (["--set", "depht=2"], "Unknown model setting(s) ['depht']"),
+        (["--set", "num_heads=5"], "num_heads"),
+        (["--steps", "5"], "warmup_steps=100 leaves no steps"),
         (["--norm", "rmsnrom"], "invalid choice: 'rmsnrom'"),
         (["--recipe", "big"], "invalid choice: 'big'"),
         (["--learning-rat", "1"], "unrecognized arguments"),
@@ -406,3 +408,42 @@ def test_data_parallel_matches_single_device_after_one_step(tmp_path):
     single, parallel = report["val_loss"]
     assert parallel == pytest.approx(single, rel=1e-5, abs=1e-6)
     assert report["weight_diff"] < 1e-5
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is the TensorFlow backend's")
+def test_mirrored_strategy_matches_single_device_after_one_step(tmp_path):
+    code = f"""
+        import json, numpy as np, tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from keras_vitnorm.training import TrainConfig, train
+        results = {{}}
+        for distribute in (False, True):
+            out = {str(tmp_path)!r} + f"/mirrored{{int(distribute)}}"
+            config = TrainConfig.from_recipe(
+                "small", model={TINY!r}, steps=1, batch_size=16, warmup_steps=0,
+                learning_rate=1e-2, crop="none", label_smoothing=0.0, tensorboard=False,
+                distribute=distribute, output_dir=out)
+            results[distribute] = (train(config, verbose=0), np.load(out + "/preset/model.weights.npz"))
+        (m0, w0), (m1, w1) = results[False], results[True]
+        print(json.dumps({{
+            "replicas": [m0["replicas"], m1["replicas"]],
+            "val_loss": [m0["val_loss"], m1["val_loss"]],
+            "weight_diff": max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files),
+        }}))
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["replicas"] == [1, 2]
+    single, parallel = report["val_loss"]
+    assert parallel == pytest.approx(single, rel=1e-5, abs=1e-6)
+    assert report["weight_diff"] < 1e-5
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="checks the torch backend's refusal")
+def test_distribute_on_torch_is_refused_with_a_reason(tmp_path):
+    with pytest.raises(ValueError, match="no DistributedDataParallel support"):
+        train(tiny_config(tmp_path, steps=2, distribute=True), verbose=0)
+    assert not (tmp_path / "run").exists()

@@ -14,6 +14,7 @@ A run directory holds:
 import contextlib
 import csv
 import datetime
+import inspect
 import json
 import math
 import os
@@ -23,7 +24,10 @@ import time
 import keras
 
 from keras_vitnorm import backend_ops
+from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
+from keras_vitnorm.models.presets import preset_config
+from keras_vitnorm.models.vit import validate_config
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training.callbacks import LossIsNaN
 from keras_vitnorm.training.callbacks import ResumableBackup
@@ -103,6 +107,22 @@ def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
     if epoch < epochs:
         segments.append((epoch, epochs, length(epoch), 0))
     return segments
+
+
+def _model_overrides(config, data):
+    overrides = {"num_classes": data.num_classes, **config.model}
+    if not os.path.isdir(config.preset):
+        # A built-in preset takes the dataset's channels; a saved model keeps its own
+        # (the pipeline converts grayscale and RGB to what the model expects).
+        overrides.setdefault("num_channels", data.channels)
+    if config.drop_path is not None:
+        overrides["drop_path_rate"] = config.drop_path
+    unknown = sorted(set(overrides) - set(ViT.CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"Unknown model setting(s) {unknown}. Valid: {', '.join(ViT.CONFIG_KEYS)}."
+        )
+    return overrides
 
 
 def _default_output_dir(config):
@@ -240,11 +260,16 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
     if config.warmup_steps >= total_steps:
         raise ValueError(
             f"warmup_steps={config.warmup_steps} leaves no steps to decay over: the run "
-            f"has {total_steps} steps."
+            f"has {total_steps} steps. Pass a smaller --warmup-steps (or train longer)."
         )
-    _prepare_output_dir(config, output_dir, resume, overwrite)
-    keras.utils.set_random_seed(config.seed)
-    say(data.describe())
+    overrides = _model_overrides(config, data)
+    if config.preset in PRESETS and not os.path.isdir(config.preset):
+        defaults = {
+            key: parameter.default
+            for key, parameter in inspect.signature(ViT.__init__).parameters.items()
+            if key in ViT.CONFIG_KEYS
+        }
+        validate_config({**defaults, **preset_config(config.preset), **overrides})
     if config.distribute:
         scope, replicas = backend_ops.data_parallel_scope()
         if config.batch_size % replicas:
@@ -252,9 +277,13 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "
                 f"use a multiple of {replicas}."
             )
-        say(f"Data-parallel over {replicas} devices ({keras.backend.backend()}).")
     else:
         scope, replicas = contextlib.nullcontext(), 1
+    _prepare_output_dir(config, output_dir, resume, overwrite)
+    keras.utils.set_random_seed(config.seed)
+    say(data.describe())
+    if replicas > 1:
+        say(f"Data-parallel over {replicas} devices ({keras.backend.backend()}).")
     with _dtype_policy(config.mixed_precision), scope:
         return _train(
             config, data, output_dir, resume, callbacks, verbose, replicas, say,
@@ -264,10 +293,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
 
 def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas, say,
            steps_per_epoch, total_steps):
-    overrides = {"num_classes": data.num_classes, "num_channels": data.channels, **config.model}
-    if config.drop_path is not None:
-        overrides["drop_path_rate"] = config.drop_path
-    model = ViT.from_preset(config.preset, **overrides)
+    model = ViT.from_preset(config.preset, **_model_overrides(config, data))
     image_size, channels = _image_size(model), model.get_config()["num_channels"]
     _compile(model, make_optimizer(config, total_steps, model), config.label_smoothing)
     say(

@@ -19,7 +19,7 @@ RECIPE = {
     "dataset": "digits",
     "epochs": 30,
     "batch_size": 64,
-    "learning_rate": 1e-3,
+    "learning_rate": 2e-3,
     "warmup_steps": 100,
     "weight_decay": 0.05,
     "grad_clip": 1.0,
