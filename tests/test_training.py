@@ -364,7 +364,7 @@ def test_console_command_exit_status():
 def test_cli_train_then_evaluate(capsys, tmp_path):
     out = str(tmp_path / "cli")
     status = cli.main(["train", "--output-dir", out, "--steps", "3", "--warmup-steps", "1", "--verbose", "0",
-                       "--no-tensorboard", *sum(([f"--set", f"{k}={v}"] for k, v in TINY.items()), [])])
+                       "--no-tensorboard", *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])])
     assert status == 0
     assert cli.main(["evaluate", out, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -8,6 +8,7 @@ import os
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.training.data import CROP_MODES
+from keras_vitnorm.training.data import Augmentation
 from keras_vitnorm.training.data import parse_dataset
 from keras_vitnorm.training.recipes import get_recipe
 
@@ -75,14 +76,15 @@ class TrainConfig:
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
     drop_path: float = None
-    crop: str = "none"
-    crop_padding: int = 4
-    zoom: float = 0.5
-    flip: bool = False
-    randaugment_ops: int = 0
-    randaugment_factor: float = 0.5
-    mixup: float = 0.0
-    cutmix: float = 0.0
+    # Augmentation: the same fields (and defaults) as `data.Augmentation`.
+    crop: str = Augmentation.crop
+    crop_padding: int = Augmentation.crop_padding
+    zoom: float = Augmentation.zoom
+    flip: bool = Augmentation.flip
+    randaugment_ops: int = Augmentation.randaugment_ops
+    randaugment_factor: float = Augmentation.randaugment_factor
+    mixup: float = Augmentation.mixup
+    cutmix: float = Augmentation.cutmix
     mixed_precision: str = "float32"
     seed: int = 0
     output_dir: str = None

@@ -13,6 +13,7 @@ A run directory holds:
 
 import contextlib
 import csv
+import dataclasses
 import datetime
 import inspect
 import json
@@ -32,7 +33,6 @@ from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training.callbacks import LossIsNaN
 from keras_vitnorm.training.callbacks import ResumableBackup
 from keras_vitnorm.training.callbacks import StopOnNaN
-from keras_vitnorm.training.config import TrainConfig
 
 
 class TrainingDiverged(RuntimeError):
@@ -52,15 +52,19 @@ def decayed_variables(model):
     return [v for v in model.trainable_variables if v.name == "kernel"]
 
 
+def _check_warmup(warmup_steps, total_steps):
+    if warmup_steps >= total_steps:
+        raise ValueError(
+            f"warmup_steps={warmup_steps} leaves no steps to decay over: the run has "
+            f"{total_steps} steps. Pass a smaller --warmup-steps (or train longer)."
+        )
+
+
 def make_optimizer(config, total_steps, model):
     """AdamW with linear warm-up then cosine decay, kernel-only weight decay, clipping."""
     lr = config.learning_rate
     warmup = config.warmup_steps
-    if warmup >= total_steps:
-        raise ValueError(
-            f"warmup_steps={warmup} leaves no steps to decay over: the run has "
-            f"{total_steps} steps."
-        )
+    _check_warmup(warmup, total_steps)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else lr,
         decay_steps=total_steps - warmup,
@@ -257,11 +261,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
             f"({data.train.size} examples)."
         )
     total_steps = config.steps or config.epochs * steps_per_epoch
-    if config.warmup_steps >= total_steps:
-        raise ValueError(
-            f"warmup_steps={config.warmup_steps} leaves no steps to decay over: the run "
-            f"has {total_steps} steps. Pass a smaller --warmup-steps (or train longer)."
-        )
+    _check_warmup(config.warmup_steps, total_steps)
     overrides = _model_overrides(config, data)
     if config.preset in PRESETS and not os.path.isdir(config.preset):
         defaults = {
@@ -287,13 +287,13 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
     with _dtype_policy(config.mixed_precision), scope:
         return _train(
             config, data, output_dir, resume, callbacks, verbose, replicas, say,
-            steps_per_epoch, total_steps,
+            steps_per_epoch, total_steps, overrides,
         )
 
 
 def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas, say,
-           steps_per_epoch, total_steps):
-    model = ViT.from_preset(config.preset, **_model_overrides(config, data))
+           steps_per_epoch, total_steps, overrides):
+    model = ViT.from_preset(config.preset, **overrides)
     image_size, channels = _image_size(model), model.get_config()["num_channels"]
     _compile(model, make_optimizer(config, total_steps, model), config.label_smoothing)
     say(
@@ -343,14 +343,7 @@ def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas,
             keras.callbacks.TensorBoard(os.path.join(output_dir, "tensorboard"), write_graph=False)
         )
     augmentation = data_lib.Augmentation(
-        crop=config.crop,
-        crop_padding=config.crop_padding,
-        zoom=config.zoom,
-        flip=config.flip,
-        randaugment_ops=config.randaugment_ops,
-        randaugment_factor=config.randaugment_factor,
-        mixup=config.mixup,
-        cutmix=config.cutmix,
+        **{field.name: getattr(config, field.name) for field in dataclasses.fields(data_lib.Augmentation)}
     )
     eval_batch = max(config.batch_size, 256 // replicas * replicas)
     val_data = data_lib.eval_dataset(data, data.validation, image_size, channels, eval_batch)
