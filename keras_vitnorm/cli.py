@@ -15,7 +15,17 @@ from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.patch_stem import STEM_TYPES
 from keras_vitnorm.training.config import PRECISIONS
 from keras_vitnorm.training.data import CROP_MODES
+from keras_vitnorm.study.variants import VARIANT_GROUPS
 from keras_vitnorm.training.recipes import RECIPE_NAMES
+
+ABLATE_EXAMPLES = """examples:
+  keras-vitnorm ablate --groups placements stems --seeds 0 1 2 --output-dir studies/digits
+  keras-vitnorm ablate --groups stems --variants stems:dual_patchnorm stems:conv \\
+      --dataset folder:/data/cifar10 --epochs 30 --output-dir studies/cifar
+
+The base is the small recipe with the plain ti16 preset unless --preset/--recipe say
+otherwise; every training option of `train` applies to every run.
+"""
 
 TRAIN_EXAMPLES = """examples:
   keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
@@ -63,23 +73,9 @@ def _parse_setting(text):
     return key.strip(), value
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-vitnorm",
-        allow_abbrev=False,
-        description="Train and evaluate Vision Transformers whose normalization is a config choice.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    train = commands.add_parser(
-        "train",
-        allow_abbrev=False,
-        help="train a ViT (default: a small DPN ViT on the bundled digits)",
-        description="Train a ViT preset on a dataset with model.fit.",
-        epilog=TRAIN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    what = train.add_argument_group("what to train")
+def add_training_arguments(parser):
+    """Adds the options shared by `train` and `ablate`: model, data, optimization, augmentation."""
+    what = parser.add_argument_group("what to train")
     what.add_argument("--recipe", choices=RECIPE_NAMES, default="small",
                       help="named set of defaults (default: small)")
     what.add_argument("--preset", help="built-in preset name (see docs/presets.md) or a preset "
@@ -92,7 +88,7 @@ def build_parser():
     what.add_argument("--manual-dir", help="folder of manually downloaded archives "
                       "(imagenet2012)")
 
-    model = train.add_argument_group("model overrides (on top of the preset)")
+    model = parser.add_argument_group("model overrides (on top of the preset)")
     for flag, key, kind, choices, text in MODEL_FLAGS:
         model.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
                            help=_model_flag_help(key, choices, text))
@@ -103,7 +99,7 @@ def build_parser():
                        help="any other ViT config value, e.g. --set final_norm=false "
                        "(JSON values); repeatable")
 
-    schedule = train.add_argument_group("optimization")
+    schedule = parser.add_argument_group("optimization")
     schedule.add_argument("--epochs", type=int, help="training length in epochs")
     schedule.add_argument("--steps", type=int, help="training length in steps (instead of epochs)")
     schedule.add_argument("--steps-per-epoch", type=int,
@@ -125,7 +121,10 @@ def build_parser():
     schedule.add_argument("--mixed-precision", choices=PRECISIONS, help="dtype policy")
     schedule.add_argument("--seed", type=int, help="seed of weights, data order, augmentation")
 
-    augment = train.add_argument_group("augmentation (Keras preprocessing layers)")
+    schedule.add_argument("--grad-norm-every", type=int,
+                          help="record per-layer gradient norms every N steps (grad_norms.csv)")
+
+    augment = parser.add_argument_group("augmentation (Keras preprocessing layers)")
     augment.add_argument("--crop", choices=CROP_MODES,
                          help="pad = zero-pad then random crop; zoom = random zoom-in")
     augment.add_argument("--crop-padding", type=int, help="pixels of padding for --crop pad")
@@ -137,6 +136,25 @@ def build_parser():
     augment.add_argument("--mixup", type=float, help="MixUp alpha, 0 = off")
     augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
 
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-vitnorm",
+        allow_abbrev=False,
+        description="Train and evaluate Vision Transformers whose normalization is a config choice.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a ViT (default: a small DPN ViT on the bundled digits)",
+        description="Train a ViT preset on a dataset with model.fit.",
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_training_arguments(train)
     run = train.add_argument_group("run")
     run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
     overwrite = run.add_mutually_exclusive_group()
@@ -153,6 +171,27 @@ def build_parser():
                      help="do not write TensorBoard logs")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                      help="0 silent, 1 progress bar (default), 2 one line per epoch")
+
+    ablate = commands.add_parser(
+        "ablate",
+        allow_abbrev=False,
+        help="run the normalization study: variant groups x seeds, tables and figures",
+        description="Train every variant of the chosen groups with every seed on top of "
+        "a base recipe, then write results.csv, a markdown table per group and figures. "
+        "Rerunning the same command skips finished runs and resumes interrupted ones.",
+        epilog=ABLATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    study = ablate.add_argument_group("study")
+    study.add_argument("--groups", nargs="+", required=True, choices=tuple(VARIANT_GROUPS),
+                       help="variant groups to run")
+    study.add_argument("--variants", nargs="+", default=[], metavar="GROUP:NAME",
+                       help="run only these variants (the group's baseline is always run)")
+    study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
+    study.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines")
+    add_training_arguments(ablate)
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -200,7 +239,40 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "train":
         return _train(parser, args)
+    if args.command == "ablate":
+        return _ablate(parser, args)
     return _evaluate(parser, args)
+
+
+def _ablate(parser, args):
+    from keras_vitnorm.study import markdown_table
+    from keras_vitnorm.study import run_study
+    from keras_vitnorm.study import summarize
+
+    try:
+        if args.preset is None and args.recipe == "small":
+            args.preset = "ti16"  # the study's baseline is the plain ViT
+        args.output_dir = None
+        config = train_config_from_args(args)
+        variants = {}
+        for item in args.variants:
+            group, _, name = item.partition(":")
+            if group not in args.groups or not name:
+                raise ValueError(
+                    f"--variants {item!r} must be GROUP:NAME with GROUP one of --groups "
+                    f"({', '.join(args.groups)})."
+                )
+            variants.setdefault(group, []).append(name)
+        if config.grad_norm_every is None:
+            config.grad_norm_every = 25
+        rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose)
+    except (ValueError, FileExistsError) as error:
+        return _fail(parser, "ablate", str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, "ablate", "interrupted. Rerun the same command to continue.", code=130)
+    for group in args.groups:
+        print(f"\n{group}\n" + markdown_table(summarize([r for r in rows if r["group"] == group])))
+    return 0
 
 
 def _train(parser, args):

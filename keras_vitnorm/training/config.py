@@ -15,6 +15,12 @@ from keras_vitnorm.training.recipes import get_recipe
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
+def setting_changes(saved, current):
+    """`"key: saved X, now Y; ..."` for every setting that differs, or `""`."""
+    changed = sorted(key for key in current if saved.get(key) != current[key])
+    return "; ".join(f"{k}: saved {saved.get(k)!r}, now {current[k]!r}" for k in changed)
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`.
@@ -54,6 +60,8 @@ class TrainConfig:
         distribute: bool, data-parallel over all local devices (JAX:
             `keras.distribution.DataParallel`; TensorFlow: `tf.distribute.MirroredStrategy`).
         tensorboard: bool, write TensorBoard logs.
+        grad_norm_every: steps between per-layer gradient-norm records on a fixed
+            batch of validation images (`grad_norms.csv`); `None` = off.
     """
 
     recipe: str = "small"
@@ -92,6 +100,7 @@ class TrainConfig:
     shuffle_buffer: int = 50_000
     distribute: bool = False
     tensorboard: bool = True
+    grad_norm_every: int = None
 
     @classmethod
     def field_names(cls):
@@ -133,7 +142,7 @@ class TrainConfig:
                 f"steps={self.steps!r})."
             )
         for name in ("epochs", "steps", "steps_per_epoch", "batch_size", "backup_every",
-                     "shuffle_buffer"):
+                     "shuffle_buffer", "grad_norm_every"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")

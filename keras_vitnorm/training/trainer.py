@@ -23,8 +23,10 @@ import shutil
 import time
 
 import keras
+import numpy as np
 
 from keras_vitnorm import backend_ops
+from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models.presets import preset_config
@@ -33,6 +35,7 @@ from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training.callbacks import LossIsNaN
 from keras_vitnorm.training.callbacks import ResumableBackup
 from keras_vitnorm.training.callbacks import StopOnNaN
+from keras_vitnorm.training.config import setting_changes
 
 
 class TrainingDiverged(RuntimeError):
@@ -159,9 +162,8 @@ def _prepare_output_dir(config, output_dir, resume, overwrite):
             )
         saved = _read_json(settings)
         current = {**config.to_dict(), "output_dir": saved.get("output_dir")}
-        changed = sorted(key for key in current if saved.get(key) != current[key])
-        if changed:
-            details = "; ".join(f"{k}: saved {saved.get(k)!r}, now {current[k]!r}" for k in changed)
+        details = setting_changes(saved, current)
+        if details:
             raise ValueError(
                 f"Cannot resume {output_dir} with different settings ({details}). "
                 "Resume with the same command, or start a new run."
@@ -316,6 +318,8 @@ def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas,
             start_epoch, batches_done = start_epoch + 1, 0
         say(f"Resuming from step {start_step} (epoch {start_epoch + 1}, batch {batches_done}).")
 
+    eval_batch = max(config.batch_size, 256 // replicas * replicas)
+    val_data = data_lib.eval_dataset(data, data.validation, image_size, channels, eval_batch)
     log_path = os.path.join(output_dir, "log.csv")
     previous_best = max((row.get("val_accuracy", -1.0) for row in _read_log(log_path)), default=None)
     os.makedirs(os.path.join(output_dir, "checkpoints"), exist_ok=True)
@@ -338,6 +342,15 @@ def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas,
         ),
         *extra_callbacks,
     ]
+    if config.grad_norm_every:
+        probe = data_lib.eval_dataset(data, data.validation, image_size, channels, 64)
+        images, labels = next(iter(probe))
+        callbacks.append(
+            GradientNormRecorder(
+                np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
+                path=os.path.join(output_dir, "grad_norms.csv"),
+            )
+        )
     if config.tensorboard:
         callbacks.append(
             keras.callbacks.TensorBoard(os.path.join(output_dir, "tensorboard"), write_graph=False)
@@ -345,8 +358,6 @@ def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas,
     augmentation = data_lib.Augmentation(
         **{field.name: getattr(config, field.name) for field in dataclasses.fields(data_lib.Augmentation)}
     )
-    eval_batch = max(config.batch_size, 256 // replicas * replicas)
-    val_data = data_lib.eval_dataset(data, data.validation, image_size, channels, eval_batch)
 
     began = time.perf_counter()
     for initial_epoch, epochs, steps, offset in plan_segments(

@@ -1,0 +1,9 @@
+"""Analysis of ViT training for the normalization study (see docs/ once issue 4 lands)."""
+
+from keras_vitnorm.analysis.probes import GradientNormRecorder
+from keras_vitnorm.analysis.probes import depth_group
+from keras_vitnorm.analysis.probes import gradient_norms
+from keras_vitnorm.analysis.probes import group_norms
+from keras_vitnorm.analysis.probes import layer_of
+from keras_vitnorm.analysis.probes import residual_stream
+from keras_vitnorm.analysis.probes import stem_scale_map

@@ -1,0 +1,195 @@
+"""Probes of a ViT's training dynamics, for the normalization study.
+
+- `gradient_norms`: the L2 norm of the loss gradient of every layer's parameters (the
+  Dual PatchNorm paper's Figure 2 compares the patch embedding's with the blocks').
+- `GradientNormRecorder`: a callback that records them every k steps during `fit`.
+- `residual_stream`: the activation RMS of the token stream after the stem and after
+  every block (post-LN growth) and the cosine similarity of consecutive blocks'
+  token representations (collapse).
+- `stem_scale_map`: the first stem norm's learned scale as a `(P, P, C)` patch (the
+  paper's Figure 3).
+
+Everything runs on all three backends; gradients come from
+`keras_vitnorm.backend_ops.value_and_gradients`.
+"""
+
+import csv
+import os
+import re
+
+import keras
+import numpy as np
+
+from keras_vitnorm import backend_ops
+
+#: Variable-path prefixes of the stem's patch embedding (Dense or conv stem layers).
+PATCH_EMBEDDING = "stem/projection"
+
+
+def layer_of(path):
+    """The layer a variable belongs to: its path without the weight name.
+
+    `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`.
+    """
+    return path.rsplit("/", 1)[0] if "/" in path else path
+
+
+def depth_group(path):
+    """Coarse group for depth plots: `"patch_embedding"`, `"block_<i>"`, `"stem"`,
+    `"head"` or the top-level layer name."""
+    if path.startswith(PATCH_EMBEDDING + "/") or re.match(r"stem/conv\d+/", path):
+        return "patch_embedding"
+    return path.split("/", 1)[0]
+
+
+def group_norms(gradients, group=layer_of):
+    """L2 norm of the gradients in each group: `sqrt(sum of squares)` over its weights.
+
+    Args:
+        gradients: `{variable path: gradient array}`.
+        group: function mapping a variable path to its group name.
+    """
+    squares = {}
+    for path, gradient in gradients.items():
+        name = group(path)
+        squares[name] = squares.get(name, 0.0) + float(np.sum(np.square(gradient, dtype="float64")))
+    return {name: float(np.sqrt(total)) for name, total in squares.items()}
+
+
+def _loss_fn(labels):
+    labels = keras.ops.convert_to_tensor(np.asarray(labels, "float32"))
+
+    def loss(logits):
+        return keras.ops.mean(
+            keras.losses.categorical_crossentropy(labels, logits, from_logits=True)
+        )
+
+    return loss
+
+
+def gradient_norms(model, images, labels, group=layer_of):
+    """Per-group gradient norms of the cross-entropy loss on one batch.
+
+    Args:
+        model: a ViT (any Keras classifier returning logits).
+        images: NumPy array `(batch, height, width, channels)`.
+        labels: one-hot NumPy array `(batch, classes)`.
+        group: `layer_of` (default, one entry per layer) or `depth_group`.
+
+    Returns:
+        `(loss, {group: norm})`.
+    """
+    loss, _, gradients = backend_ops.value_and_gradients(model, images, _loss_fn(labels))
+    return loss, group_norms(gradients, group)
+
+
+class GradientNormRecorder(keras.callbacks.Callback):
+    """Records per-layer gradient norms on a fixed probe batch every `every` steps.
+
+    The gradients are those of the unregularized cross-entropy on `images`, computed in
+    inference mode (no dropout or drop path) with the weights as they are after the
+    step, so the records of different variants are comparable.
+
+    Args:
+        images, labels: the probe batch (NumPy; labels one-hot).
+        every: int, record at global steps `every, 2*every, ...` (step 0, before
+            training, is recorded too).
+        path: optional CSV file; rows `step, group, norm` are written at the end of
+            training (appended to, so a resumed run keeps its earlier rows).
+        group: `layer_of` or `depth_group`.
+
+    Attributes:
+        records: `{step: {group: norm}}`.
+    """
+
+    def __init__(self, images, labels, every=50, path=None, group=layer_of):
+        super().__init__()
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}.")
+        self.images = np.asarray(images)
+        self.labels = np.asarray(labels)
+        self.every = every
+        self.path = path
+        self.group = group
+        self.records = {}
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _record(self):
+        step = self._step()
+        if step not in self.records:
+            self.records[step] = gradient_norms(self.model, self.images, self.labels, self.group)[1]
+
+    def on_train_begin(self, logs=None):
+        if self._step() == 0:
+            self._record()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._step() % self.every == 0:
+            self._record()
+
+    def on_train_end(self, logs=None):
+        if not self.path:
+            return
+        new = not os.path.exists(self.path)
+        with open(self.path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "group", "norm"])
+            for step in sorted(self.records):
+                for name, norm in self.records[step].items():
+                    writer.writerow([step, name, f"{norm:.8g}"])
+
+
+def residual_stream(model, images):
+    """Activation RMS and consecutive-block similarity of the token stream.
+
+    Args:
+        model: a ViT.
+        images: NumPy array of images.
+
+    Returns:
+        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`:
+        `rms[i]` is `sqrt(mean(x**2))` of the tokens after stage `i`; `similarity[i]`
+        (one shorter) is the mean cosine similarity between each token's
+        representation after stage `i` and after stage `i + 1`.
+    """
+    names = ["stem"] + sorted(
+        (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
+        key=lambda name: int(name.split("_")[1]),
+    )
+    probe = keras.Model(model.inputs, [model.get_layer(name).output for name in names])
+    outputs = [np.asarray(keras.ops.convert_to_numpy(x), "float64") for x in probe(images)]
+    rms = [float(np.sqrt(np.mean(np.square(x)))) for x in outputs]
+    similarity = []
+    for a, b in zip(outputs, outputs[1:]):
+        dot = np.sum(a * b, axis=-1)
+        norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+        similarity.append(float(np.mean(dot / np.maximum(norms, 1e-12))))
+    return {"names": names, "rms": rms, "similarity": similarity}
+
+
+def stem_scale_map(model):
+    """The learned scale of the stem's first norm (DPN's LN_0) as a `(P, P, C)` array.
+
+    Patches are flattened in `(row, column, channel)` order (see
+    `keras_vitnorm.layers.patch_stem`), so the scale reshapes directly. Raises a
+    `ValueError` when the stem has no learnable first norm.
+    """
+    stem = model.get_layer("stem")
+    norm = getattr(stem, "patch_norm", None)
+    config = model.get_config()
+    if norm is None:
+        raise ValueError(
+            f"The model's stem ({config['stem']!r}) has no norm before the patch embedding; "
+            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'."
+        )
+    scales = [w for w in norm.weights if w.name in ("gamma", "scale")]
+    if not scales:
+        raise ValueError(
+            f"The stem's first norm ({type(norm).__name__}) has no learnable scale "
+            "(stem_norm_learnable=False or a scale-free norm)."
+        )
+    patch, channels = config["patch_size"], config["num_channels"]
+    return np.asarray(keras.ops.convert_to_numpy(scales[0])).reshape(patch, patch, channels)

@@ -1,0 +1,149 @@
+"""Matplotlib figures of a study, saved as PNG.
+
+- `plot_gains`: accuracy gain of each variant over the group's baseline with 95% CIs
+  (the Dual PatchNorm paper's Figure 1 style).
+- `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
+- `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
+  several runs, e.g. plain ViT vs DPN (Figure 2 style).
+- `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
+  channel (Figure 3 style).
+"""
+
+import csv
+import os
+import re
+
+import numpy as np
+
+from keras_vitnorm.analysis.probes import depth_group
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    _pyplot().close(figure)
+    return path
+
+
+def plot_gains(summary, title, path):
+    """Horizontal bars: gain (points of accuracy) over the baseline, with 95% CIs."""
+    plt = _pyplot()
+    entries = summary[1:]
+    figure, axes = plt.subplots(figsize=(7, 0.45 * len(entries) + 1.5))
+    names = [e["variant"] for e in entries]
+    gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
+    errors = [100 * e["ci"] if e["ci"] is not None and np.isfinite(e["ci"]) else 0.0 for e in entries]
+    colors = ["tab:green" if g >= 0 else "tab:red" for g in gains]
+    axes.barh(names, gains, xerr=errors, color=colors, capsize=3)
+    for index, entry in enumerate(entries):
+        if entry["mean"] is None:
+            axes.text(0, index, "  all runs diverged", va="center")
+        elif entry["diverged"]:
+            axes.text(gains[index], index, f"  {entry['diverged']} diverged", va="center")
+    axes.axvline(0, color="black", linewidth=0.8)
+    axes.invert_yaxis()
+    axes.set_xlabel(f"accuracy gain over {summary[0]['variant']} (points)")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plot_loss_curves(rows, title, path):
+    """Mean training (solid) and validation (dashed) loss per epoch of each variant."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        curves = {"loss": [], "val_loss": []}
+        for row in rows:
+            log = os.path.join(row["run_dir"], "log.csv")
+            if row["variant"] == variant and os.path.exists(log):
+                records = _read_csv(log)
+                for key in curves:
+                    curves[key].append([float(r[key]) for r in records if r.get(key)])
+        color = f"C{index % 10}"
+        for key, style in (("loss", "-"), ("val_loss", "--")):
+            if not curves[key]:
+                continue
+            length = min(map(len, curves[key]))
+            mean = np.mean([c[:length] for c in curves[key]], axis=0)
+            axes.plot(np.arange(1, length + 1), mean, style, color=color,
+                      label=variant if key == "loss" else None)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("loss (solid: train, dashed: validation)")
+    axes.set_yscale("log")
+    axes.set_title(title)
+    axes.legend(fontsize=7, ncol=2)
+    return _save(figure, path)
+
+
+def depth_profile(grad_norms_csv):
+    """`(groups, norms)`: gradient norm per depth group, averaged over the records.
+
+    Groups are ordered patch embedding, stem (other stem weights), block_0 ... and
+    head; each record's layer norms are combined as a root sum of squares.
+    """
+    per_step = {}
+    for row in _read_csv(grad_norms_csv):
+        group = depth_group(row["group"] + "/weight")
+        step = per_step.setdefault(int(row["step"]), {})
+        step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
+
+    def order(name):
+        match = re.fullmatch(r"block_(\d+)", name)
+        if name == "patch_embedding":
+            return (0, 0)
+        if name == "stem":
+            return (1, 0)
+        if match:
+            return (2, int(match.group(1)))
+        return (3, 0 if name == "final_norm" else 1)
+
+    groups = sorted({g for step in per_step.values() for g in step}, key=order)
+    norms = [float(np.mean([np.sqrt(step.get(g, 0.0)) for step in per_step.values()])) for g in groups]
+    return groups, norms
+
+
+def plot_gradient_norms(runs, title, path):
+    """Gradient norm by depth for several runs: `runs` maps labels to grad_norms.csv."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    groups = None
+    for label, csv_path in runs.items():
+        groups, norms = depth_profile(csv_path)
+        axes.plot(range(len(groups)), norms, marker="o", label=label)
+    if groups:
+        axes.set_xticks(range(len(groups)))
+        axes.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
+    axes.set_yscale("log")
+    axes.set_ylabel("gradient L2 norm (mean over training)")
+    axes.set_title(title)
+    axes.legend()
+    return _save(figure, path)
+
+
+def plot_stem_scales(scale, title, path):
+    """One panel per channel of a `(P, P, C)` stem scale map."""
+    plt = _pyplot()
+    channels = scale.shape[-1]
+    figure, axes = plt.subplots(1, channels, figsize=(3 * channels + 0.5, 3), squeeze=False)
+    for channel in range(channels):
+        image = axes[0, channel].imshow(scale[..., channel], cmap="viridis")
+        axes[0, channel].set_title(f"channel {channel}")
+        axes[0, channel].axis("off")
+        figure.colorbar(image, ax=axes[0, channel], fraction=0.046)
+    figure.suptitle(title)
+    return _save(figure, path)

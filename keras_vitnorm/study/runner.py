@@ -1,0 +1,233 @@
+"""The ablation runner: trains every (variant, seed), then tabulates and plots.
+
+Layout of a study directory:
+
+    <study>/<group>/<variant>/seed_<s>/      one training run (see keras_vitnorm.training)
+    <study>/results.csv                      one row per run
+    <study>/<group>.md                       the paper-style table of the group
+    <study>/figures/*.png                    matplotlib figures
+
+A run whose `metrics.json` says `completed` or `diverged` is not trained again when the
+study is restarted; an interrupted run is resumed from its backup.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+
+from keras_vitnorm.study.variants import get_variants
+from keras_vitnorm.training import TrainingDiverged
+from keras_vitnorm.training import train
+from keras_vitnorm.training.config import setting_changes
+
+RESULT_FIELDS = (
+    "group", "variant", "seed", "status", "test_accuracy", "val_accuracy",
+    "diverged_at_step", "steps", "train_seconds", "run_dir",
+)
+
+
+def _read_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
+    """Trains each variant of each group with each seed; returns the result rows.
+
+    Args:
+        base: `TrainConfig` every run starts from (its `output_dir`, `seed` and the
+            variant's settings are replaced per run).
+        groups: list of variant-group names (`keras_vitnorm.study.VARIANT_GROUPS`).
+        seeds: list of ints.
+        output_dir: the study directory.
+        variants: optional `{group: [variant names]}` to run a subset.
+        verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
+    """
+    if not seeds:
+        raise ValueError("seeds must name at least one seed.")
+    plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
+    _check_study_config(base, output_dir)
+    rows = []
+    for group, group_variants in plan:
+        for name, (model, settings) in group_variants.items():
+            for seed in seeds:
+                run_dir = os.path.join(output_dir, group, name, f"seed_{seed}")
+                rows.append(_run_one(base, group, name, model, settings, seed, run_dir, verbose))
+    write_results(rows, output_dir)
+    make_figures(rows, os.path.join(output_dir, "figures"))
+    return rows
+
+
+def _check_study_config(base, output_dir):
+    """Records the base settings; a restart with other settings is refused."""
+    path = os.path.join(output_dir, "study_config.json")
+    current = {**base.to_dict(), "seed": None, "output_dir": None}
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        details = setting_changes(saved, current)
+        if details:
+            raise ValueError(
+                f"The study in {output_dir} was run with other base settings ({details}). "
+                "Use another output directory for a different study."
+            )
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(current, f, indent=2, sort_keys=True)
+
+
+def make_figures(rows, figure_dir):
+    """Writes every figure the results allow; returns their paths.
+
+    Per group: gains (`<group>_gains.png`) and loss curves (`<group>_loss.png`). When
+    the `stems` group has `patch` and `dual_patchnorm` runs with gradient-norm records:
+    `gradient_norms.png`; when it has a finished `dual_patchnorm` run:
+    `stem_scales.png` (its first seed).
+    """
+    from keras_vitnorm.study import figures
+
+    paths = []
+    for group in dict.fromkeys(row["group"] for row in rows):
+        group_rows = [r for r in rows if r["group"] == group]
+        summary = summarize(group_rows)
+        if len(summary) > 1:
+            paths.append(figures.plot_gains(
+                summary, f"{group}: test accuracy gain", os.path.join(figure_dir, f"{group}_gains.png")))
+        paths.append(figures.plot_loss_curves(
+            group_rows, f"{group}: loss per epoch (mean over seeds)",
+            os.path.join(figure_dir, f"{group}_loss.png")))
+    stems = [r for r in rows if r["group"] == "stems" and r["status"] == "completed"]
+    grad_runs = {}
+    for variant in ("patch", "dual_patchnorm"):
+        run = next((r for r in stems if r["variant"] == variant), None)
+        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
+            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    if len(grad_runs) == 2:
+        paths.append(figures.plot_gradient_norms(
+            grad_runs, "gradient norm by depth", os.path.join(figure_dir, "gradient_norms.png")))
+    dpn = next((r for r in stems if r["variant"] == "dual_patchnorm"), None)
+    if dpn:
+        from keras_vitnorm.analysis.probes import stem_scale_map
+        from keras_vitnorm.models import ViT
+
+        scale = stem_scale_map(ViT.from_preset(os.path.join(dpn["run_dir"], "preset")))
+        paths.append(figures.plot_stem_scales(
+            scale, "DPN: learned scale of the first stem LayerNorm",
+            os.path.join(figure_dir, "stem_scales.png")))
+    return paths
+
+
+def _run_one(base, group, name, model, settings, seed, run_dir, verbose):
+    metrics = _read_metrics(run_dir)
+    if metrics is None or metrics.get("status") not in ("completed", "diverged"):
+        config = dataclasses.replace(
+            base, **settings, model={**base.model, **model}, seed=seed, output_dir=run_dir
+        )
+        config.validate()
+        resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
+        if verbose:
+            print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
+        try:
+            train(config, resume=resume, verbose=verbose if verbose > 1 else 0)
+        except TrainingDiverged:
+            pass
+        metrics = _read_metrics(run_dir)
+    elif verbose:
+        print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
+    return {
+        "group": group,
+        "variant": name,
+        "seed": seed,
+        "status": metrics["status"],
+        "test_accuracy": metrics.get("test_accuracy"),
+        "val_accuracy": metrics.get("val_accuracy"),
+        "diverged_at_step": metrics.get("diverged_at_step"),
+        "steps": metrics.get("steps"),
+        "train_seconds": metrics.get("train_seconds_this_run"),
+        "run_dir": run_dir,
+    }
+
+
+def write_results(rows, output_dir):
+    """Writes `results.csv` and one markdown table per group."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key) for key in RESULT_FIELDS})
+    for group in dict.fromkeys(row["group"] for row in rows):
+        with open(os.path.join(output_dir, f"{group}.md"), "w") as f:
+            f.write(markdown_table(summarize([r for r in rows if r["group"] == group])))
+
+
+def confidence_interval(values, level=0.95):
+    """Mean and half-width of the Student-t confidence interval of the mean.
+
+    One value gives a half-width of `nan` (no spread to estimate).
+    """
+    from scipy import stats
+
+    values = np.asarray(values, "float64")
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, math.nan
+    sem = float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    return mean, float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * sem
+
+
+def summarize(rows, metric="test_accuracy"):
+    """Per-variant summary of one group, baseline (first variant) first.
+
+    Returns a list of dicts: variant, runs, diverged, mean, ci (95% half-width),
+    gain (mean minus the baseline's mean), and the diverged steps. A variant whose
+    runs all diverged has mean `None`.
+    """
+    summary = []
+    baseline_mean = None
+    for name in dict.fromkeys(row["variant"] for row in rows):
+        runs = [row for row in rows if row["variant"] == name]
+        finished = [float(r[metric]) for r in runs if r["status"] == "completed"]
+        diverged = [r for r in runs if r["status"] == "diverged"]
+        mean, ci = confidence_interval(finished) if finished else (None, None)
+        if baseline_mean is None and not summary:
+            baseline_mean = mean
+        summary.append({
+            "variant": name,
+            "runs": len(runs),
+            "diverged": len(diverged),
+            "diverged_steps": [r["diverged_at_step"] for r in diverged],
+            "mean": mean,
+            "ci": ci,
+            "gain": None if mean is None or baseline_mean is None else mean - baseline_mean,
+        })
+    return summary
+
+
+def markdown_table(summary, metric_label="test accuracy (%)"):
+    """The paper's format: mean ± 95% CI over seeds and the gain over the baseline."""
+    lines = [
+        f"| variant | runs | {metric_label}, mean ± 95% CI | gain over {summary[0]['variant']} | diverged |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in summary:
+        if entry["mean"] is None:
+            accuracy, gain = "diverged", "n/a"
+        else:
+            ci = "" if math.isnan(entry["ci"]) else f" ± {100 * entry['ci']:.2f}"
+            accuracy = f"{100 * entry['mean']:.2f}{ci}"
+            gain = f"{100 * entry['gain']:+.2f}" if entry["gain"] is not None else "n/a"
+        diverged = (
+            f"{entry['diverged']} (at steps {', '.join(map(str, entry['diverged_steps']))})"
+            if entry["diverged"] else "0"
+        )
+        lines.append(f"| {entry['variant']} | {entry['runs']} | {accuracy} | {gain} | {diverged} |")
+    return "\n".join(lines) + "\n"

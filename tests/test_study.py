@@ -1,0 +1,128 @@
+"""The ablation runner: statistics, restart without redoing runs, tables, figures, CLI."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from keras_vitnorm import cli
+from keras_vitnorm.study import confidence_interval
+from keras_vitnorm.study import get_variants
+from keras_vitnorm.study import markdown_table
+from keras_vitnorm.study import run_study
+from keras_vitnorm.study import runner
+from keras_vitnorm.study import summarize
+from keras_vitnorm.training import TrainConfig
+
+TINY = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
+
+
+def row(variant, seed, accuracy, status="completed", step=None):
+    return {"group": "g", "variant": variant, "seed": seed, "status": status,
+            "test_accuracy": accuracy, "diverged_at_step": step}
+
+
+def test_confidence_interval_matches_numpy_and_scipy():
+    from scipy import stats
+
+    values = [0.91, 0.935, 0.902, 0.95]
+    mean, half = confidence_interval(values)
+    expected = stats.t.ppf(0.975, 3) * np.std(values, ddof=1) / np.sqrt(4)
+    assert mean == pytest.approx(np.mean(values)) and half == pytest.approx(expected)
+    assert half == pytest.approx(3.182446 * np.std(values, ddof=1) / 2, rel=1e-6)
+    assert math.isnan(confidence_interval([0.5])[1])
+
+
+def test_summary_gains_and_divergent_runs_are_reported():
+    rows = [row("base", s, a) for s, a in enumerate([0.90, 0.92, 0.91])]
+    rows += [row("better", s, a) for s, a in enumerate([0.95, 0.93, 0.94])]
+    rows += [row("shaky", 0, 0.80), row("shaky", 1, None, "diverged", 12), row("shaky", 2, 0.84)]
+    rows += [row("broken", s, None, "diverged", 3 + s) for s in range(3)]
+    summary = {entry["variant"]: entry for entry in summarize(rows)}
+    assert summary["better"]["gain"] == pytest.approx(0.94 - 0.91)
+    assert summary["shaky"]["mean"] == pytest.approx(0.82) and summary["shaky"]["diverged"] == 1
+    assert summary["broken"]["mean"] is None and summary["broken"]["diverged_steps"] == [3, 4, 5]
+    table = markdown_table(summarize(rows))
+    half = confidence_interval([0.95, 0.93, 0.94])[1]
+    assert f"| better | 3 | 94.00 ± {100 * half:.2f} | +3.00 | 0 |" in table
+    assert "| shaky | 3 | 82.00 ± " in table and "1 (at steps 12)" in table
+    assert "| broken | 3 | diverged | n/a | 3 (at steps 3, 4, 5) |" in table
+
+
+def test_variant_groups_and_subsets():
+    assert len(get_variants("placements")) == 9
+    assert list(get_variants("stems", ["conv"])) == ["patch", "conv"]
+    with pytest.raises(ValueError, match="Did you mean 'dual_patchnorm'"):
+        get_variants("stems", ["dual_patchnrom"])
+    with pytest.raises(ValueError, match="Unknown variant group"):
+        get_variants("stem", None)
+
+
+def base_config():
+    return TrainConfig.from_recipe("small", preset="ti16", model=TINY, steps=4, batch_size=32,
+                                   warmup_steps=1, tensorboard=False, grad_norm_every=2)
+
+
+def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    study = str(tmp_path / "study")
+    subset = {"stems": ["dual_patchnorm"]}
+    rows = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=0)
+    assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [
+        ("patch", 0, "completed"), ("patch", 1, "completed"),
+        ("dual_patchnorm", 0, "completed"), ("dual_patchnorm", 1, "completed")]
+    assert os.path.exists(os.path.join(study, "results.csv"))
+    assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
+    for name in ("stems_gains", "stems_loss", "gradient_norms", "stem_scales"):
+        path = os.path.join(study, "figures", f"{name}.png")
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+        assert plt.imread(path).ndim == 3
+
+    # Restarted: finished runs are skipped; a missing run is trained again.
+    import shutil
+
+    shutil.rmtree(os.path.join(study, "stems", "patch", "seed_1"))
+    trained = []
+    original = runner.train
+
+    def counting(config, **kwargs):
+        trained.append(config.output_dir)
+        return original(config, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    again = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=0)
+    assert trained == [os.path.join(study, "stems", "patch", "seed_1")]
+    assert [r["test_accuracy"] for r in again][2:] == [r["test_accuracy"] for r in rows][2:]
+
+    changed = base_config()
+    changed.learning_rate = 0.5
+    with pytest.raises(ValueError, match="learning_rate: saved 0.002, now 0.5"):
+        run_study(changed, ["stems"], [0], study, subset, verbose=0)
+
+
+def test_divergent_runs_are_recorded_not_dropped(tmp_path):
+    config = base_config()
+    config.learning_rate, config.warmup_steps, config.grad_clip = 1e38, 0, 0
+    config.grad_norm_every = None
+    rows = run_study(config, ["norm_types"], [0], str(tmp_path / "s"),
+                     {"norm_types": ["rmsnorm"]}, verbose=0)
+    assert [r["status"] for r in rows] == ["diverged", "diverged"]
+    assert all(r["diverged_at_step"] >= 1 for r in rows)
+    assert "diverged" in open(tmp_path / "s" / "norm_types.md").read()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--groups", "stems", "--variants", "stems:nope"], "Unknown variant of group 'stems'='nope'"),
+    (["--groups", "stems", "--variants", "placements:attn_pre-mlp_pre"], "must be GROUP:NAME"),
+    (["--groups", "stemz"], "invalid choice: 'stemz'"),
+])
+def test_ablate_cli_errors(capsys, tmp_path, argv, message):
+    try:
+        status = cli.main(["ablate", "--output-dir", str(tmp_path / "s"), *argv])
+    except SystemExit as exit:
+        status = exit.code
+    assert status == 2
+    assert message in capsys.readouterr().err
