@@ -50,6 +50,21 @@ def test_summary_gains_and_divergent_runs_are_reported():
     assert "| broken | 3 | diverged | n/a | 3 (at steps 3, 4, 5) |" in table
 
 
+def test_depth_profile_skips_the_zero_gradient_first_record(tmp_path):
+    from keras_vitnorm.study.figures import depth_profile
+
+    path = tmp_path / "grad_norms.csv"
+    path.write_text(
+        "step,group,norm\n"
+        "0,stem/projection,0\n0,block_0/mlp/fc1,0\n0,head,2\n"
+        "5,stem/projection,3\n5,block_0/mlp/fc1,3\n5,block_0/mlp/fc2,4\n5,head,1\n"
+        "10,stem/projection,1\n10,block_0/mlp/fc1,0\n10,block_0/mlp/fc2,0\n10,head,1\n"
+    )
+    groups, norms = depth_profile(str(path))
+    assert groups == ["patch_embedding", "block_0", "head"]
+    np.testing.assert_allclose(norms, [2.0, 2.5, 1.0])
+
+
 def test_variant_groups_and_subsets():
     assert len(get_variants("placements")) == 9
     assert list(get_variants("stems", ["conv"])) == ["patch", "conv"]

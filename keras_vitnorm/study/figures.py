@@ -94,7 +94,9 @@ def depth_profile(grad_norms_csv):
     """`(groups, norms)`: gradient norm per depth group, averaged over the records.
 
     Groups are ordered patch embedding, stem (other stem weights), block_0 ... and
-    head; each record's layer norms are combined as a root sum of squares.
+    head; each record's layer norms are combined as a root sum of squares. The step-0
+    record is left out when later ones exist: with the zero-initialized head, every
+    gradient but the head's is exactly zero before the first step.
     """
     per_step = {}
     for row in _read_csv(grad_norms_csv):
@@ -112,6 +114,8 @@ def depth_profile(grad_norms_csv):
             return (2, int(match.group(1)))
         return (3, 0 if name == "final_norm" else 1)
 
+    if len(per_step) > 1:
+        per_step.pop(0, None)
     groups = sorted({g for step in per_step.values() for g in step}, key=order)
     norms = [float(np.mean([np.sqrt(step.get(g, 0.0)) for step in per_step.values()])) for g in groups]
     return groups, norms
@@ -139,11 +143,11 @@ def plot_stem_scales(scale, title, path):
     """One panel per channel of a `(P, P, C)` stem scale map."""
     plt = _pyplot()
     channels = scale.shape[-1]
-    figure, axes = plt.subplots(1, channels, figsize=(3 * channels + 0.5, 3), squeeze=False)
+    figure, axes = plt.subplots(1, channels, figsize=(max(4.5, 3 * channels + 0.5), 3.3), squeeze=False)
     for channel in range(channels):
         image = axes[0, channel].imshow(scale[..., channel], cmap="viridis")
         axes[0, channel].set_title(f"channel {channel}")
         axes[0, channel].axis("off")
         figure.colorbar(image, ax=axes[0, channel], fraction=0.046)
-    figure.suptitle(title)
+    figure.suptitle(title, fontsize=10)
     return _save(figure, path)
