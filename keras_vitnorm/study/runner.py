@@ -60,7 +60,7 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
             for seed in seeds:
                 run_dir = os.path.join(output_dir, group, name, f"seed_{seed}")
                 rows.append(_run_one(base, group, name, model, settings, seed, run_dir, verbose))
-    write_results(rows, output_dir)
+                write_results(rows, output_dir)  # kept current, so a long study can be read early
     make_figures(rows, os.path.join(output_dir, "figures"))
     return rows
 
