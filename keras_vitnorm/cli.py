@@ -84,6 +84,9 @@ def add_training_arguments(parser):
     what.add_argument("--val-fraction", type=float,
                       help="training share held out for validation if the dataset has no "
                       "validation split (default 0.1)")
+    what.add_argument("--train-examples", type=int,
+                      help="train on a subset of this many training examples (stratified "
+                      "by class, seed 0; tfds: the first ones). Default: all")
     what.add_argument("--data-dir", help="tensorflow-datasets data directory")
     what.add_argument("--manual-dir", help="folder of manually downloaded archives "
                       "(imagenet2012)")

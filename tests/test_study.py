@@ -118,6 +118,30 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
         run_study(changed, ["stems"], [0], study, subset, verbose=0)
 
 
+def test_identical_variants_of_different_groups_share_one_run(tmp_path, monkeypatch):
+    trained = []
+    original = runner.train
+
+    def counting(config, **kwargs):
+        trained.append(config.output_dir)
+        return original(config, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    study = tmp_path / "s"
+    config = base_config()
+    config.grad_norm_every = None
+    rows = run_study(config, ["stems", "norm_types"], [0], str(study),
+                     {"stems": ["conv"], "norm_types": ["rmsnorm"]}, verbose=0)
+    # `layernorm` (norm_types' baseline) is the same model as `patch` (stems'): trained once.
+    assert [(r["group"], r["variant"]) for r in rows] == [
+        ("stems", "patch"), ("stems", "conv"), ("norm_types", "layernorm"), ("norm_types", "rmsnorm")]
+    assert trained == [str(study / "stems" / "patch" / "seed_0"), str(study / "stems" / "conv" / "seed_0"),
+                       str(study / "norm_types" / "rmsnorm" / "seed_0")]
+    assert rows[2]["run_dir"] == rows[0]["run_dir"]
+    assert rows[2]["test_accuracy"] == rows[0]["test_accuracy"]
+    assert "| layernorm | 1 |" in (study / "norm_types.md").read_text()
+
+
 def test_divergent_runs_are_recorded_not_dropped(tmp_path):
     config = base_config()
     config.learning_rate, config.warmup_steps, config.grad_clip = 1e38, 0, 0

@@ -124,6 +124,25 @@ def test_digits_splits_are_disjoint_and_complete():
     assert examples(load_dataset("digits").test) == splits[2]
 
 
+def test_train_examples_is_a_fixed_stratified_subset_of_the_training_split():
+    from collections import Counter
+
+    full = load_dataset("digits")
+    subset = load_dataset("digits", train_examples=200)
+    pairs = [(x.tobytes(), int(y)) for x, y in subset.train.source.as_numpy_iterator()]
+    assert subset.train.size == len(pairs) == 200
+    assert not Counter(pairs) - Counter(
+        (x.tobytes(), int(y)) for x, y in full.train.source.as_numpy_iterator())
+    assert set(Counter(y for _, y in pairs).values()) <= {19, 20, 21}  # 10 classes, balanced
+    assert subset.validation.size == full.validation.size and subset.test.size == full.test.size
+    again = load_dataset("digits", train_examples=200)
+    assert [(x.tobytes(), int(y)) for x, y in again.train.source.as_numpy_iterator()] == pairs
+    with pytest.raises(ValueError, match="train_examples=5000 is more than the 1293"):
+        load_dataset("digits", train_examples=5000)
+    with pytest.raises(ValueError, match="train_examples must be a positive integer, got 0"):
+        load_dataset("digits", train_examples=0)
+
+
 def test_train_stream_resumes_with_the_batches_it_would_have_seen(tmp_path):
     data = load_dataset("digits")
     options = dict(image_size=(8, 8), channels=1, batch_size=100, seed=3,
@@ -342,6 +361,7 @@ def cli_error(capsys, *argv):
         (["--recipe", "big"], "invalid choice: 'big'"),
         (["--learning-rat", "1"], "unrecognized arguments"),
         (["--resume", "--overwrite"], "not allowed with argument"),
+        (["--train-examples", "-3"], "train_examples must be a positive integer, got -3"),
     ],
 )
 def test_bad_cli_arguments_exit_nonzero_with_a_clear_message(capsys, tmp_path, argv, message):

@@ -8,7 +8,10 @@ Layout of a study directory:
     <study>/figures/*.png                    matplotlib figures
 
 A run whose `metrics.json` says `completed` or `diverged` is not trained again when the
-study is restarted; an interrupted run is resumed from its backup.
+study is restarted; an interrupted run is resumed from its backup. A variant whose
+settings are identical to a run earlier in the study (every group's pre-LN baseline is
+the same model) reuses that run instead of training it again; its row's `run_dir`
+points at the run it shares.
 """
 
 import csv
@@ -55,11 +58,21 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
     plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
     _check_study_config(base, output_dir)
     rows = []
+    trained = {}  # effective settings -> run directory, to share identical runs
     for group, group_variants in plan:
         for name, (model, settings) in group_variants.items():
             for seed in seeds:
-                run_dir = os.path.join(output_dir, group, name, f"seed_{seed}")
-                rows.append(_run_one(base, group, name, model, settings, seed, run_dir, verbose))
+                config = dataclasses.replace(
+                    base, **settings, model={**base.model, **model}, seed=seed, output_dir=None
+                )
+                key = _settings_key(config)
+                run_dir = trained.get(key)
+                if run_dir is None:
+                    run_dir = trained[key] = os.path.join(output_dir, group, name, f"seed_{seed}")
+                elif verbose:
+                    print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
+                config.output_dir = run_dir
+                rows.append(_run_one(config, group, name, run_dir, verbose))
                 write_results(rows, output_dir)  # kept current, so a long study can be read early
     make_figures(rows, os.path.join(output_dir, "figures"))
     return rows
@@ -125,12 +138,30 @@ def make_figures(rows, figure_dir):
     return paths
 
 
-def _run_one(base, group, name, model, settings, seed, run_dir, verbose):
+def _settings_key(config):
+    """What makes two runs the same: every setting, with the preset's model config
+    resolved (so `{"stem": "patch"}` on a plain preset equals no override at all)."""
+    import inspect
+
+    from keras_vitnorm.models import PRESETS
+    from keras_vitnorm.models import ViT
+    from keras_vitnorm.models.presets import preset_config
+
+    settings = config.to_dict()
+    if config.preset in PRESETS and not os.path.isdir(config.preset):
+        defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(ViT.__init__).parameters.items()
+            if parameter.default is not inspect.Parameter.empty
+        }
+        settings["model"] = {**defaults, **preset_config(config.preset), **config.model}
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _run_one(config, group, name, run_dir, verbose):
+    seed = config.seed
     metrics = _read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
-        config = dataclasses.replace(
-            base, **settings, model={**base.model, **model}, seed=seed, output_dir=run_dir
-        )
         config.validate()
         resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
         if verbose:

@@ -16,7 +16,11 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 def setting_changes(saved, current):
-    """`"key: saved X, now Y; ..."` for every setting that differs, or `""`."""
+    """`"key: saved X, now Y; ..."` for every setting that differs, or `""`.
+
+    A setting missing from `saved` (written by a version that did not have it) counts
+    as `None`, the "off" default every later-added setting has.
+    """
     changed = sorted(key for key in current if saved.get(key) != current[key])
     return "; ".join(f"{k}: saved {saved.get(k)!r}, now {current[k]!r}" for k in changed)
 
@@ -35,6 +39,8 @@ class TrainConfig:
         dataset: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
         val_fraction: share of the training data held out for validation when the
             dataset has no validation split.
+        train_examples: train on this many training examples only (a class-stratified
+            subset, the same for every seed; tfds: the first ones); `None` = all.
         data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
         epochs, steps: training length; give one. `steps` is kept exactly: when it
             is not a multiple of `steps_per_epoch`, the last epoch is shorter.
@@ -69,6 +75,7 @@ class TrainConfig:
     model: dict = dataclasses.field(default_factory=dict)
     dataset: str = "digits"
     val_fraction: float = 0.1
+    train_examples: int = None
     data_dir: str = None
     manual_dir: str = None
     epochs: int = None
@@ -142,7 +149,7 @@ class TrainConfig:
                 f"steps={self.steps!r})."
             )
         for name in ("epochs", "steps", "steps_per_epoch", "batch_size", "backup_every",
-                     "shuffle_buffer", "grad_norm_every"):
+                     "shuffle_buffer", "grad_norm_every", "train_examples"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")

@@ -102,7 +102,7 @@ def parse_dataset(spec):
     )
 
 
-def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None):
+def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None):
     """Loads the train, validation and test splits of a dataset.
 
     Args:
@@ -112,18 +112,60 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None):
         data_dir: tfds data directory (default: tfds' own, `~/tensorflow_datasets`).
         manual_dir: directory holding manually downloaded archives, for datasets such
             as `imagenet2012` that tfds cannot download itself.
+        train_examples: int or None. Train on a subset of this many training
+            examples (validation and test are unchanged). For digits and folders the
+            subset is stratified by class with seed 0, the same for every run; for
+            tfds it is the first `train_examples` of the training split (tfds
+            shuffles a dataset's examples when it prepares it).
 
     Returns:
         A `Dataset`.
     """
     if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
+    if train_examples is not None and (
+        isinstance(train_examples, bool) or not isinstance(train_examples, int) or train_examples < 1
+    ):
+        raise ValueError(f"train_examples must be a positive integer, got {train_examples!r}.")
     kind, argument = parse_dataset(spec)
     if kind == "digits":
-        return _digits(val_fraction)
-    if kind == "tfds":
-        return _tfds(argument, val_fraction, data_dir, manual_dir)
-    return _folder(argument, val_fraction)
+        data = _digits(val_fraction)
+    elif kind == "tfds":
+        data = _tfds(argument, val_fraction, data_dir, manual_dir)
+    else:
+        data = _folder(argument, val_fraction)
+    if train_examples is not None:
+        data.train = _train_subset(data.train, train_examples, stratified=kind != "tfds", name=spec)
+    return data
+
+
+def _train_subset(split, count, stratified, name):
+    """The first `count` examples of `split` (tfds) or a class-stratified subset."""
+    if count > split.size:
+        raise ValueError(
+            f"train_examples={count} is more than the {split.size} training examples of "
+            f"{name} ({split.name})."
+        )
+    description = f"{count} of {split.name}"
+    if not stratified:
+        return Split(description, split.source.take(count), count)
+    tf = _tf()
+    raws, labels = [], []
+    for raw, label in split.source.as_numpy_iterator():  # paths or small arrays
+        raws.append(raw)
+        labels.append(label)
+    raws, labels = np.stack(raws), np.array(labels, "int64")
+    if count < len(labels):
+        from sklearn.model_selection import train_test_split
+
+        indices = np.arange(len(labels))
+        try:
+            kept, _ = train_test_split(indices, train_size=count, stratify=labels, random_state=0)
+        except ValueError:  # fewer examples than classes: a plain random subset
+            kept, _ = train_test_split(indices, train_size=count, random_state=0)
+        kept = np.sort(kept)
+        raws, labels = raws[kept], labels[kept]
+    return Split(description + ", stratified", tf.data.Dataset.from_tensor_slices((raws, labels)), count)
 
 
 def _stratified_split(labels, fraction, seed=0):

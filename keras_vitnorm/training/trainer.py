@@ -254,7 +254,8 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
     output_dir = config.output_dir or _default_output_dir(config)
     say = print if verbose else (lambda *args, **kwargs: None)
     data = data_lib.load_dataset(
-        config.dataset, config.val_fraction, config.data_dir, config.manual_dir
+        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+        config.train_examples,
     )
     steps_per_epoch = config.steps_per_epoch or data.train.size // config.batch_size
     if steps_per_epoch < 1:
