@@ -1,4 +1,4 @@
-"""The `keras-vitnorm` command: `train` and `evaluate`.
+"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate` and `convert`.
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -37,6 +37,15 @@ TRAIN_EXAMPLES = """examples:
 
 Settings not given here come from the recipe (--recipe); see docs/training.md.
 The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
+"""
+
+CONVERT_EXAMPLES = """examples:
+  keras-vitnorm convert ~/hf/vit-base-patch16-224 presets/b16_hf
+  keras-vitnorm convert ViT-B_16.npz presets/b16_augreg_384 --image-size 384
+  keras-vitnorm convert vit_small_patch16_224.safetensors presets/s16_dpn_ft \\
+      --stem dual_patchnorm --num-classes 10
+
+Load the result with keras_vitnorm.ViT.from_preset(DESTINATION); see docs/checkpoints.md.
 """
 
 # (flag, ViT config key, type, choices, help)
@@ -78,8 +87,9 @@ def add_training_arguments(parser):
     what = parser.add_argument_group("what to train")
     what.add_argument("--recipe", choices=RECIPE_NAMES, default="small",
                       help="named set of defaults (default: small)")
-    what.add_argument("--preset", help="built-in preset name (see docs/presets.md) or a preset "
-                      "directory to fine-tune from (recipe default: ti16_dpn)")
+    what.add_argument("--preset", help="built-in preset name (see docs/presets.md), or a preset "
+                      "directory or standard ViT checkpoint to fine-tune from "
+                      "(docs/checkpoints.md; recipe default: ti16_dpn)")
     what.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> (default: digits)")
     what.add_argument("--val-fraction", type=float,
                       help="training share held out for validation if the dataset has no "
@@ -211,6 +221,38 @@ def build_parser():
     evaluate.add_argument("--data-dir")
     evaluate.add_argument("--manual-dir")
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    convert = commands.add_parser(
+        "convert",
+        allow_abbrev=False,
+        help="convert a standard ViT checkpoint into a keras_vitnorm preset directory",
+        description="Read a Hugging Face model directory, a keras-hub ViT preset, a timm or "
+        "Hugging Face .safetensors/.pth file or a big_vision/AugReg .npz, and write it as a "
+        "keras_vitnorm preset (ViT.from_preset(DST)). Overrides change the image size "
+        "(position embedding resampled), the classes (new head) or the normalization "
+        "(fine-tuning a plain checkpoint into a variant); the report lists every new and "
+        "dropped weight.",
+        epilog=CONVERT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    convert.add_argument("source", help="checkpoint file or directory")
+    convert.add_argument("destination", help="preset directory to write")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace a preset already in DESTINATION")
+    convert.add_argument("--num-classes", dest="model_num_classes", type=int,
+                         help="classes of a new head (0 = features only)")
+    overrides = convert.add_argument_group("model overrides (normalization and image size)")
+    for flag, key, kind, choices, text in MODEL_FLAGS:
+        if key in ("width", "depth", "mlp_dim", "patch_size", "pooling"):
+            continue  # fixed by the checkpoint
+        overrides.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
+                               help=_model_flag_help(key, choices, text) + (
+                                   " (only for state dicts that do not record it)"
+                                   if key == "num_heads" else ""))
+    overrides.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
+                           help="normalize queries and keys per head")
+    overrides.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
+                           default=[], metavar="KEY=VALUE", help="any other ViT config value")
     return parser
 
 
@@ -244,7 +286,33 @@ def main(argv=None):
         return _train(parser, args)
     if args.command == "ablate":
         return _ablate(parser, args)
+    if args.command == "convert":
+        return _convert(parser, args)
     return _evaluate(parser, args)
+
+
+def _convert(parser, args):
+    import os
+
+    from keras_vitnorm.convert import load_checkpoint
+    from keras_vitnorm.models.preset_io import CONFIG_FILE
+
+    overrides = {key[len("model_"):]: value for key, value in vars(args).items()
+                 if key.startswith("model_") and key != "model_set" and value is not None}
+    overrides.update(dict(args.model_set))
+    num_heads = overrides.pop("num_heads", None)
+    if os.path.exists(os.path.join(args.destination, CONFIG_FILE)) and not args.overwrite:
+        return _fail(parser, "convert", f"{args.destination!r} already holds a preset "
+                     f"({CONFIG_FILE}); pass --overwrite to replace it.")
+    try:
+        model, report = load_checkpoint(args.source, num_heads=num_heads, **overrides)
+        model.save_to_preset(args.destination, overwrite=args.overwrite)
+    except (ValueError, FileExistsError) as error:
+        return _fail(parser, "convert", str(error))
+    print(report)
+    print(f"Wrote {args.destination} ({model.count_params():,} parameters); load it with "
+          f"ViT.from_preset({args.destination!r}).")
+    return 0
 
 
 def _ablate(parser, args):

@@ -198,12 +198,16 @@ def load_preset(cls, preset, overrides):
         )
     if preset in PRESETS and not os.path.isdir(preset):
         return cls(**{**preset_config(preset), **overrides})
+    from keras_vitnorm import convert
+
+    if os.path.exists(preset) and convert.is_checkpoint(preset):
+        model, _ = convert.load_checkpoint(preset, verbose=True, **overrides)
+        return model
     if not os.path.isdir(preset):
         preset_config(preset)  # raises the "unknown preset" error with suggestions
     config, arrays = read_preset_directory(preset)
-    model = cls.from_config({**config, **overrides})
-    new_head_ok = overrides.get("num_classes", config["num_classes"]) != config["num_classes"]
-    fresh = assign_weights(model, arrays, resample_position_embedding_ok=True, new_head_ok=new_head_ok)
-    if fresh:
-        print(f"Loaded {preset}; new, freshly initialized weights: {', '.join(fresh)}")
+    checkpoint = convert.Checkpoint("keras_vitnorm", preset, config, arrays, {k: k for k in arrays})
+    model, report = convert.build_from_checkpoint(checkpoint, model_class=cls, **overrides)
+    if report.resampled or report.converted or report.new or report.dropped:
+        print(report)
     return model

@@ -296,8 +296,14 @@ class ViT(keras.Model):
         new `num_classes` gives a freshly initialized head; any other weight that
         no longer fits raises a `ValueError` naming it.
 
+        A standard ViT checkpoint loads too: a Hugging Face model directory, a
+        keras-hub ViT preset, a timm or Hugging Face `.safetensors`/`.pth` file or a
+        big_vision/AugReg `.npz`. The format is detected, and a report of what was
+        loaded, resampled, new and dropped is printed (`keras_vitnorm.convert`);
+        normalization overrides then fine-tune the plain checkpoint into a variant.
+
         Args:
-            preset: str, a built-in preset name or a path to a preset directory.
+            preset: str, a built-in preset name, a preset directory or a checkpoint.
             **overrides: ViT keyword arguments that replace the preset's.
 
         Example:

@@ -31,8 +31,8 @@ class TrainConfig:
 
     Attributes:
         recipe: name of the recipe the defaults came from (recorded with the run).
-        preset: built-in preset name or a preset directory (fine-tuning starts from
-            its weights).
+        preset: built-in preset name, a preset directory or a standard ViT
+            checkpoint (fine-tuning starts from its weights; docs/checkpoints.md).
         model: dict of ViT config overrides (`image_size`, `patch_size`, `depth`,
             `width`, `norm`, `attn_norm`, `stem`, ...). `num_classes` always comes
             from the dataset; `num_channels` too unless given here.
@@ -117,8 +117,10 @@ class TrainConfig:
     def from_recipe(cls, recipe="small", **overrides):
         """The recipe's settings, then `overrides` (a `None` override is ignored).
 
-        `model` overrides are merged into the recipe's model overrides. Giving
-        `epochs` clears the recipe's `steps` and the other way round.
+        `model` overrides are merged into the recipe's model overrides, except when
+        `preset` is a saved preset directory or a checkpoint: then the recipe's model
+        overrides (its cut-down architecture) are left out and only the given ones
+        apply. Giving `epochs` clears the recipe's `steps` and the other way round.
         """
         values = {"recipe": recipe, **get_recipe(recipe)}
         unknown = sorted(set(overrides) - set(cls.field_names()))
@@ -131,7 +133,11 @@ class TrainConfig:
             values.pop("steps", None)
         if "steps" in overrides:
             values.pop("epochs", None)
-        model = {**values.get("model", {}), **overrides.pop("model", {})}
+        preset = overrides.get("preset", values.get("preset"))
+        recipe_model = values.get("model", {})
+        if isinstance(preset, str) and os.path.exists(preset):
+            recipe_model = {}  # a saved model or checkpoint keeps its own architecture
+        model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
         config.validate()
         return config
@@ -139,7 +145,7 @@ class TrainConfig:
     def validate(self):
         """Raises a `ValueError` naming the first bad setting."""
         parse_dataset(self.dataset)
-        if not isinstance(self.preset, str) or not os.path.isdir(self.preset):
+        if not isinstance(self.preset, str) or not os.path.exists(self.preset):
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)

@@ -118,7 +118,7 @@ def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
 
 def _model_overrides(config, data):
     overrides = {"num_classes": data.num_classes, **config.model}
-    if not os.path.isdir(config.preset):
+    if not os.path.exists(config.preset):
         # A built-in preset takes the dataset's channels; a saved model keeps its own
         # (the pipeline converts grayscale and RGB to what the model expects).
         overrides.setdefault("num_channels", data.channels)

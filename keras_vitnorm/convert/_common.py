@@ -1,0 +1,140 @@
+"""What every converter shares: reading tensor files, the converted-checkpoint record,
+and shape checks that name the source key.
+
+A converter turns a source checkpoint into a `Checkpoint`: the plain `ViT` config it
+describes and its weights keyed by this project's variable paths
+(`block_0/attention/qkv/kernel`, ...), each remembered with the source key it came
+from, so that any later mismatch can name the key in the user's file.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from keras_vitnorm import backend_ops
+
+# Width -> heads of the standard ViT sizes (Ti, S, B, L, H), for state dicts that do
+# not record the head count (timm); pass `num_heads=` for any other model.
+STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A source checkpoint mapped onto the plain ViT layout.
+
+    Attributes:
+        format: `"huggingface"`, `"big_vision"`, `"timm"` or `"keras_hub"`.
+        source: where it was read from (a path or a description).
+        config: dict of `ViT` constructor arguments the checkpoint describes.
+        arrays: `{variable path: float32 array}` in this project's layout.
+        source_keys: `{variable path: source key(s)}` the array was made from.
+        ignored: source keys that have no counterpart and were left out (e.g. a
+            Hugging Face `ViTModel` pooler), with the reason.
+    """
+
+    format: str
+    source: str
+    config: dict
+    arrays: dict
+    source_keys: dict
+    ignored: list = dataclasses.field(default_factory=list)
+
+
+class KeyReader:
+    """Reads named tensors from a `{key: array}` mapping, checking presence and shape.
+
+    Every error names the format, the key and (for shapes) what was expected.
+    """
+
+    def __init__(self, tensors, format_name, prefix=""):
+        self.tensors = tensors
+        self.format_name = format_name
+        self.prefix = prefix
+        self.used = set()
+
+    def has(self, key):
+        return self.prefix + key in self.tensors
+
+    def get(self, key, shape=None):
+        full = self.prefix + key
+        if full not in self.tensors:
+            raise ValueError(
+                f"The {self.format_name} checkpoint has no key {full!r}, which a ViT in "
+                f"this layout needs. Keys found start with: {_first_keys(self.tensors)}."
+            )
+        array = np.asarray(self.tensors[full], dtype="float32")
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            raise ValueError(
+                f"Key {full!r} of the {self.format_name} checkpoint has shape "
+                f"{tuple(array.shape)}; a ViT with the config read from this checkpoint "
+                f"expects {tuple(shape)}. The checkpoint is inconsistent or not a "
+                "standard ViT."
+            )
+        self.used.add(full)
+        return array
+
+    def unused(self):
+        return sorted(key for key in self.tensors if key not in self.used)
+
+
+def _first_keys(tensors, count=4):
+    keys = sorted(tensors)
+    shown = ", ".join(f"{k!r} {tuple(np.shape(tensors[k]))}" for k in keys[:count])
+    return shown + (f" ... ({len(keys)} keys)" if len(keys) > count else "")
+
+
+def torch_conv_to_dense(weight):
+    """PyTorch `Conv2d` weight `(D, C, P, P)` -> this project's `(P*P*C, D)` kernel."""
+    out_dim = weight.shape[0]
+    return np.transpose(weight, (2, 3, 1, 0)).reshape(-1, out_dim)
+
+
+def grid_from_position_embedding(num_positions, num_prefix, key):
+    """Square grid side of a position embedding with `num_positions` rows."""
+    side = int(round((num_positions - num_prefix) ** 0.5))
+    if side * side != num_positions - num_prefix or side < 1:
+        raise ValueError(
+            f"Key {key!r} has {num_positions} positions, which is not {num_prefix} prefix "
+            "token(s) plus a square grid; only square grids are supported."
+        )
+    return side
+
+
+def heads_for_width(width, num_heads, format_name):
+    if num_heads is not None:
+        return num_heads
+    if width not in STANDARD_HEADS:
+        raise ValueError(
+            f"The {format_name} checkpoint does not record its head count and width={width} "
+            f"is not a standard ViT width ({', '.join(map(str, STANDARD_HEADS))}). Pass "
+            "num_heads=<int>."
+        )
+    return STANDARD_HEADS[width]
+
+
+def read_tensor_file(path):
+    """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file.
+
+    `.pth` files are read with `torch.load(weights_only=True)` (no code runs from the
+    file; see `backend_ops.read_torch_tensors`).
+    """
+    path = os.fspath(path)
+    extension = os.path.splitext(path)[1].lower()
+    if extension == ".safetensors":
+        from safetensors.numpy import load_file
+
+        try:
+            return load_file(path)
+        except TypeError:  # bfloat16 tensors, which NumPy cannot hold
+            return backend_ops.read_torch_tensors(path, safetensors_file=True)
+    if extension in (".pth", ".pt", ".bin"):
+        return backend_ops.read_torch_tensors(path)
+    if extension == ".npz":
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    raise ValueError(
+        f"Unsupported checkpoint file {path!r}: expected .safetensors, .pth, .pt, .bin or "
+        ".npz (or a directory: a Hugging Face model, a keras-hub preset or a keras_vitnorm "
+        "preset)."
+    )

@@ -1,0 +1,156 @@
+"""big_vision / AugReg `.npz` ViT checkpoints -> ViT.
+
+Two namings of the same Flax ViT, as timm's `_load_weights` reads them:
+
+- AugReg (the `vit_jax` / `augreg` release, keys optionally under `opt/target/`):
+  `embedding`, `cls`, `Transformer/posembed_input/pos_embedding` (class position
+  included), `Transformer/encoderblock_{i}/LayerNorm_0`, `MultiHeadDotProductAttention_1`,
+  `LayerNorm_2`, `MlpBlock_3/Dense_{0,1}`, `Transformer/encoder_norm`, `head`.
+- big_vision (keys under `params/`): `embedding`, `cls`, `pos_embedding` (patches
+  only: big_vision adds it before prepending the class token), and per block
+  `LayerNorm_0`, `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`; blocks
+  are `encoderblock_{i}` or, for scanned models, one `encoderblock` whose arrays have
+  a leading depth axis.
+
+A big_vision position embedding without a class position gets a zero row for the
+class token, which computes exactly what big_vision does. Attention kernels
+`(D, heads, head_dim)` give the head count. The Flax code uses tanh-approximated GELU
+where this project (like timm and transformers, which load these checkpoints too) uses
+exact GELU; the difference is below 1e-3 per activation. `pre_logits` layers (the
+ImageNet-21k representation layer) and MAP heads are refused.
+"""
+
+import numpy as np
+
+from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import grid_from_position_embedding
+
+_PREFIXES = ("", "opt/target/", "params/")
+
+
+def is_big_vision_state(tensors):
+    return any(prefix + "embedding/kernel" in tensors for prefix in _PREFIXES)
+
+
+def convert(tensors, source="npz"):
+    """Maps big_vision / AugReg `{key: array}` (an `np.load`ed `.npz`) onto a `Checkpoint`."""
+    tensors = {key: np.asarray(value) for key, value in tensors.items()}
+    prefix = next((p for p in _PREFIXES if p + "embedding/kernel" in tensors), None)
+    if prefix is None:
+        raise ValueError(
+            f"{source} is not a big_vision/AugReg ViT checkpoint: it has no key "
+            f"'embedding/kernel' (optionally under {', '.join(repr(p) for p in _PREFIXES[1:])}). "
+            f"Keys found start with: {', '.join(repr(k) for k in sorted(tensors)[:4])}."
+        )
+    for marker, what in (("pre_logits/", "a pre-logits (representation) layer"),
+                         ("MAPHead", "a MAP attention-pooling head")):
+        found = next((k for k in tensors if marker in k), None)
+        if found:
+            raise ValueError(f"Key {found!r} of {source} belongs to {what}, which the plain ViT "
+                             "layout does not have.")
+    reader = KeyReader(tensors, "big_vision/AugReg", prefix)
+    scanned = reader.has("Transformer/encoderblock/LayerNorm_0/scale")
+    augreg = reader.has("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel")
+    attention, norm1, norm2, mlp = (
+        ("MultiHeadDotProductAttention_1", "LayerNorm_0", "LayerNorm_2", "MlpBlock_3") if augreg
+        else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0")
+    )
+    patch = reader.get("embedding/kernel")
+    if patch.ndim != 4 or patch.shape[0] != patch.shape[1]:
+        raise ValueError(f"Key {prefix}embedding/kernel has shape {patch.shape}; expected a square "
+                         "(P, P, channels, width) convolution kernel.")
+    patch_size, channels, width = patch.shape[0], patch.shape[2], patch.shape[3]
+    if scanned:
+        depth = reader.get("Transformer/encoderblock/LayerNorm_0/scale").shape[0]
+    else:
+        depth = 0
+        while reader.has(f"Transformer/encoderblock_{depth}/{norm1}/scale"):
+            depth += 1
+    if depth == 0:
+        raise ValueError(f"{source} has no encoder blocks (no key "
+                         f"'{prefix}Transformer/encoderblock_0/{norm1}/scale').")
+
+    def block_key(i, key):
+        return f"Transformer/encoderblock/{key}" if scanned else f"Transformer/encoderblock_{i}/{key}"
+
+    def block_get(i, key, shape):
+        if scanned:
+            return reader.get(block_key(i, key), (depth, *shape))[i]
+        return reader.get(block_key(i, key), shape)
+
+    query = reader.get(block_key(0, f"{attention}/query/kernel"))
+    heads = query.shape[-2]
+    head_dim = width // heads
+    mlp_dim = reader.get(block_key(0, f"{mlp}/Dense_0/kernel")).shape[-1]
+    has_cls = reader.has("cls")
+    position_key = "Transformer/posembed_input/pos_embedding" if augreg or not reader.has("pos_embedding") else "pos_embedding"
+    positions = reader.get(position_key)
+    positions = positions.reshape(1, -1, width)
+    patches_only = has_cls and not augreg and position_key == "pos_embedding"
+    side = grid_from_position_embedding(positions.shape[1], 0 if patches_only else int(has_cls),
+                                        prefix + position_key)
+    if patches_only:  # big_vision adds the position embedding before prepending `cls`
+        positions = np.concatenate([np.zeros((1, 1, width), "float32"), positions], axis=1)
+    classes = tensors[prefix + "head/kernel"].shape[-1] if reader.has("head/kernel") else 0
+    qkv_bias = reader.has(block_key(0, f"{attention}/query/bias"))
+    config = {
+        "image_size": side * patch_size,
+        "patch_size": patch_size,
+        "num_channels": channels,
+        "width": width,
+        "depth": depth,
+        "num_heads": heads,
+        "mlp_dim": mlp_dim,
+        "num_classes": classes,
+        "norm_epsilon": 1e-6,
+        "qkv_bias": qkv_bias,
+        "pooling": "cls" if has_cls else "gap",
+    }
+    arrays, keys = {}, {}
+
+    def record(path, array, *source_keys):
+        arrays[path] = array
+        keys[path] = ", ".join(prefix + key for key in source_keys)
+
+    record("stem/projection/kernel", patch.reshape(-1, width), "embedding/kernel")
+    record("stem/projection/bias", reader.get("embedding/bias", (width,)), "embedding/bias")
+    if has_cls:
+        record("stem/class_token", reader.get("cls", (1, 1, width)), "cls")
+    record("stem/position_embedding", positions, position_key)
+    for i in range(depth):
+        block = f"block_{i}"
+        names = [f"{attention}/{p}/kernel" for p in ("query", "key", "value")]
+        kernels = [block_get(i, n, (width, heads, head_dim)).reshape(width, width) for n in names]
+        record(f"{block}/attention/qkv/kernel", np.concatenate(kernels, axis=1),
+               *(block_key(i, n) for n in names))
+        if qkv_bias:
+            names = [f"{attention}/{p}/bias" for p in ("query", "key", "value")]
+            biases = [block_get(i, n, (heads, head_dim)).reshape(width) for n in names]
+            record(f"{block}/attention/qkv/bias", np.concatenate(biases), *(block_key(i, n) for n in names))
+        out = f"{attention}/out/kernel"
+        record(f"{block}/attention/out/kernel",
+               block_get(i, out, (heads, head_dim, width)).reshape(width, width), block_key(i, out))
+        out_bias = f"{attention}/out/bias"
+        record(f"{block}/attention/out/bias", block_get(i, out_bias, (width,)), block_key(i, out_bias))
+        for ours, theirs, shape in (("fc1", "Dense_0", (width, mlp_dim)), ("fc2", "Dense_1", (mlp_dim, width))):
+            for kind, kind_shape in (("kernel", shape), ("bias", shape[1:])):
+                key = f"{mlp}/{theirs}/{kind}"
+                record(f"{block}/mlp/{ours}/{kind}", block_get(i, key, kind_shape), block_key(i, key))
+        for ours, theirs in (("attn_norm", norm1), ("mlp_norm", norm2)):
+            for kind, flax in (("gamma", "scale"), ("beta", "bias")):
+                key = f"{theirs}/{flax}"
+                record(f"{block}/{ours}/{kind}", block_get(i, key, (width,)), block_key(i, key))
+    for kind, flax in (("gamma", "scale"), ("beta", "bias")):
+        key = f"Transformer/encoder_norm/{flax}"
+        record(f"final_norm/{kind}", reader.get(key, (width,)), key)
+    if classes:
+        record("head/kernel", reader.get("head/kernel", (width, classes)), "head/kernel")
+        record("head/bias", reader.get("head/bias", (classes,)), "head/bias")
+    leftover = [key for key in reader.unused() if key.startswith(prefix)]  # not optimizer state
+    if leftover:
+        raise ValueError(
+            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT"
+            + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
+        )
+    return Checkpoint("big_vision", source, config, arrays, keys)

@@ -1,0 +1,190 @@
+"""Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
+
+Reads a model directory (`config.json` with `"model_type": "vit"` and
+`model.safetensors` or `pytorch_model.bin`), a single weights file, or an in-memory
+state dict (`{key: array or torch tensor}`). Both key namings are understood: the
+one in checkpoint files (`encoder.layer.{i}.attention.attention.query`, what the Hub
+serves) and the one of transformers 5's in-memory modules
+(`layers.{i}.attention.q_proj`). `ViTModel` keys have no `vit.` prefix; its pooler
+(`pooler.dense`, a tanh layer `ViTForImageClassification` does not use) is left out
+and reported.
+
+Transformers' ViT uses exact (erf) GELU like this project, LayerNorm epsilon from
+`layer_norm_eps` (1e-12 in the Google checkpoints; copied into `norm_epsilon`), and
+classifies the class token after the final LayerNorm, as `pooling="cls"` does.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import grid_from_position_embedding
+from keras_vitnorm.convert._common import heads_for_width
+from keras_vitnorm.convert._common import read_tensor_file
+from keras_vitnorm.convert._common import torch_conv_to_dense
+
+PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
+# (file naming, transformers-5 module naming) of each per-block tensor.
+_BLOCK_KEYS = {
+    "query": ("encoder.layer.{i}.attention.attention.query", "layers.{i}.attention.q_proj"),
+    "key": ("encoder.layer.{i}.attention.attention.key", "layers.{i}.attention.k_proj"),
+    "value": ("encoder.layer.{i}.attention.attention.value", "layers.{i}.attention.v_proj"),
+    "out": ("encoder.layer.{i}.attention.output.dense", "layers.{i}.attention.o_proj"),
+    "fc1": ("encoder.layer.{i}.intermediate.dense", "layers.{i}.mlp.fc1"),
+    "fc2": ("encoder.layer.{i}.output.dense", "layers.{i}.mlp.fc2"),
+    "norm1": ("encoder.layer.{i}.layernorm_before", "layers.{i}.layernorm_before"),
+    "norm2": ("encoder.layer.{i}.layernorm_after", "layers.{i}.layernorm_after"),
+}
+
+
+def is_huggingface_state(tensors):
+    return any(key.endswith(PATCH_KEY) for key in tensors)
+
+
+def read_directory(directory):
+    """`(state dict, config dict)` of a saved transformers model directory."""
+    with open(os.path.join(directory, "config.json")) as f:
+        hf_config = json.load(f)
+    if hf_config.get("model_type") != "vit":
+        raise ValueError(
+            f"{directory!r} holds a Hugging Face {hf_config.get('model_type')!r} model; only "
+            "'vit' (ViTModel, ViTForImageClassification) converts to keras_vitnorm."
+        )
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            return read_tensor_file(path), hf_config
+    raise ValueError(
+        f"{directory!r} has a config.json but no model.safetensors or pytorch_model.bin "
+        "(sharded checkpoints are not supported; ViTs fit in one file)."
+    )
+
+
+def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
+    """Maps a transformers ViT state dict onto a `Checkpoint`.
+
+    Args:
+        state_dict: `{key: array or torch tensor}`.
+        hf_config: the model's `config.json` as a dict (or a `ViTConfig`); without it
+            the head count comes from the standard widths and `layer_norm_eps` is
+            taken as transformers' default, 1e-12.
+        source: description of where it came from, for messages.
+        num_heads: int, overrides the head count when there is no config.
+    """
+    tensors = {key: _to_numpy(value) for key, value in state_dict.items()}
+    if hasattr(hf_config, "to_dict"):
+        hf_config = hf_config.to_dict()
+    hf_config = dict(hf_config or {})
+    patch_key = next((key for key in tensors if key.endswith(PATCH_KEY)), None)
+    if patch_key is None:
+        raise ValueError(
+            f"{source} is not a Hugging Face ViT state dict: it has no key ending in "
+            f"{PATCH_KEY!r}. Keys found start with: {_first(tensors)}."
+        )
+    prefix = patch_key[: -len(PATCH_KEY)]  # "vit." for ViTForImageClassification
+    reader = KeyReader(tensors, "Hugging Face ViT", prefix)
+    naming = 0 if reader.has(_BLOCK_KEYS["query"][0].format(i=0) + ".weight") else 1
+
+    patch = reader.get(PATCH_KEY)
+    width, channels, patch_size = patch.shape[0], patch.shape[1], patch.shape[2]
+    depth = 0
+    while reader.has(_BLOCK_KEYS["query"][naming].format(i=depth) + ".weight"):
+        depth += 1
+    if depth == 0:
+        raise ValueError(f"{source} has no encoder blocks (no key like "
+                         f"{prefix + _BLOCK_KEYS['query'][naming].format(i=0)}.weight).")
+    mlp_dim = reader.get(_BLOCK_KEYS["fc1"][naming].format(i=0) + ".weight").shape[0]
+    position_key = "embeddings.position_embeddings"
+    has_cls = reader.has("embeddings.cls_token")
+    positions = reader.get(position_key)
+    side = grid_from_position_embedding(positions.shape[1], int(has_cls), prefix + position_key)
+    if "image_size" in hf_config and hf_config["image_size"] != side * patch_size:
+        raise ValueError(
+            f"config.json says image_size={hf_config['image_size']} but {prefix + position_key} "
+            f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size})."
+        )
+    heads = hf_config.get("num_attention_heads") or heads_for_width(width, num_heads, "Hugging Face")
+    if hf_config.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(
+            f"config.json has hidden_act={hf_config['hidden_act']!r}; keras_vitnorm's MLP uses "
+            "exact GELU ('gelu')."
+        )
+    classes = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
+    config = {
+        "image_size": side * patch_size,
+        "patch_size": patch_size,
+        "num_channels": channels,
+        "width": width,
+        "depth": depth,
+        "num_heads": heads,
+        "mlp_dim": mlp_dim,
+        "num_classes": classes,
+        "norm_epsilon": float(hf_config.get("layer_norm_eps", 1e-12)),
+        "qkv_bias": bool(hf_config.get("qkv_bias", True)),
+        "pooling": "cls" if has_cls else "gap",
+    }
+    arrays, keys = {}, {}
+
+    def put(path, array, *source_keys):
+        arrays[path] = array
+        keys[path] = ", ".join(prefix + key for key in source_keys)
+
+    put("stem/projection/kernel", torch_conv_to_dense(patch), PATCH_KEY)
+    put("stem/projection/bias", reader.get(PATCH_KEY[:-6] + "bias", (width,)), PATCH_KEY[:-6] + "bias")
+    if has_cls:
+        put("stem/class_token", reader.get("embeddings.cls_token", (1, 1, width)), "embeddings.cls_token")
+    put("stem/position_embedding", positions, position_key)
+    for i in range(depth):
+        name = {k: v[naming].format(i=i) for k, v in _BLOCK_KEYS.items()}
+        block = f"block_{i}"
+        qkv = [reader.get(name[p] + ".weight", (width, width)).T for p in ("query", "key", "value")]
+        put(f"{block}/attention/qkv/kernel", np.concatenate(qkv, axis=1),
+            *(name[p] + ".weight" for p in ("query", "key", "value")))
+        if config["qkv_bias"]:
+            bias = [reader.get(name[p] + ".bias", (width,)) for p in ("query", "key", "value")]
+            put(f"{block}/attention/qkv/bias", np.concatenate(bias),
+                *(name[p] + ".bias" for p in ("query", "key", "value")))
+        for ours, theirs, shape in (
+            ("attention/out", "out", (width, width)),
+            ("mlp/fc1", "fc1", (mlp_dim, width)),
+            ("mlp/fc2", "fc2", (width, mlp_dim)),
+        ):
+            put(f"{block}/{ours}/kernel", reader.get(name[theirs] + ".weight", shape).T,
+                name[theirs] + ".weight")
+            put(f"{block}/{ours}/bias", reader.get(name[theirs] + ".bias", shape[:1]),
+                name[theirs] + ".bias")
+        for ours, theirs in (("attn_norm", "norm1"), ("mlp_norm", "norm2")):
+            put(f"{block}/{ours}/gamma", reader.get(name[theirs] + ".weight", (width,)), name[theirs] + ".weight")
+            put(f"{block}/{ours}/beta", reader.get(name[theirs] + ".bias", (width,)), name[theirs] + ".bias")
+    put("final_norm/gamma", reader.get("layernorm.weight", (width,)), "layernorm.weight")
+    put("final_norm/beta", reader.get("layernorm.bias", (width,)), "layernorm.bias")
+    if classes:
+        reader.prefix = ""  # the classifier sits beside `vit.`, not in it
+        arrays["head/kernel"] = reader.get("classifier.weight", (classes, width)).T
+        arrays["head/bias"] = reader.get("classifier.bias", (classes,))
+        keys["head/kernel"], keys["head/bias"] = "classifier.weight", "classifier.bias"
+    ignored = []
+    for key in reader.unused():
+        if "pooler." in key:
+            ignored.append(f"{key} (ViTModel's tanh pooler; the classifier does not use it)")
+        elif key.endswith("embeddings.mask_token"):
+            ignored.append(f"{key} (masked-image-modeling token)")
+        else:
+            raise ValueError(
+                f"Key {key!r} of {source} has no counterpart in a standard ViT; keras_vitnorm "
+                "converts ViTModel and ViTForImageClassification checkpoints."
+            )
+    return Checkpoint("huggingface", source, config, arrays, keys, ignored)
+
+
+def _to_numpy(value):
+    if hasattr(value, "detach"):  # a torch tensor
+        return value.detach().float().cpu().numpy()
+    return np.asarray(value)
+
+
+def _first(tensors, count=4):
+    return ", ".join(repr(k) for k in sorted(tensors)[:count])

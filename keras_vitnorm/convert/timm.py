@@ -1,0 +1,128 @@
+"""timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
+
+Reads `.safetensors` (what the Hugging Face Hub serves for timm models) or `.pth`
+files. The layout is timm's plain ViT: `patch_embed.proj`, `cls_token`, `pos_embed`
+(class token included), `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 /
+mlp.fc2`, `norm`, `head`. timm's fused `qkv` has the same column order as this
+project's (q, k, v, each head-major). LayerNorm epsilon 1e-6, exact GELU.
+
+State dicts do not record the head count: it is taken from the standard width
+(192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16) unless `num_heads` is given.
+Variants with parts a plain ViT lacks (LayerScale `ls1`, register tokens,
+`fc_norm`, QK-norm, a pre-logits layer) are refused with the key that shows it.
+"""
+
+import numpy as np
+
+from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import grid_from_position_embedding
+from keras_vitnorm.convert._common import heads_for_width
+from keras_vitnorm.convert._common import torch_conv_to_dense
+
+PATCH_KEY = "patch_embed.proj.weight"
+_UNSUPPORTED = {
+    ".ls1.": "LayerScale",
+    "reg_token": "register tokens",
+    "fc_norm.": "fc_norm (a norm after global pooling)",
+    ".q_norm.": "QK-norm",
+    "pre_logits.": "a pre-logits layer",
+    "attn_pool.": "attention pooling",
+    "norm_pre.": "a pre-encoder norm",
+}
+
+
+def is_timm_state(tensors):
+    return PATCH_KEY in tensors or "module." + PATCH_KEY in tensors
+
+
+def convert(state_dict, source="state dict", num_heads=None):
+    """Maps a timm ViT state dict onto a `Checkpoint`.
+
+    Args:
+        state_dict: `{key: array or torch tensor}`.
+        source: description of where it came from, for messages.
+        num_heads: int, the head count for a non-standard width.
+    """
+    tensors = {key: np.asarray(value.detach().float().cpu().numpy() if hasattr(value, "detach") else value)
+               for key, value in state_dict.items()}
+    prefix = "module." if "module." + PATCH_KEY in tensors else ""
+    if PATCH_KEY not in tensors and not prefix:
+        raise ValueError(
+            f"{source} is not a timm ViT state dict: it has no key {PATCH_KEY!r}. Keys found "
+            f"start with: {', '.join(repr(k) for k in sorted(tensors)[:4])}."
+        )
+    for key in tensors:
+        for marker, what in _UNSUPPORTED.items():
+            if marker in key or key.startswith(prefix + marker.lstrip(".")):
+                raise ValueError(
+                    f"Key {key!r} of {source} belongs to {what}, which the plain ViT layout "
+                    "does not have; only plain timm ViTs (vit_*_patch{16,32}_*) convert."
+                )
+    reader = KeyReader(tensors, "timm ViT", prefix)
+    patch = reader.get(PATCH_KEY)
+    width, channels, patch_size = patch.shape[0], patch.shape[1], patch.shape[2]
+    depth = 0
+    while reader.has(f"blocks.{depth}.attn.qkv.weight"):
+        depth += 1
+    if depth == 0:
+        raise ValueError(f"{source} has no encoder blocks (no key 'blocks.0.attn.qkv.weight').")
+    mlp_dim = reader.get("blocks.0.mlp.fc1.weight").shape[0]
+    has_cls = reader.has("cls_token")
+    positions = reader.get("pos_embed")
+    side = grid_from_position_embedding(positions.shape[1], int(has_cls), prefix + "pos_embed")
+    qkv_bias = reader.has("blocks.0.attn.qkv.bias")
+    classes = tensors[prefix + "head.weight"].shape[0] if reader.has("head.weight") else 0
+    config = {
+        "image_size": side * patch_size,
+        "patch_size": patch_size,
+        "num_channels": channels,
+        "width": width,
+        "depth": depth,
+        "num_heads": heads_for_width(width, num_heads, "timm"),
+        "mlp_dim": mlp_dim,
+        "num_classes": classes,
+        "norm_epsilon": 1e-6,
+        "qkv_bias": qkv_bias,
+        "pooling": "cls" if has_cls else "gap",
+    }
+    arrays, keys = {}, {}
+
+    def put(path, key, shape, transform=None):
+        array = reader.get(key, shape)
+        arrays[path] = transform(array) if transform else array
+        keys[path] = prefix + key
+
+    arrays["stem/projection/kernel"], keys["stem/projection/kernel"] = torch_conv_to_dense(patch), prefix + PATCH_KEY
+    put("stem/projection/bias", "patch_embed.proj.bias", (width,))
+    if has_cls:
+        put("stem/class_token", "cls_token", (1, 1, width))
+    arrays["stem/position_embedding"], keys["stem/position_embedding"] = positions, prefix + "pos_embed"
+    transpose = np.transpose
+    for i in range(depth):
+        block, theirs = f"block_{i}", f"blocks.{i}"
+        put(f"{block}/attention/qkv/kernel", f"{theirs}.attn.qkv.weight", (3 * width, width), transpose)
+        if qkv_bias:
+            put(f"{block}/attention/qkv/bias", f"{theirs}.attn.qkv.bias", (3 * width,))
+        for ours, key, shape in (
+            ("attention/out", "attn.proj", (width, width)),
+            ("mlp/fc1", "mlp.fc1", (mlp_dim, width)),
+            ("mlp/fc2", "mlp.fc2", (width, mlp_dim)),
+        ):
+            put(f"{block}/{ours}/kernel", f"{theirs}.{key}.weight", shape, transpose)
+            put(f"{block}/{ours}/bias", f"{theirs}.{key}.bias", shape[:1])
+        for ours, key in (("attn_norm", "norm1"), ("mlp_norm", "norm2")):
+            put(f"{block}/{ours}/gamma", f"{theirs}.{key}.weight", (width,))
+            put(f"{block}/{ours}/beta", f"{theirs}.{key}.bias", (width,))
+    put("final_norm/gamma", "norm.weight", (width,))
+    put("final_norm/beta", "norm.bias", (width,))
+    if classes:
+        put("head/kernel", "head.weight", (classes, width), transpose)
+        put("head/bias", "head.bias", (classes,))
+    leftover = reader.unused()
+    if leftover:
+        raise ValueError(
+            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT of depth "
+            f"{depth}" + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
+        )
+    return Checkpoint("timm", source, config, arrays, keys)

@@ -1,0 +1,378 @@
+"""Checkpoint converters: parity with the reference implementations, resampling,
+fine-tuning into variants, errors, the convert command and export.
+
+The reference for the Hugging Face, timm and big_vision formats is transformers'
+`ViTForImageClassification` (a Ti/16 at 224 with random weights, every parameter
+perturbed so that no LayerNorm is the identity): its state dict is saved as
+transformers does, and rewritten in timm's and big_vision/AugReg's key layouts. The
+keras-hub reference is keras-hub's own `ViTImageClassifier`.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vitnorm import ViT
+from keras_vitnorm import cli
+from keras_vitnorm.convert import load_checkpoint
+from keras_vitnorm.convert import read_checkpoint
+from test_model import _bilinear_reference  # the NumPy half-pixel bilinear reference
+
+torch = pytest.importorskip("torch", reason="the Hugging Face reference ViT runs on PyTorch")
+transformers = pytest.importorskip("transformers", reason="the reference ViT is transformers'")
+
+TOLERANCE = 1e-4
+TI = {"hidden_size": 192, "num_hidden_layers": 12, "num_attention_heads": 3,
+      "intermediate_size": 768, "image_size": 224, "patch_size": 16, "num_labels": 10,
+      "layer_norm_eps": 1e-6}
+
+
+def perturbed(module, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return module.eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return np.random.default_rng(0).uniform(-1, 1, (2, 224, 224, 3)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, images):
+    """A saved transformers ViT, its state dict as NumPy and its logits on `images`."""
+    model = perturbed(transformers.ViTForImageClassification(transformers.ViTConfig(**TI)), 0)
+    directory = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(directory)
+    with torch.no_grad():
+        logits = model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).logits.numpy()
+    from safetensors.numpy import load_file
+
+    state = load_file(str(directory / "model.safetensors"))
+    return {"dir": str(directory), "state": state, "logits": logits, "model": model}
+
+
+def logits_of(model, images):
+    return keras.ops.convert_to_numpy(model(images))
+
+
+def assert_parity(model, images, expected):
+    error = float(np.max(np.abs(logits_of(model, images) - expected)))
+    assert error < TOLERANCE, f"max |logit difference| {error:.2e} on {keras.backend.backend()}"
+
+
+# --------------------------------------------------------------- layouts of the same weights
+
+
+def to_timm(state):
+    """transformers file keys -> timm `VisionTransformer` keys (as timm names them)."""
+    out = {
+        "cls_token": state["vit.embeddings.cls_token"],
+        "pos_embed": state["vit.embeddings.position_embeddings"],
+        "patch_embed.proj.weight": state["vit.embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": state["vit.embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": state["vit.layernorm.weight"], "norm.bias": state["vit.layernorm.bias"],
+        "head.weight": state["classifier.weight"], "head.bias": state["classifier.bias"],
+    }
+    for i in range(TI["num_hidden_layers"]):
+        hf, tm = f"vit.encoder.layer.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            out[tm + f"attn.qkv.{kind}"] = np.concatenate(
+                [state[hf + f"attention.attention.{p}.{kind}"] for p in ("query", "key", "value")])
+            out[tm + f"attn.proj.{kind}"] = state[hf + f"attention.output.dense.{kind}"]
+            out[tm + f"mlp.fc1.{kind}"] = state[hf + f"intermediate.dense.{kind}"]
+            out[tm + f"mlp.fc2.{kind}"] = state[hf + f"output.dense.{kind}"]
+            out[tm + f"norm1.{kind}"] = state[hf + f"layernorm_before.{kind}"]
+            out[tm + f"norm2.{kind}"] = state[hf + f"layernorm_after.{kind}"]
+    return out
+
+
+def to_big_vision(state, naming):
+    """transformers file keys -> an `.npz` in the AugReg or big_vision (scanned) layout."""
+    width, heads = TI["hidden_size"], TI["num_attention_heads"]
+    head_dim = width // heads
+    depth = TI["num_hidden_layers"]
+    augreg = naming == "augreg"
+    prefix = "" if augreg else "params/"
+    attention, ln1, ln2, mlp = (("MultiHeadDotProductAttention_1", "LayerNorm_0", "LayerNorm_2", "MlpBlock_3")
+                                if augreg else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0"))
+    out = {
+        "embedding/kernel": state["vit.embeddings.patch_embeddings.projection.weight"].transpose(2, 3, 1, 0),
+        "embedding/bias": state["vit.embeddings.patch_embeddings.projection.bias"],
+        "cls": state["vit.embeddings.cls_token"],
+        "Transformer/encoder_norm/scale": state["vit.layernorm.weight"],
+        "Transformer/encoder_norm/bias": state["vit.layernorm.bias"],
+        "head/kernel": state["classifier.weight"].T,
+        "head/bias": state["classifier.bias"],
+    }
+    positions = state["vit.embeddings.position_embeddings"]
+    if augreg:
+        out["Transformer/posembed_input/pos_embedding"] = positions
+    else:  # big_vision: patches only, added before the class token is prepended
+        out["pos_embedding"] = positions[:, 1:]
+    blocks = []
+    for i in range(depth):
+        hf = f"vit.encoder.layer.{i}."
+        block = {}
+        for p in ("query", "key", "value"):
+            block[f"{attention}/{p}/kernel"] = state[hf + f"attention.attention.{p}.weight"].T.reshape(width, heads, head_dim)
+            block[f"{attention}/{p}/bias"] = state[hf + f"attention.attention.{p}.bias"].reshape(heads, head_dim)
+        block[f"{attention}/out/kernel"] = state[hf + "attention.output.dense.weight"].T.reshape(heads, head_dim, width)
+        block[f"{attention}/out/bias"] = state[hf + "attention.output.dense.bias"]
+        block[f"{mlp}/Dense_0/kernel"] = state[hf + "intermediate.dense.weight"].T
+        block[f"{mlp}/Dense_0/bias"] = state[hf + "intermediate.dense.bias"]
+        block[f"{mlp}/Dense_1/kernel"] = state[hf + "output.dense.weight"].T
+        block[f"{mlp}/Dense_1/bias"] = state[hf + "output.dense.bias"]
+        for name, hf_name in ((ln1, "layernorm_before"), (ln2, "layernorm_after")):
+            block[f"{name}/scale"] = state[hf + f"{hf_name}.weight"]
+            block[f"{name}/bias"] = state[hf + f"{hf_name}.bias"]
+        blocks.append(block)
+    if naming == "big_vision_scanned":
+        for key in blocks[0]:
+            out[f"Transformer/encoderblock/{key}"] = np.stack([b[key] for b in blocks])
+    else:
+        for i, block in enumerate(blocks):
+            out.update({f"Transformer/encoderblock_{i}/{k}": v for k, v in block.items()})
+    return {prefix + k: v for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------- parity
+
+
+def test_huggingface_directory_matches_transformers(reference, images, capsys):
+    model = ViT.from_preset(reference["dir"])
+    assert "huggingface format" in capsys.readouterr().out  # the detected format is reported
+    assert model.get_config()["norm_epsilon"] == 1e-6 and model.count_params() == 5_526_346
+    assert_parity(model, images, reference["logits"])
+
+
+def test_huggingface_in_memory_vitmodel_matches_its_features(reference, images):
+    from keras_vitnorm.convert import build_from_checkpoint
+    from keras_vitnorm.convert import huggingface
+
+    backbone = reference["model"].vit  # ViTModel without pooler; module key naming
+    vit_model = transformers.ViTModel(transformers.ViTConfig(**TI))  # has a pooler
+    vit_model.load_state_dict(backbone.state_dict(), strict=False)
+    vit_model.eval()
+    checkpoint = huggingface.convert(vit_model.state_dict(), vit_model.config)
+    assert any("pooler" in entry for entry in checkpoint.ignored)
+    model, report = build_from_checkpoint(checkpoint)
+    assert model.get_config()["num_classes"] == 0 and not report.new
+    with torch.no_grad():
+        hidden = vit_model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).last_hidden_state
+    assert_parity(model, images, hidden[:, 0].numpy())
+
+
+def test_timm_state_dict_matches(reference, images, tmp_path):
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path / "vit_tiny_patch16_224.safetensors")
+    save_file(to_timm(reference["state"]), path)
+    model, report = load_checkpoint(path)
+    assert report.format == "timm" and len(report.loaded) == 152 and not report.new
+    assert_parity(model, images, reference["logits"])
+    pth = str(tmp_path / "vit.pth")
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in to_timm(reference["state"]).items()}}, pth)
+    assert_parity(load_checkpoint(pth)[0], images, reference["logits"])
+
+
+@pytest.mark.parametrize("naming", ["augreg", "big_vision", "big_vision_scanned"])
+def test_big_vision_npz_matches(reference, images, tmp_path, naming):
+    path = str(tmp_path / f"{naming}.npz")
+    np.savez(path, **to_big_vision(reference["state"], naming))
+    model, report = load_checkpoint(path)
+    assert report.format == "big_vision" and model.get_config()["num_heads"] == 3
+    expected = reference["logits"]
+    if naming != "augreg":  # big_vision gives the class token no position embedding
+        hf = reference["model"]
+        saved = hf.vit.embeddings.position_embeddings.detach().clone()
+        with torch.no_grad():
+            hf.vit.embeddings.position_embeddings[:, 0] = 0
+            expected = hf(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).logits.numpy()
+            hf.vit.embeddings.position_embeddings.copy_(saved)
+    assert_parity(model, images, expected)
+
+
+def test_keras_hub_preset_matches_keras_hub(tmp_path, images):
+    keras_hub = pytest.importorskip("keras_hub", reason="the reference is keras-hub's ViT")
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=3, hidden_dim=192,
+        mlp_dim=768)
+    classifier = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=10)
+    rng = np.random.default_rng(1)
+    for variable in classifier.weights:  # random values everywhere, norms included
+        variable.assign(keras.ops.convert_to_numpy(variable) + 0.05 * rng.standard_normal(variable.shape))
+    classifier.save_to_preset(str(tmp_path / "hub"))
+    expected = keras.ops.convert_to_numpy(classifier(images))
+    model, report = load_checkpoint(str(tmp_path / "hub"))
+    assert report.format == "keras_hub" and model.get_config()["num_classes"] == 10
+    assert_parity(model, images, expected)
+    features = keras.ops.convert_to_numpy(backbone(images))[:, 0]
+    backbone_dir = str(tmp_path / "backbone")
+    backbone.save_to_preset(backbone_dir)
+    assert_parity(ViT.from_preset(backbone_dir), images, features)
+
+
+# --------------------------------------------------------------- resampling, variants
+
+
+def test_position_embedding_resampled_224_to_384(reference):
+    model, report = load_checkpoint(reference["dir"], image_size=384)
+    assert report.resampled == ["stem/position_embedding (14x14 -> 24x24 grid)"]
+    out = logits_of(model, np.random.default_rng(2).uniform(-1, 1, (1, 384, 384, 3)).astype("float32"))
+    assert out.shape == (1, 10) and np.all(np.isfinite(out))
+    source = reference["state"]["vit.embeddings.position_embeddings"][0]
+    got = keras.ops.convert_to_numpy(model.get_layer("stem").pos_embedding)[0]
+    np.testing.assert_array_equal(got[0], source[0])  # the class position is kept
+    expected = _bilinear_reference(source[1:].reshape(14, 14, -1), 24, 24).reshape(576, -1)
+    np.testing.assert_allclose(got[1:], expected, atol=1e-5)
+
+
+def test_fine_tune_into_dual_patchnorm_reports_new_weights(reference):
+    model, report = load_checkpoint(reference["dir"], stem="dual_patchnorm", num_classes=5)
+    new = sorted(entry.split(" ")[0] for entry in report.new)
+    assert new == ["head/bias", "head/kernel", "stem/embedding_norm/beta", "stem/embedding_norm/gamma",
+                   "stem/patch_norm/beta", "stem/patch_norm/gamma"]
+    assert "stem/patch_norm/gamma (ones)" in report.new and "stem/patch_norm/beta (zeros)" in report.new
+    assert len(report.loaded) == 150
+    assert sorted(report.dropped) == [("classifier.bias", "num_classes 10 -> 5: a new head"),
+                                      ("classifier.weight", "num_classes 10 -> 5: a new head")]
+    weights = model.weights_by_path()
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(weights["block_3/mlp/fc1/kernel"]),
+        reference["state"]["vit.encoder.layer.3.intermediate.dense.weight"].T)
+
+
+def test_fine_tune_into_rmsnorm_keeps_the_layernorm_scales(reference, images):
+    model, report = load_checkpoint(reference["dir"], norm="rmsnorm")
+    assert len(report.converted) == 25 and not report.new  # 2 norms x 12 blocks + final
+    assert len(report.dropped) == 25 and all("replaces the layernorm layers" in why for _, why in report.dropped)
+    scale = keras.ops.convert_to_numpy(model.weights_by_path()["final_norm/scale"])
+    np.testing.assert_array_equal(scale, reference["state"]["vit.layernorm.weight"])
+    assert np.all(np.isfinite(logits_of(model, images)))
+    _, dyt = load_checkpoint(reference["dir"], norm="dyt")
+    assert not dyt.converted and sum("block_0/attn_norm" in e for e in dyt.new) == 3  # alpha, gamma, beta
+
+
+# ------------------------------------------------------------------------------- errors
+
+
+def test_architecture_override_is_refused_with_the_key(reference):
+    with pytest.raises(ValueError, match=r"Override width=384 does not fit the checkpoint, which has "
+                       r"width=192 \(e.g. key 'vit.embeddings.patch_embeddings.projection.bias'"):
+        load_checkpoint(reference["dir"], width=384)
+
+
+def test_wrong_or_incomplete_checkpoints_name_the_key(reference, tmp_path):
+    from safetensors.numpy import save_file
+
+    timm_state = to_timm(reference["state"])
+    missing = dict(timm_state)
+    del missing["blocks.7.norm2.bias"]
+    save_file(missing, str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ValueError, match="has no key 'blocks.7.norm2.bias'"):
+        read_checkpoint(str(tmp_path / "missing.safetensors"))
+    wider = dict(timm_state)
+    wider["blocks.4.mlp.fc1.weight"] = np.zeros((1536, 192), "float32")
+    save_file(wider, str(tmp_path / "wider.safetensors"))
+    with pytest.raises(ValueError, match=r"Key 'blocks.4.mlp.fc1.weight' .* has shape \(1536, 192\); "
+                       r".* expects \(768, 192\)"):
+        read_checkpoint(str(tmp_path / "wider.safetensors"))
+    cnn = {"conv1.weight": np.zeros((64, 3, 7, 7), "float32"), "fc.weight": np.zeros((10, 64), "float32")}
+    save_file(cnn, str(tmp_path / "resnet.safetensors"))
+    with pytest.raises(ValueError, match=r"not a ViT checkpoint .* first key found is 'conv1.weight' "
+                       r"with shape \(64, 3, 7, 7\)"):
+        ViT.from_preset(str(tmp_path / "resnet.safetensors"))
+    with pytest.raises(ValueError, match="does not record its head count and width=200"):
+        save_file({**timm_state, "patch_embed.proj.weight": np.zeros((200, 3, 16, 16), "float32")},
+                  str(tmp_path / "odd.safetensors"))
+        read_checkpoint(str(tmp_path / "odd.safetensors"))
+    (tmp_path / "weights.txt").write_text("nope")
+    with pytest.raises(ValueError, match="Unsupported checkpoint file"):
+        read_checkpoint(str(tmp_path / "weights.txt"))
+
+
+# ------------------------------------------------------------------- command and export
+
+
+def test_convert_command_writes_a_preset_and_refuses_to_overwrite(reference, tmp_path, capsys, images):
+    destination = str(tmp_path / "ti16_from_hf")
+    assert cli.main(["convert", reference["dir"], destination]) == 0
+    assert "huggingface format" in capsys.readouterr().out
+    with open(os.path.join(destination, "config.json")) as f:
+        assert json.load(f)["config"]["num_classes"] == 10
+    assert_parity(ViT.from_preset(destination), images, reference["logits"])
+    assert cli.main(["convert", reference["dir"], destination]) == 2
+    assert "already holds a preset" in capsys.readouterr().err
+    assert cli.main(["convert", reference["dir"], destination, "--overwrite", "--num-classes", "3",
+                     "--stem", "dual_patchnorm"]) == 0
+    assert ViT.from_preset(destination).get_config()["stem"] == "dual_patchnorm"
+    assert cli.main(["convert", str(tmp_path / "nothing.npz"), str(tmp_path / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    model = ViT(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64,
+                num_classes=5, stem="dual_patchnorm")
+    rng = np.random.default_rng(3)
+    for variable in model.weights:  # the head starts at zero: perturb everything
+        variable.assign(keras.ops.convert_to_numpy(variable) + 0.1 * rng.standard_normal(variable.shape))
+    x = rng.uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    return model, x, logits_of(model, x)
+
+
+def test_saved_model_export_gives_the_same_logits(small_model, tmp_path):
+    if keras.backend.backend() == "torch":
+        pytest.skip("Keras 3 exports a TF SavedModel from the jax and tensorflow backends only; "
+                    "load the preset under either to export (docs/checkpoints.md)")
+    tf = pytest.importorskip("tensorflow", reason="serving a SavedModel needs TensorFlow")
+    model, x, expected = small_model
+    model.export(str(tmp_path / "saved"), format="tf_saved_model", verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    got = served.serve(tf.constant(x)).numpy()
+    assert np.max(np.abs(got - expected)) < 1e-5 and np.max(np.abs(expected)) > 0.1
+
+
+def test_onnx_export_gives_the_same_logits(small_model, tmp_path):
+    if keras.backend.backend() == "tensorflow":
+        pytest.skip("tf2onnx writes TF's exact GELU as an Erfc node that ONNX Runtime cannot "
+                    "run; export ONNX under jax or torch (same preset; docs/checkpoints.md)")
+    ort = pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
+    model, x, expected = small_model
+    path = str(tmp_path / "vit.onnx")
+    # A static batch: Keras' torch export falls back to TorchScript for dynamic shapes,
+    # which cannot trace keras.ops.layer_normalization.
+    model.export(path, format="onnx", verbose=False,
+                 input_signature=[keras.InputSpec(shape=x.shape, dtype="float32")])
+    session = ort.InferenceSession(path)
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    assert np.max(np.abs(got - expected)) < 1e-5 and np.max(np.abs(expected)) > 0.1
+
+
+def test_train_fine_tunes_a_checkpoint_into_a_dpn_variant(tmp_path, capsys):
+    from keras_vitnorm.training import TrainConfig
+    from keras_vitnorm.training import train
+
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, image_size=32, patch_size=8, num_labels=7)
+    perturbed(transformers.ViTForImageClassification(config), 4).save_pretrained(tmp_path / "hf")
+    status = cli.main(["train", "--preset", str(tmp_path / "hf"), "--stem", "dual_patchnorm",
+                       "--steps", "3", "--warmup-steps", "1", "--batch-size", "16", "--no-tensorboard",
+                       "--output-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "huggingface format" in out and "stem/patch_norm/gamma (ones)" in out
+    assert "head/kernel (zeros)" in out  # 7 classes -> digits' 10: a new head
+    with open(tmp_path / "run" / "metrics.json") as f:
+        metrics = json.load(f)
+    assert metrics["model_config"]["stem"] == "dual_patchnorm" and metrics["model_config"]["width"] == 32
+    with pytest.raises(ValueError, match="Override width=96 does not fit"):
+        train(TrainConfig.from_recipe("small", preset=str(tmp_path / "hf"), model={"width": 96},
+                                      steps=3, warmup_steps=1, output_dir=str(tmp_path / "r2")),
+              verbose=0)
