@@ -65,6 +65,22 @@ def test_depth_profile_skips_the_zero_gradient_first_record(tmp_path):
     np.testing.assert_allclose(norms, [2.0, 2.5, 1.0])
 
 
+def test_patch_embedding_gradient_ratio_matches_numpy(tmp_path):
+    path = tmp_path / "grad_norms.csv"
+    path.write_text(
+        "step,group,norm\n"
+        "0,stem/projection,0\n0,block_0/mlp/fc1,0\n0,head,2\n"
+        "5,stem/projection,6\n5,block_0/mlp/fc1,3\n5,block_0/attention/qkv,1\n5,block_0/attn_norm,50\n"
+        "5,block_1/mlp/fc2,2\n5,head,9\n"
+        "10,stem/projection,1\n10,block_0/mlp/fc1,4\n10,block_0/attention/qkv,2\n10,block_1/mlp/fc2,3\n"
+    )
+    stats = runner.patch_embedding_gradient_ratio(str(path))
+    # Norm layers and the head are not block dense layers; step 0 is left out.
+    assert stats["ratio_to_max"] == pytest.approx(np.mean([6 / 3, 1 / 4]))
+    assert stats["ratio_to_median"] == pytest.approx(np.mean([6 / 2, 1 / 3]))
+    assert stats["largest"] == pytest.approx(0.5)
+
+
 def test_variant_groups_and_subsets():
     assert len(get_variants("placements")) == 9
     assert list(get_variants("stems", ["conv"])) == ["patch", "conv"]
@@ -90,6 +106,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
         ("dual_patchnorm", 0, "completed"), ("dual_patchnorm", 1, "completed")]
     assert os.path.exists(os.path.join(study, "results.csv"))
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
+    assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
     for name in ("stems_gains", "stems_loss", "gradient_norms", "stem_scales"):
         path = os.path.join(study, "figures", f"{name}.png")
         with open(path, "rb") as f:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import numpy as np
 
@@ -187,8 +188,66 @@ def _run_one(config, group, name, run_dir, verbose):
     }
 
 
+PATCH_EMBEDDING_LAYER = "stem/projection"
+_BLOCK_LAYER = re.compile(r"block_\d+/(attention/(qkv|out)|mlp/(fc1|fc2))")
+
+
+def patch_embedding_gradient_ratio(grad_norms_csv):
+    """How the patch embedding's gradient norm compares with the blocks' layers.
+
+    Per record (the step-0 record left out: with the zero-initialized head every
+    gradient but the head's is zero there), the patch embedding's gradient norm is
+    divided by the largest and by the median gradient norm of the blocks' dense
+    layers (qkv, attention output, fc1, fc2).
+
+    Returns a dict: `ratio_to_max` and `ratio_to_median` (means over records) and
+    `largest` (share of records in which the patch embedding has the largest norm
+    of all those layers).
+    """
+    steps = {}
+    with open(grad_norms_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            if int(row["step"]) == 0:
+                continue
+            steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
+    to_max, to_median, largest = [], [], []
+    for layers in steps.values():
+        blocks = [v for k, v in layers.items() if _BLOCK_LAYER.fullmatch(k)]
+        if PATCH_EMBEDDING_LAYER not in layers or not blocks:
+            continue
+        patch = layers[PATCH_EMBEDDING_LAYER]
+        to_max.append(patch / max(blocks))
+        to_median.append(patch / float(np.median(blocks)))
+        largest.append(patch > max(blocks))
+    if not to_max:
+        raise ValueError(f"{grad_norms_csv} has no record with {PATCH_EMBEDDING_LAYER!r} and block layers.")
+    return {"ratio_to_max": float(np.mean(to_max)), "ratio_to_median": float(np.mean(to_median)),
+            "largest": float(np.mean(largest))}
+
+
+def gradient_norm_table(rows, variants=("patch", "dual_patchnorm")):
+    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds."""
+    lines = ["| stem | runs | patch embedding / largest block layer | patch embedding / median block layer "
+             "| records where the patch embedding is largest |", "|---|---|---|---|---|"]
+    for variant in variants:
+        runs = [r for r in rows if r["group"] == "stems" and r["variant"] == variant
+                and r["status"] == "completed"
+                and os.path.exists(os.path.join(r["run_dir"], "grad_norms.csv"))]
+        if not runs:
+            continue
+        stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv")) for r in runs]
+        cells = []
+        for key in ("ratio_to_max", "ratio_to_median"):
+            mean, ci = confidence_interval([s[key] for s in stats])
+            cells.append(f"{mean:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}"))
+        share = np.mean([s["largest"] for s in stats])
+        lines.append(f"| {variant} | {len(runs)} | {cells[0]} | {cells[1]} | {share:.0%} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def write_results(rows, output_dir):
-    """Writes `results.csv` and one markdown table per group."""
+    """Writes `results.csv`, one markdown table per group and, with stem runs that
+    recorded gradient norms, `gradient_norms.md`."""
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
@@ -198,6 +257,10 @@ def write_results(rows, output_dir):
     for group in dict.fromkeys(row["group"] for row in rows):
         with open(os.path.join(output_dir, f"{group}.md"), "w") as f:
             f.write(markdown_table(summarize([r for r in rows if r["group"] == group])))
+    table = gradient_norm_table(rows)
+    if table:
+        with open(os.path.join(output_dir, "gradient_norms.md"), "w") as f:
+            f.write(table)
 
 
 def confidence_interval(values, level=0.95):

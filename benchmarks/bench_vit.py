@@ -1,0 +1,272 @@
+"""Throughput of keras_vitnorm's ViT on every Keras backend, side by side with the
+reference PyTorch ViT (Hugging Face transformers, eager) and keras-hub's ViT.
+
+    python benchmarks/bench_vit.py --preset s16 --batch-size 16            # the issue's setup
+    python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
+
+Each implementation runs in its own subprocess (a Keras backend is fixed per
+process), with the same thread count. Per implementation it reports:
+
+- inference and training-step throughput in images/s: the median of `--repeats`
+  timed runs of `--steps` steps each, after `--warmup` untimed steps; the first
+  call (tracing/compilation) is timed separately and reported as "compile";
+- the ratio to the PyTorch reference;
+- model FLOP utilization: the model's FLOPs per image (counted analytically, below)
+  times images/s, as a fraction of this machine's measured float32 matmul rate
+  (a large square matmul, the best of NumPy and PyTorch).
+
+Keras models are timed through the paths `fit` and `predict` use
+(`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
+functions, with AdamW and cross-entropy). The reference is timed as PyTorch users run
+it: `model(x)` under `inference_mode`, and forward + backward + `AdamW.step()`.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERAS_BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def model_flops(width, depth, mlp_dim, patch_size, image_size, channels, num_classes, tokens_extra=1):
+    """Forward FLOPs per image (2 per multiply-add; norms, softmax and GELU left out)."""
+    patches = (image_size // patch_size) ** 2
+    tokens = patches + tokens_extra
+    embed = patches * patch_size * patch_size * channels * width
+    per_block = tokens * (3 * width * width + width * width + 2 * width * mlp_dim) + 2 * tokens * tokens * width
+    return 2 * (embed + depth * per_block + width * num_classes)
+
+
+def matmul_rate(threads, size=2048, repeats=5):
+    """Best float32 GFLOP/s of a size x size matmul with NumPy and (if present) PyTorch."""
+    rates = []
+    a = np.random.default_rng(0).standard_normal((size, size)).astype("float32")
+    a @ a
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    rates.append(2 * size**3 / min(times) / 1e9)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        t = torch.from_numpy(a)
+        t @ t
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            t @ t
+            times.append(time.perf_counter() - start)
+        rates.append(2 * size**3 / min(times) / 1e9)
+    except ImportError:
+        pass
+    return max(rates)
+
+
+def _timed(step, warmup, steps, repeats):
+    start = time.perf_counter()
+    step()
+    compile_seconds = time.perf_counter() - start
+    for _ in range(warmup):
+        step()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runs.append((time.perf_counter() - start) / steps)
+    return compile_seconds, statistics.median(runs)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def worker_keras(args, config):
+    import keras
+
+    from keras_vitnorm import ViT
+
+    keras.config.set_dtype_policy(args.mixed_precision)
+    if args.implementation == "keras_hub":
+        import keras_hub
+
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(config["image_size"], config["image_size"], 3),
+            patch_size=config["patch_size"], num_layers=config["depth"], num_heads=config["num_heads"],
+            hidden_dim=config["width"], mlp_dim=config["mlp_dim"])
+        model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
+    else:
+        model = ViT(**config)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (args.batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
+    y = rng.integers(0, config["num_classes"], (args.batch_size,))
+    results = {}
+    if "inference" in args.modes:
+        def predict():
+            keras.ops.convert_to_numpy(model.predict_on_batch(x))
+
+        results["inference"] = _timed(predict, args.warmup, args.steps, args.repeats)
+    if "train" in args.modes:
+        def train():
+            model.train_on_batch(x, y)
+
+        results["train"] = _timed(train, args.warmup, args.steps, args.repeats)
+    return results
+
+
+def worker_reference(args, config):
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    hf_config = transformers.ViTConfig(
+        hidden_size=config["width"], num_hidden_layers=config["depth"], num_attention_heads=config["num_heads"],
+        intermediate_size=config["mlp_dim"], image_size=config["image_size"], patch_size=config["patch_size"],
+        num_labels=config["num_classes"], layer_norm_eps=1e-6)
+    model = transformers.ViTForImageClassification(hf_config)
+    dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.uniform(-1, 1, (args.batch_size, 3, config["image_size"], config["image_size"])).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, config["num_classes"], (args.batch_size,)))
+    results = {}
+
+    def autocast():
+        return torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
+
+    if "inference" in args.modes:
+        model.eval()
+
+        def predict():
+            with torch.inference_mode(), autocast():
+                model(pixel_values=x).logits.float().numpy()
+
+        results["inference"] = _timed(predict, args.warmup, args.steps, args.repeats)
+    if "train" in args.modes:
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def train():
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = loss_fn(model(pixel_values=x).logits.float(), y)
+            loss.backward()
+            optimizer.step()
+
+        results["train"] = _timed(train, args.warmup, args.steps, args.repeats)
+    return results
+
+
+def run_worker(args):
+    from keras_vitnorm.models.presets import preset_config
+
+    config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
+    config.setdefault("num_classes", 1000)
+    if args.implementation in ("keras", "keras_hub"):
+        results = worker_keras(args, config)
+    else:
+        results = worker_reference(args, config)
+    print("RESULT " + json.dumps({mode: {"compile_s": c, "step_s": s} for mode, (c, s) in results.items()}))
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+def spawn(args, implementation, backend):
+    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(args.threads),
+               TF_NUM_INTRAOP_THREADS=str(args.threads), TF_CPP_MIN_LOG_LEVEL="2",
+               )
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--implementation", implementation,
+               "--preset", args.preset, "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+               "--threads", str(args.threads), "--mixed-precision", args.mixed_precision,
+               "--overrides", args.overrides, "--modes", *args.modes]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if done.returncode or line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return {"error": " | ".join(tail)}
+    return json.loads(line[len("RESULT "):])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--preset", default="s16", help="built-in plain or _dpn preset (default s16)")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first call")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every implementation")
+    parser.add_argument("--backends", nargs="+", default=list(KERAS_BACKENDS), choices=KERAS_BACKENDS)
+    parser.add_argument("--modes", nargs="+", default=["inference", "train"], choices=("inference", "train"))
+    parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"))
+    parser.add_argument("--overrides", default="{}", help='JSON ViT overrides, e.g. \'{"norm": "rmsnorm"}\'')
+    parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
+    parser.add_argument("--keras-hub", action="store_true", help="also time keras-hub's ViT (each backend)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+    for name in ("batch_size", "steps", "repeats", "threads", "image_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    from keras_vitnorm.models.presets import preset_config
+
+    try:
+        config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
+    except ValueError as error:
+        parser.error(str(error))
+    flops = model_flops(config["width"], config["depth"], config["mlp_dim"], config["patch_size"],
+                        args.image_size, 3, config.get("num_classes", 1000))
+    peak = matmul_rate(args.threads)
+    runs = []
+    if not args.no_reference:
+        runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
+    runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
+    if args.keras_hub:
+        runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
+    results = {}
+    for label, backend, implementation in runs:
+        print(f"timing {label} ...", file=sys.stderr, flush=True)
+        results[label] = spawn(args, implementation, backend)
+    reference = results.get("transformers ViT (PyTorch eager)", {})
+    header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+              f"{args.mixed_precision}, {args.threads} threads; {flops / 1e9:.2f} GFLOPs/image forward "
+              f"(x3 for a training step); measured matmul rate {peak:.0f} GFLOP/s")
+    lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) |",
+             "|---|---|---|---|---|---|"]
+    for label, result in results.items():
+        if "error" in result:
+            lines.append(f"| {label} | failed: {result['error'][:150]} | | | | |")
+            continue
+        for mode, timing in result.items():
+            rate = args.batch_size / timing["step_s"]
+            factor = 3 if mode == "train" else 1
+            ref = reference.get(mode)
+            ratio = f"{rate / (args.batch_size / ref['step_s']):.2f}x" if ref else "n/a"
+            lines.append(f"| {label} | {mode} | {rate:.1f} | {ratio} | {rate * flops * factor / (peak * 1e9):.1%} "
+                         f"| {timing['compile_s']:.1f} |")
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
+                       "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
