@@ -107,7 +107,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert os.path.exists(os.path.join(study, "results.csv"))
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
-    for name in ("stems_gains", "stems_loss", "gradient_norms", "stem_scales"):
+    for name in ("stems_gains", "stems_loss", "gradient_norms", "stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name

@@ -159,7 +159,7 @@ def residual_stream(model, images):
         (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
         key=lambda name: int(name.split("_")[1]),
     )
-    probe = keras.Model(model.inputs, [model.get_layer(name).output for name in names])
+    probe = keras.Model(model.input, [model.get_layer(name).output for name in names])
     outputs = [np.asarray(keras.ops.convert_to_numpy(x), "float64") for x in probe(images)]
     rms = [float(np.sqrt(np.mean(np.square(x)))) for x in outputs]
     similarity = []

@@ -151,3 +151,29 @@ def plot_stem_scales(scale, title, path):
         figure.colorbar(image, ax=axes[0, channel], fraction=0.046)
     figure.suptitle(title, fontsize=10)
     return _save(figure, path)
+
+
+def plot_residual_stream(streams, title, path):
+    """Residual-stream RMS and consecutive-stage cosine similarity by depth.
+
+    `streams` maps labels to `keras_vitnorm.analysis.residual_stream` results.
+    """
+    plt = _pyplot()
+    figure, (rms_axes, similarity_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = None
+    for label, stream in streams.items():
+        names = stream["names"]
+        rms_axes.plot(range(len(names)), stream["rms"], marker="o", label=label)
+        similarity_axes.plot(range(1, len(names)), stream["similarity"], marker="o", label=label)
+    if names:
+        for axes in (rms_axes, similarity_axes):
+            axes.set_xticks(range(len(names)))
+            axes.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    rms_axes.set_ylabel("token RMS after the stage")
+    rms_axes.set_yscale("log")
+    similarity_axes.set_ylabel("cosine similarity with the previous stage")
+    if streams:
+        similarity_axes.legend(fontsize=7)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    return _save(figure, path)

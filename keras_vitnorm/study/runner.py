@@ -75,8 +75,22 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
                 config.output_dir = run_dir
                 rows.append(_run_one(config, group, name, run_dir, verbose))
                 write_results(rows, output_dir)  # kept current, so a long study can be read early
-    make_figures(rows, os.path.join(output_dir, "figures"))
+    make_figures(rows, os.path.join(output_dir, "figures"), probe_images=_probe_images(base))
     return rows
+
+
+def _probe_images(base, count=64):
+    """The first `count` validation images of the study's dataset, in model format."""
+    from keras_vitnorm.training import data as data_lib
+
+    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir)
+    size = base.model.get("image_size")
+    if size is None:
+        return None  # the preset's own size: left to the caller
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    channels = base.model.get("num_channels", data.channels)
+    batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
+    return np.asarray(batch[0])
 
 
 def _check_study_config(base, output_dir):
@@ -98,13 +112,15 @@ def _check_study_config(base, output_dir):
         json.dump(current, f, indent=2, sort_keys=True)
 
 
-def make_figures(rows, figure_dir):
+def make_figures(rows, figure_dir, probe_images=None):
     """Writes every figure the results allow; returns their paths.
 
     Per group: gains (`<group>_gains.png`) and loss curves (`<group>_loss.png`). When
     the `stems` group has `patch` and `dual_patchnorm` runs with gradient-norm records:
     `gradient_norms.png`; when it has a finished `dual_patchnorm` run:
-    `stem_scales.png` (its first seed).
+    `stem_scales.png` (its first seed). With `probe_images`, per group
+    `<group>_residual_stream.png`: the residual-stream RMS and consecutive-block
+    similarity of each variant's first finished run on those images.
     """
     from keras_vitnorm.study import figures
 
@@ -118,6 +134,8 @@ def make_figures(rows, figure_dir):
         paths.append(figures.plot_loss_curves(
             group_rows, f"{group}: loss per epoch (mean over seeds)",
             os.path.join(figure_dir, f"{group}_loss.png")))
+        if probe_images is not None:
+            paths.append(_residual_stream_figure(group, group_rows, probe_images, figure_dir))
     stems = [r for r in rows if r["group"] == "stems" and r["status"] == "completed"]
     grad_runs = {}
     for variant in ("patch", "dual_patchnorm"):
@@ -137,6 +155,22 @@ def make_figures(rows, figure_dir):
             scale, "DPN: learned scale of the first stem LayerNorm",
             os.path.join(figure_dir, "stem_scales.png")))
     return paths
+
+
+def _residual_stream_figure(group, rows, images, figure_dir):
+    from keras_vitnorm.analysis.probes import residual_stream
+    from keras_vitnorm.models import ViT
+    from keras_vitnorm.study import figures
+
+    streams = {}
+    for name in dict.fromkeys(row["variant"] for row in rows):
+        run = next((r for r in rows if r["variant"] == name and r["status"] == "completed"), None)
+        if run:
+            model = ViT.from_preset(os.path.join(run["run_dir"], "preset"))
+            streams[f"{name} (seed {run['seed']})"] = residual_stream(model, images)
+    return figures.plot_residual_stream(
+        streams, f"{group}: residual stream of trained models ({len(images)} validation images)",
+        os.path.join(figure_dir, f"{group}_residual_stream.png"))
 
 
 def _settings_key(config):
