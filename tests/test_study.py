@@ -90,6 +90,19 @@ def test_variant_groups_and_subsets():
         get_variants("stem", None)
 
 
+def count_trainings(monkeypatch):
+    """Makes the runner record each run it trains; returns the (growing) list."""
+    trained = []
+    original = runner.train
+
+    def counting(config, **kwargs):
+        trained.append(config.output_dir)
+        return original(config, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    return trained
+
+
 def base_config():
     return TrainConfig.from_recipe("small", preset="ti16", model=TINY, steps=4, batch_size=32,
                                    warmup_steps=1, tensorboard=False, grad_norm_every=2)
@@ -117,14 +130,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     import shutil
 
     shutil.rmtree(os.path.join(study, "stems", "patch", "seed_1"))
-    trained = []
-    original = runner.train
-
-    def counting(config, **kwargs):
-        trained.append(config.output_dir)
-        return original(config, **kwargs)
-
-    monkeypatch.setattr(runner, "train", counting)
+    trained = count_trainings(monkeypatch)
     again = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=0)
     assert trained == [os.path.join(study, "stems", "patch", "seed_1")]
     assert [r["test_accuracy"] for r in again][2:] == [r["test_accuracy"] for r in rows][2:]
@@ -136,14 +142,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
 
 
 def test_identical_variants_of_different_groups_share_one_run(tmp_path, monkeypatch):
-    trained = []
-    original = runner.train
-
-    def counting(config, **kwargs):
-        trained.append(config.output_dir)
-        return original(config, **kwargs)
-
-    monkeypatch.setattr(runner, "train", counting)
+    trained = count_trainings(monkeypatch)
     study = tmp_path / "s"
     config = base_config()
     config.grad_norm_every = None

@@ -101,6 +101,24 @@ def grid_from_position_embedding(num_positions, num_prefix, key):
     return side
 
 
+def vit_config(*, image_size, patch_size, channels, width, depth, heads, mlp_dim, classes,
+               epsilon, qkv_bias, class_token):
+    """The `ViT` constructor arguments of a plain checkpoint."""
+    return {
+        "image_size": image_size,
+        "patch_size": patch_size,
+        "num_channels": channels,
+        "width": width,
+        "depth": depth,
+        "num_heads": heads,
+        "mlp_dim": mlp_dim,
+        "num_classes": classes,
+        "norm_epsilon": float(epsilon),
+        "qkv_bias": bool(qkv_bias),
+        "pooling": "cls" if class_token else "gap",
+    }
+
+
 def heads_for_width(width, num_heads, format_name):
     if num_heads is not None:
         return num_heads

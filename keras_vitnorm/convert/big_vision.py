@@ -25,6 +25,7 @@ import numpy as np
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import grid_from_position_embedding
+from keras_vitnorm.convert._common import vit_config
 
 _PREFIXES = ("", "opt/target/", "params/")
 
@@ -94,19 +95,10 @@ def convert(tensors, source="npz"):
         positions = np.concatenate([np.zeros((1, 1, width), "float32"), positions], axis=1)
     classes = tensors[prefix + "head/kernel"].shape[-1] if reader.has("head/kernel") else 0
     qkv_bias = reader.has(block_key(0, f"{attention}/query/bias"))
-    config = {
-        "image_size": side * patch_size,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": depth,
-        "num_heads": heads,
-        "mlp_dim": mlp_dim,
-        "num_classes": classes,
-        "norm_epsilon": 1e-6,
-        "qkv_bias": qkv_bias,
-        "pooling": "cls" if has_cls else "gap",
-    }
+    config = vit_config(
+        image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
+        depth=depth, heads=heads, mlp_dim=mlp_dim, classes=classes, epsilon=1e-6,
+        qkv_bias=qkv_bias, class_token=has_cls)
     arrays, keys = {}, {}
 
     def record(path, array, *source_keys):

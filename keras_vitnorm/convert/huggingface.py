@@ -25,6 +25,7 @@ from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
 from keras_vitnorm.convert._common import read_tensor_file
 from keras_vitnorm.convert._common import torch_conv_to_dense
+from keras_vitnorm.convert._common import vit_config
 
 PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 # (file naming, transformers-5 module naming) of each per-block tensor.
@@ -113,19 +114,11 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
             "exact GELU ('gelu')."
         )
     classes = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
-    config = {
-        "image_size": side * patch_size,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": depth,
-        "num_heads": heads,
-        "mlp_dim": mlp_dim,
-        "num_classes": classes,
-        "norm_epsilon": float(hf_config.get("layer_norm_eps", 1e-12)),
-        "qkv_bias": bool(hf_config.get("qkv_bias", True)),
-        "pooling": "cls" if has_cls else "gap",
-    }
+    config = vit_config(
+        image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
+        depth=depth, heads=heads, mlp_dim=mlp_dim, classes=classes,
+        epsilon=hf_config.get("layer_norm_eps", 1e-12), qkv_bias=hf_config.get("qkv_bias", True),
+        class_token=has_cls)
     arrays, keys = {}, {}
 
     def put(path, array, *source_keys):

@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import vit_config
 
 
 def is_keras_hub_directory(directory):
@@ -67,7 +68,6 @@ def convert(backbone, classifier=None, source="keras-hub model"):
         raise ValueError(f"{source} has non-square images {config['image_shape']}; only square ones convert.")
     width, heads = config["hidden_dim"], config["num_heads"]
     has_cls = config.get("use_class_token", True)
-    pooling = "cls" if has_cls else "gap"
     if classifier is not None:
         wanted = {"token": True, "gap": False}.get(classifier.pooling)
         if wanted is None or wanted != has_cls or getattr(classifier, "intermediate_dim", None):
@@ -122,19 +122,10 @@ def convert(backbone, classifier=None, source="keras-hub model"):
         arrays["head/kernel"], arrays["head/bias"] = _numpy(dense.kernel), _numpy(dense.bias)
         keys["head/kernel"], keys["head/bias"] = dense.kernel.path, dense.bias.path
         classes = arrays["head/kernel"].shape[-1]
-    converted = {
-        "image_size": height,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": len(blocks),
-        "num_heads": heads,
-        "mlp_dim": config["mlp_dim"],
-        "num_classes": classes,
-        "norm_epsilon": float(config.get("layer_norm_epsilon", 1e-6)),
-        "qkv_bias": True,
-        "pooling": pooling,
-    }
+    converted = vit_config(
+        image_size=height, patch_size=patch_size, channels=channels, width=width,
+        depth=len(blocks), heads=heads, mlp_dim=config["mlp_dim"], classes=classes,
+        epsilon=config.get("layer_norm_epsilon", 1e-6), qkv_bias=True, class_token=has_cls)
     return Checkpoint("keras_hub", source, converted, arrays, keys)
 
 

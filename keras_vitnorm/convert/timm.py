@@ -19,6 +19,7 @@ from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
 from keras_vitnorm.convert._common import torch_conv_to_dense
+from keras_vitnorm.convert._common import vit_config
 
 PATCH_KEY = "patch_embed.proj.weight"
 _UNSUPPORTED = {
@@ -73,19 +74,10 @@ def convert(state_dict, source="state dict", num_heads=None):
     side = grid_from_position_embedding(positions.shape[1], int(has_cls), prefix + "pos_embed")
     qkv_bias = reader.has("blocks.0.attn.qkv.bias")
     classes = tensors[prefix + "head.weight"].shape[0] if reader.has("head.weight") else 0
-    config = {
-        "image_size": side * patch_size,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": depth,
-        "num_heads": heads_for_width(width, num_heads, "timm"),
-        "mlp_dim": mlp_dim,
-        "num_classes": classes,
-        "norm_epsilon": 1e-6,
-        "qkv_bias": qkv_bias,
-        "pooling": "cls" if has_cls else "gap",
-    }
+    config = vit_config(
+        image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
+        depth=depth, heads=heads_for_width(width, num_heads, "timm"), mlp_dim=mlp_dim,
+        classes=classes, epsilon=1e-6, qkv_bias=qkv_bias, class_token=has_cls)
     arrays, keys = {}, {}
 
     def put(path, key, shape, transform=None):
