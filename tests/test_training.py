@@ -159,6 +159,20 @@ def test_train_stream_resumes_with_the_batches_it_would_have_seen(tmp_path):
     assert np.all(counts <= split_counts)
 
 
+def test_augmented_stream_is_the_same_for_the_same_seed():
+    data = load_dataset("digits")
+    options = dict(image_size=(16, 16), channels=1, batch_size=64, seed=5, end_step=6,
+                   augmentation=Augmentation(crop="pad", crop_padding=3, flip=True, mixup=0.4))
+    first = list(train_stream(data, **options).take(6).as_numpy_iterator())
+    second = list(train_stream(data, **options).take(6).as_numpy_iterator())
+    assert len(first) == 6
+    for (x1, y1), (x2, y2) in zip(first, second):
+        np.testing.assert_array_equal(x1, x2)
+        np.testing.assert_array_equal(y1, y2)
+    other = next(train_stream(data, **{**options, "seed": 6}).as_numpy_iterator())
+    assert not np.array_equal(other[0], first[0][0])
+
+
 def test_augmentations_run_and_keep_shapes_and_label_mass():
     data = load_dataset("digits")
     augmentation = Augmentation(crop="pad", crop_padding=2, flip=True, mixup=0.4, cutmix=1.0)

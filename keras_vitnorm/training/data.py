@@ -464,14 +464,23 @@ def train_stream(
     per_image = _per_image_augmentation(augmentation, image_size, channels, seed)
 
     def prepare(raw, label):
-        image = _to_model_image(data.decode(raw), image_size, channels)
+        return _to_model_image(data.decode(raw), image_size, channels), tf.one_hot(label, data.num_classes)
+
+    def augment(image, label):
         for layer in per_image:
             image = layer(image)
-        return image, tf.one_hot(label, data.num_classes)
+        return image, label
 
     stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    # Keras' random layers draw from a stateful seed generator: in a parallel map the
+    # order of the draws (so which image gets which crop) would depend on thread
+    # timing. Run them in order, so a seed gives the same augmented stream every time.
+    if per_image:
+        stream = stream.map(augment)
     stream = stream.batch(batch_size, drop_remainder=True)
-    stream = stream.map(_batch_augmentation(augmentation, seed), num_parallel_calls=tf.data.AUTOTUNE)
+    random_batches = bool(augmentation.mixup or augmentation.cutmix)
+    stream = stream.map(_batch_augmentation(augmentation, seed),
+                        num_parallel_calls=None if random_batches else tf.data.AUTOTUNE)
     return stream.prefetch(tf.data.AUTOTUNE)
 
 
