@@ -292,6 +292,8 @@ def test_wrong_or_incomplete_checkpoints_name_the_key(reference, tmp_path):
         save_file({**timm_state, "patch_embed.proj.weight": np.zeros((200, 3, 16, 16), "float32")},
                   str(tmp_path / "odd.safetensors"))
         read_checkpoint(str(tmp_path / "odd.safetensors"))
+    with pytest.raises(ValueError, match="num_heads=6 does not fit: the huggingface checkpoint"):
+        load_checkpoint(reference["dir"], num_heads=6)
     (tmp_path / "weights.txt").write_text("nope")
     with pytest.raises(ValueError, match="Unsupported checkpoint file"):
         read_checkpoint(str(tmp_path / "weights.txt"))

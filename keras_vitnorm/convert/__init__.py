@@ -159,6 +159,11 @@ def load_checkpoint(path, verbose=False, num_heads=None, **overrides):
     ...                                 stem="dual_patchnorm", num_classes=10)
     """
     checkpoint = read_checkpoint(path, num_heads=num_heads)
+    if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
+        raise ValueError(
+            f"num_heads={num_heads} does not fit: the {checkpoint.format} checkpoint {path!r} "
+            f"records {checkpoint.config['num_heads']} heads."
+        )
     model, report = build_from_checkpoint(checkpoint, **overrides)
     if verbose:
         print(report)
