@@ -46,27 +46,22 @@ def model_flops(width, depth, mlp_dim, patch_size, image_size, channels, num_cla
 
 def matmul_rate(threads, size=2048, repeats=5):
     """Best float32 GFLOP/s of a size x size matmul with NumPy and (if present) PyTorch."""
-    rates = []
+    def rate(matrix):
+        matrix @ matrix  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            matrix @ matrix
+            times.append(time.perf_counter() - start)
+        return 2 * size**3 / min(times) / 1e9
+
     a = np.random.default_rng(0).standard_normal((size, size)).astype("float32")
-    a @ a
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    rates.append(2 * size**3 / min(times) / 1e9)
+    rates = [rate(a)]
     try:
         import torch
 
         torch.set_num_threads(threads)
-        t = torch.from_numpy(a)
-        t @ t
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            t @ t
-            times.append(time.perf_counter() - start)
-        rates.append(2 * size**3 / min(times) / 1e9)
+        rates.append(rate(torch.from_numpy(a)))
     except ImportError:
         pass
     return max(rates)

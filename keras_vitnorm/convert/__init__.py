@@ -217,7 +217,7 @@ def transfer(model, checkpoint):
     """
     from keras import ops
 
-    from keras_vitnorm.models.preset_io import resample_position_embedding
+    from keras_vitnorm.models.preset_io import resample_for_model
 
     report = ConversionReport(checkpoint.format, checkpoint.source)
     config = model.get_config()
@@ -257,11 +257,10 @@ def transfer(model, checkpoint):
             values.append((variable, array))
             report.loaded.append(path)
         elif path == POSITION_EMBEDDING:
-            stem = model.get_layer("stem")
-            prefix = int(config["pooling"] == "cls")
-            side = int(round((array.shape[1] - prefix) ** 0.5))
-            values.append((variable, resample_position_embedding(array, (side, side), stem.grid_size, prefix)))
-            report.resampled.append(f"{path} ({side}x{side} -> {stem.grid_size[0]}x{stem.grid_size[1]} grid)")
+            side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
+            grid = model.get_layer("stem").grid_size
+            values.append((variable, resample_for_model(model, array)))
+            report.resampled.append(f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid)")
         else:
             raise ValueError(
                 f"Checkpoint key {source!r} has shape {tuple(array.shape)} (as {path!r}); the "

@@ -61,7 +61,7 @@ class KeyReader:
         if full not in self.tensors:
             raise ValueError(
                 f"The {self.format_name} checkpoint has no key {full!r}, which a ViT in "
-                f"this layout needs. Keys found start with: {_first_keys(self.tensors)}."
+                f"this layout needs. Keys found start with: {first_keys(self.tensors)}."
             )
         array = np.asarray(self.tensors[full], dtype="float32")
         if shape is not None and tuple(array.shape) != tuple(shape):
@@ -78,7 +78,15 @@ class KeyReader:
         return sorted(key for key in self.tensors if key not in self.used)
 
 
-def _first_keys(tensors, count=4):
+def to_numpy(value):
+    """A NumPy array from an array or a torch tensor (bfloat16 included), without importing torch."""
+    if hasattr(value, "detach"):
+        return value.detach().float().cpu().numpy()
+    return np.asarray(value)
+
+
+def first_keys(tensors, count=4):
+    """The first `count` keys (sorted) with their shapes, for error messages."""
     keys = sorted(tensors)
     shown = ", ".join(f"{k!r} {tuple(np.shape(tensors[k]))}" for k in keys[:count])
     return shown + (f" ... ({len(keys)} keys)" if len(keys) > count else "")

@@ -24,6 +24,7 @@ import numpy as np
 
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import vit_config
 
@@ -42,7 +43,7 @@ def convert(tensors, source="npz"):
         raise ValueError(
             f"{source} is not a big_vision/AugReg ViT checkpoint: it has no key "
             f"'embedding/kernel' (optionally under {', '.join(repr(p) for p in _PREFIXES[1:])}). "
-            f"Keys found start with: {', '.join(repr(k) for k in sorted(tensors)[:4])}."
+            f"Keys found start with: {first_keys(tensors)}."
         )
     for marker, what in (("pre_logits/", "a pre-logits (representation) layer"),
                          ("MAPHead", "a MAP attention-pooling head")):

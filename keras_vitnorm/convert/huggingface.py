@@ -21,9 +21,11 @@ import numpy as np
 
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
 from keras_vitnorm.convert._common import read_tensor_file
+from keras_vitnorm.convert._common import to_numpy
 from keras_vitnorm.convert._common import torch_conv_to_dense
 from keras_vitnorm.convert._common import vit_config
 
@@ -75,7 +77,7 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
         source: description of where it came from, for messages.
         num_heads: int, overrides the head count when there is no config.
     """
-    tensors = {key: _to_numpy(value) for key, value in state_dict.items()}
+    tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     if hasattr(hf_config, "to_dict"):
         hf_config = hf_config.to_dict()
     hf_config = dict(hf_config or {})
@@ -83,7 +85,7 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     if patch_key is None:
         raise ValueError(
             f"{source} is not a Hugging Face ViT state dict: it has no key ending in "
-            f"{PATCH_KEY!r}. Keys found start with: {_first(tensors)}."
+            f"{PATCH_KEY!r}. Keys found start with: {first_keys(tensors)}."
         )
     prefix = patch_key[: -len(PATCH_KEY)]  # "vit." for ViTForImageClassification
     reader = KeyReader(tensors, "Hugging Face ViT", prefix)
@@ -171,13 +173,3 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
                 "converts ViTModel and ViTForImageClassification checkpoints."
             )
     return Checkpoint("huggingface", source, config, arrays, keys, ignored)
-
-
-def _to_numpy(value):
-    if hasattr(value, "detach"):  # a torch tensor
-        return value.detach().float().cpu().numpy()
-    return np.asarray(value)
-
-
-def _first(tensors, count=4):
-    return ", ".join(repr(k) for k in sorted(tensors)[:count])

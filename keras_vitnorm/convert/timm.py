@@ -16,8 +16,10 @@ import numpy as np
 
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
+from keras_vitnorm.convert._common import to_numpy
 from keras_vitnorm.convert._common import torch_conv_to_dense
 from keras_vitnorm.convert._common import vit_config
 
@@ -45,13 +47,12 @@ def convert(state_dict, source="state dict", num_heads=None):
         source: description of where it came from, for messages.
         num_heads: int, the head count for a non-standard width.
     """
-    tensors = {key: np.asarray(value.detach().float().cpu().numpy() if hasattr(value, "detach") else value)
-               for key, value in state_dict.items()}
+    tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     prefix = "module." if "module." + PATCH_KEY in tensors else ""
     if PATCH_KEY not in tensors and not prefix:
         raise ValueError(
             f"{source} is not a timm ViT state dict: it has no key {PATCH_KEY!r}. Keys found "
-            f"start with: {', '.join(repr(k) for k in sorted(tensors)[:4])}."
+            f"start with: {first_keys(tensors)}."
         )
     for key in tensors:
         for marker, what in _UNSUPPORTED.items():

@@ -103,7 +103,7 @@ def assign_weights(model, arrays, resample_position_embedding_ok=True, new_head_
         expected = tuple(variable.shape)
         if array.shape != expected:
             if path == POSITION_EMBEDDING and resample_position_embedding_ok:
-                array = _resample_for(model, array)
+                array = resample_for_model(model, array)
             else:
                 raise ValueError(
                     f"Weight {path!r} does not fit: the model expects shape {expected}, "
@@ -120,7 +120,8 @@ def _more(paths):
     return f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
 
 
-def _resample_for(model, array):
+def resample_for_model(model, array):
+    """`array`, a square-grid position embedding, resampled to `model`'s grid."""
     num_prefix = 1 if model.pooling == "cls" else 0
     stem = model.get_layer("stem")
     target = tuple(stem.pos_embedding.shape)

@@ -1,5 +1,7 @@
 """The configurable Vision Transformer."""
 
+import inspect
+
 import keras
 
 from keras_vitnorm.layers import BLOCK_STYLES
@@ -283,6 +285,12 @@ class ViT(keras.Model):
     def presets(cls):
         """Returns `{name: description}` of the built-in presets."""
         return list_presets()
+
+    @classmethod
+    def default_config(cls):
+        """`{key: default}` of every constructor argument in `CONFIG_KEYS`."""
+        parameters = inspect.signature(cls.__init__).parameters
+        return {key: parameters[key].default for key in cls.CONFIG_KEYS}
 
     @classmethod
     def from_preset(cls, preset, **overrides):

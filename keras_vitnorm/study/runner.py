@@ -83,11 +83,11 @@ def _probe_images(base, count=64):
     """The first `count` validation images of the study's dataset, in model format."""
     from keras_vitnorm.training import data as data_lib
 
-    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir)
     size = base.model.get("image_size")
     if size is None:
         return None  # the preset's own size: left to the caller
     size = (size, size) if isinstance(size, int) else tuple(size)
+    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir)
     channels = base.model.get("num_channels", data.channels)
     batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
     return np.asarray(batch[0])
@@ -176,20 +176,13 @@ def _residual_stream_figure(group, rows, images, figure_dir):
 def _settings_key(config):
     """What makes two runs the same: every setting, with the preset's model config
     resolved (so `{"stem": "patch"}` on a plain preset equals no override at all)."""
-    import inspect
-
     from keras_vitnorm.models import PRESETS
     from keras_vitnorm.models import ViT
     from keras_vitnorm.models.presets import preset_config
 
     settings = config.to_dict()
     if config.preset in PRESETS and not os.path.isdir(config.preset):
-        defaults = {
-            name: parameter.default
-            for name, parameter in inspect.signature(ViT.__init__).parameters.items()
-            if parameter.default is not inspect.Parameter.empty
-        }
-        settings["model"] = {**defaults, **preset_config(config.preset), **config.model}
+        settings["model"] = {**ViT.default_config(), **preset_config(config.preset), **config.model}
     return json.dumps(settings, sort_keys=True, default=str)
 
 

@@ -15,7 +15,6 @@ import contextlib
 import csv
 import dataclasses
 import datetime
-import inspect
 import json
 import math
 import os
@@ -267,12 +266,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
     _check_warmup(config.warmup_steps, total_steps)
     overrides = _model_overrides(config, data)
     if config.preset in PRESETS and not os.path.isdir(config.preset):
-        defaults = {
-            key: parameter.default
-            for key, parameter in inspect.signature(ViT.__init__).parameters.items()
-            if key in ViT.CONFIG_KEYS
-        }
-        validate_config({**defaults, **preset_config(config.preset), **overrides})
+        validate_config({**ViT.default_config(), **preset_config(config.preset), **overrides})
     if config.distribute:
         scope, replicas = backend_ops.data_parallel_scope()
         if config.batch_size % replicas:
