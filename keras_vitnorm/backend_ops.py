@@ -1,6 +1,7 @@
-"""The one module with backend-specific code: gradients of a model's loss.
+"""The one module with backend-specific code.
 
-Keras has no backend-neutral "gradient of this function" op, so each backend gets
+Keras has no backend-neutral "gradient of this function" op, no hook into how XLA
+fuses a backward pass, and no reader for PyTorch checkpoints, so each backend gets
 one small function here. Everything else in the library uses `keras.ops` only.
 """
 
@@ -42,6 +43,63 @@ def value_and_gradients(model, inputs, loss_fn, training=False):
             np.zeros(variable.shape, "float32") if grad is None else to_numpy(grad)
         )
     return float(to_numpy(loss)), to_numpy(input_grad), weight_grads
+
+
+def gradient_fence(x):
+    """Identity whose gradient XLA on CPU must materialize; use on the residual stream.
+
+    Why it exists: in a pre-LN transformer the gradient of the residual stream is
+    a chain of element-wise adds through every block. XLA's CPU compiler (jaxlib
+    0.10) fuses that whole chain, and duplicates it into each consumer: every
+    block's weight-gradient transpose re-reads up to ~96 tensors, so the backward
+    pass grows with depth squared. On S/16 this made a JAX training step take 8.2 s
+    instead of 4.4 s (`benchmarks/bench_vit.py`, docs/performance.md). Passing the
+    incoming gradient through a `lax.cond` (whose branches both return it) ends
+    the fusion at each block; `optimization_barrier` does not, because the CPU
+    compiler removes barriers before fusion.
+
+    The forward value and the gradient are unchanged. On other backends, and on
+    JAX off CPU (where a conditional would copy its predicate to the host), this
+    returns `x` untouched.
+
+    Args:
+        x: tensor.
+
+    Returns:
+        `x`.
+    """
+    if keras.backend.backend() != "jax":
+        return x
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return x
+    return _jax_fence()(x)
+
+
+_JAX_FENCE = []
+
+
+def _jax_fence():
+    if not _JAX_FENCE:
+        import jax
+
+        @jax.custom_vjp
+        def fence(x):
+            return x
+
+        def forward(x):
+            return x, None
+
+        def backward(_, grad):
+            # A predicate XLA cannot fold, so the conditional stays; both branches
+            # return the gradient itself (the second also for a NaN element).
+            keep = jax.numpy.isfinite(grad.reshape(-1)[0])
+            return (jax.lax.cond(keep, lambda g: g, lambda g: g * 1, grad),)
+
+        fence.defvjp(forward, backward)
+        _JAX_FENCE.append(fence)
+    return _JAX_FENCE[0]
 
 
 def _jax(model, inputs, loss_fn, training):

@@ -100,6 +100,43 @@ def test_norm_matches_formula(kind, learnable):
     assert_matches(layer(x, training=False), expected)
 
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+def test_norm_gradients_match_finite_differences(kind):
+    # RMSNorm's backward is written out under TensorFlow; LayerNorm is the control.
+    from keras_vitnorm.backend_ops import value_and_gradients
+
+    x = random_input((2, 3, 8))
+    upstream = np.random.default_rng(7).normal(size=x.shape)
+    layer = make_norm(kind, epsilon=EPSILON)
+    weights = build_and_randomize(layer, x.shape)
+    model = keras.Sequential([layer])
+    model.build(x.shape)
+    _, input_grad, weight_grads = value_and_gradients(
+        model, x, lambda y: keras.ops.sum(y * keras.ops.convert_to_tensor(upstream, "float32")))
+
+    def objective(x64, weights64):
+        return float(np.sum(ref.norm(kind, x64, weights64, epsilon=EPSILON) * upstream))
+
+    def numeric(array, evaluate, step=1e-5):
+        grad = np.zeros(array.shape)
+        for index in np.ndindex(array.shape):
+            plus, minus = array.astype("float64"), array.astype("float64")
+            plus[index] += step
+            minus[index] -= step
+            grad[index] = (evaluate(plus) - evaluate(minus)) / (2 * step)
+        return grad
+
+    np.testing.assert_allclose(input_grad, numeric(x, lambda v: objective(v, weights)), rtol=1e-3, atol=1e-4)
+    for variable in layer.trainable_variables:
+        name = variable.path.split("/")[-1]
+
+        def with_weight(value, name=name):
+            return objective(x.astype("float64"), {**weights, name: value})
+
+        np.testing.assert_allclose(weight_grads[variable.path], numeric(weights[name], with_weight),
+                                   rtol=1e-3, atol=1e-4, err_msg=variable.path)
+
+
 @pytest.mark.parametrize("learnable", [True, False])
 def test_batchnorm_training_uses_batch_token_statistics(learnable):
     x = 2.0 * random_input((BATCH, TOKENS, WIDTH)) + 0.5

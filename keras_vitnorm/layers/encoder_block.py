@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vitnorm.backend_ops import gradient_fence
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers._validation import check_rate
@@ -271,8 +272,8 @@ class EncoderBlock(keras.layers.Layer):
         if placement == "post":
             alpha = self.residual_alpha
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
-            return first(residual + h, training=training)
-        return x + h
+            return gradient_fence(first(residual + h, training=training))
+        return gradient_fence(x + h)
 
     def call(self, x, training=None):
         def attention(h):
