@@ -28,27 +28,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
+from _common import median_seconds
+from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 SIZES = {"S/16": 384, "B/16": 768}
 TOKENS = 197  # 14 x 14 patches + class token at 224 px
-
-
-def _median_seconds(step, warmup, steps, repeats):
-    for _ in range(warmup):
-        step()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runs.append((time.perf_counter() - start) / steps)
-    return statistics.median(runs), runs
 
 
 def _compiled_steps(layer, x, upstream):
@@ -68,26 +57,26 @@ def _compiled_steps(layer, x, upstream):
         def objective(weights, x):
             return jax.numpy.sum(forward(weights, x) * upstream)
 
-        fwd = jax.jit(forward)
-        grad = jax.jit(jax.grad(objective, argnums=(0, 1)))
-        return (lambda: jax.block_until_ready(fwd(weights, x)),
-                lambda: jax.block_until_ready(grad(weights, x)))
+        jit_forward = jax.jit(forward)
+        jit_gradient = jax.jit(jax.grad(objective, argnums=(0, 1)))
+        return (lambda: jax.block_until_ready(jit_forward(weights, x)),
+                lambda: jax.block_until_ready(jit_gradient(weights, x)))
     if backend == "tensorflow":
         import tensorflow as tf
 
         @tf.function(jit_compile=True)
-        def fwd(x):
+        def tf_forward(x):
             return layer(x)
 
         @tf.function(jit_compile=True)
-        def grad(x):
+        def tf_gradient(x):
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 loss = tf.reduce_sum(layer(x) * upstream)
             return tape.gradient(loss, [x, *layer.trainable_variables])
 
         # TensorFlow on CPU returns from a function call only once it has run.
-        return (lambda: fwd(x), lambda: grad(x))
+        return (lambda: tf_forward(x), lambda: tf_gradient(x))
     import torch
 
     x = x.detach().requires_grad_(True)
@@ -122,7 +111,7 @@ def worker_norms(args):
             fwd, grad = _compiled_steps(layer, x, upstream)
             for mode, step in (("forward", fwd), ("forward+backward", grad)):
                 step()  # compile
-                seconds, _ = _median_seconds(step, args.warmup, args.steps, args.repeats)
+                seconds, _ = median_seconds(step, args.warmup, args.steps, args.repeats)
                 results[f"{size}|{norm}|{mode}"] = seconds
     return results
 
@@ -147,7 +136,7 @@ def worker_stem(args):
         layer.build(images.shape)
         _, grad = _compiled_steps(layer, x, upstream)
         grad()
-        results[f"stem|{stem}"], _ = _median_seconds(grad, args.warmup, args.steps, args.repeats)
+        results[f"stem|{stem}"], _ = median_seconds(grad, args.warmup, args.steps, args.repeats)
 
     models = {}
     for stem in ("patch", "dual_patchnorm"):
@@ -171,18 +160,10 @@ def worker_stem(args):
 
 
 def spawn(args, part, backend):
-    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(args.threads),
-               TF_NUM_INTRAOP_THREADS=str(args.threads), TF_CPP_MIN_LOG_LEVEL="2")
-    command = [sys.executable, os.path.abspath(__file__), "--worker", part,
-               "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-               "--step-repeats", str(args.step_repeats), "--threads", str(args.threads)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if done.returncode or line is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        return {"error": " | ".join(tail)}
-    return json.loads(line[len("RESULT "):])
+    arguments = [part, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                 "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+                 "--step-repeats", str(args.step_repeats)]
+    return run_worker(__file__, arguments, backend, args.threads)
 
 
 def norms_table(results):

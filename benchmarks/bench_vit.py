@@ -24,12 +24,12 @@ it: `model(x)` under `inference_mode`, and forward + backward + `AdamW.step()`.
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
+from _common import median_seconds
+from _common import run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
@@ -71,15 +71,7 @@ def _timed(step, warmup, steps, repeats):
     start = time.perf_counter()
     step()
     compile_seconds = time.perf_counter() - start
-    for _ in range(warmup):
-        step()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runs.append((time.perf_counter() - start) / steps)
-    return compile_seconds, statistics.median(runs)
+    return compile_seconds, median_seconds(step, warmup, steps, repeats)[0]
 
 
 # ----------------------------------------------------------------------------- workers
@@ -163,7 +155,7 @@ def worker_reference(args, config):
     return results
 
 
-def run_worker(args):
+def worker_main(args):
     from keras_vitnorm.models.presets import preset_config
 
     config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
@@ -179,20 +171,11 @@ def run_worker(args):
 
 
 def spawn(args, implementation, backend):
-    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(args.threads),
-               TF_NUM_INTRAOP_THREADS=str(args.threads), TF_CPP_MIN_LOG_LEVEL="2",
-               )
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "--implementation", implementation,
-               "--preset", args.preset, "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-               "--threads", str(args.threads), "--mixed-precision", args.mixed_precision,
-               "--overrides", args.overrides, "--modes", *args.modes]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if done.returncode or line is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        return {"error": " | ".join(tail)}
-    return json.loads(line[len("RESULT "):])
+    arguments = ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
+                 "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                 "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
+                 "--overrides", args.overrides, "--modes", *args.modes]
+    return run_worker(__file__, arguments, backend, args.threads)
 
 
 def main(argv=None):
@@ -215,7 +198,7 @@ def main(argv=None):
     parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return run_worker(args)
+        return worker_main(args)
     for name in ("batch_size", "steps", "repeats", "threads", "image_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")

@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: timing and running one backend per subprocess."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def median_seconds(step, warmup, steps, repeats):
+    """Median seconds per call of `step` over `repeats` runs of `steps` calls, after `warmup` calls.
+
+    Returns:
+        `(median, per-run seconds)`.
+    """
+    for _ in range(warmup):
+        step()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runs.append((time.perf_counter() - start) / steps)
+    return statistics.median(runs), runs
+
+
+def run_worker(script, arguments, backend, threads):
+    """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
+
+    The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
+    with the last lines of its output, so one broken backend does not stop a table.
+    """
+    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(threads),
+               TF_NUM_INTRAOP_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL="2")
+    command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if done.returncode or line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return {"error": " | ".join(tail)}
+    return json.loads(line[len("RESULT "):])

@@ -1,0 +1,46 @@
+"""The benchmark scripts' FLOP count, argument checks and micro-benchmark worker (not their timings)."""
+
+import argparse
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+import bench_norms  # noqa: E402
+import bench_vit  # noqa: E402
+
+
+@pytest.mark.parametrize("preset, published_gmacs", [("s16", 4.6), ("b16", 17.6)])
+def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
+    # timm lists 4.6 and 17.6 GMACs for vit_small/base_patch16_224; a FLOP is half a MAC.
+    from keras_vitnorm.models.presets import preset_config
+
+    c = preset_config(preset)
+    flops = bench_vit.model_flops(c["width"], c["depth"], c["mlp_dim"], c["patch_size"], 224, 3, 1000)
+    assert flops / 2e9 == pytest.approx(published_gmacs, rel=0.01)
+
+
+@pytest.mark.parametrize("module, argv", [
+    (bench_vit, ["--batch-size", "0"]),
+    (bench_vit, ["--repeats", "-1"]),
+    (bench_norms, ["--steps", "0"]),
+    (bench_norms, ["--warmup", "-2"]),
+    (bench_norms, ["--part", "speed"]),
+])
+def test_bad_arguments_exit_with_a_message(module, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_norm_worker_times_every_size_norm_and_mode():
+    args = argparse.Namespace(batch_size=1, steps=1, warmup=0, repeats=1)
+    results = bench_norms.worker_norms(args)
+    expected = {f"{size}|{norm}|{mode}" for size in bench_norms.SIZES for norm in ("layernorm", "rmsnorm")
+                for mode in ("forward", "forward+backward")}
+    assert set(results) == expected
+    assert all(seconds > 0 for seconds in results.values())
+    table = bench_norms.norms_table({"this backend": results})
+    assert len(table) == 2 + len(bench_norms.SIZES)
