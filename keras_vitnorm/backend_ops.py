@@ -52,11 +52,11 @@ def gradient_fence(x):
     a chain of element-wise adds through every block. XLA's CPU compiler (jaxlib
     0.10) fuses that whole chain, and duplicates it into each consumer: every
     block's weight-gradient transpose re-reads up to ~96 tensors, so the backward
-    pass grows with depth squared. On S/16 this made a JAX training step take 8.2 s
-    instead of 4.4 s (`benchmarks/bench_vit.py`, docs/performance.md). Passing the
-    incoming gradient through a `lax.cond` (whose branches both return it) ends
-    the fusion at each block; `optimization_barrier` does not, because the CPU
-    compiler removes barriers before fusion.
+    pass grows with depth squared. On S/16 at batch 16 the gradient took 8.2 s
+    instead of 4.4 s (docs/performance.md). Passing the gradient through a
+    `lax.cond` (whose branches both return it) ends the fusion at each block;
+    `optimization_barrier` does not, because the CPU compiler removes barriers
+    before fusion.
 
     The forward value and the gradient are unchanged. On other backends, and on
     JAX off CPU (where a conditional would copy its predicate to the host), this
@@ -84,20 +84,20 @@ def _jax_fence():
     if not _JAX_FENCE:
         import jax
 
-        @jax.custom_vjp
+        # A custom JVP (not VJP), so forward-mode autodiff still works; reverse mode
+        # transposes the conditional into the backward pass.
+        @jax.custom_jvp
         def fence(x):
             return x
 
-        def forward(x):
-            return x, None
-
-        def backward(_, grad):
+        @fence.defjvp
+        def fence_jvp(primals, tangents):
+            (x,), (tangent,) = primals, tangents
             # A predicate XLA cannot fold, so the conditional stays; both branches
-            # return the gradient itself (the second also for a NaN element).
-            keep = jax.numpy.isfinite(grad.reshape(-1)[0])
-            return (jax.lax.cond(keep, lambda g: g, lambda g: g * 1, grad),)
+            # return the tangent (the second also when the element is not finite).
+            keep = jax.numpy.isfinite(x.reshape(-1)[0])
+            return x, jax.lax.cond(keep, lambda t: t, lambda t: t * 1, tangent)
 
-        fence.defvjp(forward, backward)
         _JAX_FENCE.append(fence)
     return _JAX_FENCE[0]
 

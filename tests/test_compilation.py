@@ -95,3 +95,22 @@ def test_jax_backward_has_one_fusion_boundary_per_residual_add(monkeypatch):
     assert conditionals() == 2 * TINY["depth"]  # attention and MLP residual adds
     monkeypatch.setattr(encoder_block, "gradient_fence", lambda h: h)
     assert conditionals() == 0
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.jvp is JAX's forward-mode autodiff")
+def test_forward_mode_autodiff_passes_the_fence():
+    import jax
+
+    model = ViT(**TINY)
+    x = np.random.default_rng(2).normal(size=(2, 16, 16, 3)).astype("float32")
+    direction = np.random.default_rng(3).normal(size=x.shape).astype("float32")
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def logits(images):
+        return model.stateless_call(trainable, non_trainable, images)[0]
+
+    _, tangent = jax.jvp(logits, (x,), (direction,))
+    step = 1e-2
+    numeric = (logits(x + step * direction) - logits(x - step * direction)) / (2 * step)
+    np.testing.assert_allclose(tangent, numeric, rtol=2e-2, atol=2e-3)
