@@ -24,6 +24,7 @@ it: `model(x)` under `inference_mode`, and forward + backward + `AdamW.step()`.
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -170,6 +171,20 @@ def worker_main(args):
 # ------------------------------------------------------------------------------- driver
 
 
+def combine_rounds(measured):
+    """One result from several rounds: the median step time and the first round's compile time.
+
+    A round that failed makes the whole result the first failure.
+    """
+    failed = [result for result in measured if "error" in result]
+    if failed:
+        return failed[0]
+    return {mode: {"compile_s": measured[0][mode]["compile_s"],
+                   "step_s": statistics.median(result[mode]["step_s"] for result in measured),
+                   "round_step_s": [result[mode]["step_s"] for result in measured]}
+            for mode in measured[0]}
+
+
 def spawn(args, implementation, backend):
     arguments = ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
                  "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -193,13 +208,16 @@ def main(argv=None):
     parser.add_argument("--overrides", default="{}", help='JSON ViT overrides, e.g. \'{"norm": "rmsnorm"}\'')
     parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
     parser.add_argument("--keras-hub", action="store_true", help="also time keras-hub's ViT (each backend)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every implementation this many times in turn and report the median "
+                             "across rounds, so drift of a shared machine hits all alike (default 1)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    for name in ("batch_size", "steps", "repeats", "threads", "image_size"):
+    for name in ("batch_size", "steps", "repeats", "threads", "image_size", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     from keras_vitnorm.models.presets import preset_config
@@ -217,10 +235,12 @@ def main(argv=None):
     runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
     if args.keras_hub:
         runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
-    results = {}
-    for label, backend, implementation in runs:
-        print(f"timing {label} ...", file=sys.stderr, flush=True)
-        results[label] = spawn(args, implementation, backend)
+    rounds = {label: [] for label, _, _ in runs}
+    for round_index in range(args.rounds):
+        for label, backend, implementation in runs:
+            print(f"timing {label} (round {round_index + 1} of {args.rounds}) ...", file=sys.stderr, flush=True)
+            rounds[label].append(spawn(args, implementation, backend))
+    results = {label: combine_rounds(measured) for label, measured in rounds.items()}
     reference = results.get("transformers ViT (PyTorch eager)", {})
     header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
               f"{args.mixed_precision}, {args.threads} threads; {flops / 1e9:.2f} GFLOPs/image forward "

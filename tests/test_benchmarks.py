@@ -24,6 +24,7 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
 @pytest.mark.parametrize("module, argv", [
     (bench_vit, ["--batch-size", "0"]),
     (bench_vit, ["--repeats", "-1"]),
+    (bench_vit, ["--rounds", "0"]),
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
@@ -44,3 +45,13 @@ def test_norm_worker_times_every_size_norm_and_mode():
     assert all(seconds > 0 for seconds in results.values())
     table = bench_norms.norms_table({"this backend": results})
     assert len(table) == 2 + len(bench_norms.SIZES)
+
+
+def test_rounds_combine_to_the_median_step_and_the_first_compile():
+    rounds = [{"train": {"compile_s": 9.0, "step_s": step}} for step in (3.0, 1.0, 2.0)]
+    combined = bench_vit.combine_rounds(rounds)
+    assert combined["train"]["step_s"] == 2.0
+    assert combined["train"]["compile_s"] == 9.0
+    assert combined["train"]["round_step_s"] == [3.0, 1.0, 2.0]
+    failure = {"error": "worker died"}
+    assert bench_vit.combine_rounds([rounds[0], failure]) == failure
