@@ -52,8 +52,8 @@ def gradient_fence(x):
     a chain of element-wise adds through every block. XLA's CPU compiler (jaxlib
     0.10) fuses that whole chain, and duplicates it into each consumer: every
     block's weight-gradient transpose re-reads up to ~96 tensors, so the backward
-    pass grows with depth squared. On S/16 at batch 16 the gradient took 8.2 s
-    instead of 4.4 s (docs/performance.md). Passing the gradient through a
+    pass grows with depth squared. On S/16 at batch 16 the gradient took 8.2 s;
+    with the fence it takes 4.4 to 4.8 s (docs/performance.md). Passing the gradient through a
     `lax.cond` (whose branches both return it) ends the fusion at each block;
     `optimization_barrier` does not, because the CPU compiler removes barriers
     before fusion.
