@@ -53,10 +53,10 @@ def gradient_fence(x):
     0.10) fuses that whole chain, and duplicates it into each consumer: every
     block's weight-gradient transpose re-reads up to ~96 tensors, so the backward
     pass grows with depth squared. On S/16 at batch 16 the gradient took 8.2 s;
-    with the fence it takes 4.4 to 4.8 s (docs/performance.md). Passing the gradient through a
-    `lax.cond` (whose branches both return it) ends the fusion at each block;
-    `optimization_barrier` does not, because the CPU compiler removes barriers
-    before fusion.
+    with the fence it takes 4.4 to 4.8 s (docs/performance.md). Passing the
+    gradient through a `lax.cond` (whose branches both return it) ends the fusion
+    at each block; `optimization_barrier` does not, because the CPU compiler
+    removes barriers before fusion.
 
     The forward value and the gradient are unchanged. On other backends, and on
     JAX off CPU (where a conditional would copy its predicate to the host), this
