@@ -10,7 +10,9 @@ process), with the same thread count. Per implementation it reports:
 - inference and training-step throughput in images/s: the median of `--repeats`
   timed runs of `--steps` steps each, after `--warmup` untimed steps; the first
   call (tracing/compilation) is timed separately and reported as "compile";
-- the ratio to the PyTorch reference;
+- the ratio to the PyTorch reference (with `--rounds N`, every implementation runs
+  N times in turn and the median across rounds is reported, so a drifting
+  machine slows all of them alike);
 - model FLOP utilization: the model's FLOPs per image (counted analytically, below)
   times images/s, as a fraction of this machine's measured float32 matmul rate
   (a large square matmul, the best of NumPy and PyTorch).
@@ -220,6 +222,8 @@ def main(argv=None):
     for name in ("batch_size", "steps", "repeats", "threads", "image_size", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     from keras_vitnorm.models.presets import preset_config
 
     try:

@@ -25,6 +25,7 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_vit, ["--batch-size", "0"]),
     (bench_vit, ["--repeats", "-1"]),
     (bench_vit, ["--rounds", "0"]),
+    (bench_vit, ["--warmup", "-1"]),
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
