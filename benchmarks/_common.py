@@ -40,3 +40,8 @@ def run_worker(script, arguments, backend, threads):
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         return {"error": " | ".join(tail)}
     return json.loads(line[len("RESULT "):])
+
+
+def failure_row(label, result, columns):
+    """A markdown table row for an implementation whose worker failed, padded to `columns` cells."""
+    return f"| {label} | failed: {result['error'][:150]} |" + " |" * (columns - 2)

@@ -32,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+from _common import failure_row
 from _common import median_seconds
 from _common import run_worker
 
@@ -172,7 +173,7 @@ def norms_table(results):
              "|---|---|---|---|---|---|---|---|"]
     for backend, result in results.items():
         if "error" in result:
-            lines.append(f"| {backend} | failed: {result['error'][:150]} | | | | | | |")
+            lines.append(failure_row(backend, result, 8))
             continue
         for size, width in SIZES.items():
             cells = []
@@ -190,7 +191,7 @@ def stem_table(results):
              "|---|---|---|---|---|---|---|"]
     for backend, result in results.items():
         if "error" in result:
-            lines.append(f"| {backend} | failed: {result['error'][:150]} | | | | | |")
+            lines.append(failure_row(backend, result, 7))
             continue
         extra = result["stem|dual_patchnorm"] - result["stem|patch"]
         dpn, plain = result["train|dual_patchnorm"], result["train|patch"]

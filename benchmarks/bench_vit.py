@@ -31,10 +31,10 @@ import sys
 import time
 
 import numpy as np
+from _common import failure_row
 from _common import median_seconds
 from _common import run_worker
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
 
@@ -253,7 +253,7 @@ def main(argv=None):
              "|---|---|---|---|---|---|"]
     for label, result in results.items():
         if "error" in result:
-            lines.append(f"| {label} | failed: {result['error'][:150]} | | | | |")
+            lines.append(failure_row(label, result, 6))
             continue
         for mode, timing in result.items():
             rate = args.batch_size / timing["step_s"]

@@ -5,6 +5,8 @@ fuses a backward pass, and no reader for PyTorch checkpoints, so each backend ge
 one small function here. Everything else in the library uses `keras.ops` only.
 """
 
+import functools
+
 import keras
 import numpy as np
 
@@ -77,29 +79,25 @@ def gradient_fence(x):
     return _jax_fence()(x)
 
 
-_JAX_FENCE = []
-
-
+@functools.cache
 def _jax_fence():
-    if not _JAX_FENCE:
-        import jax
+    import jax
 
-        # A custom JVP (not VJP), so forward-mode autodiff still works; reverse mode
-        # transposes the conditional into the backward pass.
-        @jax.custom_jvp
-        def fence(x):
-            return x
+    # A custom JVP (not VJP), so forward-mode autodiff still works; reverse mode
+    # transposes the conditional into the backward pass.
+    @jax.custom_jvp
+    def fence(x):
+        return x
 
-        @fence.defjvp
-        def fence_jvp(primals, tangents):
-            (x,), (tangent,) = primals, tangents
-            # A predicate XLA cannot fold, so the conditional stays; both branches
-            # return the tangent (the second also when the element is not finite).
-            keep = jax.numpy.isfinite(x.reshape(-1)[0])
-            return x, jax.lax.cond(keep, lambda t: t, lambda t: t * 1, tangent)
+    @fence.defjvp
+    def fence_jvp(primals, tangents):
+        (x,), (tangent,) = primals, tangents
+        # A predicate XLA cannot fold, so the conditional stays; both branches
+        # return the tangent (the second also when the element is not finite).
+        keep = jax.numpy.isfinite(x.reshape(-1)[0])
+        return x, jax.lax.cond(keep, lambda t: t, lambda t: t * 1, tangent)
 
-        _JAX_FENCE.append(fence)
-    return _JAX_FENCE[0]
+    return fence
 
 
 def _jax(model, inputs, loss_fn, training):

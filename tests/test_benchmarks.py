@@ -56,3 +56,9 @@ def test_rounds_combine_to_the_median_step_and_the_first_compile():
     assert combined["train"]["round_step_s"] == [3.0, 1.0, 2.0]
     failure = {"error": "worker died"}
     assert bench_vit.combine_rounds([rounds[0], failure]) == failure
+
+
+def test_a_failed_backend_gets_a_full_width_row():
+    table = bench_norms.norms_table({"jax": {"error": "worker died"}})
+    assert table[-1].startswith("| jax | failed: worker died |")
+    assert table[-1].count("|") == table[0].count("|")
