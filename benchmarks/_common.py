@@ -25,14 +25,18 @@ def median_seconds(step, warmup, steps, repeats):
     return statistics.median(runs), runs
 
 
-def run_worker(script, arguments, backend, threads):
+def run_worker(script, arguments, backend, threads, device="cpu"):
     """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
 
+    With `device="cpu"` the child sees no GPU (so a GPU machine can still be
+    benchmarked on its CPU); with `"gpu"` it sees what the machine has.
     The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
     with the last lines of its output, so one broken backend does not stop a table.
     """
     env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(threads),
                TF_NUM_INTRAOP_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL="2")
+    if device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)

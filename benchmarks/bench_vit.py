@@ -70,6 +70,26 @@ def matmul_rate(threads, size=2048, repeats=5):
     return max(rates)
 
 
+def gpu_matmul_rate(dtype, size=8192, repeats=10):
+    """GFLOP/s of a size x size matmul on the GPU through PyTorch (CUDA), in `dtype`.
+
+    float32 is timed as PyTorch runs it by default: true float32, no TF32.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
+    a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    torch.cuda.synchronize()
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
 def _timed(step, warmup, steps, repeats):
     start = time.perf_counter()
     step()
@@ -80,11 +100,32 @@ def _timed(step, warmup, steps, repeats):
 # ----------------------------------------------------------------------------- workers
 
 
+def keras_backend_device():
+    """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return "gpu" if jax.default_backend() == "gpu" else "cpu"
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
 def worker_keras(args, config):
     import keras
 
     from keras_vitnorm import ViT
 
+    found = keras_backend_device()
+    if found != args.device:
+        raise RuntimeError(f"--device {args.device}: the {keras.backend.backend()} backend runs on {found} here")
     keras.config.set_dtype_policy(args.mixed_precision)
     if args.implementation == "keras_hub":
         import keras_hub
@@ -101,6 +142,10 @@ def worker_keras(args, config):
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (args.batch_size,))
+    if args.device == "gpu":
+        # Keep the batch on the GPU, as the reference does: otherwise every step
+        # would also time a host-to-device copy of it.
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     results = {}
     if "inference" in args.modes:
         def predict():
@@ -120,26 +165,30 @@ def worker_reference(args, config):
     import transformers
 
     torch.set_num_threads(args.threads)
+    device = "cuda" if args.device == "gpu" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
     hf_config = transformers.ViTConfig(
         hidden_size=config["width"], num_hidden_layers=config["depth"], num_attention_heads=config["num_heads"],
         intermediate_size=config["mlp_dim"], image_size=config["image_size"], patch_size=config["patch_size"],
         num_labels=config["num_classes"], layer_norm_eps=1e-6)
-    model = transformers.ViTForImageClassification(hf_config)
+    model = transformers.ViTForImageClassification(hf_config).to(device)
     dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.uniform(-1, 1, (args.batch_size, 3, config["image_size"], config["image_size"])).astype("float32"))
     y = torch.from_numpy(rng.integers(0, config["num_classes"], (args.batch_size,)))
+    x, y = x.to(device), y.to(device)
     results = {}
 
     def autocast():
-        return torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
+        return torch.autocast(device, dtype=dtype) if dtype else torch.autocast(device, enabled=False)
 
     if "inference" in args.modes:
         model.eval()
 
         def predict():
             with torch.inference_mode(), autocast():
-                model(pixel_values=x).logits.float().numpy()
+                model(pixel_values=x).logits.float().cpu().numpy()
 
         results["inference"] = _timed(predict, args.warmup, args.steps, args.repeats)
     if "train" in args.modes:
@@ -153,6 +202,7 @@ def worker_reference(args, config):
                 loss = loss_fn(model(pixel_values=x).logits.float(), y)
             loss.backward()
             optimizer.step()
+            loss.item()  # Keras' train_on_batch returns the loss as a Python float too
 
         results["train"] = _timed(train, args.warmup, args.steps, args.repeats)
     return results
@@ -191,8 +241,8 @@ def spawn(args, implementation, backend):
     arguments = ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
                  "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
                  "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
-                 "--overrides", args.overrides, "--modes", *args.modes]
-    return run_worker(__file__, arguments, backend, args.threads)
+                 "--overrides", args.overrides, "--device", args.device, "--modes", *args.modes]
+    return run_worker(__file__, arguments, backend, args.threads, args.device)
 
 
 def main(argv=None):
@@ -207,6 +257,9 @@ def main(argv=None):
     parser.add_argument("--backends", nargs="+", default=list(KERAS_BACKENDS), choices=KERAS_BACKENDS)
     parser.add_argument("--modes", nargs="+", default=["inference", "train"], choices=("inference", "train"))
     parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                        help="cpu: every implementation on the CPU, GPUs hidden (default); gpu: every "
+                             "implementation on the GPU, which each backend must see")
     parser.add_argument("--overrides", default="{}", help='JSON ViT overrides, e.g. \'{"norm": "rmsnorm"}\'')
     parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
     parser.add_argument("--keras-hub", action="store_true", help="also time keras-hub's ViT (each backend)")
@@ -232,7 +285,15 @@ def main(argv=None):
         parser.error(str(error))
     flops = model_flops(config["width"], config["depth"], config["mlp_dim"], config["patch_size"],
                         args.image_size, 3, config.get("num_classes", 1000))
-    peak = matmul_rate(args.threads)
+    if args.device == "gpu":
+        matmul_dtype = "bfloat16" if args.mixed_precision == "mixed_bfloat16" else "float32"
+        try:
+            peak = gpu_matmul_rate(matmul_dtype)
+        except (ImportError, RuntimeError) as error:
+            parser.error(f"--device gpu needs PyTorch with a CUDA GPU to measure the matmul rate: {error}")
+    else:
+        matmul_dtype = "float32"
+        peak = matmul_rate(args.threads)
     runs = []
     if not args.no_reference:
         runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
@@ -246,9 +307,10 @@ def main(argv=None):
             rounds[label].append(spawn(args, implementation, backend))
     results = {label: combine_rounds(measured) for label, measured in rounds.items()}
     reference = results.get("transformers ViT (PyTorch eager)", {})
+    where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
     header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
-              f"{args.mixed_precision}, {args.threads} threads; {flops / 1e9:.2f} GFLOPs/image forward "
-              f"(x3 for a training step); measured matmul rate {peak:.0f} GFLOP/s")
+              f"{args.mixed_precision}, {where}; {flops / 1e9:.2f} GFLOPs/image forward "
+              f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s")
     lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) |",
              "|---|---|---|---|---|---|"]
     for label, result in results.items():
@@ -266,6 +328,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
+                       "matmul_dtype": matmul_dtype,
                        "results": results}, f, indent=2)
     return 0
 

@@ -37,6 +37,22 @@ def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     assert argv[0] in capsys.readouterr().err
 
 
+def _cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
+def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_vit.main(["--device", "gpu", "--no-reference"])
+    assert exit_info.value.code == 2
+    assert "--device gpu needs PyTorch with a CUDA GPU" in capsys.readouterr().err
+
+
 def test_norm_worker_times_every_size_norm_and_mode():
     args = argparse.Namespace(batch_size=1, steps=1, warmup=0, repeats=1)
     results = bench_norms.worker_norms(args)

@@ -223,3 +223,21 @@ def test_stem_rejects_wrong_image_shape_at_call_time():
 def test_groupnorm_width_must_divide_groups():
     with pytest.raises(ValueError, match="norm_groups"):
         layers.EncoderBlock(4, 32, 6, norm="groupnorm", norm_groups=5)(_inputs(TOKENS))
+
+
+@pytest.mark.parametrize("num_tokens", [5, 6])
+@pytest.mark.parametrize("training", [False, True])
+def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens, training):
+    # JAX's cuDNN flash attention rejects odd token counts at training time; there
+    # the layer asks for XLA attention (False); everywhere else Keras chooses (None).
+    seen = []
+    original = keras.ops.dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("flash_attention", "not passed"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+    layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
+    rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
+    assert seen == [False if rejects else None]

@@ -8,6 +8,22 @@ from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import make_norm
 
 
+def _flash_attention(num_tokens, training):
+    """The `flash_attention` argument for `keras.ops.dot_product_attention`.
+
+    `None` (Keras chooses) except in one case. On a GPU under JAX, Keras picks
+    cuDNN flash attention from a check that passes, but JAX's own check at
+    training time rejects an odd token count (197 for a ViT with a class token:
+    "Unsupported sequence length Q 197, KV 197", jax 0.11). Keras then logs that
+    error with a full traceback at every trace and falls back to XLA's attention.
+    `False` asks for XLA's attention directly: the same computation, no traceback
+    in the log, and the same step time (measured on an H100, docs/performance.md).
+    """
+    if keras.backend.backend() == "jax" and training and num_tokens % 2:
+        return False
+    return None
+
+
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head self-attention over `(batch, tokens, width)` inputs.
@@ -132,7 +148,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.q_norm is not None:
             q = self.q_norm(q, training=training)
             k = self.k_norm(k, training=training)
-        y = ops.dot_product_attention(q, k, v)
+        y = ops.dot_product_attention(q, k, v, flash_attention=_flash_attention(num_tokens, training))
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
         y = ops.reshape(y, (-1, num_tokens, width))
