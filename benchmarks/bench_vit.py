@@ -3,6 +3,7 @@ reference PyTorch ViT (Hugging Face transformers, eager) and keras-hub's ViT.
 
     python benchmarks/bench_vit.py --preset s16 --batch-size 16            # the issue's setup
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
+    python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16
 
 Each implementation runs in its own subprocess (a Keras backend is fixed per
 process), with the same thread count. Per implementation it reports:
@@ -15,7 +16,8 @@ process), with the same thread count. Per implementation it reports:
   machine slows all of them alike);
 - model FLOP utilization: the model's FLOPs per image (counted analytically, below)
   times images/s, as a fraction of this machine's measured float32 matmul rate
-  (a large square matmul, the best of NumPy and PyTorch).
+  (a large square matmul, the best of NumPy and PyTorch); with `--device gpu`, of
+  PyTorch's CUDA matmul rate in the compute dtype (bfloat16 under `mixed_bfloat16`).
 
 Keras models are timed through the paths `fit` and `predict` use
 (`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
@@ -78,7 +80,7 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
+        raise RuntimeError("PyTorch sees no CUDA GPU on this machine")
     a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
     for _ in range(3):
         a @ a
@@ -277,6 +279,9 @@ def main(argv=None):
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    # This process only reads the preset: it must not need TensorFlow (Keras'
+    # default backend) on a machine that runs only the other backends.
+    os.environ.setdefault("KERAS_BACKEND", args.backends[0])
     from keras_vitnorm.models.presets import preset_config
 
     try:
