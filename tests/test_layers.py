@@ -22,6 +22,7 @@ def _token_layers():
             "attention_qk_norm_head_scale_inner": lambda: layers.MultiHeadSelfAttention(
                 4, qk_norm="layernorm", head_scale=True, inner_norm="rmsnorm", qkv_bias=False
             ),
+            "fused_dense": lambda: layers.FusedDense(TOKENS[-1], activation="gelu"),
             "mlp": lambda: layers.MLP(32),
             "mlp_mid_norm": lambda: layers.MLP(32, mid_norm="layernorm", dropout=0.1),
         }
@@ -241,3 +242,70 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
     layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
     rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
     assert seen == [False if rejects else None]
+
+
+def _dense_pair(use_bias, activation, lora):
+    """A keras Dense and a FusedDense with the same weights (and LoRA weights)."""
+    pair = []
+    for cls in (keras.layers.Dense, layers.FusedDense):
+        keras.utils.set_random_seed(4)
+        layer = cls(6, use_bias=use_bias, activation=activation, bias_initializer="random_normal")
+        layer.build((None, 16))
+        if lora:
+            layer.enable_lora(2, b_initializer="random_normal")
+        pair.append(layer)
+    return pair
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (2, 5, 16)])
+@pytest.mark.parametrize("use_bias,activation,lora", [(True, None, False), (False, "gelu", False), (True, None, True)])
+def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activation, lora):
+    from keras_vitnorm.backend_ops import value_and_gradients
+
+    x = _inputs(shape)
+    results = []
+    for layer in _dense_pair(use_bias, activation, lora):
+        inputs = keras.Input(shape[1:])
+        model = keras.Model(inputs, layer(inputs))
+        results.append(value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.sin(y))))
+        results[-1] += (keras.ops.convert_to_numpy(model(x)),)
+    (loss_a, dx_a, dw_a, y_a), (loss_b, dx_b, dw_b, y_b) = results
+    np.testing.assert_allclose(y_b, y_a, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dx_b, dx_a, rtol=1e-5, atol=1e-6)
+    by_name = lambda grads: {path.split("/")[-1]: grad for path, grad in grads.items()}  # noqa: E731
+    dw_a, dw_b = by_name(dw_a), by_name(dw_b)
+    # LoRA freezes the kernel and trains its two low-rank factors instead.
+    expected = ({"lora_kernel_a", "lora_kernel_b"} if lora else {"kernel"}) | ({"bias"} if use_bias else set())
+    assert set(dw_a) == set(dw_b) == expected
+    for name in expected:
+        np.testing.assert_allclose(dw_b[name], dw_a[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+@pytest.mark.parametrize("lora", [False, True])
+def test_split_and_fused_qkv_projections_agree(monkeypatch, qkv_bias, lora):
+    # TensorFlow projects q, k and v with three matmuls on column slices of the fused
+    # kernel; the other backends slice one matmul's output. Both forms, forced on
+    # this backend, must give the same output and gradients from the same weights.
+    from keras_vitnorm.backend_ops import value_and_gradients
+    from keras_vitnorm.layers import attention
+
+    keras.utils.set_random_seed(5)
+    layer = layers.MultiHeadSelfAttention(4, qkv_bias=qkv_bias, qk_norm="layernorm")
+    inputs = keras.Input(TOKENS[1:])
+    model = keras.Model(inputs, layer(inputs))
+    if lora:
+        layer.qkv.enable_lora(2, b_initializer="random_normal")
+    if qkv_bias:  # a zero-initialized bias would hide a bias sliced in the wrong place
+        layer.qkv.bias.assign(np.random.default_rng(1).normal(size=layer.qkv.bias.shape).astype("float32"))
+    x = _inputs(TOKENS)
+    results = {}
+    for form, backends in (("fused", ()), ("split", (keras.backend.backend(),))):
+        monkeypatch.setattr(attention, "_SPLIT_QKV_BACKENDS", backends)
+        results[form] = value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.sin(y)))
+    (loss_f, dx_f, dw_f), (loss_s, dx_s, dw_s) = results["fused"], results["split"]
+    np.testing.assert_allclose(loss_s, loss_f, rtol=1e-5)
+    np.testing.assert_allclose(dx_s, dx_f, rtol=1e-4, atol=1e-5)
+    assert set(dw_s) == set(dw_f)
+    for path in dw_f:  # float32 sums in another order: atol against gradients of order 1 to 10
+        np.testing.assert_allclose(dw_s[path], dw_f[path], rtol=1e-4, atol=1e-5, err_msg=path)

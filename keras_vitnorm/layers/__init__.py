@@ -1,6 +1,7 @@
 """Layers of keras_vitnorm: norms, stem, attention, MLP, encoder block."""
 
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
+from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.encoder_block import BLOCK_STYLES
 from keras_vitnorm.layers.encoder_block import PLACEMENTS
 from keras_vitnorm.layers.encoder_block import EncoderBlock

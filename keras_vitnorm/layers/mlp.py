@@ -3,6 +3,7 @@
 import keras
 
 from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import make_norm
 
@@ -53,7 +54,7 @@ class MLP(keras.layers.Layer):
         width = input_shape[-1]
         hidden_shape = (*input_shape[:-1], self.hidden_dim)
         bias_init = keras.initializers.RandomNormal(stddev=1e-6)
-        self.fc1 = keras.layers.Dense(
+        self.fc1 = FusedDense(
             self.hidden_dim,
             kernel_initializer="glorot_uniform",
             bias_initializer=bias_init,
@@ -61,7 +62,7 @@ class MLP(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.fc1.build(input_shape)
-        self.fc2 = keras.layers.Dense(
+        self.fc2 = FusedDense(
             width,
             kernel_initializer="glorot_uniform",
             bias_initializer=bias_init,

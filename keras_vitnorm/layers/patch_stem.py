@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
@@ -208,7 +209,7 @@ class PatchStem(keras.layers.Layer):
             if self.stem in _USES_PRE_NORM:
                 self.patch_norm = self._norm("patch_norm")
                 self.patch_norm.build((None, num_patches, patch_dim))
-            self.projection = keras.layers.Dense(
+            self.projection = FusedDense(
                 self.width,
                 kernel_initializer="lecun_normal",
                 name="projection",
