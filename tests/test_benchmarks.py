@@ -7,6 +7,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+import bench_ab  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_vit  # noqa: E402
 
@@ -29,6 +30,9 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
+    (bench_ab, ["--rounds", "0"]),
+    (bench_ab, ["--changes", "faster"]),
+    (bench_ab, ["--preset", "s17"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -78,3 +82,35 @@ def test_a_failed_backend_gets_a_full_width_row():
     table = bench_norms.norms_table({"jax": {"error": "worker died"}})
     assert table[-1].startswith("| jax | failed: worker died |")
     assert table[-1].count("|") == table[0].count("|")
+
+
+@pytest.mark.parametrize("change", bench_ab.CHANGES)
+def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
+    from keras_vitnorm.layers import attention
+    from keras_vitnorm.layers import dense
+
+    before = (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call)
+    from keras_vitnorm.models.presets import preset_config
+
+    config = {**preset_config("s16"), "image_size": 32, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2,
+              "mlp_dim": 64, "num_classes": 10}
+    result = bench_ab.worker_ab(change, ["inference", "train"], config, batch_size=2, rounds=2, steps=1)
+    assert result["max_abs_diff"] < 1e-5
+    for mode in ("inference", "train"):
+        assert all(len(result[mode][form]) == 2 and min(result[mode][form]) > 0 for form in ("library", "other"))
+    assert (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call) == before  # the switch is undone
+    table = bench_ab.ab_table({("this backend", change): result, ("other", change): {"error": "worker died"}})
+    assert len(table) == 2 + 2 + 1
+    assert table[-1].count("|") == table[0].count("|")
+
+
+def test_ab_other_form_switches_the_library_path():
+    import keras
+
+    from keras_vitnorm.layers import attention
+
+    backend = keras.backend.backend()
+    library_splits = backend in attention._SPLIT_QKV_BACKENDS
+    with bench_ab.other_form("split_qkv"):
+        assert (backend in attention._SPLIT_QKV_BACKENDS) != library_splits
+    assert (backend in attention._SPLIT_QKV_BACKENDS) == library_splits

@@ -1,0 +1,191 @@
+"""A/B timing of one library code path against its alternative, in one process per backend.
+
+    python benchmarks/bench_ab.py --changes fused_dense --backends torch --modes inference train
+    python benchmarks/bench_ab.py --changes split_qkv --rounds 6
+
+On a shared host the speed drifts by more than the few percent a code-path choice
+is worth, so two separate benchmark runs cannot settle it. Here both forms of the
+model are built in the same process (same seed, same weights), compiled once each,
+and timed in alternation: `--rounds` times, `--steps` steps each, so drift hits both
+alike. The table gives the median seconds per step of each form and their ratio.
+
+Changes:
+
+- `fused_dense`: `FusedDense.call` (on PyTorch one `torch.nn.functional.linear`,
+  the bias fused into the matmul) against Keras' own `Dense.call` (matmul, then add).
+  On JAX and TensorFlow the two are the same code.
+- `split_qkv`: q, k and v as the library projects them on this backend against
+  the other form (three matmuls on column slices of the fused kernel on
+  TensorFlow; one matmul whose output is sliced elsewhere).
+
+Steps run through `predict_on_batch` and `train_on_batch` (AdamW, cross-entropy),
+as in `bench_vit.py`. The two forms' logits on the batch (after a random head, the
+same for both) are compared too; "max abs output diff" should be float32 round-off.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+from _common import failure_row
+from _common import median_seconds
+from _common import run_worker
+
+KERAS_BACKENDS = ("jax", "tensorflow", "torch")
+CHANGES = ("fused_dense", "split_qkv")
+MODES = ("inference", "train")
+
+
+@contextlib.contextmanager
+def other_form(change):
+    """Within this context the library takes the alternative to its code path for `change`."""
+    import keras
+
+    if change == "fused_dense":
+        from keras_vitnorm.layers import dense
+
+        saved = dense.FusedDense.call
+        dense.FusedDense.call = keras.layers.Dense.call
+        try:
+            yield
+        finally:
+            dense.FusedDense.call = saved
+    elif change == "split_qkv":
+        from keras_vitnorm.layers import attention
+
+        saved = attention._SPLIT_QKV_BACKENDS
+        backend = keras.backend.backend()
+        if backend in saved:
+            attention._SPLIT_QKV_BACKENDS = tuple(b for b in saved if b != backend)
+        else:
+            attention._SPLIT_QKV_BACKENDS = (*saved, backend)
+        try:
+            yield
+        finally:
+            attention._SPLIT_QKV_BACKENDS = saved
+    else:
+        raise ValueError(f"unknown change {change!r}; valid: {', '.join(CHANGES)}")
+
+
+def worker_ab(change, modes, config, batch_size, rounds, steps):
+    """`{mode: {"library": [s/step per round], "other": [...]}, "max_abs_diff": float}`."""
+    import keras
+
+    from keras_vitnorm import ViT
+
+    rng = np.random.default_rng(0)
+    size = config["image_size"]
+    x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
+    y = rng.integers(0, config["num_classes"], (batch_size,))
+    forms = {"library": contextlib.nullcontext, "other": lambda: other_form(change)}
+    models, outputs = {}, {}
+    for form, context in forms.items():
+        with context():
+            keras.utils.set_random_seed(0)
+            model = ViT(**config)
+            # The head starts at zero (as in the paper), which would make every
+            # output 0 and the comparison below empty: give both forms the same
+            # random head. It does not change the time of a step.
+            head = model.get_layer("head").kernel
+            head.assign(np.random.default_rng(1).normal(0, 0.05, head.shape).astype("float32"))
+            model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            outputs[form] = keras.ops.convert_to_numpy(model.predict_on_batch(x))
+        models[form] = model
+    results = {"max_abs_diff": float(np.max(np.abs(outputs["library"] - outputs["other"])))}
+    for mode in modes:
+        times = {form: [] for form in forms}
+        for form, context in forms.items():  # first call: compile; second: warm-up
+            with context():
+                for _ in range(2):
+                    _step(models[form], mode, x, y)
+        for _ in range(rounds):
+            for form, context in forms.items():
+                with context():
+                    seconds, _ = median_seconds(lambda f=form: _step(models[f], mode, x, y), 0, steps, 1)
+                times[form].append(seconds)
+        results[mode] = times
+    return results
+
+
+def _step(model, mode, x, y):
+    import keras
+
+    if mode == "train":
+        model.train_on_batch(x, y)
+    else:
+        keras.ops.convert_to_numpy(model.predict_on_batch(x))
+
+
+def ab_table(results):
+    """Markdown rows: backend, change, mode, both medians, ratio, and the output difference."""
+    header = ["| backend | change | mode | library form (s/step) | other form (s/step) | library / other "
+              "| rounds (library; other) | max abs output diff |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for (backend, change), result in results.items():
+        if "error" in result:
+            rows.append(failure_row(f"{backend} | {change}", result, 7))
+            continue
+        for mode in MODES:
+            if mode not in result:
+                continue
+            lib, other = result[mode]["library"], result[mode]["other"]
+            ratio = statistics.median(lib) / statistics.median(other)
+            spread = f"{' '.join(f'{t:.3f}' for t in lib)}; {' '.join(f'{t:.3f}' for t in other)}"
+            rows.append(f"| {backend} | {change} | {mode} | {statistics.median(lib):.3f} | "
+                        f"{statistics.median(other):.3f} | {ratio:.3f} | {spread} | {result['max_abs_diff']:.1e} |")
+    return header + rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--changes", nargs="+", default=list(CHANGES), choices=CHANGES)
+    parser.add_argument("--backends", nargs="+", default=list(KERAS_BACKENDS), choices=KERAS_BACKENDS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--preset", default="s16")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5, help="alternations of the two forms; the median is reported")
+    parser.add_argument("--steps", type=int, default=2, help="steps per form per round")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--worker", choices=CHANGES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("image_size", "batch_size", "rounds", "steps", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    # Importing keras_vitnorm imports Keras: in the driver, use a backend that was asked for.
+    os.environ.setdefault("KERAS_BACKEND", args.backends[0])
+    from keras_vitnorm.models.presets import preset_config  # after parsing: --help needs no Keras
+
+    try:
+        config = {**preset_config(args.preset), "image_size": args.image_size, "num_classes": 1000}
+    except ValueError as error:
+        parser.error(f"--preset: {error}")
+    if args.worker:
+        result = worker_ab(args.worker, args.modes, config, args.batch_size, args.rounds, args.steps)
+        print("RESULT " + json.dumps(result))
+        return 0
+    results = {}
+    for backend in args.backends:
+        for change in args.changes:
+            print(f"timing {change} on {backend} ...", file=sys.stderr, flush=True)
+            worker_args = [change, "--modes", *args.modes, "--preset", args.preset,
+                           "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+                           "--rounds", str(args.rounds), "--steps", str(args.steps)]
+            results[(backend, change)] = run_worker(__file__, worker_args, backend, args.threads)
+    print(f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, float32, CPU, "
+          f"{args.threads} threads; {args.rounds} alternating rounds of {args.steps} steps per form\n")
+    print("\n".join(ab_table(results)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({f"{b}|{c}": r for (b, c), r in results.items()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
