@@ -56,8 +56,9 @@ def linear(x, kernel, bias=None):
     and its CPU `mm` path was slower than the `addmm` that `torch.nn.Linear` uses:
     in a CPU profile of S/16 inference, 2.33 s of `mm` plus 150 ms of bias adds
     against the reference's 2.14 s of `addmm` (docs/performance.md). On PyTorch
-    this calls `torch.nn.functional.linear`, whose result is the same to the bit
-    here; elsewhere it is `ops.matmul` then `ops.add`, exactly as Keras' `Dense`.
+    this calls `torch.nn.functional.linear` (the same result up to float32
+    rounding, tested against `Dense`); elsewhere it is `ops.matmul` then
+    `ops.add`, exactly as Keras' `Dense`. Mixed dtypes take the Keras path too.
 
     Args:
         x: tensor `(..., in)`.

@@ -167,10 +167,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         One matmul whose output is sliced, except on the backends in
         `_SPLIT_QKV_BACKENDS` (TensorFlow), where q, k and v come from three
         matmuls on column slices of the same kernel and bias. The weights and the
-        result are the same (tested); the split form gave TensorFlow's XLA a ~9%
-        faster S/16 training step on CPU, measured side by side, and was no faster
-        on JAX (1%) and slower on PyTorch (docs/performance.md). A quantized `qkv`
-        always takes the fused path, through Keras' quantized `Dense`.
+        result are the same (tested). Timed alternately on S/16 CPU training steps
+        (`benchmarks/bench_ab.py --changes split_qkv`), the split form was 2 to 9%
+        faster on TensorFlow, 1% on JAX and 13% slower on PyTorch
+        (docs/performance.md). A quantized `qkv` always takes the fused path,
+        through Keras' quantized `Dense`.
         """
         num_tokens = x.shape[1]
         if keras.backend.backend() in _SPLIT_QKV_BACKENDS and self.qkv.quantization_mode is None:
