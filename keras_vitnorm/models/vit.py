@@ -39,7 +39,7 @@ def validate_config(config):
     """Checks a ViT config dict; raises a `ValueError` naming the first bad value."""
     c = config
     image_size, patch_size, width = c["image_size"], c["patch_size"], c["width"]
-    num_heads, num_classes, norm = c["num_heads"], c["num_classes"], c["norm"]
+    num_heads, num_classes = c["num_heads"], c["num_classes"]
     for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim", "norm_groups"):
         check_positive_int(argument, c[argument])
     height, image_width = _image_hw(image_size)
