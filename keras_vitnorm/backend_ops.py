@@ -70,7 +70,8 @@ def linear(x, kernel, bias=None):
     """
     kernel = keras.ops.convert_to_tensor(kernel)
     bias = None if bias is None else keras.ops.convert_to_tensor(bias)
-    if keras.backend.backend() == "torch" and x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype):
+    same_dtype = x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype)
+    if keras.backend.backend() == "torch" and same_dtype:
         import torch
 
         return torch.nn.functional.linear(x, kernel.T, bias)

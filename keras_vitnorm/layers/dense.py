@@ -13,9 +13,9 @@ class FusedDense(keras.layers.Dense):
     (a quantized layer takes Keras' quantized path, which does not reach `call`).
     Only the unquantized forward changes, and only on PyTorch: there
     `keras.ops.matmul` plus `keras.ops.add` runs the bias add as a second pass,
-    while `torch.nn.functional.linear` fuses it (see `backend_ops.linear`; 11% of
-    an S/16 CPU inference step, `benchmarks/bench_ab.py`, docs/performance.md). On JAX and TensorFlow the
-    computation is Keras' own.
+    while `torch.nn.functional.linear` fuses it (see `backend_ops.linear`; 11%
+    of an S/16 CPU inference step, measured with `benchmarks/bench_ab.py`,
+    docs/performance.md). On JAX and TensorFlow the computation is Keras' own.
 
     Example:
     >>> layer = FusedDense(8)
