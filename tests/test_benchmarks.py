@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 import bench_ab  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_vit  # noqa: E402
+import profile_torch  # noqa: E402
 
 
 @pytest.mark.parametrize("preset, published_gmacs", [("s16", 4.6), ("b16", 17.6)])
@@ -33,6 +34,8 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_ab, ["--rounds", "0"]),
     (bench_ab, ["--changes", "faster"]),
     (bench_ab, ["--preset", "s17"]),
+    (profile_torch, ["--steps", "0"]),
+    (profile_torch, ["--mode", "speed"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -47,6 +50,14 @@ def _cuda_available():
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() == "torch", reason="the check is for another backend")
+def test_torch_profile_refuses_a_process_with_another_keras_backend(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        profile_torch.main(["--steps", "1"])
+    assert exit_info.value.code == 2
+    assert "another backend" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
