@@ -8,13 +8,18 @@ Both models (same size, random weights) run `--steps` steps under
 `predict_on_batch` / `train_on_batch` (AdamW), the reference as in `bench_vit.py`.
 For each, the table lists the ATen operators by self CPU time, so kernels that
 differ between the two (matmul forms, copies, attention kernels) show side by side.
+A line above it gives the median wall time of `--steps` unprofiled steps, the ATen
+operators' self time per step, and the difference: time spent outside ATen
+operators (Python, Keras' layer and optimizer code, the profiler's own gaps).
 Run it with the allocator settings you want to compare (for example
 `MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000`).
 """
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -84,11 +89,21 @@ def main(argv=None):
     for name, step in (("transformers ViT (reference)", reference_step), ("keras_vitnorm (torch)", keras_step)):
         step()
         step()
+        wall = []
+        for _ in range(args.steps):  # unprofiled, for the time outside ATen operators
+            start = time.perf_counter()
+            step()
+            wall.append(time.perf_counter() - start)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
                 step()
+        averages = prof.key_averages()
+        aten = sum(e.self_cpu_time_total for e in averages if e.key.startswith("aten::")) / 1e6 / args.steps
+        step_s = statistics.median(wall)
         print(f"== {name}: {args.preset}, batch {args.batch_size}, {args.mode}, {args.steps} steps")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        print(f"per step: {step_s:.3f} s wall (unprofiled, median), {aten:.3f} s self time in ATen operators "
+              f"(profiled), {step_s - aten:.3f} s outside them")
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     return 0
 
 
