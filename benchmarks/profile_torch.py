@@ -8,16 +8,15 @@ Both models (same size, random weights) run `--steps` steps under
 `predict_on_batch` / `train_on_batch` (AdamW), the reference as in `bench_vit.py`.
 For each, the table lists the ATen operators by self CPU time, so kernels that
 differ between the two (matmul forms, copies, attention kernels) show side by side.
-A line above it gives the median wall time of `--steps` unprofiled steps, the ATen
+A line above it gives, for the same profiled steps, the wall time per step, the ATen
 operators' self time per step, and the difference: time spent outside ATen
-operators (Python, Keras' layer and optimizer code, the profiler's own gaps).
+operators (Python, Keras' layer and optimizer code, the profiler's own overhead).
 Run it with the allocator settings you want to compare (for example
 `MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000`).
 """
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -89,20 +88,16 @@ def main(argv=None):
     for name, step in (("transformers ViT (reference)", reference_step), ("keras_vitnorm (torch)", keras_step)):
         step()
         step()
-        wall = []
-        for _ in range(args.steps):  # unprofiled, for the time outside ATen operators
-            start = time.perf_counter()
-            step()
-            wall.append(time.perf_counter() - start)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            wall = (time.perf_counter() - start) / args.steps
         averages = prof.key_averages()
         aten = sum(e.self_cpu_time_total for e in averages if e.key.startswith("aten::")) / 1e6 / args.steps
-        step_s = statistics.median(wall)
         print(f"== {name}: {args.preset}, batch {args.batch_size}, {args.mode}, {args.steps} steps")
-        print(f"per step: {step_s:.3f} s wall (unprofiled, median), {aten:.3f} s self time in ATen operators "
-              f"(profiled), {step_s - aten:.3f} s outside them")
+        print(f"per step, profiled: {wall:.3f} s wall, {aten:.3f} s self time in ATen operators, "
+              f"{wall - aten:.3f} s outside them")
         print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     return 0
 
