@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
@@ -180,9 +181,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             bias = None if self.qkv.bias is None else ops.convert_to_tensor(self.qkv.bias)
             parts = []
             for i in range(3):
-                y = ops.matmul(x, kernel[:, i * width : (i + 1) * width])
-                if bias is not None:
-                    y = ops.add(y, bias[i * width : (i + 1) * width])
+                columns = slice(i * width, (i + 1) * width)
+                y = linear(x, kernel[:, columns], None if bias is None else bias[columns])
                 parts.append(ops.reshape(y, (-1, num_tokens, self.num_heads, self.head_dim)))
             return parts
         qkv = ops.reshape(self.qkv(x), (-1, num_tokens, 3, self.num_heads, self.head_dim))
