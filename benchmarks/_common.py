@@ -8,6 +8,25 @@ import sys
 import time
 
 
+def compile_like_fit(model):
+    """Compiles a Keras model the way every benchmark times it: AdamW(1e-4), cross-entropy on logits."""
+    import keras
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def reference_vit(config):
+    """The transformers `ViTForImageClassification` (random weights) of the size of a keras_vitnorm config."""
+    import transformers
+
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=config["width"], num_hidden_layers=config["depth"], num_attention_heads=config["num_heads"],
+        intermediate_size=config["mlp_dim"], image_size=config["image_size"], patch_size=config["patch_size"],
+        num_labels=config["num_classes"], layer_norm_eps=1e-6))
+
+
 def median_seconds(step, warmup, steps, repeats):
     """Median seconds per call of `step` over `repeats` runs of `steps` calls, after `warmup` calls.
 

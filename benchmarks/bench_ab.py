@@ -31,6 +31,7 @@ import statistics
 import sys
 
 import numpy as np
+from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
 from _common import run_worker
@@ -92,8 +93,7 @@ def worker_ab(change, modes, config, batch_size, rounds, steps):
             # random head. It does not change the time of a step.
             head = model.get_layer("head").kernel
             head.assign(np.random.default_rng(1).normal(0, 0.05, head.shape).astype("float32"))
-            model.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            compile_like_fit(model)
             outputs[form] = keras.ops.convert_to_numpy(model.predict_on_batch(x))
         models[form] = model
     results = {"max_abs_diff": float(np.max(np.abs(outputs["library"] - outputs["other"])))}

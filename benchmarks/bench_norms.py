@@ -32,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
 from _common import run_worker
@@ -142,8 +143,7 @@ def worker_stem(args):
     models = {}
     for stem in ("patch", "dual_patchnorm"):
         model = ViT(**{**config, "stem": stem})
-        model.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        compile_like_fit(model)
         model.train_on_batch(images, labels)  # compile
         for _ in range(args.warmup):
             model.train_on_batch(images, labels)

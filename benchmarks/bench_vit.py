@@ -33,8 +33,10 @@ import sys
 import time
 
 import numpy as np
+from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
+from _common import reference_vit
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
@@ -139,8 +141,7 @@ def worker_keras(args, config):
         model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
     else:
         model = ViT(**config)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    compile_like_fit(model)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (args.batch_size,))
@@ -164,17 +165,12 @@ def worker_keras(args, config):
 
 def worker_reference(args, config):
     import torch
-    import transformers
 
     torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "gpu" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
-    hf_config = transformers.ViTConfig(
-        hidden_size=config["width"], num_hidden_layers=config["depth"], num_attention_heads=config["num_heads"],
-        intermediate_size=config["mlp_dim"], image_size=config["image_size"], patch_size=config["patch_size"],
-        num_labels=config["num_classes"], layer_norm_eps=1e-6)
-    model = transformers.ViTForImageClassification(hf_config).to(device)
+    model = reference_vit(config).to(device)
     dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.uniform(-1, 1, (args.batch_size, 3, config["image_size"], config["image_size"])).astype("float32"))

@@ -21,6 +21,8 @@ import sys
 import time
 
 import numpy as np
+from _common import compile_like_fit
+from _common import reference_vit
 
 
 def main(argv=None):
@@ -40,7 +42,6 @@ def main(argv=None):
     os.environ["KERAS_BACKEND"] = "torch"
     import keras
     import torch
-    import transformers
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile
 
@@ -57,12 +58,8 @@ def main(argv=None):
     x = rng.uniform(-1, 1, (args.batch_size, size, size, 3)).astype("float32")
     y = rng.integers(0, 1000, (args.batch_size,))
     ours = ViT(**config)
-    ours.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    reference = transformers.ViTForImageClassification(transformers.ViTConfig(
-        hidden_size=config["width"], num_hidden_layers=config["depth"], num_attention_heads=config["num_heads"],
-        intermediate_size=config["mlp_dim"], image_size=size, patch_size=config["patch_size"], num_labels=1000,
-        layer_norm_eps=1e-6))
+    compile_like_fit(ours)
+    reference = reference_vit(config)
     x_nchw, y_torch = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
