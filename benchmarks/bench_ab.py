@@ -17,6 +17,16 @@ Changes:
 - `split_qkv`: q, k and v as the library projects them on this backend against
   the other form (three matmuls on column slices of the fused kernel on
   TensorFlow; one matmul whose output is sliced elsewhere).
+- `gelu_erf`: the library's exact GELU (`0.5 x (1 + erf(x / sqrt 2))` on
+  TensorFlow) against Keras' `gelu(approximate=False)` (`erfc`); on JAX and
+  PyTorch the two are the same code.
+- `fence_transpose`: the JAX gradient fence as the library has it (the
+  conditional only in the transpose, its predicate read from the gradient)
+  against its earlier form (a conditional on the tangent, its predicate read
+  from the forward value). Elsewhere the fence is the identity.
+
+Each worker first calls `keras_vitnorm.retain_freed_memory()` (as `bench_vit.py`
+does) unless `--host-memory default`.
 
 Steps run through `predict_on_batch` and `train_on_batch` (AdamW, cross-entropy),
 as in `bench_vit.py`. The two forms' logits on the batch (after a random head, the
@@ -37,7 +47,7 @@ from _common import median_seconds
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-CHANGES = ("fused_dense", "split_qkv")
+CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "fence_transpose")
 MODES = ("inference", "train")
 
 
@@ -68,8 +78,43 @@ def other_form(change):
             yield
         finally:
             attention._SPLIT_QKV_BACKENDS = saved
+    elif change == "gelu_erf":
+        from keras_vitnorm.layers import mlp
+
+        saved = mlp.gelu_exact
+        mlp.gelu_exact = lambda x: keras.activations.gelu(x, approximate=False)
+        try:
+            yield
+        finally:
+            mlp.gelu_exact = saved
+    elif change == "fence_transpose":
+        from keras_vitnorm import backend_ops
+
+        saved = backend_ops._jax_fence
+        backend_ops._jax_fence = _tangent_conditional_fence
+        try:
+            yield
+        finally:
+            backend_ops._jax_fence = saved
     else:
         raise ValueError(f"unknown change {change!r}; valid: {', '.join(CHANGES)}")
+
+
+def _tangent_conditional_fence():
+    """The gradient fence's earlier form: a conditional on the tangent, predicate from the forward value."""
+    import jax
+
+    @jax.custom_jvp
+    def fence(x):
+        return x
+
+    @fence.defjvp
+    def fence_jvp(primals, tangents):
+        (x,), (tangent,) = primals, tangents
+        keep = jax.numpy.isfinite(x.reshape(-1)[0])
+        return x, jax.lax.cond(keep, lambda t: t, lambda t: t * 1, tangent)
+
+    return fence
 
 
 def worker_ab(change, modes, config, batch_size, rounds, steps):
@@ -152,6 +197,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the two forms; the median is reported")
     parser.add_argument("--steps", type=int, default=2, help="steps per form per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
+                        help="retain (default): each worker calls keras_vitnorm.retain_freed_memory() first")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", choices=CHANGES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -167,6 +214,10 @@ def main(argv=None):
     except ValueError as error:
         parser.error(f"--preset: {error}")
     if args.worker:
+        if args.host_memory == "retain":
+            from keras_vitnorm.host_memory import retain_freed_memory
+
+            retain_freed_memory()
         result = worker_ab(args.worker, args.modes, config, args.batch_size, args.rounds, args.steps)
         print("RESULT " + json.dumps(result))
         return 0
@@ -176,10 +227,12 @@ def main(argv=None):
             print(f"timing {change} on {backend} ...", file=sys.stderr, flush=True)
             worker_args = [change, "--modes", *args.modes, "--preset", args.preset,
                            "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
-                           "--rounds", str(args.rounds), "--steps", str(args.steps)]
+                           "--rounds", str(args.rounds), "--steps", str(args.steps),
+                           "--host-memory", args.host_memory]
             results[(backend, change)] = run_worker(__file__, worker_args, backend, args.threads)
     print(f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, float32, CPU, "
-          f"{args.threads} threads; {args.rounds} alternating rounds of {args.steps} steps per form\n")
+          f"{args.threads} threads; {args.rounds} alternating rounds of {args.steps} steps per form; "
+          f"host memory: {args.host_memory}\n")
     print("\n".join(ab_table(results)))
     if args.json:
         with open(args.json, "w") as f:

@@ -14,6 +14,10 @@ process), with the same thread count. Per implementation it reports:
 - the ratio to the PyTorch reference (with `--rounds N`, every implementation runs
   N times in turn and the median across rounds is reported, so a drifting
   machine slows all of them alike);
+- host memory: by default every implementation's process, the reference's too,
+  first calls `keras_vitnorm.retain_freed_memory()` (glibc keeps freed memory
+  instead of mapping each step's buffers afresh); `--host-memory default` leaves
+  glibc's settings, for the comparison;
 - model FLOP utilization: the model's FLOPs per image (counted analytically, below)
   times images/s, as a fraction of this machine's measured float32 matmul rate
   (a large square matmul, the best of NumPy and PyTorch); with `--device gpu`, of
@@ -207,6 +211,10 @@ def worker_reference(args, config):
 
 
 def worker_main(args):
+    if args.host_memory == "retain":  # before the first computation, for every implementation alike
+        from keras_vitnorm.host_memory import retain_freed_memory
+
+        retain_freed_memory()
     from keras_vitnorm.models.presets import preset_config
 
     config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
@@ -239,7 +247,8 @@ def spawn(args, implementation, backend):
     arguments = ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
                  "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
                  "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
-                 "--overrides", args.overrides, "--device", args.device, "--modes", *args.modes]
+                 "--overrides", args.overrides, "--device", args.device, "--host-memory", args.host_memory,
+                 "--modes", *args.modes]
     return run_worker(__file__, arguments, backend, args.threads, args.device)
 
 
@@ -264,6 +273,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every implementation this many times in turn and report the median "
                              "across rounds, so drift of a shared machine hits all alike (default 1)")
+    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
+                        help="retain: every implementation's process (the reference too) calls "
+                             "keras_vitnorm.retain_freed_memory() first; default: glibc's own settings")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
@@ -311,7 +323,8 @@ def main(argv=None):
     where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
     header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
               f"{args.mixed_precision}, {where}; {flops / 1e9:.2f} GFLOPs/image forward "
-              f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s")
+              f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s; "
+              f"host memory: {args.host_memory}")
     lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) |",
              "|---|---|---|---|---|---|"]
     for label, result in results.items():

@@ -34,6 +34,8 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_ab, ["--rounds", "0"]),
     (bench_ab, ["--changes", "faster"]),
     (bench_ab, ["--preset", "s17"]),
+    (bench_ab, ["--host-memory", "keep"]),
+    (bench_vit, ["--host-memory", "keep"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
 ])
@@ -97,10 +99,15 @@ def test_a_failed_backend_gets_a_full_width_row():
 
 @pytest.mark.parametrize("change", bench_ab.CHANGES)
 def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
+    from keras_vitnorm import backend_ops
     from keras_vitnorm.layers import attention
     from keras_vitnorm.layers import dense
+    from keras_vitnorm.layers import mlp
 
-    before = (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call)
+    def library_paths():
+        return attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact, backend_ops._jax_fence
+
+    before = library_paths()
     from keras_vitnorm.models.presets import preset_config
 
     config = {**preset_config("s16"), "image_size": 32, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2,
@@ -109,7 +116,7 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
     assert result["max_abs_diff"] < 1e-5
     for mode in ("inference", "train"):
         assert all(len(result[mode][form]) == 2 and min(result[mode][form]) > 0 for form in ("library", "other"))
-    assert (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call) == before  # the switch is undone
+    assert library_paths() == before  # the switch is undone
     table = bench_ab.ab_table({("this backend", change): result, ("other", change): {"error": "worker died"}})
     assert len(table) == 2 + 2 + 1
     assert table[-1].count("|") == table[0].count("|")
@@ -125,3 +132,24 @@ def test_ab_other_form_switches_the_library_path():
     with bench_ab.other_form("split_qkv"):
         assert (backend in attention._SPLIT_QKV_BACKENDS) != library_splits
     assert (backend in attention._SPLIT_QKV_BACKENDS) == library_splits
+
+
+@pytest.mark.parametrize("change, module, name", [
+    ("gelu_erf", "keras_vitnorm.layers.mlp", "gelu_exact"),
+    ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
+    ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
+])
+def test_ab_other_form_replaces_the_library_function_and_restores_it(change, module, name):
+    import importlib
+
+    target = importlib.import_module(module)
+    if change == "fused_dense":
+        library = target.FusedDense.call
+        with bench_ab.other_form(change):
+            assert target.FusedDense.call is not library
+        assert target.FusedDense.call is library
+        return
+    library = getattr(target, name)
+    with bench_ab.other_form(change):
+        assert getattr(target, name) is not library
+    assert getattr(target, name) is library

@@ -309,3 +309,33 @@ def test_split_and_fused_qkv_projections_agree(monkeypatch, qkv_bias, lora):
     assert set(dw_s) == set(dw_f)
     for path in dw_f:  # float32 sums in another order: atol against gradients of order 1 to 10
         np.testing.assert_allclose(dw_s[path], dw_f[path], rtol=1e-4, atol=1e-5, err_msg=path)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exact_gelu_matches_keras_exact_gelu(dtype):
+    from keras_vitnorm.layers.mlp import gelu_exact
+
+    # Wide range: the tails are where an erf form and an erfc form could part ways.
+    values = np.linspace(-12.0, 12.0, 4001).astype("float32")
+    x = keras.ops.cast(values, dtype)
+    ours = gelu_exact(x)
+    assert keras.backend.standardize_dtype(ours.dtype) == dtype
+    theirs = keras.activations.gelu(x, approximate=False)
+    ours, theirs = (keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (ours, theirs))
+    if dtype == "float32":
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=2e-6)
+    else:  # one bfloat16 rounding step apart at most
+        np.testing.assert_allclose(ours, theirs, rtol=1e-2, atol=1e-2)
+    assert np.all(np.isfinite(ours))
+
+
+def test_exact_gelu_gradient_matches_keras_exact_gelu():
+    from keras_vitnorm.backend_ops import value_and_gradients
+    from keras_vitnorm.layers.mlp import gelu_exact
+
+    x = np.random.default_rng(5).normal(0, 3, (4, 8, 16)).astype("float32")
+    grads = []
+    for activation in (gelu_exact, lambda t: keras.activations.gelu(t, approximate=False)):
+        model = keras.Sequential([keras.Input((8, 16)), keras.layers.Lambda(activation)])
+        grads.append(value_and_gradients(model, x, lambda y: keras.ops.sum(y * y))[1])
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)

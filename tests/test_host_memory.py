@@ -1,0 +1,61 @@
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+# Touches a 256 MiB malloc block from a worker thread (as XLA's executor does),
+# frees it, takes a block of the same size again and touches that: prints the
+# page faults of the second touch.
+SECOND_TOUCH_FAULTS = """
+import ctypes, resource, sys, threading
+import keras_vitnorm
+if sys.argv[1] == "retain":
+    assert keras_vitnorm.retain_freed_memory() is True
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = (ctypes.c_void_p,)
+size = 256 << 20
+faults = []
+
+def work():
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    libc.free(block)
+
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(faults[0])
+"""
+
+
+def _second_touch_faults(mode):
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SECOND_TOUCH_FAULTS), mode],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's; elsewhere retain_freed_memory changes nothing")
+def test_retained_memory_is_reused_without_page_faults():
+    pages = (256 << 20) // 4096
+    # Without it glibc maps the block afresh: every page faults again (fewer
+    # with transparent huge pages, so only a lower bound of 1 in 600 pages).
+    assert _second_touch_faults("default") > pages // 600
+    assert _second_touch_faults("retain") < 200
+
+
+@pytest.mark.skipif(GLIBC, reason="on glibc it applies; the no-op path is for other C libraries")
+def test_retain_freed_memory_is_a_no_op_without_glibc():
+    import keras_vitnorm
+
+    assert keras_vitnorm.retain_freed_memory() is False
