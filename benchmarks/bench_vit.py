@@ -99,10 +99,25 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
 
 
 def _timed(step, warmup, steps, repeats):
+    """`(compile s, median s per step, page faults per step, kernel s per step)`.
+
+    The last two are this process's minor page faults and system CPU time
+    (`getrusage`) over the timed runs, per step: the cost of memory the
+    allocator maps afresh (see `keras_vitnorm.retain_freed_memory`).
+    """
+    import resource
+
     start = time.perf_counter()
     step()
     compile_seconds = time.perf_counter() - start
-    return compile_seconds, median_seconds(step, warmup, steps, repeats)[0]
+    for _ in range(warmup):
+        step()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    median = median_seconds(step, 0, steps, repeats)[0]
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    count = steps * repeats
+    return (compile_seconds, median, (after.ru_minflt - before.ru_minflt) / count,
+            (after.ru_stime - before.ru_stime) / count)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -223,7 +238,8 @@ def worker_main(args):
         results = worker_keras(args, config)
     else:
         results = worker_reference(args, config)
-    print("RESULT " + json.dumps({mode: {"compile_s": c, "step_s": s} for mode, (c, s) in results.items()}))
+    print("RESULT " + json.dumps({mode: {"compile_s": c, "step_s": s, "faults": f, "kernel_s": k}
+                                  for mode, (c, s, f, k) in results.items()}))
 
 
 # ------------------------------------------------------------------------------- driver
@@ -239,7 +255,9 @@ def combine_rounds(measured):
         return failed[0]
     return {mode: {"compile_s": measured[0][mode]["compile_s"],
                    "step_s": statistics.median(result[mode]["step_s"] for result in measured),
-                   "round_step_s": [result[mode]["step_s"] for result in measured]}
+                   "round_step_s": [result[mode]["step_s"] for result in measured],
+                   "faults": statistics.median(result[mode]["faults"] for result in measured),
+                   "kernel_s": statistics.median(result[mode]["kernel_s"] for result in measured)}
             for mode in measured[0]}
 
 
@@ -325,11 +343,11 @@ def main(argv=None):
               f"{args.mixed_precision}, {where}; {flops / 1e9:.2f} GFLOPs/image forward "
               f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s; "
               f"host memory: {args.host_memory}")
-    lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) "
+             "| page faults / step | kernel s / step |", "|---|---|---|---|---|---|---|---|"]
     for label, result in results.items():
         if "error" in result:
-            lines.append(failure_row(label, result, 6))
+            lines.append(failure_row(label, result, 8))
             continue
         for mode, timing in result.items():
             rate = args.batch_size / timing["step_s"]
@@ -337,7 +355,7 @@ def main(argv=None):
             ref = reference.get(mode)
             ratio = f"{rate / (args.batch_size / ref['step_s']):.2f}x" if ref else "n/a"
             lines.append(f"| {label} | {mode} | {rate:.1f} | {ratio} | {rate * flops * factor / (peak * 1e9):.1%} "
-                         f"| {timing['compile_s']:.1f} |")
+                         f"| {timing['compile_s']:.1f} | {timing['faults']:,.0f} | {timing['kernel_s']:.2f} |")
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:

@@ -82,13 +82,28 @@ def test_norm_worker_times_every_size_norm_and_mode():
 
 
 def test_rounds_combine_to_the_median_step_and_the_first_compile():
-    rounds = [{"train": {"compile_s": 9.0, "step_s": step}} for step in (3.0, 1.0, 2.0)]
+    rounds = [{"train": {"compile_s": 9.0, "step_s": step, "faults": faults, "kernel_s": step / 10}}
+              for step, faults in ((3.0, 10.0), (1.0, 30.0), (2.0, 20.0))]
     combined = bench_vit.combine_rounds(rounds)
     assert combined["train"]["step_s"] == 2.0
     assert combined["train"]["compile_s"] == 9.0
     assert combined["train"]["round_step_s"] == [3.0, 1.0, 2.0]
+    assert combined["train"]["faults"] == 20.0
+    assert combined["train"]["kernel_s"] == pytest.approx(0.2)
     failure = {"error": "worker died"}
     assert bench_vit.combine_rounds([rounds[0], failure]) == failure
+
+
+def test_timed_counts_the_page_faults_of_fresh_memory():
+    # A fresh 64 MiB bytes object per step: glibc maps it anew each time (unless
+    # this process retained freed memory, which the test suite never asks for),
+    # and filling it touches every page.
+    calls = []
+    compile_s, step_s, faults, kernel_s = bench_vit._timed(lambda: calls.append(len(b"\x01" * (64 << 20))),
+                                                           warmup=1, steps=2, repeats=2)
+    assert len(calls) == 1 + 1 + 2 * 2
+    assert compile_s > 0 and step_s > 0 and kernel_s >= 0
+    assert faults > (64 << 20) // 4096 // 600  # at least one in 600 pages, even with huge pages
 
 
 def test_a_failed_backend_gets_a_full_width_row():
