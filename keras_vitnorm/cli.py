@@ -388,8 +388,8 @@ def console():
     """Entry point of the `keras-vitnorm` console script.
 
     Before anything runs, it makes the process keep freed memory
-    (`keras_vitnorm.retain_freed_memory`): a CPU training step under JAX was 20%
-    faster with it (docs/performance.md).
+    (`keras_vitnorm.retain_freed_memory`): an S/16 training step on the CPU under
+    JAX took 13 to 17% less time with it (docs/performance.md).
     """
     from keras_vitnorm.host_memory import retain_freed_memory
 

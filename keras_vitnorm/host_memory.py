@@ -18,9 +18,10 @@ def retain_freed_memory():
     so every step the kernel maps and zeroes the whole block again: on S/16 at
     batch 16 (JAX, 2-core CPU) that was about 570,000 page faults and 1.1 to 1.5 s
     of kernel time per 3.9 to 4.4 s step. Keras and JAX expose no allocator
-    setting for this. With the three settings below the step faults no page after
-    warm-up and took 3.27 s (docs/performance.md). The PyTorch and TensorFlow
-    backends, and the PyTorch reference, page-fault less but gain too.
+    setting for this. With the three settings below the step faulted no page
+    after warm-up and took 3.27 s against 3.93 s (docs/performance.md). The
+    PyTorch and TensorFlow backends, and the PyTorch reference, page-fault far
+    less; their training steps changed within this host's noise.
 
     The settings (mallopt(3)), process-wide:
     - `M_MMAP_MAX = 0`: large blocks come from the heap, not from `mmap`;
