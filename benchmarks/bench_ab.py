@@ -39,6 +39,7 @@ import json
 import os
 import statistics
 import sys
+import unittest.mock
 
 import numpy as np
 from _common import compile_like_fit
@@ -56,48 +57,25 @@ def other_form(change):
     """Within this context the library takes the alternative to its code path for `change`."""
     import keras
 
+    from keras_vitnorm import backend_ops
+    from keras_vitnorm.layers import attention
+    from keras_vitnorm.layers import dense
+    from keras_vitnorm.layers import mlp
+
     if change == "fused_dense":
-        from keras_vitnorm.layers import dense
-
-        saved = dense.FusedDense.call
-        dense.FusedDense.call = keras.layers.Dense.call
-        try:
-            yield
-        finally:
-            dense.FusedDense.call = saved
+        target, name, value = dense.FusedDense, "call", keras.layers.Dense.call
     elif change == "split_qkv":
-        from keras_vitnorm.layers import attention
-
-        saved = attention._SPLIT_QKV_BACKENDS
-        backend = keras.backend.backend()
-        if backend in saved:
-            attention._SPLIT_QKV_BACKENDS = tuple(b for b in saved if b != backend)
-        else:
-            attention._SPLIT_QKV_BACKENDS = (*saved, backend)
-        try:
-            yield
-        finally:
-            attention._SPLIT_QKV_BACKENDS = saved
+        saved, backend = attention._SPLIT_QKV_BACKENDS, keras.backend.backend()
+        flipped = tuple(b for b in saved if b != backend) if backend in saved else (*saved, backend)
+        target, name, value = attention, "_SPLIT_QKV_BACKENDS", flipped
     elif change == "gelu_erf":
-        from keras_vitnorm.layers import mlp
-
-        saved = mlp.gelu_exact
-        mlp.gelu_exact = lambda x: keras.activations.gelu(x, approximate=False)
-        try:
-            yield
-        finally:
-            mlp.gelu_exact = saved
+        target, name, value = mlp, "gelu_exact", lambda x: keras.activations.gelu(x, approximate=False)
     elif change == "fence_transpose":
-        from keras_vitnorm import backend_ops
-
-        saved = backend_ops._jax_fence
-        backend_ops._jax_fence = _tangent_conditional_fence
-        try:
-            yield
-        finally:
-            backend_ops._jax_fence = saved
+        target, name, value = backend_ops, "_jax_fence", _tangent_conditional_fence
     else:
         raise ValueError(f"unknown change {change!r}; valid: {', '.join(CHANGES)}")
+    with unittest.mock.patch.object(target, name, value):
+        yield
 
 
 def _tangent_conditional_fence():
