@@ -108,13 +108,27 @@ def gradient_fence(x):
     Returns:
         `x`.
     """
-    if keras.backend.backend() != "jax":
-        return x
-    import jax
-
-    if jax.default_backend() != "cpu":
+    if keras.backend.backend() != "jax" or not xla_on_cpu():
         return x
     return _jax_fence()(x)
+
+
+def xla_on_cpu():
+    """Whether the backend compiles with XLA (JAX, TensorFlow) for a CPU: no GPU or TPU in use.
+
+    JAX: its default backend is the CPU. TensorFlow: no logical GPU or TPU
+    device. PyTorch: `False` (eager, not XLA).
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    return False
 
 
 @functools.cache

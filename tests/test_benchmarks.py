@@ -120,7 +120,8 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
     from keras_vitnorm.layers import mlp
 
     def library_paths():
-        return attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact, backend_ops._jax_fence
+        return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact, attention.attend,
+                backend_ops._jax_fence)
 
     before = library_paths()
     from keras_vitnorm.models.presets import preset_config
@@ -151,6 +152,7 @@ def test_ab_other_form_switches_the_library_path():
 
 @pytest.mark.parametrize("change, module, name", [
     ("gelu_erf", "keras_vitnorm.layers.mlp", "gelu_exact"),
+    ("heads_first_attention", "keras_vitnorm.layers.attention", "attend"),
     ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
     ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
 ])

@@ -239,6 +239,10 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+    # The path off CPU: where XLA compiles for a CPU the layer computes attention itself.
+    from keras_vitnorm.layers import attention
+
+    monkeypatch.setattr(attention, "xla_on_cpu", lambda: False)
     layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
     rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
     assert seen == [False if rejects else None]
@@ -339,3 +343,67 @@ def test_exact_gelu_gradient_matches_keras_exact_gelu():
         model = keras.Sequential([keras.Input((8, 16)), keras.layers.Lambda(activation)])
         grads.append(value_and_gradients(model, x, lambda y: keras.ops.sum(y * y))[1])
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def _qkv(seed, dtype="float32", shape=(2, 7, 3, 6)):  # head_dim 6: a scale that is not a power of two
+    rng = np.random.default_rng(seed)
+    return [keras.ops.cast(rng.normal(0, 2, shape).astype("float32"), dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_first_attention_matches_dot_product_attention(dtype):
+    from keras_vitnorm.layers.attention import heads_first_attention
+
+    q, k, v = _qkv(11, dtype)
+    ours = heads_first_attention(q, k, v)
+    theirs = keras.ops.dot_product_attention(q, k, v)
+    assert tuple(ours.shape) == (2, 7, 3, 6)
+    assert keras.backend.standardize_dtype(ours.dtype) == dtype
+    ours, theirs = (keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (ours, theirs))
+    if dtype == "float32":
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    else:  # bfloat16 inputs and outputs, float32 softmax in both
+        np.testing.assert_allclose(ours, theirs, rtol=3e-2, atol=3e-2)
+
+
+def test_heads_first_attention_gradient_matches_dot_product_attention():
+    from keras_vitnorm.backend_ops import value_and_gradients
+    from keras_vitnorm.layers.attention import heads_first_attention
+
+    x = np.concatenate([keras.ops.convert_to_numpy(t) for t in _qkv(12)], axis=-1)  # (2, 7, 3, 18)
+    grads = []
+    for function in (heads_first_attention, keras.ops.dot_product_attention):
+        def attention(t, function=function):
+            return function(t[..., :6], t[..., 6:12], t[..., 12:])
+
+        model = keras.Sequential([keras.Input((7, 3, 18)), keras.layers.Lambda(attention)])
+        grads.append(value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.sin(y)))[1])
+    assert np.abs(grads[0]).max() > 1e-3  # the gradient reaches q, k and v
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_attend_takes_the_heads_first_form_only_where_xla_compiles_for_a_cpu(monkeypatch):
+    from keras_vitnorm.backend_ops import xla_on_cpu
+    from keras_vitnorm.layers import attention
+
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(tuple(q.shape))
+        return keras.ops.dot_product_attention(q, k, v)
+
+    monkeypatch.setattr(attention, "heads_first_attention", spy)
+    layer = layers.MultiHeadSelfAttention(num_heads=2)
+    layer(_inputs((2, 5, 8)))
+    expected = keras.backend.backend() in ("jax", "tensorflow") and xla_on_cpu()
+    assert calls == ([(2, 5, 2, 4)] if expected else [])
+
+
+def test_xla_on_cpu_names_the_xla_backends_on_this_cpu_host():
+    import jax
+
+    from keras_vitnorm.backend_ops import xla_on_cpu
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("asserts the CPU answer; this host has an accelerator")
+    assert xla_on_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))
