@@ -20,9 +20,9 @@ Changes:
 - `gelu_erf`: the library's exact GELU (`0.5 x (1 + erf(x / sqrt 2))` on
   TensorFlow) against Keras' `gelu(approximate=False)` (`erfc`); on JAX and
   PyTorch the two are the same code.
-- `heads_first_attention`: attention as the library computes it on this backend
-  (`heads_first_attention` under JAX on a CPU) against
-  `keras.ops.dot_product_attention`; elsewhere the two are the same code.
+- `attend`: attention as the library computes it on this backend (on a CPU,
+  `heads_first_attention` under JAX and TensorFlow, `backend_ops.torch_attention`
+  under PyTorch) against `keras.ops.dot_product_attention`.
 - `fence_transpose`: the JAX gradient fence as the library has it (the
   conditional only in the transpose, its predicate read from the gradient)
   against its earlier form (a conditional on the tangent, its predicate read
@@ -51,7 +51,7 @@ from _common import median_seconds
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "heads_first_attention", "fence_transpose")
+CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "attend", "fence_transpose")
 MODES = ("inference", "train")
 
 
@@ -73,7 +73,7 @@ def other_form(change):
         target, name, value = attention, "_SPLIT_QKV_BACKENDS", flipped
     elif change == "gelu_erf":
         target, name, value = mlp, "gelu_exact", lambda x: keras.activations.gelu(x, approximate=False)
-    elif change == "heads_first_attention":
+    elif change == "attend":
         target, name = attention, "attend"
 
         def value(q, k, v, flash_attention=None):

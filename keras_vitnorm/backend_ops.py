@@ -79,6 +79,34 @@ def linear(x, kernel, bias=None):
     return y if bias is None else keras.ops.add(y, bias)
 
 
+def torch_on_cpu(x):
+    """Whether the backend is PyTorch and tensor `x` is on the CPU."""
+    return keras.backend.backend() == "torch" and x.device.type == "cpu"
+
+
+def torch_attention(q, k, v):
+    """`keras.ops.dot_product_attention(q, k, v)` on PyTorch, without copying q, k and v.
+
+    Why it exists: Keras' PyTorch attention moves the heads axis forward and, unless
+    its flash-attention check passes (never on a CPU), copies q, k and v into
+    contiguous memory before `torch.nn.functional.scaled_dot_product_attention`.
+    That function takes the strided views itself, as the transformers ViT passes
+    them. On one S/16 attention layer on CPU (batch 16) the copies cost 1.6 ms of
+    25.5 forward and 3.3 ms of 79 forward and backward (docs/performance.md).
+    Same result (tested). PyTorch only.
+
+    Args:
+        q, k, v: tensors `(batch, tokens, heads, head_dim)`, one dtype.
+
+    Returns:
+        Tensor `(batch, tokens, heads, head_dim)`.
+    """
+    import torch
+
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+
+
 def gradient_fence(x):
     """Identity whose gradient XLA on CPU must materialize; use on the residual stream.
 

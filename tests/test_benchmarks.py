@@ -152,7 +152,7 @@ def test_ab_other_form_switches_the_library_path():
 
 @pytest.mark.parametrize("change, module, name", [
     ("gelu_erf", "keras_vitnorm.layers.mlp", "gelu_exact"),
-    ("heads_first_attention", "keras_vitnorm.layers.attention", "attend"),
+    ("attend", "keras_vitnorm.layers.attention", "attend"),
     ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
     ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
 ])

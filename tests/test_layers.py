@@ -243,6 +243,7 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
     from keras_vitnorm.layers import attention
 
     monkeypatch.setattr(attention, "xla_on_cpu", lambda: False)
+    monkeypatch.setattr(attention, "torch_on_cpu", lambda x: False)
     layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
     rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
     assert seen == [False if rejects else None]
@@ -397,6 +398,46 @@ def test_attend_takes_the_heads_first_form_only_where_xla_compiles_for_a_cpu(mon
     layer(_inputs((2, 5, 8)))
     expected = keras.backend.backend() in ("jax", "tensorflow") and xla_on_cpu()
     assert calls == ([(2, 5, 2, 4)] if expected else [])
+
+
+def test_attend_takes_torch_attention_only_for_pytorch_cpu_tensors(monkeypatch):
+    from keras_vitnorm.layers import attention
+
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(tuple(q.shape))
+        return keras.ops.dot_product_attention(q, k, v)
+
+    monkeypatch.setattr(attention, "torch_attention", spy)
+    layers.MultiHeadSelfAttention(num_heads=2)(_inputs((2, 5, 8)))
+    on_torch_cpu = (keras.backend.backend() == "torch"
+                    and keras.ops.convert_to_tensor(np.zeros(1)).device.type == "cpu")
+    assert calls == ([(2, 5, 2, 4)] if on_torch_cpu else [])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_attention_matches_dot_product_attention(dtype):
+    from keras_vitnorm.backend_ops import torch_attention
+
+    if keras.backend.backend() != "torch":
+        pytest.skip("backend_ops.torch_attention is PyTorch's attention; this run's backend is another")
+    q, k, v = _qkv(13, dtype)
+    ours = torch_attention(q, k, v)
+    theirs = keras.ops.dot_product_attention(q, k, v)
+    assert tuple(ours.shape) == (2, 7, 3, 6) and ours.dtype == theirs.dtype
+    tolerance = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(*(keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (ours, theirs)),
+                               rtol=tolerance, atol=tolerance)
+    # Gradients reach q, k and v alike.
+    grads = []
+    for function in (torch_attention, keras.ops.dot_product_attention):
+        leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+        keras.ops.sum(keras.ops.sin(function(*leaves))).backward()
+        grads.append([keras.ops.convert_to_numpy(t.grad) for t in leaves])
+    for ours, theirs in zip(*grads):
+        assert np.abs(ours).max() > 1e-3
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_xla_on_cpu_names_the_xla_backends_on_this_cpu_host():

@@ -6,6 +6,8 @@ import keras
 from keras import ops
 
 from keras_vitnorm.backend_ops import linear
+from keras_vitnorm.backend_ops import torch_attention
+from keras_vitnorm.backend_ops import torch_on_cpu
 from keras_vitnorm.backend_ops import xla_on_cpu
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
@@ -35,13 +37,16 @@ def attend(q, k, v, flash_attention=None):
     `keras.ops.dot_product_attention`, except where XLA compiles for a CPU
     (JAX and TensorFlow without a GPU or TPU): there it is
     `heads_first_attention`, the same computation, which made S/16 training
-    steps at batch 16 7% faster on both backends, and JAX inference 12% faster
-    (`benchmarks/bench_ab.py --changes heads_first_attention`,
-    docs/performance.md). `flash_attention` is passed to
+    steps at batch 16 7% faster on both backends, and JAX inference 12% faster,
+    and PyTorch on a CPU, where it is `backend_ops.torch_attention`, PyTorch's
+    attention without Keras' copies of q, k and v (`benchmarks/bench_ab.py
+    --changes attend`, docs/performance.md). `flash_attention` is passed to
     `keras.ops.dot_product_attention`.
     """
     if xla_on_cpu():
         return heads_first_attention(q, k, v)
+    if torch_on_cpu(q) and q.dtype == k.dtype == v.dtype:
+        return torch_attention(q, k, v)
     return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
 
 
@@ -75,8 +80,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     One fused `qkv` projection (kernel `(width, 3 * width)`, columns ordered
     `[q | k | v]`, each head-major like timm), attention through `attend`
-    (`keras.ops.dot_product_attention`, or its heads-first form where XLA
-    compiles for a CPU), then the `out` projection.
+    (`keras.ops.dot_product_attention`; on a CPU its heads-first form under
+    JAX and TensorFlow, PyTorch's own without copies under PyTorch), then the
+    `out` projection.
 
     Args:
         num_heads: int. `width` must be divisible by it.
