@@ -383,8 +383,21 @@ def test_heads_first_attention_gradient_matches_dot_product_attention():
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
-def test_attend_takes_the_heads_first_form_only_where_xla_compiles_for_a_cpu(monkeypatch):
+def _xla_on_this_cpu():
     from keras_vitnorm.backend_ops import xla_on_cpu
+
+    return keras.backend.backend() in ("jax", "tensorflow") and xla_on_cpu()
+
+
+def _torch_on_this_cpu():
+    return keras.backend.backend() == "torch" and keras.ops.convert_to_tensor(np.zeros(1)).device.type == "cpu"
+
+
+@pytest.mark.parametrize("form, applies", [
+    ("heads_first_attention", _xla_on_this_cpu),
+    ("torch_attention", _torch_on_this_cpu),
+])
+def test_attend_takes_each_form_only_where_it_applies(monkeypatch, form, applies):
     from keras_vitnorm.layers import attention
 
     calls = []
@@ -393,27 +406,9 @@ def test_attend_takes_the_heads_first_form_only_where_xla_compiles_for_a_cpu(mon
         calls.append(tuple(q.shape))
         return keras.ops.dot_product_attention(q, k, v)
 
-    monkeypatch.setattr(attention, "heads_first_attention", spy)
-    layer = layers.MultiHeadSelfAttention(num_heads=2)
-    layer(_inputs((2, 5, 8)))
-    expected = keras.backend.backend() in ("jax", "tensorflow") and xla_on_cpu()
-    assert calls == ([(2, 5, 2, 4)] if expected else [])
-
-
-def test_attend_takes_torch_attention_only_for_pytorch_cpu_tensors(monkeypatch):
-    from keras_vitnorm.layers import attention
-
-    calls = []
-
-    def spy(q, k, v):
-        calls.append(tuple(q.shape))
-        return keras.ops.dot_product_attention(q, k, v)
-
-    monkeypatch.setattr(attention, "torch_attention", spy)
+    monkeypatch.setattr(attention, form, spy)
     layers.MultiHeadSelfAttention(num_heads=2)(_inputs((2, 5, 8)))
-    on_torch_cpu = (keras.backend.backend() == "torch"
-                    and keras.ops.convert_to_tensor(np.zeros(1)).device.type == "cpu")
-    assert calls == ([(2, 5, 2, 4)] if on_torch_cpu else [])
+    assert calls == ([(2, 5, 2, 4)] if applies() else [])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

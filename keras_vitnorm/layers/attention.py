@@ -34,14 +34,17 @@ def _flash_attention(num_tokens, training):
 def attend(q, k, v, flash_attention=None):
     """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
 
-    `keras.ops.dot_product_attention`, except where XLA compiles for a CPU
-    (JAX and TensorFlow without a GPU or TPU): there it is
-    `heads_first_attention`, the same computation, which made S/16 training
-    steps at batch 16 7% faster on both backends, and JAX inference 12% faster,
-    and PyTorch on a CPU, where it is `backend_ops.torch_attention`, PyTorch's
-    attention without Keras' copies of q, k and v (`benchmarks/bench_ab.py
-    --changes attend`, docs/performance.md). `flash_attention` is passed to
-    `keras.ops.dot_product_attention`.
+    The same computation in the form measured fastest on each backend
+    (`benchmarks/bench_ab.py --changes attend`, S/16 steps at batch 16 on a
+    CPU; docs/performance.md):
+
+    - where XLA compiles for a CPU (JAX, and TensorFlow without a GPU or TPU),
+      `heads_first_attention`: training steps 6 to 7% faster on both, JAX
+      inference 8 to 12%;
+    - PyTorch tensors on the CPU, `backend_ops.torch_attention`, without Keras'
+      copies of q, k and v: training 5% faster, inference 4%;
+    - elsewhere (GPUs, not measured), `keras.ops.dot_product_attention`, which
+      receives `flash_attention`.
     """
     if xla_on_cpu():
         return heads_first_attention(q, k, v)
@@ -55,11 +58,12 @@ def heads_first_attention(q, k, v):
 
     Why it exists: Keras' attention on JAX (`jax.nn.dot_product_attention`) and on
     TensorFlow contracts q and k in their `(batch, tokens, heads, head_dim)`
-    layout and scales the `tokens x tokens` logits. Here q, k and v move to `(batch, heads, tokens, head_dim)` first, the
-    scale goes on q (a tensor `head_dim / tokens` the size of the logits), and
-    the result moves back. The softmax runs in float32 at least, as in Keras and
-    JAX. Same inputs and output as `keras.ops.dot_product_attention` (tested,
-    values and gradients).
+    layout and scales the `tokens x tokens` logits. Here q, k and v move to
+    `(batch, heads, tokens, head_dim)` first, the scale goes on q (a tensor
+    `head_dim / tokens` the size of the logits), and the result moves back.
+    XLA's CPU compiler runs this form faster (see `attend`). The softmax runs in
+    float32 at least, as in Keras and JAX. Same inputs and output as
+    `keras.ops.dot_product_attention` (tested, values and gradients).
     """
     q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
     q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
