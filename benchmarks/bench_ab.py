@@ -90,6 +90,8 @@ def _tangent_conditional_fence():
     """The gradient fence's earlier form: a conditional on the tangent, predicate from the forward value."""
     import jax
 
+    from keras_vitnorm.backend_ops import conditional_identity
+
     @jax.custom_jvp
     def fence(x):
         return x
@@ -97,8 +99,7 @@ def _tangent_conditional_fence():
     @fence.defjvp
     def fence_jvp(primals, tangents):
         (x,), (tangent,) = primals, tangents
-        keep = jax.numpy.isfinite(x.reshape(-1)[0])
-        return x, jax.lax.cond(keep, lambda t: t, lambda t: t * 1, tangent)
+        return x, conditional_identity(x, tangent)
 
     return fence
 

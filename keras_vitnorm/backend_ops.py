@@ -159,6 +159,19 @@ def xla_on_cpu():
     return False
 
 
+def conditional_identity(probe, value):
+    """`value` through a JAX `lax.cond` whose predicate, read from `probe`, XLA cannot fold.
+
+    Both branches return `value` (the second also when `probe`'s first element
+    is not finite), so the conditional stays in the compiled program and ends
+    XLA's fusion there. The core of the gradient fence; JAX only.
+    """
+    import jax
+
+    keep = jax.numpy.isfinite(probe.reshape(-1)[0])
+    return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, value)
+
+
 @functools.cache
 def _jax_fence():
     import jax
@@ -168,10 +181,7 @@ def _jax_fence():
         return tangent
 
     def transpose(_, cotangent):
-        # A predicate XLA cannot fold, so the conditional stays; both branches
-        # return the cotangent (the second also when the element is not finite).
-        keep = jax.numpy.isfinite(cotangent.reshape(-1)[0])
-        return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, cotangent)
+        return conditional_identity(cotangent, cotangent)
 
     # A custom JVP whose tangent map is linear with a custom transpose: forward
     # mode sees the identity, reverse mode transposes into the conditional.
