@@ -136,16 +136,18 @@ def gradient_fence(x):
     Returns:
         `x`.
     """
-    if keras.backend.backend() != "jax" or not xla_on_cpu():
+    if keras.backend.backend() != "jax" or not jax_or_tensorflow_on_cpu():
         return x
     return _jax_fence()(x)
 
 
-def xla_on_cpu():
-    """Whether the backend compiles with XLA (JAX, TensorFlow) for a CPU: no GPU or TPU in use.
+def jax_or_tensorflow_on_cpu():
+    """Whether the backend is JAX or TensorFlow and computes on a CPU: no GPU or TPU in use.
 
-    JAX: its default backend is the CPU. TensorFlow: no logical GPU or TPU
-    device. PyTorch: `False` (eager, not XLA).
+    JAX: its default backend is the CPU (where it always compiles with XLA).
+    TensorFlow: no logical GPU or TPU device. On such a machine Keras runs
+    TensorFlow's steps as a graph of TensorFlow's own kernels, without XLA
+    (`jit_compile="auto"` resolves to `False` there). PyTorch: `False`.
     """
     backend = keras.backend.backend()
     if backend == "jax":

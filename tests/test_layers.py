@@ -1,5 +1,7 @@
 """Per-layer behaviour: shapes, config round trip, gradients, mixed precision, errors."""
 
+from math import erf
+
 import keras
 import numpy as np
 import pytest
@@ -242,7 +244,7 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
     # The path off CPU: where XLA compiles for a CPU the layer computes attention itself.
     from keras_vitnorm.layers import attention
 
-    monkeypatch.setattr(attention, "xla_on_cpu", lambda: False)
+    monkeypatch.setattr(attention, "jax_or_tensorflow_on_cpu", lambda: False)
     monkeypatch.setattr(attention, "torch_on_cpu", lambda x: False)
     layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
     rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
@@ -346,6 +348,30 @@ def test_exact_gelu_gradient_matches_keras_exact_gelu():
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_closed_form_gelu_gradient_matches_autodiff_of_the_erf_form(dtype):
+    # The closed-form backward is what TensorFlow trains with; it runs on every backend.
+    from keras_vitnorm.backend_ops import value_and_gradients
+    from keras_vitnorm.layers.mlp import _gelu_erf_closed_form_gradient
+    from keras_vitnorm.layers.mlp import gelu_erf
+
+    values = np.concatenate([np.linspace(-12.0, 12.0, 97), np.random.default_rng(6).normal(0, 2, 415)])
+    x = values.astype("float32").reshape(4, 8, 16)
+    outputs, grads = [], []
+    for activation in (_gelu_erf_closed_form_gradient, gelu_erf):
+        y = activation(keras.ops.cast(x, dtype))
+        assert keras.backend.standardize_dtype(y.dtype) == dtype
+        outputs.append(keras.ops.convert_to_numpy(keras.ops.cast(y, "float32")))
+        model = keras.Sequential([keras.Input((8, 16)), keras.layers.Lambda(activation)])
+        grads.append(value_and_gradients(model, x, lambda y: keras.ops.sum(y * y))[1])
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+    # Against the derivative itself, d/dx of x * Phi(x) = Phi(x) + x * phi(x), times 2y.
+    phi = np.exp(-0.5 * x.astype("float64") ** 2) / np.sqrt(2 * np.pi)
+    cdf = 0.5 * (1 + np.vectorize(erf)(x.astype("float64") / np.sqrt(2)))
+    np.testing.assert_allclose(grads[0], 2 * x * cdf * (cdf + x * phi), rtol=1e-5, atol=1e-5)
+
+
 def _qkv(seed, dtype="float32", shape=(2, 7, 3, 6)):  # head_dim 6: a scale that is not a power of two
     rng = np.random.default_rng(seed)
     return [keras.ops.cast(rng.normal(0, 2, shape).astype("float32"), dtype) for _ in range(3)]
@@ -384,9 +410,9 @@ def test_heads_first_attention_gradient_matches_dot_product_attention():
 
 
 def _xla_on_this_cpu():
-    from keras_vitnorm.backend_ops import xla_on_cpu
+    from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 
-    return keras.backend.backend() in ("jax", "tensorflow") and xla_on_cpu()
+    return keras.backend.backend() in ("jax", "tensorflow") and jax_or_tensorflow_on_cpu()
 
 
 def _torch_on_this_cpu():
@@ -435,11 +461,11 @@ def test_torch_attention_matches_dot_product_attention(dtype):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_xla_on_cpu_names_the_xla_backends_on_this_cpu_host():
+def test_jax_or_tensorflow_on_cpu_is_true_for_those_backends_on_this_cpu_host():
     import jax
 
-    from keras_vitnorm.backend_ops import xla_on_cpu
+    from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 
     if jax.default_backend() != "cpu":
         pytest.skip("asserts the CPU answer; this host has an accelerator")
-    assert xla_on_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))
+    assert jax_or_tensorflow_on_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))

@@ -8,7 +8,7 @@ from keras import ops
 from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.backend_ops import torch_attention
 from keras_vitnorm.backend_ops import torch_on_cpu
-from keras_vitnorm.backend_ops import xla_on_cpu
+from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
@@ -38,15 +38,14 @@ def attend(q, k, v, flash_attention=None):
     (`benchmarks/bench_ab.py --changes attend`, S/16 steps at batch 16 on a
     CPU; docs/performance.md):
 
-    - where XLA compiles for a CPU (JAX, and TensorFlow without a GPU or TPU),
-      `heads_first_attention`: training steps 6 to 7% faster on both, JAX
-      inference 8 to 12%;
+    - JAX and TensorFlow on a CPU (no GPU or TPU), `heads_first_attention`:
+      training steps 6 to 7% faster on both, JAX inference 8 to 12%;
     - PyTorch tensors on the CPU, `backend_ops.torch_attention`, without Keras'
       copies of q, k and v: training 5% faster, inference 4%;
     - elsewhere (GPUs, not measured), `keras.ops.dot_product_attention`, which
       receives `flash_attention`.
     """
-    if xla_on_cpu():
+    if jax_or_tensorflow_on_cpu():
         return heads_first_attention(q, k, v)
     if torch_on_cpu(q) and q.dtype == k.dtype == v.dtype:
         return torch_attention(q, k, v)
@@ -61,7 +60,8 @@ def heads_first_attention(q, k, v):
     layout and scales the `tokens x tokens` logits. Here q, k and v move to
     `(batch, heads, tokens, head_dim)` first, the scale goes on q (a tensor
     `head_dim / tokens` the size of the logits), and the result moves back.
-    XLA's CPU compiler runs this form faster (see `attend`). The softmax runs in
+    On a CPU, JAX (XLA) and TensorFlow (its graph kernels, which Keras uses
+    there instead of XLA) run this form faster (see `attend`). The softmax runs in
     float32 at least, as in Keras and JAX. Same inputs and output as
     `keras.ops.dot_product_attention` (tested, values and gradients).
     """

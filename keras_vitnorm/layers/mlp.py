@@ -17,7 +17,8 @@ def gelu_exact(x):
     `exp`, against one rational polynomial for `erf`: in the compiled gradient of
     an S/16 MLP the element-wise part took 17 ms with `erf` against 31 ms with
     `erfc` (JAX, CPU; docs/performance.md). The two forms agree within float32
-    round-off (tested). TensorFlow takes the `erf` form. JAX keeps Keras' `gelu`:
+    round-off (tested). TensorFlow takes the `erf` form, with its backward pass
+    written out (`_gelu_erf_closed_form_gradient`). JAX keeps Keras' `gelu`:
     its `erf` lowers to a StableHLO composite that TensorFlow cannot load, which
     would break `model.export` to a SavedModel. PyTorch keeps Keras' `gelu`, a
     fused kernel that computes the `erf` form.
@@ -29,8 +30,41 @@ def gelu_exact(x):
         Tensor of the dtype of `x`.
     """
     if keras.backend.backend() == "tensorflow":
-        return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+        return _gelu_erf_closed_form_gradient(x)
     return keras.activations.gelu(x, approximate=False)
+
+
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+def gelu_erf(x):
+    """`0.5 * x * (1 + erf(x / sqrt(2)))`, differentiated by autodiff."""
+    return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
+
+
+@ops.custom_gradient
+def _gelu_erf_closed_form_gradient(x):
+    """`gelu_erf` with its derivative written out: `Phi(x) + x * phi(x)`.
+
+    Why it exists: TensorFlow on a CPU runs Keras' training step as a graph
+    without XLA (Keras' `jit_compile="auto"` turns XLA off on CPU-only
+    machines), so every element-wise op is its own pass over the MLP's
+    `(batch x tokens, 4 x width)` activations. Autodiff of `gelu_erf` chains
+    the derivatives of each product and of `erf`; here the backward pass keeps
+    `Phi(x)` from the forward pass and adds `x * phi(x)`. Same values as autodiff
+    (tested); timed in docs/performance.md (`benchmarks/bench_ab.py --changes
+    gelu_grad`).
+    """
+    cdf = 0.5 * (1.0 + ops.erf(x * _SQRT_HALF))
+
+    def gradient(*args, upstream=None):
+        if upstream is None:
+            (upstream,) = args
+        pdf = ops.exp(-0.5 * ops.square(x)) * _INV_SQRT_2PI
+        return upstream * (cdf + x * pdf)
+
+    return x * cdf, gradient
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
