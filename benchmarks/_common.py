@@ -8,13 +8,25 @@ import sys
 import time
 
 
-def compile_like_fit(model):
+def compile_like_fit(model, jit_compile="auto"):
     """Compiles a Keras model the way every benchmark times it: AdamW(1e-4), cross-entropy on logits."""
     import keras
 
     model.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit_compile)
     return model
+
+
+def tensorflow_steps_use_xla():
+    """Whether Keras' `jit_compile="auto"` compiles TensorFlow's steps with XLA on this machine.
+
+    Keras turns XLA off for TensorFlow on machines with no device but the CPU,
+    and runs the step as a graph of TensorFlow's own kernels (oneDNN on x86).
+    Micro-benchmarks take the same path as `fit` by asking this.
+    """
+    import tensorflow as tf
+
+    return any(device.device_type != "CPU" for device in tf.config.list_physical_devices())
 
 
 def reference_vit(config):

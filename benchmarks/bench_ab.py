@@ -20,6 +20,9 @@ Changes:
 - `gelu_erf`: the library's exact GELU (`0.5 x (1 + erf(x / sqrt 2))` on
   TensorFlow) against Keras' `gelu(approximate=False)` (`erfc`); on JAX and
   PyTorch the two are the same code.
+- `gelu_grad`: the exact GELU's closed-form backward pass (TensorFlow) against
+  autodiff of `0.5 x (1 + erf(x / sqrt 2))`; on JAX and PyTorch the two are the
+  same code.
 - `attend`: attention as the library computes it on this backend (on a CPU,
   `heads_first_attention` under JAX and TensorFlow, `backend_ops.torch_attention`
   under PyTorch) against `keras.ops.dot_product_attention`.
@@ -27,6 +30,11 @@ Changes:
   conditional only in the transpose, its predicate read from the gradient)
   against its earlier form (a conditional on the tangent, its predicate read
   from the forward value). Elsewhere the fence is the identity.
+
+- `tf_xla`: Keras' own choice for TensorFlow (`jit_compile="auto"`, which
+  on a CPU-only machine means a graph of TensorFlow kernels without XLA)
+  against `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras'
+  choice, the same code.
 
 Each worker first calls `keras_vitnorm.retain_freed_memory()` (as `bench_vit.py`
 does) unless `--host-memory default`.
@@ -51,7 +59,7 @@ from _common import median_seconds
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "attend", "fence_transpose")
+CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "gelu_grad", "attend", "fence_transpose", "tf_xla")
 MODES = ("inference", "train")
 
 
@@ -73,6 +81,9 @@ def other_form(change):
         target, name, value = attention, "_SPLIT_QKV_BACKENDS", flipped
     elif change == "gelu_erf":
         target, name, value = mlp, "gelu_exact", lambda x: keras.activations.gelu(x, approximate=False)
+    elif change == "gelu_grad":
+        target, name = mlp, "_gelu_erf_closed_form_gradient"
+        value = mlp.gelu_erf
     elif change == "attend":
         target, name = attention, "attend"
 
@@ -80,6 +91,9 @@ def other_form(change):
             return keras.ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
     elif change == "fence_transpose":
         target, name, value = backend_ops, "_jax_fence", _tangent_conditional_fence
+    elif change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
+        yield
+        return
     else:
         raise ValueError(f"unknown change {change!r}; valid: {', '.join(CHANGES)}")
     with unittest.mock.patch.object(target, name, value):
@@ -105,7 +119,8 @@ def _tangent_conditional_fence():
 
 
 def worker_ab(change, modes, config, batch_size, rounds, steps):
-    """`{mode: {"library": [s/step per round], "other": [...]}, "max_abs_diff": float}`."""
+    """`{mode: {"library": [s/step per round], "other": [...]}, "max_abs_diff": float,
+    "jit_compile": {form: bool}}`."""
     import keras
 
     from keras_vitnorm import ViT
@@ -125,10 +140,11 @@ def worker_ab(change, modes, config, batch_size, rounds, steps):
             # random head. It does not change the time of a step.
             head = model.get_layer("head").kernel
             head.assign(np.random.default_rng(1).normal(0, 0.05, head.shape).astype("float32"))
-            compile_like_fit(model)
+            compile_like_fit(model, jit_compile=_jit_compile(change, form))
             outputs[form] = keras.ops.convert_to_numpy(model.predict_on_batch(x))
         models[form] = model
-    results = {"max_abs_diff": float(np.max(np.abs(outputs["library"] - outputs["other"])))}
+    results = {"max_abs_diff": float(np.max(np.abs(outputs["library"] - outputs["other"]))),
+               "jit_compile": {form: bool(model.jit_compile) for form, model in models.items()}}
     for mode in modes:
         times = {form: [] for form in forms}
         for form, context in forms.items():  # first call: compile; second: warm-up
@@ -142,6 +158,13 @@ def worker_ab(change, modes, config, batch_size, rounds, steps):
                 times[form].append(seconds)
         results[mode] = times
     return results
+
+
+def _jit_compile(change, form):
+    """The `jit_compile` argument of `compile`: `True` only for `tf_xla`'s other form on TensorFlow."""
+    import keras
+
+    return True if change == "tf_xla" and form == "other" and keras.backend.backend() == "tensorflow" else "auto"
 
 
 def _step(model, mode, x, y):

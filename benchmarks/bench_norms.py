@@ -6,10 +6,10 @@
 Part `norms` times the library's `layernorm` and `rmsnorm` layers (the layers
 `make_norm` returns, as the models use them) on `(batch x tokens, width)`
 activations of S/16 (width 384) and B/16 (width 768) at 224 px: forward, and
-forward + backward (gradients of the input and the weights). Each backend runs its
-usual compiled path: `jax.jit` under JAX, `tf.function(jit_compile=True)` (what
-Keras' `jit_compile="auto"` picks for these layers) under TensorFlow, eager
-autograd under PyTorch.
+forward + backward (gradients of the input and the weights). Each backend runs the
+path `fit` takes: `jax.jit` under JAX; under TensorFlow a `tf.function` graph,
+with XLA only where TensorFlow sees a GPU or TPU (Keras' `jit_compile="auto"`
+turns XLA off on CPU-only machines); eager autograd under PyTorch.
 
 Part `stem` measures the Dual PatchNorm stem's cost on S/16 in two ways:
 
@@ -36,6 +36,7 @@ from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
 from _common import run_worker
+from _common import tensorflow_steps_use_xla
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 SIZES = {"S/16": 384, "B/16": 768}
@@ -66,11 +67,13 @@ def _compiled_steps(layer, x, upstream):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        xla = tensorflow_steps_use_xla()
+
+        @tf.function(jit_compile=xla)
         def tf_forward(x):
             return layer(x)
 
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=xla)
         def tf_gradient(x):
             with tf.GradientTape() as tape:
                 tape.watch(x)

@@ -4,12 +4,14 @@ import argparse
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 import bench_ab  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_vit  # noqa: E402
+import profile_tensorflow  # noqa: E402
 import profile_torch  # noqa: E402
 
 
@@ -38,6 +40,9 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_vit, ["--host-memory", "keep"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
+    (profile_tensorflow, ["--steps", "0"]),
+    (profile_tensorflow, ["--mode", "speed"]),
+    (profile_tensorflow, ["--image-size", "-3"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -120,8 +125,8 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
     from keras_vitnorm.layers import mlp
 
     def library_paths():
-        return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact, attention.attend,
-                backend_ops._jax_fence)
+        return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact,
+                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence)
 
     before = library_paths()
     from keras_vitnorm.models.presets import preset_config
@@ -152,6 +157,7 @@ def test_ab_other_form_switches_the_library_path():
 
 @pytest.mark.parametrize("change, module, name", [
     ("gelu_erf", "keras_vitnorm.layers.mlp", "gelu_exact"),
+    ("gelu_grad", "keras_vitnorm.layers.mlp", "_gelu_erf_closed_form_gradient"),
     ("attend", "keras_vitnorm.layers.attention", "attend"),
     ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
     ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
@@ -170,3 +176,80 @@ def test_ab_other_form_replaces_the_library_function_and_restores_it(change, mod
     with bench_ab.other_form(change):
         assert getattr(target, name) is not library
     assert getattr(target, name) is library
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
+                    reason="Keras' jit_compile='auto' choice for TensorFlow; this run's backend is another")
+def test_tensorflow_micro_benchmarks_take_the_path_keras_picks_for_fit():
+    import keras
+
+    from _common import tensorflow_steps_use_xla
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")  # jit_compile="auto"
+    assert model.jit_compile is tensorflow_steps_use_xla()
+
+
+def test_ab_tf_xla_compiles_only_the_other_form_with_xla_on_tensorflow():
+    import keras
+
+    from _common import tensorflow_steps_use_xla
+
+    from keras_vitnorm.models.presets import preset_config
+
+    config = {**preset_config("s16"), "image_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2,
+              "mlp_dim": 32, "num_classes": 10}
+    result = bench_ab.worker_ab("tf_xla", ["inference"], config, batch_size=2, rounds=1, steps=1)
+    if keras.backend.backend() == "tensorflow":
+        assert result["jit_compile"] == {"library": tensorflow_steps_use_xla(), "other": True}
+    else:  # both forms take Keras' choice
+        assert result["jit_compile"]["library"] == result["jit_compile"]["other"]
+    assert result["max_abs_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("op_name, expected", [
+    ("vit_1/block_4_1/mlp_1/fc1_1/Tensordot/MatMul", ("mlp", "forward")),
+    ("gradient_tape/vit_1/block_0_1/attention_1/MatMul_1/MatMul", ("attention", "backward")),
+    ("gradient_tape/vit_1/block_2_1/mlp_norm_1/mul_2/Mul", ("norm", "backward")),
+    ("vit_1/stem_1/projection_1/Tensordot/MatMul", ("stem", "forward")),
+    ("adam_w/Sqrt_17", ("optimizer", "forward")),
+    ("AddN_4/tmp_var_initializer", ("other", "forward")),
+    ("vit_1/Cast", ("other", "forward")),
+])
+def test_tensorflow_profile_assigns_ops_to_model_parts(op_name, expected):
+    assert profile_tensorflow.part_of(op_name, "vit") == expected
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() == "tensorflow", reason="the check is for another backend")
+def test_tensorflow_profile_refuses_a_process_with_another_keras_backend(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        profile_tensorflow.main(["--steps", "1"])
+    assert exit_info.value.code == 2
+    assert "another backend" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
+                    reason="profiles TensorFlow kernels; this run's backend is another")
+def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(tmp_path):
+    from _common import compile_like_fit
+
+    from keras_vitnorm import ViT
+
+    model = compile_like_fit(ViT(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32,
+                                 num_classes=10))
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
+    y = np.array([1, 2])
+    model.train_on_batch(x, y)
+    wall, path = profile_tensorflow.profile_steps(lambda: model.train_on_batch(x, y), 2, str(tmp_path))
+    by_kernel, by_part = profile_tensorflow.summarize(path, 2, model.name)
+    assert wall > 0
+    if model.jit_compile:
+        pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events to check")
+    assert any("MatMul" in kernel for kernel in by_kernel)
+    # Per step: the block's matmuls (qkv, out, two in the MLP) forward, twice as many backward.
+    assert sum(calls for kernel, (_, calls) in by_kernel.items() if kernel.endswith("MatMul")) >= 3 * 4
+    for part in ("attention", "mlp", "norm"):
+        assert by_part[(part, "forward")] > 0 and by_part[(part, "backward")] > 0
+    assert by_part[("optimizer", "forward")] > 0
+    lines = profile_tensorflow.tables(by_kernel, by_part, rows=5)
+    assert lines[0].startswith("| kernel |") and len(lines) >= 2 + 5
