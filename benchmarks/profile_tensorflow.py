@@ -11,8 +11,10 @@ is read back from its XSpace file and summed per step:
 
 - by kernel (`_MklMatMul`, `Mul`, ...), with the number of calls;
 - by part of the model: the `attention`, `mlp`, norm, stem and head layers, the
-  optimizer's update, and the rest; each split into forward and backward (ops
-  under `gradient_tape/`).
+  optimizer's update, the model's other ops (`other`), and ops outside any layer
+  (`unscoped`: the backward pass of a custom gradient, such as the exact GELU's
+  on TensorFlow, the loss, gradient sums); each split into forward and backward
+  (ops under `gradient_tape/`; unscoped ops count as forward).
 
 TensorFlow runs independent kernels at the same time on its inter-op threads,
 so kernel times add up to more than the wall time of a step; compare them with
@@ -42,7 +44,7 @@ def part_of(op_name, model_name):
         segments, direction = segments[1:], "backward"
     if not segments[0].startswith(model_name):
         optimizer_like = segments[0].lower().replace("_", "").startswith(("adam", "sgd", "lamb", "lion", "rmsprop"))
-        return ("optimizer" if optimizer_like else "other"), direction
+        return ("optimizer" if optimizer_like else "unscoped"), direction
     for segment in segments[1:-1]:
         for part in PARTS:
             if part in segment:
