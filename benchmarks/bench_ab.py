@@ -30,7 +30,6 @@ Changes:
   conditional only in the transpose, its predicate read from the gradient)
   against its earlier form (a conditional on the tangent, its predicate read
   from the forward value). Elsewhere the fence is the identity.
-
 - `tf_xla`: Keras' own choice for TensorFlow (`jit_compile="auto"`, which
   on a CPU-only machine means a graph of TensorFlow kernels without XLA)
   against `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras'

@@ -5,10 +5,10 @@ import math
 import keras
 from keras import ops
 
+from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.backend_ops import torch_attention
 from keras_vitnorm.backend_ops import torch_on_cpu
-from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
