@@ -8,6 +8,14 @@ import sys
 import time
 
 
+def check_positive_ints(parser, args, names):
+    """Exits through `parser.error` naming the first of `names` (argparse dests) set below 1; `None` is unset."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+
+
 def compile_like_fit(model, jit_compile="auto"):
     """Compiles a Keras model the way every benchmark times it: AdamW(1e-4), cross-entropy on logits."""
     import keras

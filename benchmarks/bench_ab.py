@@ -52,6 +52,7 @@ import sys
 import unittest.mock
 
 import numpy as np
+from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
@@ -211,9 +212,7 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", choices=CHANGES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("image_size", "batch_size", "rounds", "steps", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    check_positive_ints(parser, args, ("image_size", "batch_size", "rounds", "steps", "threads"))
     # Importing keras_vitnorm imports Keras: in the driver, use a backend that was asked for.
     os.environ.setdefault("KERAS_BACKEND", args.backends[0])
     from keras_vitnorm.models.presets import preset_config  # after parsing: --help needs no Keras

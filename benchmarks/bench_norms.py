@@ -32,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
@@ -219,9 +220,7 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", choices=("norms", "stem"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "repeats", "step_repeats", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "step_repeats", "threads"))
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     if args.worker:

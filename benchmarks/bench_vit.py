@@ -37,6 +37,7 @@ import sys
 import time
 
 import numpy as np
+from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
 from _common import median_seconds
@@ -300,9 +301,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    for name in ("batch_size", "steps", "repeats", "threads", "image_size", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "threads", "image_size", "rounds"))
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     # This process only reads the preset: it must not need TensorFlow (Keras'

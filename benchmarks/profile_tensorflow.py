@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import numpy as np
+from _common import check_positive_ints
 from _common import compile_like_fit
 
 # Within one name segment "norm" wins: `mlp_norm` and `attn_norm` are the block's norms.
@@ -129,11 +130,7 @@ def main(argv=None):
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
                         help="retain (default): call keras_vitnorm.retain_freed_memory() first, as bench_vit.py does")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "rows", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.image_size is not None and args.image_size < 1:
-        parser.error(f"--image-size must be a positive integer, got {args.image_size}")
+    check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads", "image_size"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "tensorflow":
         parser.error("Keras is already imported with another backend; run this script on its own")
     os.environ["KERAS_BACKEND"] = "tensorflow"

@@ -21,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import reference_vit
 
@@ -34,9 +35,7 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=20, help="operators listed per model")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "rows", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
         parser.error("Keras is already imported with another backend; run this script on its own")
     os.environ["KERAS_BACKEND"] = "torch"

@@ -243,7 +243,7 @@ def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_opt
     if model.jit_compile:
         pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events to check")
     assert any("MatMul" in kernel for kernel in by_kernel)
-    # Per step: the block's matmuls (qkv, out, two in the MLP) forward, twice as many backward.
+    # Per step: the block's six forward matmuls (q, k, v, out, two in the MLP) and their backward.
     assert sum(calls for kernel, (_, calls) in by_kernel.items() if kernel.endswith("MatMul")) >= 3 * 4
     for part in ("attention", "mlp", "norm"):
         assert by_part[(part, "forward")] > 0 and by_part[(part, "backward")] > 0

@@ -241,7 +241,7 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
-    # The path off CPU: where XLA compiles for a CPU the layer computes attention itself.
+    # The path off CPU: on a CPU the layer computes attention in its own forms (`attend`).
     from keras_vitnorm.layers import attention
 
     monkeypatch.setattr(attention, "jax_or_tensorflow_on_cpu", lambda: False)
@@ -409,7 +409,7 @@ def test_heads_first_attention_gradient_matches_dot_product_attention():
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
-def _xla_on_this_cpu():
+def _jax_or_tensorflow_on_this_cpu():
     from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 
     return keras.backend.backend() in ("jax", "tensorflow") and jax_or_tensorflow_on_cpu()
@@ -420,7 +420,7 @@ def _torch_on_this_cpu():
 
 
 @pytest.mark.parametrize("form, applies", [
-    ("heads_first_attention", _xla_on_this_cpu),
+    ("heads_first_attention", _jax_or_tensorflow_on_this_cpu),
     ("torch_attention", _torch_on_this_cpu),
 ])
 def test_attend_takes_each_form_only_where_it_applies(monkeypatch, form, applies):
