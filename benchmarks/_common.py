@@ -25,6 +25,24 @@ def compile_like_fit(model, jit_compile="auto"):
     return model
 
 
+def keras_backend_device():
+    """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return "gpu" if jax.default_backend() == "gpu" else "cpu"
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
 def tensorflow_steps_use_xla():
     """Whether Keras' `jit_compile="auto"` compiles TensorFlow's steps with XLA on this machine.
 

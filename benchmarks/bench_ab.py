@@ -2,6 +2,8 @@
 
     python benchmarks/bench_ab.py --changes fused_dense --backends torch --modes inference train
     python benchmarks/bench_ab.py --changes split_qkv --rounds 6
+    python benchmarks/bench_ab.py --changes attend --backends jax torch --device gpu \
+        --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16 --steps 5
 
 On a shared host the speed drifts by more than the few percent a code-path choice
 is worth, so two separate benchmark runs cannot settle it. Here both forms of the
@@ -23,9 +25,11 @@ Changes:
 - `gelu_grad`: the exact GELU's closed-form backward pass (TensorFlow) against
   autodiff of `0.5 x (1 + erf(x / sqrt 2))`; on JAX and PyTorch the two are the
   same code.
-- `attend`: attention as the library computes it on this backend (on a CPU,
-  `heads_first_attention` under JAX and TensorFlow, `backend_ops.torch_attention`
-  under PyTorch) against `keras.ops.dot_product_attention`.
+- `attend`: attention as the library computes it on this backend and device (on
+  a CPU, `heads_first_attention` under JAX and TensorFlow; under PyTorch,
+  `backend_ops.torch_attention`; under JAX on a GPU, training with an odd token
+  count, `backend_ops.jax_padded_attention`) against `keras.ops.dot_product_attention`
+  (`attention.keras_attention`).
 - `fence_transpose`: the JAX gradient fence as the library has it (the
   conditional only in the transpose, its predicate read from the gradient)
   against its earlier form (a conditional on the tangent, its predicate read
@@ -34,6 +38,9 @@ Changes:
   on a CPU-only machine means a graph of TensorFlow kernels without XLA)
   against `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras'
   choice, the same code.
+
+With `--device gpu` both forms, and the batch, are on the GPU; `--mixed-precision
+mixed_bfloat16` sets Keras' dtype policy in the worker.
 
 Each worker first calls `keras_vitnorm.retain_freed_memory()` (as `bench_vit.py`
 does) unless `--host-memory default`.
@@ -55,6 +62,7 @@ import numpy as np
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
+from _common import keras_backend_device
 from _common import median_seconds
 from _common import run_worker
 
@@ -87,8 +95,7 @@ def other_form(change):
     elif change == "attend":
         target, name = attention, "attend"
 
-        def value(q, k, v, flash_attention=None):
-            return keras.ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
+        value = attention.keras_attention
     elif change == "fence_transpose":
         target, name, value = backend_ops, "_jax_fence", _tangent_conditional_fence
     elif change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
@@ -118,17 +125,23 @@ def _tangent_conditional_fence():
     return fence
 
 
-def worker_ab(change, modes, config, batch_size, rounds, steps):
+def worker_ab(change, modes, config, batch_size, rounds, steps, device="cpu", dtype_policy="float32"):
     """`{mode: {"library": [s/step per round], "other": [...]}, "max_abs_diff": float,
     "jit_compile": {form: bool}}`."""
     import keras
 
     from keras_vitnorm import ViT
 
+    found = keras_backend_device()
+    if found != device:
+        raise RuntimeError(f"--device {device}: the {keras.backend.backend()} backend runs on {found} here")
+    keras.config.set_dtype_policy(dtype_policy)
     rng = np.random.default_rng(0)
     size = config["image_size"]
     x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))
+    if device == "gpu":  # the batch on the GPU, so no step times a host-to-device copy
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     forms = {"library": contextlib.nullcontext, "other": lambda: other_form(change)}
     models, outputs = {}, {}
     for form, context in forms.items():
@@ -141,7 +154,7 @@ def worker_ab(change, modes, config, batch_size, rounds, steps):
             head = model.get_layer("head").kernel
             head.assign(np.random.default_rng(1).normal(0, 0.05, head.shape).astype("float32"))
             compile_like_fit(model, jit_compile=_jit_compile(change, form))
-            outputs[form] = keras.ops.convert_to_numpy(model.predict_on_batch(x))
+            outputs[form] = keras.ops.convert_to_numpy(keras.ops.cast(model.predict_on_batch(x), "float32"))
         models[form] = model
     results = {"max_abs_diff": float(np.max(np.abs(outputs["library"] - outputs["other"]))),
                "jit_compile": {form: bool(model.jit_compile) for form, model in models.items()}}
@@ -207,6 +220,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the two forms; the median is reported")
     parser.add_argument("--steps", type=int, default=2, help="steps per form per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                        help="cpu: GPUs hidden from the workers (default); gpu: models and batch on the GPU")
+    parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"),
+                        help="Keras dtype policy in the workers")
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
                         help="retain (default): each worker calls keras_vitnorm.retain_freed_memory() first")
     parser.add_argument("--json", help="also write the results to this JSON file")
@@ -226,7 +243,8 @@ def main(argv=None):
             from keras_vitnorm.host_memory import retain_freed_memory
 
             retain_freed_memory()
-        result = worker_ab(args.worker, args.modes, config, args.batch_size, args.rounds, args.steps)
+        result = worker_ab(args.worker, args.modes, config, args.batch_size, args.rounds, args.steps,
+                           args.device, args.mixed_precision)
         print("RESULT " + json.dumps(result))
         return 0
     results = {}
@@ -236,11 +254,13 @@ def main(argv=None):
             worker_args = [change, "--modes", *args.modes, "--preset", args.preset,
                            "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
                            "--rounds", str(args.rounds), "--steps", str(args.steps),
-                           "--host-memory", args.host_memory]
-            results[(backend, change)] = run_worker(__file__, worker_args, backend, args.threads)
-    print(f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, float32, CPU, "
-          f"{args.threads} threads; {args.rounds} alternating rounds of {args.steps} steps per form; "
-          f"host memory: {args.host_memory}\n")
+                           "--host-memory", args.host_memory, "--device", args.device,
+                           "--mixed-precision", args.mixed_precision]
+            results[(backend, change)] = run_worker(__file__, worker_args, backend, args.threads, args.device)
+    where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
+    print(f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+          f"{args.mixed_precision}, {where}; {args.rounds} alternating rounds of {args.steps} steps per "
+          f"form; host memory: {args.host_memory}\n")
     print("\n".join(ab_table(results)))
     if args.json:
         with open(args.json, "w") as f:

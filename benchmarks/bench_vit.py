@@ -40,6 +40,7 @@ import numpy as np
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
+from _common import keras_backend_device
 from _common import median_seconds
 from _common import reference_vit
 from _common import run_worker
@@ -122,24 +123,6 @@ def _timed(step, warmup, steps, repeats):
 
 
 # ----------------------------------------------------------------------------- workers
-
-
-def keras_backend_device():
-    """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return "gpu" if jax.default_backend() == "gpu" else "cpu"
-    if backend == "torch":
-        import torch
-
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    import tensorflow as tf
-
-    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
 
 
 def worker_keras(args, config):

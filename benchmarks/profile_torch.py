@@ -2,6 +2,8 @@
 
     python benchmarks/profile_torch.py --mode inference
     python benchmarks/profile_torch.py --mode train --steps 2 --rows 30
+    python benchmarks/profile_torch.py --mode train --device gpu --preset b16 --batch-size 256 \
+        --mixed-precision mixed_bfloat16 --find-syncs
 
 Both models (same size, random weights) run `--steps` steps under
 `torch.profiler` after two warm-up steps, in this process: Keras through
@@ -13,12 +15,23 @@ operators' self time per step, and the difference: time spent outside ATen
 operators (Python, Keras' layer and optimizer code, the profiler's own overhead).
 Run it with the allocator settings you want to compare (for example
 `MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000`).
+
+With `--device gpu` both models and the batch are on the GPU, the profile records
+CUDA kernels too (a second table, by GPU time, and the GPU kernel time per step),
+and `--mixed-precision mixed_bfloat16` runs Keras under that policy and the
+reference under `torch.autocast`. `--find-syncs` (GPU only) then runs one more
+step of each model under `torch.cuda.set_sync_debug_mode("warn")` and prints
+every call that made the host wait for the GPU, with the Python frames that led
+to it: a step that blocks mid-way leaves the GPU idle while the host catches up.
 """
 
 import argparse
+import collections
 import os
 import sys
 import time
+import traceback
+import warnings
 
 import numpy as np
 from _common import check_positive_ints
@@ -34,7 +47,13 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per model")
     parser.add_argument("--rows", type=int, default=20, help="operators listed per model")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"))
+    parser.add_argument("--find-syncs", action="store_true",
+                        help="GPU only: list the calls of one step that make the host wait for the GPU")
     args = parser.parse_args(argv)
+    if args.find_syncs and args.device != "gpu":
+        parser.error("--find-syncs needs --device gpu: on the CPU nothing waits for a GPU")
     check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
         parser.error("Keras is already imported with another backend; run this script on its own")
@@ -51,6 +70,13 @@ def main(argv=None):
         config = {**preset_config(args.preset), "num_classes": 1000}
     except ValueError as error:
         parser.error(f"--preset: {error}")
+    # Keras puts its PyTorch tensors on the GPU whenever there is one.
+    if (args.device == "gpu") != torch.cuda.is_available():
+        parser.error(f"--device {args.device}: PyTorch {'sees no' if args.device == 'gpu' else 'sees a'} "
+                     "CUDA GPU here" + ("" if args.device == "gpu" else
+                                        "; to profile the CPU, run with CUDA_VISIBLE_DEVICES= set empty"))
+    device = "cuda" if args.device == "gpu" else "cpu"
+    keras.config.set_dtype_policy(args.mixed_precision)
     torch.set_num_threads(args.threads)
     size = config["image_size"]
     rng = np.random.default_rng(0)
@@ -58,44 +84,97 @@ def main(argv=None):
     y = rng.integers(0, 1000, (args.batch_size,))
     ours = ViT(**config)
     compile_like_fit(ours)
-    reference = reference_vit(config)
-    x_nchw, y_torch = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y)
+    reference = reference_vit(config).to(device)
+    x_nchw = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
+    y_torch = torch.from_numpy(y).to(device)
+    if device == "cuda":  # the batch on the GPU for Keras too: no step times a host-to-device copy
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
+    autocast_dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
+
+    def autocast():
+        return torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+
     if args.mode == "inference":
         reference.eval()
 
         def reference_step():
-            with torch.inference_mode():
-                reference(pixel_values=x_nchw).logits.numpy()
+            with torch.inference_mode(), autocast():
+                reference(pixel_values=x_nchw).logits.float().cpu().numpy()
 
         def keras_step():
             keras.ops.convert_to_numpy(ours.predict_on_batch(x))
     else:
         def reference_step():
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(reference(pixel_values=x_nchw).logits, y_torch)
+            with autocast():
+                loss = loss_fn(reference(pixel_values=x_nchw).logits.float(), y_torch)
             loss.backward()
             optimizer.step()
             loss.item()
 
         def keras_step():
             ours.train_on_batch(x, y)
-    for name, step in (("transformers ViT (reference)", reference_step), ("keras_vitnorm (torch)", keras_step)):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    steps = (("transformers ViT (reference)", reference_step), ("keras_vitnorm (torch)", keras_step))
+    for name, step in steps:
         step()
         step()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=activities) as prof:
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            if device == "cuda":
+                torch.cuda.synchronize()
             wall = (time.perf_counter() - start) / args.steps
         averages = prof.key_averages()
         aten = sum(e.self_cpu_time_total for e in averages if e.key.startswith("aten::")) / 1e6 / args.steps
-        print(f"== {name}: {args.preset}, batch {args.batch_size}, {args.mode}, {args.steps} steps")
+        print(f"== {name}: {args.preset}, batch {args.batch_size}, {args.mode}, {args.mixed_precision}, "
+              f"{args.device}, {args.steps} steps")
         print(f"per step, profiled: {wall:.3f} s wall, {aten:.3f} s self time in ATen operators, "
               f"{wall - aten:.3f} s outside them")
         print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        if device == "cuda":
+            kernels = sum(e.self_device_time_total for e in averages
+                          if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6 / args.steps
+            print(f"GPU kernel time per step: {kernels:.3f} s")
+            print(averages.table(sort_by="self_device_time_total", row_limit=args.rows))
+    if args.find_syncs:
+        for name, step in steps:
+            stacks = synchronizing_calls(step)
+            print(f"== {name}: {sum(stacks.values())} calls that waited for the GPU in one step")
+            for frames, count in stacks.items():
+                print(f"x{count}:\n{frames}")
     return 0
+
+
+def synchronizing_calls(step, frames=6):
+    """`{innermost Python frames: count}` of the calls in `step()` that made the host wait for the GPU.
+
+    PyTorch's sync debug mode warns at each such call (a `.item()`, a copy to the
+    host, a copy from pageable host memory); the stack is read at that moment.
+    """
+    import torch
+
+    found = collections.Counter()
+
+    def record(*args, **kwargs):
+        stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
+        if stack[-1].name == "set_sync_debug_mode":  # the mode announces itself; not a wait
+            return
+        found["\n".join(f"    {f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}: {f.line}"
+                         for f in stack[-frames:])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return found
 
 
 if __name__ == "__main__":

@@ -79,11 +79,6 @@ def linear(x, kernel, bias=None):
     return y if bias is None else keras.ops.add(y, bias)
 
 
-def torch_on_cpu(x):
-    """Whether the backend is PyTorch and tensor `x` is on the CPU."""
-    return keras.backend.backend() == "torch" and x.device.type == "cpu"
-
-
 def torch_attention(q, k, v):
     """`keras.ops.dot_product_attention(q, k, v)` on PyTorch, without copying q, k and v.
 
@@ -91,8 +86,11 @@ def torch_attention(q, k, v):
     its flash-attention check passes (never on a CPU), copies q, k and v into
     contiguous memory before `torch.nn.functional.scaled_dot_product_attention`.
     That function takes the strided views itself, as the transformers ViT passes
-    them. On one S/16 attention layer on CPU (batch 16) the copies cost 1.6 ms of
-    25.5 forward and 3.3 ms of 79 forward and backward (docs/performance.md).
+    them, and picks its kernel itself. On one S/16 attention layer on CPU (batch
+    16) the copies cost 1.6 ms of 25.5 forward and 3.3 ms of 79 forward and
+    backward. On an H100 (B/16, bfloat16, batch 256) Keras' check passes and it
+    forces FlashAttention-2, where PyTorch picks cuDNN's attention, as the
+    reference does: training steps 144 against 153 ms (docs/performance.md).
     Same result (tested). PyTorch only.
 
     Args:
@@ -105,6 +103,70 @@ def torch_attention(q, k, v):
 
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+
+
+def jax_cudnn_attention_fits(q, k, v):
+    """Whether JAX's cuDNN attention takes these q, k and v once their tokens are padded.
+
+    JAX backend on an NVIDIA GPU of compute capability 8.0 or more, one dtype,
+    bfloat16 or float16, and a head dimension that is a multiple of 8 and at most
+    128 (256 from compute capability 9.0): the conditions JAX (0.11) checks
+    besides the token count. `False` on every other backend and on a CPU.
+    """
+    if keras.backend.backend() != "jax" or not q.dtype == k.dtype == v.dtype:
+        return False
+    import jax
+
+    if jax.default_backend() != "gpu" or str(q.dtype) not in ("bfloat16", "float16"):
+        return False
+    capability = getattr(jax.devices()[0], "compute_capability", None)
+    try:
+        major, minor = (int(part) for part in str(capability).split(".")[:2])
+    except ValueError:  # not a CUDA device (no "major.minor" capability)
+        return False
+    head_dim = q.shape[-1]
+    return (major, minor) >= (8, 0) and head_dim % 8 == 0 and head_dim <= (256 if major >= 9 else 128)
+
+
+def jax_padded_attention(q, k, v, implementation="cudnn", multiple=8):
+    """Softmax attention on tokens padded to a multiple of `multiple`, the padding masked (JAX).
+
+    Why it exists: JAX's cuDNN flash attention rejects an odd token count at
+    training time ("Unsupported sequence length Q 197, KV 197", jax 0.11), and a
+    ViT with a class token has 197 tokens at 224 pixels. Keras then falls back to
+    XLA's attention, whose backward pass is twice as slow: on an H100 (B/16,
+    bfloat16, batch 256) one layer's attention took 3.38 ms forward and backward
+    under XLA and 1.61 ms under cuDNN with the tokens padded to 200, and a whole
+    training step 133.6 against 102.9 ms (docs/performance.md). Here q, k and v
+    get zero tokens up to the multiple, `jax.nn.dot_product_attention` masks
+    them out through `query_seq_lengths` and `key_value_seq_lengths`, and the
+    padded rows of the output are dropped. Same values and gradients as
+    unpadded attention (tested on the CPU with `implementation="xla"`, which
+    takes the same arguments). If JAX still rejects the inputs, this falls back
+    to XLA's attention on the unpadded tokens.
+
+    Args:
+        q, k, v: JAX arrays `(batch, tokens, heads, head_dim)`, one dtype.
+        implementation: `"cudnn"` (default) or `"xla"`, for `jax.nn.dot_product_attention`.
+        multiple: int, default 8. The padded token count is its multiple.
+
+    Returns:
+        Array `(batch, tokens, heads, head_dim)`.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    tokens = q.shape[1]
+    pad = -tokens % multiple
+    padded = [jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))) for t in (q, k, v)]
+    lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
+    try:
+        out = jax.nn.dot_product_attention(
+            *padded, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+            implementation=implementation)
+    except NotImplementedError:
+        return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    return out[:, :tokens]
 
 
 def gradient_fence(x):

@@ -40,6 +40,8 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     (bench_vit, ["--host-memory", "keep"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
+    (profile_torch, ["--find-syncs"]),
+    (profile_torch, ["--device", "tpu"]),
     (profile_tensorflow, ["--steps", "0"]),
     (profile_tensorflow, ["--mode", "speed"]),
     (profile_tensorflow, ["--image-size", "-3"]),
@@ -77,6 +79,18 @@ def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
         bench_vit.main(["--device", "gpu", "--no-reference"])
     assert exit_info.value.code == 2
     assert "--device gpu needs PyTorch with a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
+def test_profile_torch_gpu_device_without_a_gpu_exits_with_a_message(capsys):
+    import keras
+
+    if keras.backend.backend() != "torch":
+        pytest.skip("profile_torch.py refuses another backend before it looks for a GPU")
+    with pytest.raises(SystemExit) as exit_info:
+        profile_torch.main(["--device", "gpu"])
+    assert exit_info.value.code == 2
+    assert "--device gpu: PyTorch sees no CUDA GPU here" in capsys.readouterr().err
 
 
 def test_norm_worker_times_every_size_norm_and_mode():

@@ -230,9 +230,12 @@ def test_groupnorm_width_must_divide_groups():
 
 @pytest.mark.parametrize("num_tokens", [5, 6])
 @pytest.mark.parametrize("training", [False, True])
-def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens, training):
+def test_keras_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens,
+                                                                                  training):
     # JAX's cuDNN flash attention rejects odd token counts at training time; there
-    # the layer asks for XLA attention (False); everywhere else Keras chooses (None).
+    # keras_attention asks for XLA attention (False); everywhere else Keras chooses (None).
+    from keras_vitnorm.layers.attention import keras_attention
+
     seen = []
     original = keras.ops.dot_product_attention
 
@@ -241,14 +244,12 @@ def test_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
-    # The path off CPU: on a CPU the layer computes attention in its own forms (`attend`).
-    from keras_vitnorm.layers import attention
-
-    monkeypatch.setattr(attention, "jax_or_tensorflow_on_cpu", lambda: False)
-    monkeypatch.setattr(attention, "torch_on_cpu", lambda x: False)
-    layers.MultiHeadSelfAttention(4)(_inputs((2, num_tokens, 16)), training=training)
+    q, k, v = _qkv(3, shape=(2, num_tokens, 2, 8))
+    y = keras_attention(q, k, v, training=training)
     rejects = keras.backend.backend() == "jax" and training and num_tokens % 2 == 1
     assert seen == [False if rejects else None]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(y),
+                               keras.ops.convert_to_numpy(original(q, k, v)), rtol=1e-6, atol=1e-6)
 
 
 def _dense_pair(use_bias, activation, lora):
@@ -415,26 +416,86 @@ def _jax_or_tensorflow_on_this_cpu():
     return keras.backend.backend() in ("jax", "tensorflow") and jax_or_tensorflow_on_cpu()
 
 
-def _torch_on_this_cpu():
-    return keras.backend.backend() == "torch" and keras.ops.convert_to_tensor(np.zeros(1)).device.type == "cpu"
-
-
 @pytest.mark.parametrize("form, applies", [
     ("heads_first_attention", _jax_or_tensorflow_on_this_cpu),
-    ("torch_attention", _torch_on_this_cpu),
+    ("torch_attention", lambda: keras.backend.backend() == "torch"),
+    ("keras_attention", lambda: False),  # on this CPU every backend has its own form
 ])
 def test_attend_takes_each_form_only_where_it_applies(monkeypatch, form, applies):
     from keras_vitnorm.layers import attention
 
     calls = []
 
-    def spy(q, k, v):
+    def spy(q, k, v, *args):
         calls.append(tuple(q.shape))
         return keras.ops.dot_product_attention(q, k, v)
 
     monkeypatch.setattr(attention, form, spy)
     layers.MultiHeadSelfAttention(num_heads=2)(_inputs((2, 5, 8)))
     assert calls == ([(2, 5, 2, 4)] if applies() else [])
+
+
+@pytest.mark.parametrize("num_tokens, training, padded", [(5, True, True), (5, False, False), (6, True, False)])
+def test_attend_pads_for_jax_cudnn_only_in_training_with_an_odd_token_count(monkeypatch, num_tokens, training,
+                                                                            padded):
+    from keras_vitnorm.layers import attention
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax_padded_attention is JAX's; this run's backend is another")
+    # As on a GPU where cuDNN's attention fits: not the CPU forms, cuDNN available.
+    monkeypatch.setattr(attention, "jax_or_tensorflow_on_cpu", lambda: False)
+    monkeypatch.setattr(attention, "jax_cudnn_attention_fits", lambda q, k, v: True)
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(tuple(q.shape))
+        return keras.ops.dot_product_attention(q, k, v)
+
+    monkeypatch.setattr(attention, "jax_padded_attention", spy)
+    layers.MultiHeadSelfAttention(num_heads=2)(_inputs((2, num_tokens, 8)), training=training)
+    assert calls == ([(2, num_tokens, 2, 4)] if padded else [])
+
+
+def test_jax_cudnn_attention_fits_no_cpu_tensors():
+    from keras_vitnorm.backend_ops import jax_cudnn_attention_fits
+
+    q, k, v = _qkv(5, "bfloat16", shape=(2, 7, 2, 8))
+    if keras.backend.backend() == "jax":
+        import jax
+
+        if jax.default_backend() != "cpu":
+            pytest.skip("asserts the CPU answer; this host has an accelerator")
+    assert jax_cudnn_attention_fits(q, k, v) is False
+
+
+@pytest.mark.parametrize("num_tokens, dtype", [(13, "float32"), (16, "float32"), (13, "bfloat16")])
+def test_jax_padded_attention_matches_unpadded_attention(num_tokens, dtype):
+    from keras_vitnorm.backend_ops import jax_padded_attention
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax_padded_attention is JAX's; this run's backend is another")
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v = _qkv(7, dtype, shape=(2, num_tokens, 3, 8))
+    # cuDNN needs a GPU; XLA's attention takes the same padding and length arguments.
+    ours = jax_padded_attention(q, k, v, implementation="xla")
+    theirs = keras.ops.dot_product_attention(q, k, v)
+    assert ours.shape == (2, num_tokens, 3, 8) and ours.dtype == theirs.dtype
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(np.asarray(ours, "float32"), np.asarray(theirs, "float32"),
+                               rtol=tolerance, atol=tolerance)
+    weights = jnp.asarray(np.random.default_rng(8).normal(size=ours.shape), "float32")
+
+    def loss(function):
+        return lambda *qkv: jnp.sum(function(*qkv).astype("float32") * weights)
+
+    padded = jax.grad(loss(lambda *t: jax_padded_attention(*t, implementation="xla")), argnums=(0, 1, 2))
+    plain = jax.grad(loss(keras.ops.dot_product_attention), argnums=(0, 1, 2))
+    for ours, theirs in zip(padded(q, k, v), plain(q, k, v)):
+        assert float(jnp.max(jnp.abs(theirs.astype("float32")))) > 1e-2
+        np.testing.assert_allclose(np.asarray(ours, "float32"), np.asarray(theirs, "float32"),
+                                   rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -5,51 +5,59 @@ import math
 import keras
 from keras import ops
 
+from keras_vitnorm.backend_ops import jax_cudnn_attention_fits
 from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
+from keras_vitnorm.backend_ops import jax_padded_attention
 from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.backend_ops import torch_attention
-from keras_vitnorm.backend_ops import torch_on_cpu
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import make_norm
 
 
-def _flash_attention(num_tokens, training):
-    """The `flash_attention` argument for `keras.ops.dot_product_attention`.
+def keras_attention(q, k, v, training=None):
+    """`keras.ops.dot_product_attention(q, k, v)`, asking for XLA's attention where JAX rejects cuDNN's.
 
-    `None` (Keras chooses) except in one case. On a GPU under JAX, Keras picks
-    cuDNN flash attention from a check that passes, but JAX's own check at
-    training time rejects an odd token count (197 for a ViT with a class token:
-    "Unsupported sequence length Q 197, KV 197", jax 0.11). Keras then logs that
-    error with a full traceback at every trace and falls back to XLA's attention.
-    `False` asks for XLA's attention directly: the same computation, no traceback
-    in the log, and the same step time (measured on an H100, docs/performance.md).
+    On a GPU under JAX, Keras picks cuDNN flash attention from a check that
+    passes, but JAX's own check at training time rejects an odd token count
+    (197 for a ViT with a class token: "Unsupported sequence length Q 197, KV
+    197", jax 0.11). Keras then logs that error with a full traceback at every
+    trace and falls back to XLA's attention. There this asks for XLA's attention
+    directly (`flash_attention=False`): the same computation, no traceback in
+    the log. Everywhere else Keras chooses (`flash_attention=None`).
     """
-    if keras.backend.backend() == "jax" and training and num_tokens % 2:
-        return False
-    return None
+    odd_tokens_in_training = bool(training) and q.shape[1] % 2 == 1
+    jax_rejects_cudnn = keras.backend.backend() == "jax" and odd_tokens_in_training
+    flash_attention = False if jax_rejects_cudnn else None
+    return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
 
 
-def attend(q, k, v, flash_attention=None):
+def attend(q, k, v, training=None):
     """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
 
     The same computation in the form measured fastest on each backend
-    (`benchmarks/bench_ab.py --changes attend`, S/16 steps at batch 16 on a
-    CPU; docs/performance.md):
+    (`benchmarks/bench_ab.py --changes attend` for S/16 steps at batch 16 on a
+    CPU, an A/B of B/16 training steps on an H100; docs/performance.md):
 
     - JAX and TensorFlow on a CPU (no GPU or TPU), `heads_first_attention`:
       training steps 6 to 7% faster on both, JAX inference 8 to 12%;
-    - PyTorch tensors on the CPU, `backend_ops.torch_attention`, without Keras'
-      copies of q, k and v: training 5% faster, inference 4%;
-    - elsewhere (GPUs, not measured), `keras.ops.dot_product_attention`, which
-      receives `flash_attention`.
+    - PyTorch, `backend_ops.torch_attention`, without Keras' copies of q, k and
+      v and with PyTorch's own choice of kernel: on the CPU training 5% faster
+      and inference 4%; on an H100 training 6% faster, inference the same;
+    - JAX on a GPU, training with an odd token count where cuDNN's attention
+      fits (`backend_ops.jax_cudnn_attention_fits`),
+      `backend_ops.jax_padded_attention`: cuDNN's attention on tokens padded to
+      a multiple of 8, where Keras would run XLA's: training steps 23% faster;
+    - elsewhere, `keras_attention` (`keras.ops.dot_product_attention`).
     """
     if jax_or_tensorflow_on_cpu():
         return heads_first_attention(q, k, v)
-    if torch_on_cpu(q) and q.dtype == k.dtype == v.dtype:
+    if keras.backend.backend() == "torch" and q.dtype == k.dtype == v.dtype:
         return torch_attention(q, k, v)
-    return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
+    if training and q.shape[1] % 2 == 1 and jax_cudnn_attention_fits(q, k, v):
+        return jax_padded_attention(q, k, v)
+    return keras_attention(q, k, v, training)
 
 
 def heads_first_attention(q, k, v):
@@ -84,9 +92,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     One fused `qkv` projection (kernel `(width, 3 * width)`, columns ordered
     `[q | k | v]`, each head-major like timm), attention through `attend`
-    (`keras.ops.dot_product_attention`; on a CPU its heads-first form under
-    JAX and TensorFlow, PyTorch's own without copies under PyTorch), then the
-    `out` projection.
+    (the fastest measured form of `keras.ops.dot_product_attention` on each
+    backend and device), then the `out` projection.
 
     Args:
         num_heads: int. `width` must be divisible by it.
@@ -202,7 +209,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.q_norm is not None:
             q = self.q_norm(q, training=training)
             k = self.k_norm(k, training=training)
-        y = attend(q, k, v, flash_attention=_flash_attention(num_tokens, training))
+        y = attend(q, k, v, training=training)
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
         y = ops.reshape(y, (-1, num_tokens, width))
