@@ -82,6 +82,15 @@ def median_seconds(step, warmup, steps, repeats):
     return statistics.median(runs), runs
 
 
+def worker_env(backend, threads, device="cpu"):
+    """The environment of a benchmark worker: its Keras backend and thread count, GPUs hidden for "cpu"."""
+    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(threads),
+               TF_NUM_INTRAOP_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL="2")
+    if device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    return env
+
+
 def run_worker(script, arguments, backend, threads, device="cpu"):
     """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
 
@@ -90,12 +99,8 @@ def run_worker(script, arguments, backend, threads, device="cpu"):
     The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
     with the last lines of its output, so one broken backend does not stop a table.
     """
-    env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(threads),
-               TF_NUM_INTRAOP_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL="2")
-    if device == "cpu":
-        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=worker_env(backend, threads, device), capture_output=True, text=True)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if done.returncode or line is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]

@@ -2,6 +2,7 @@
 reference PyTorch ViT (Hugging Face transformers, eager) and keras-hub's ViT.
 
     python benchmarks/bench_vit.py --preset s16 --batch-size 16            # the issue's setup
+    python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 --steps 2 --repeats 1
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16
 
@@ -11,9 +12,15 @@ process), with the same thread count. Per implementation it reports:
 - inference and training-step throughput in images/s: the median of `--repeats`
   timed runs of `--steps` steps each, after `--warmup` untimed steps; the first
   call (tracing/compilation) is timed separately and reported as "compile";
-- the ratio to the PyTorch reference (with `--rounds N`, every implementation runs
-  N times in turn and the median across rounds is reported, so a drifting
-  machine slows all of them alike);
+- the ratio to the PyTorch reference. With `--rounds N`, every implementation runs
+  N times in turn; the img/s column is the median across rounds, and the ratio is
+  the median of the N per-round ratios (each comparing runs made one after the
+  other, so a drifting machine slows both alike), with their range;
+- with `--interleave`, every implementation's process starts once (one at a
+  time, so compilation is timed alone), and each round then times `--repeats`
+  runs of `--steps` steps of every implementation in turn, in an order that
+  rotates. Rounds are then seconds apart instead of minutes, and many more fit
+  in the same time;
 - host memory: by default every implementation's process, the reference's too,
   first calls `keras_vitnorm.retain_freed_memory()` (glibc keeps freed memory
   instead of mapping each step's buffers afresh); `--host-memory default` leaves
@@ -33,7 +40,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -44,6 +53,7 @@ from _common import keras_backend_device
 from _common import median_seconds
 from _common import reference_vit
 from _common import run_worker
+from _common import worker_env
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -125,7 +135,8 @@ def _timed(step, warmup, steps, repeats):
 # ----------------------------------------------------------------------------- workers
 
 
-def worker_keras(args, config):
+def keras_steps(args, config):
+    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would."""
     import keras
 
     from keras_vitnorm import ViT
@@ -152,21 +163,22 @@ def worker_keras(args, config):
         # Keep the batch on the GPU, as the reference does: otherwise every step
         # would also time a host-to-device copy of it.
         x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
-    results = {}
+    steps = {}
     if "inference" in args.modes:
         def predict():
             keras.ops.convert_to_numpy(model.predict_on_batch(x))
 
-        results["inference"] = _timed(predict, args.warmup, args.steps, args.repeats)
+        steps["inference"] = predict
     if "train" in args.modes:
         def train():
             model.train_on_batch(x, y)
 
-        results["train"] = _timed(train, args.warmup, args.steps, args.repeats)
-    return results
+        steps["train"] = train
+    return steps
 
 
-def worker_reference(args, config):
+def reference_steps(args, config):
+    """`{mode: step function}` for the transformers ViT, run as PyTorch users run it."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -179,25 +191,24 @@ def worker_reference(args, config):
     x = torch.from_numpy(rng.uniform(-1, 1, (args.batch_size, 3, config["image_size"], config["image_size"])).astype("float32"))
     y = torch.from_numpy(rng.integers(0, config["num_classes"], (args.batch_size,)))
     x, y = x.to(device), y.to(device)
-    results = {}
 
     def autocast():
         return torch.autocast(device, dtype=dtype) if dtype else torch.autocast(device, enabled=False)
 
+    steps = {}
     if "inference" in args.modes:
-        model.eval()
-
         def predict():
+            model.eval()  # a no-op flag walk, so the two modes can alternate (--interleave)
             with torch.inference_mode(), autocast():
                 model(pixel_values=x).logits.float().cpu().numpy()
 
-        results["inference"] = _timed(predict, args.warmup, args.steps, args.repeats)
+        steps["inference"] = predict
     if "train" in args.modes:
-        model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         loss_fn = torch.nn.CrossEntropyLoss()
 
         def train():
+            model.train()
             optimizer.zero_grad(set_to_none=True)
             with autocast():
                 loss = loss_fn(model(pixel_values=x).logits.float(), y)
@@ -205,8 +216,8 @@ def worker_reference(args, config):
             optimizer.step()
             loss.item()  # Keras' train_on_batch returns the loss as a Python float too
 
-        results["train"] = _timed(train, args.warmup, args.steps, args.repeats)
-    return results
+        steps["train"] = train
+    return steps
 
 
 def worker_main(args):
@@ -219,11 +230,40 @@ def worker_main(args):
     config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
     config.setdefault("num_classes", 1000)
     if args.implementation in ("keras", "keras_hub"):
-        results = worker_keras(args, config)
+        steps = keras_steps(args, config)
     else:
-        results = worker_reference(args, config)
+        steps = reference_steps(args, config)
+    if args.serve:
+        return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout)
+    results = {mode: _timed(step, args.warmup, args.steps, args.repeats) for mode, step in steps.items()}
     print("RESULT " + json.dumps({mode: {"compile_s": c, "step_s": s, "faults": f, "kernel_s": k}
                                   for mode, (c, s, f, k) in results.items()}))
+
+
+def serve(steps, warmup, count, repeats, requests, replies):
+    """The worker's side of `--interleave`: compile and warm up every mode, then time on request.
+
+    Prints `READY {mode: compile s}`, then answers each line `<mode>` read from
+    `requests` with `TIMED {"step_s", "faults", "kernel_s"}`: one untimed step
+    (the process may have sat idle while the others ran), then the median of
+    `repeats` runs of `count` steps. Stops at `quit` or the end of `requests`.
+    """
+    compile_seconds = {}
+    for mode, step in steps.items():
+        compile_seconds[mode] = _timed(step, warmup, 1, 1)[0]  # first call, warm-up, one timed step
+    print("READY " + json.dumps(compile_seconds), file=replies, flush=True)
+    for line in requests:
+        mode = line.strip()
+        if mode == "quit":
+            break
+        if mode not in steps:
+            print("ERROR " + json.dumps(f"unknown mode {mode!r}; valid: {', '.join(steps)}"), file=replies,
+                  flush=True)
+            continue
+        _, step_s, faults, kernel_s = _timed(steps[mode], 0, count, repeats)
+        print("TIMED " + json.dumps({"step_s": step_s, "faults": faults, "kernel_s": kernel_s}), file=replies,
+              flush=True)
+    return 0
 
 
 # ------------------------------------------------------------------------------- driver
@@ -245,13 +285,107 @@ def combine_rounds(measured):
             for mode in measured[0]}
 
 
-def spawn(args, implementation, backend):
-    arguments = ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
+def ratio_to_reference(timing, reference):
+    """The "vs PyTorch reference" cell: throughput over the reference's, paired round by round.
+
+    With several rounds, each round's ratio compares the two implementations
+    timed next to each other, so drift of the machine between rounds cancels;
+    the cell gives the median of those ratios and their range. With one round
+    it is the ratio of the two step times.
+    """
+    if not reference:
+        return "n/a"
+    ours = timing.get("round_step_s", [timing["step_s"]])
+    theirs = reference.get("round_step_s", [reference["step_s"]])
+    if len(ours) != len(theirs) or len(ours) == 1:
+        return f"{reference['step_s'] / timing['step_s']:.2f}x"
+    ratios = [t / o for o, t in zip(ours, theirs)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} to {max(ratios):.2f})"
+
+
+def worker_arguments(args, implementation):
+    return ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
                  "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
                  "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
                  "--overrides", args.overrides, "--device", args.device, "--host-memory", args.host_memory,
                  "--modes", *args.modes]
-    return run_worker(__file__, arguments, backend, args.threads, args.device)
+
+
+def spawn(args, implementation, backend):
+    return run_worker(__file__, worker_arguments(args, implementation), backend, args.threads, args.device)
+
+
+class Worker:
+    """One implementation's worker process under `--interleave`: started once, timed on request."""
+
+    def __init__(self, args, implementation, backend):
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "--serve",
+                   *worker_arguments(args, implementation), "--threads", str(args.threads)]
+        self.log = tempfile.TemporaryFile("w+")  # stderr, read back if the worker fails
+        self.process = subprocess.Popen(command, env=worker_env(backend, args.threads, args.device), text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self.compile_s = self._reply("READY")
+
+    def time(self, mode):
+        """`{"step_s", "faults", "kernel_s"}` of one timing segment of `mode`."""
+        self.process.stdin.write(mode + "\n")
+        self.process.stdin.flush()
+        return self._reply("TIMED")
+
+    def _reply(self, tag):
+        for line in self.process.stdout:
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:])
+            if line.startswith("ERROR "):
+                raise RuntimeError(json.loads(line[len("ERROR "):]))
+        self.process.wait()
+        self.log.seek(0)
+        tail = self.log.read().strip().splitlines()[-5:]
+        raise RuntimeError(" | ".join(tail) or f"worker exited with code {self.process.returncode}")
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+            self.process.wait()
+        self.log.close()
+
+
+def interleaved(args, runs):
+    """`{label: result}` as `combine_rounds` gives it, from workers kept running and timed in turn.
+
+    The workers start (and compile) one at a time, so no compilation competes
+    with another for the CPU. Then each round times one segment of every
+    implementation per mode, in an order that rotates from round to round; a
+    worker sleeps while the others run. A worker that fails gets `{"error": ...}`.
+    """
+    workers, results = {}, {}
+    try:
+        for label, backend, implementation in runs:
+            print(f"starting {label} ...", file=sys.stderr, flush=True)
+            try:
+                workers[label] = Worker(args, implementation, backend)
+            except RuntimeError as error:
+                results[label] = {"error": str(error)}
+        labels = list(workers)
+        rounds = {label: [] for label in labels}
+        for round_index in range(args.rounds):
+            print(f"round {round_index + 1} of {args.rounds} ...", file=sys.stderr, flush=True)
+            shift = round_index % max(len(labels), 1)
+            order = labels[shift:] + labels[:shift]
+            measured = {label: {} for label in labels}
+            for mode in args.modes:
+                for label in order:
+                    measured[label][mode] = workers[label].time(mode)
+            for label in labels:
+                rounds[label].append({mode: {**timing, "compile_s": workers[label].compile_s[mode]}
+                                      for mode, timing in measured[label].items()})
+        for label in labels:
+            results[label] = combine_rounds(rounds[label])
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {label: results[label] for label, _, _ in runs if label in results}
 
 
 def main(argv=None):
@@ -275,11 +409,15 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every implementation this many times in turn and report the median "
                              "across rounds, so drift of a shared machine hits all alike (default 1)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every implementation once and keep it running; each of --rounds rounds "
+                             "times --repeats runs of --steps steps of every implementation in turn")
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
                         help="retain: every implementation's process (the reference too) calls "
                              "keras_vitnorm.retain_freed_memory() first; default: glibc's own settings")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -313,12 +451,16 @@ def main(argv=None):
     runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
     if args.keras_hub:
         runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
-    rounds = {label: [] for label, _, _ in runs}
-    for round_index in range(args.rounds):
-        for label, backend, implementation in runs:
-            print(f"timing {label} (round {round_index + 1} of {args.rounds}) ...", file=sys.stderr, flush=True)
-            rounds[label].append(spawn(args, implementation, backend))
-    results = {label: combine_rounds(measured) for label, measured in rounds.items()}
+    if args.interleave:
+        results = interleaved(args, runs)
+    else:
+        rounds = {label: [] for label, _, _ in runs}
+        for round_index in range(args.rounds):
+            for label, backend, implementation in runs:
+                print(f"timing {label} (round {round_index + 1} of {args.rounds}) ...", file=sys.stderr,
+                      flush=True)
+                rounds[label].append(spawn(args, implementation, backend))
+        results = {label: combine_rounds(measured) for label, measured in rounds.items()}
     reference = results.get("transformers ViT (PyTorch eager)", {})
     where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
     header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
@@ -334,8 +476,7 @@ def main(argv=None):
         for mode, timing in result.items():
             rate = args.batch_size / timing["step_s"]
             factor = 3 if mode == "train" else 1
-            ref = reference.get(mode)
-            ratio = f"{rate / (args.batch_size / ref['step_s']):.2f}x" if ref else "n/a"
+            ratio = ratio_to_reference(timing, reference.get(mode))
             lines.append(f"| {label} | {mode} | {rate:.1f} | {ratio} | {rate * flops * factor / (peak * 1e9):.1%} "
                          f"| {timing['compile_s']:.1f} | {timing['faults']:,.0f} | {timing['kernel_s']:.2f} |")
     print("\n".join(lines))

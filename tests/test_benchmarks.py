@@ -117,6 +117,54 @@ def test_rounds_combine_to_the_median_step_and_the_first_compile():
     assert bench_vit.combine_rounds([rounds[0], failure]) == failure
 
 
+def test_serving_worker_compiles_first_then_times_each_request_until_quit():
+    import io
+    import json
+
+    calls = {"inference": 0, "train": 0}
+    steps = {mode: (lambda m=mode: calls.__setitem__(m, calls[m] + 1)) for mode in calls}
+    replies = io.StringIO()
+    bench_vit.serve(steps, warmup=2, count=3, repeats=2, requests=io.StringIO("train\nspeed\nquit\ninference\n"),
+                    replies=replies)
+    lines = replies.getvalue().splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["READY", "TIMED", "ERROR"]
+    assert set(json.loads(lines[0][len("READY "):])) == {"inference", "train"}
+    assert set(json.loads(lines[1][len("TIMED "):])) == {"step_s", "faults", "kernel_s"}
+    assert "'speed'" in lines[2] and "inference, train" in lines[2]
+    # Ready: first call, 2 warm-up steps, 1 timed. The request: 1 untimed, 3 x 2 timed. Nothing after quit.
+    assert calls == {"inference": 1 + 2 + 1, "train": 1 + 2 + 1 + 1 + 3 * 2}
+
+
+def test_ratio_to_reference_pairs_the_rounds():
+    timing = {"step_s": 2.0, "round_step_s": [2.0, 1.0, 4.0]}
+    reference = {"step_s": 2.0, "round_step_s": [2.2, 1.2, 4.0]}
+    # Per round 1.1, 1.2 and 1.0: the median of the ratios, not the ratio of the medians (1.0).
+    assert bench_vit.ratio_to_reference(timing, reference) == "1.10x (1.00 to 1.20)"
+    assert bench_vit.ratio_to_reference({"step_s": 2.0}, {"step_s": 3.0}) == "1.50x"
+    assert bench_vit.ratio_to_reference(timing, None) == "n/a"
+
+
+def _tiny_interleave_args(preset="s16", rounds=2):
+    """bench_vit's parsed arguments for a one-block width-32 ViT at 32x32, batch 2."""
+    return argparse.Namespace(
+        preset=preset, image_size=32, batch_size=2, steps=1, warmup=0, repeats=1, threads=1,
+        mixed_precision="float32", device="cpu", host_memory="default", rounds=rounds,
+        modes=["inference", "train"], overrides='{"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}')
+
+
+def test_interleaved_workers_are_timed_once_per_round_and_a_failed_one_is_reported():
+    import keras
+
+    good = _tiny_interleave_args()
+    runs = [("ours", keras.backend.backend(), "keras")]
+    results = bench_vit.interleaved(good, runs)
+    for mode in ("inference", "train"):
+        assert len(results["ours"][mode]["round_step_s"]) == 2
+        assert results["ours"][mode]["step_s"] > 0 and results["ours"][mode]["compile_s"] > 0
+    failed = bench_vit.interleaved(_tiny_interleave_args(preset="s17", rounds=1), runs)
+    assert "s17" in failed["ours"]["error"]
+
+
 def test_timed_counts_the_page_faults_of_fresh_memory():
     # A fresh 64 MiB bytes object per step: glibc maps it anew each time (unless
     # this process retained freed memory, which the test suite never asks for),

@@ -530,3 +530,28 @@ def test_jax_or_tensorflow_on_cpu_is_true_for_those_backends_on_this_cpu_host():
     if jax.default_backend() != "cpu":
         pytest.skip("asserts the CPU answer; this host has an accelerator")
     assert jax_or_tensorflow_on_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5])
+def test_dropout_layers_are_called_only_with_a_nonzero_rate(monkeypatch, rate):
+    # A rate of 0 is the identity, so the block skips the layer call (its cost is
+    # Keras' per-call overhead); a nonzero rate still drops in training only.
+    calls = []
+    original = keras.layers.Dropout.__call__
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Dropout, "__call__", counting)
+    block = layers.EncoderBlock(num_heads=2, mlp_dim=32, num_layers=2, dropout=rate, drop_path_rate=rate)
+    x = _inputs((4, 5, 16))
+    inference = keras.ops.convert_to_numpy(block(x, training=False))
+    keras.utils.set_random_seed(0)
+    training = keras.ops.convert_to_numpy(block(x, training=True))
+    # Per call: attention's dropout, MLP's two, and drop path on both branches.
+    assert len(calls) == (0 if rate == 0 else 2 * 5)
+    if rate == 0:
+        np.testing.assert_allclose(training, inference, rtol=1e-6, atol=1e-6)
+    else:
+        assert np.abs(training - inference).max() > 1e-3

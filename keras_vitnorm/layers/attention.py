@@ -216,7 +216,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.inner_norm_layer is not None:
             y = self.inner_norm_layer(y, training=training)
         y = self.out(y)
-        return self.dropout_layer(y, training=training)
+        # A rate of 0 is the identity: skip the layer call (Keras' per-call cost, ~0.2 ms on PyTorch).
+        return self.dropout_layer(y, training=training) if self.dropout_layer.rate else y
 
     def _query_key_value(self, x):
         """q, k and v, each `(batch, tokens, heads, head_dim)`, from the fused `qkv` weights.

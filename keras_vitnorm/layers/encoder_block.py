@@ -268,7 +268,8 @@ class EncoderBlock(keras.layers.Layer):
             h = second(h, training=training)
         if scale is not None:
             h = scale(h)
-        h = self.drop_path(h, training=training)
+        if self.drop_path.rate:  # a rate of 0 is the identity: no layer call
+            h = self.drop_path(h, training=training)
         if placement == "post":
             alpha = self.residual_alpha
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)

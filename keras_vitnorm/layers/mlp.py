@@ -148,9 +148,10 @@ class MLP(keras.layers.Layer):
         x = gelu_exact(self.fc1(x))
         if self.mid_norm_layer is not None:
             x = self.mid_norm_layer(x, training=training)
-        x = self.dropout_layer(x, training=training)
+        if self.dropout_layer.rate:  # a rate of 0 is the identity: no layer call
+            x = self.dropout_layer(x, training=training)
         x = self.fc2(x)
-        return self.dropout_layer(x, training=training)
+        return self.dropout_layer(x, training=training) if self.dropout_layer.rate else x
 
     def compute_output_shape(self, input_shape):
         return input_shape
