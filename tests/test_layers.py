@@ -555,3 +555,26 @@ def test_dropout_layers_are_called_only_with_a_nonzero_rate(monkeypatch, rate):
         np.testing.assert_allclose(training, inference, rtol=1e-6, atol=1e-6)
     else:
         assert np.abs(training - inference).max() > 1e-3
+
+
+def test_jax_padded_attention_falls_back_to_xla_where_jax_rejects_cudnn(monkeypatch):
+    from keras_vitnorm.backend_ops import jax_padded_attention
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax_padded_attention is JAX's; this run's backend is another")
+    import jax
+
+    original, asked = jax.nn.dot_product_attention, []
+
+    def cudnn_rejects(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        if implementation == "cudnn":  # as JAX does where cuDNN does not take the inputs
+            raise NotImplementedError("Unsupported sequence length")
+        return original(*args, implementation=implementation, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", cudnn_rejects)
+    q, k, v = _qkv(9, shape=(2, 13, 3, 8))
+    ours = jax_padded_attention(q, k, v)
+    assert asked == ["cudnn", "xla"]
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(original(q, k, v, implementation="xla")),
+                               rtol=1e-6, atol=1e-6)
