@@ -345,8 +345,11 @@ class Worker:
 
     def close(self):
         if self.process.poll() is None:
-            self.process.stdin.write("quit\n")
-            self.process.stdin.close()
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except BrokenPipeError:  # it ended meanwhile
+                pass
             self.process.wait()
         self.log.close()
 
@@ -357,7 +360,8 @@ def interleaved(args, runs):
     The workers start (and compile) one at a time, so no compilation competes
     with another for the CPU. Then each round times one segment of every
     implementation per mode, in an order that rotates from round to round; a
-    worker sleeps while the others run. A worker that fails gets `{"error": ...}`.
+    worker sleeps while the others run. A worker that fails, at its start or in a
+    round, gets `{"error": ...}` and the others go on.
     """
     workers, results = {}, {}
     try:
@@ -376,7 +380,13 @@ def interleaved(args, runs):
             measured = {label: {} for label in labels}
             for mode in args.modes:
                 for label in order:
-                    measured[label][mode] = workers[label].time(mode)
+                    if label in results:  # failed earlier in this round
+                        continue
+                    try:
+                        measured[label][mode] = workers[label].time(mode)
+                    except RuntimeError as error:
+                        results[label] = {"error": str(error)}
+            labels = [label for label in labels if label not in results]
             for label in labels:
                 rounds[label].append({mode: {**timing, "compile_s": workers[label].compile_s[mode]}
                                       for mode, timing in measured[label].items()})

@@ -165,6 +165,39 @@ def test_interleaved_workers_are_timed_once_per_round_and_a_failed_one_is_report
     assert "s17" in failed["ours"]["error"]
 
 
+def test_interleaved_rounds_rotate_the_order_and_drop_a_worker_that_fails(monkeypatch):
+    timed = []
+
+    class FakeWorker:
+        def __init__(self, args, implementation, backend):
+            if backend == "broken_at_start":
+                raise RuntimeError("no such backend")
+            self.backend, self.compile_s, self.calls = backend, {"inference": 1.0, "train": 2.0}, 0
+
+        def time(self, mode):
+            timed.append((self.backend, mode))
+            self.calls += 1
+            if self.backend == "dies" and self.calls == 3:
+                raise RuntimeError("worker died")
+            return {"step_s": float(self.calls), "faults": 0.0, "kernel_s": 0.0}
+
+        def close(self):
+            timed.append((self.backend, "closed"))
+
+    monkeypatch.setattr(bench_vit, "Worker", FakeWorker)
+    runs = [("A", "a", "keras"), ("B", "b", "keras"), ("C", "dies", "keras"), ("D", "broken_at_start", "keras")]
+    args = argparse.Namespace(rounds=3, modes=["inference", "train"])
+    results = bench_vit.interleaved(args, runs)
+    assert list(results) == ["A", "B", "C", "D"]
+    assert results["D"] == {"error": "no such backend"} and results["C"] == {"error": "worker died"}
+    assert results["A"]["train"]["round_step_s"] == [2.0, 4.0, 6.0]
+    assert results["A"]["train"]["compile_s"] == 2.0
+    first_rounds = [backend for backend, mode in timed[:10] if mode == "inference"]
+    # Round 1: a, b, dies; round 2 starts one later (b, dies fails on its 3rd call, a).
+    assert first_rounds[:3] == ["a", "b", "dies"] and first_rounds[3:5] == ["b", "dies"]
+    assert timed[-3:] == [("a", "closed"), ("b", "closed"), ("dies", "closed")]
+
+
 def test_timed_counts_the_page_faults_of_fresh_memory():
     # A fresh 64 MiB bytes object per step: glibc maps it anew each time (unless
     # this process retained freed memory, which the test suite never asks for),
