@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 
 def check_positive_ints(parser, args, names):
     """Exits through `parser.error` naming the first of `names` (argparse dests) set below 1; `None` is unset."""
@@ -41,6 +43,107 @@ def keras_backend_device():
     import tensorflow as tf
 
     return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def require_keras_device(device):
+    """Raises unless the running Keras backend computes on `device` ("cpu" or "gpu")."""
+    import keras
+
+    found = keras_backend_device()
+    if found != device:
+        raise RuntimeError(f"--device {device}: the {keras.backend.backend()} backend runs on {found} here")
+
+
+def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras"):
+    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would.
+
+    Inference is `predict_on_batch`, training `train_on_batch` (AdamW, cross-entropy),
+    on one random batch; with `device="gpu"` the batch is on the GPU, so no step
+    times a host-to-device copy.
+    """
+    import keras
+
+    from keras_vitnorm import ViT
+
+    require_keras_device(device)
+    keras.config.set_dtype_policy(dtype_policy)
+    if implementation == "keras_hub":
+        import keras_hub
+
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(config["image_size"], config["image_size"], 3),
+            patch_size=config["patch_size"], num_layers=config["depth"], num_heads=config["num_heads"],
+            hidden_dim=config["width"], mlp_dim=config["mlp_dim"])
+        model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
+    else:
+        model = ViT(**config)
+    compile_like_fit(model)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
+    y = rng.integers(0, config["num_classes"], (batch_size,))
+    if device == "gpu":
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
+    steps = {}
+    if "inference" in modes:
+        def predict():
+            keras.ops.convert_to_numpy(model.predict_on_batch(x))
+
+        steps["inference"] = predict
+    if "train" in modes:
+        def train():
+            model.train_on_batch(x, y)
+
+        steps["train"] = train
+    return steps
+
+
+def reference_steps(config, batch_size, modes, threads, device="cpu", mixed_precision="float32"):
+    """`{mode: step function}` for the transformers ViT, run as PyTorch users run it.
+
+    Inference is `model(x)` under `inference_mode`, training forward, backward and
+    `AdamW.step()`, both under `torch.autocast` in bfloat16 with
+    `mixed_precision="mixed_bfloat16"`; the batch is on the device.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+    device = "cuda" if device == "gpu" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
+    model = reference_vit(config).to(device)
+    dtype = torch.bfloat16 if mixed_precision == "mixed_bfloat16" else None
+    rng = np.random.default_rng(0)
+    size = config["image_size"]
+    x = torch.from_numpy(rng.uniform(-1, 1, (batch_size, 3, size, size)).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, config["num_classes"], (batch_size,)))
+    x, y = x.to(device), y.to(device)
+
+    def autocast():
+        return torch.autocast(device, dtype=dtype) if dtype else torch.autocast(device, enabled=False)
+
+    steps = {}
+    if "inference" in modes:
+        def predict():
+            model.eval()  # a no-op flag walk, so the two modes can alternate (--interleave)
+            with torch.inference_mode(), autocast():
+                model(pixel_values=x).logits.float().cpu().numpy()
+
+        steps["inference"] = predict
+    if "train" in modes:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def train():
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = loss_fn(model(pixel_values=x).logits.float(), y)
+            loss.backward()
+            optimizer.step()
+            loss.item()  # Keras' train_on_batch returns the loss as a Python float too
+
+        steps["train"] = train
+    return steps
 
 
 def tensorflow_steps_use_xla():

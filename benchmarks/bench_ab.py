@@ -62,8 +62,8 @@ import numpy as np
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
-from _common import keras_backend_device
 from _common import median_seconds
+from _common import require_keras_device
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
@@ -132,9 +132,7 @@ def worker_ab(change, modes, config, batch_size, rounds, steps, device="cpu", dt
 
     from keras_vitnorm import ViT
 
-    found = keras_backend_device()
-    if found != device:
-        raise RuntimeError(f"--device {device}: the {keras.backend.backend()} backend runs on {found} here")
+    require_keras_device(device)
     keras.config.set_dtype_policy(dtype_policy)
     rng = np.random.default_rng(0)
     size = config["image_size"]

@@ -47,11 +47,10 @@ import time
 
 import numpy as np
 from _common import check_positive_ints
-from _common import compile_like_fit
 from _common import failure_row
-from _common import keras_backend_device
+from _common import keras_steps
 from _common import median_seconds
-from _common import reference_vit
+from _common import reference_steps
 from _common import run_worker
 from _common import worker_env
 
@@ -135,91 +134,6 @@ def _timed(step, warmup, steps, repeats):
 # ----------------------------------------------------------------------------- workers
 
 
-def keras_steps(args, config):
-    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would."""
-    import keras
-
-    from keras_vitnorm import ViT
-
-    found = keras_backend_device()
-    if found != args.device:
-        raise RuntimeError(f"--device {args.device}: the {keras.backend.backend()} backend runs on {found} here")
-    keras.config.set_dtype_policy(args.mixed_precision)
-    if args.implementation == "keras_hub":
-        import keras_hub
-
-        backbone = keras_hub.models.ViTBackbone(
-            image_shape=(config["image_size"], config["image_size"], 3),
-            patch_size=config["patch_size"], num_layers=config["depth"], num_heads=config["num_heads"],
-            hidden_dim=config["width"], mlp_dim=config["mlp_dim"])
-        model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
-    else:
-        model = ViT(**config)
-    compile_like_fit(model)
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (args.batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
-    y = rng.integers(0, config["num_classes"], (args.batch_size,))
-    if args.device == "gpu":
-        # Keep the batch on the GPU, as the reference does: otherwise every step
-        # would also time a host-to-device copy of it.
-        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
-    steps = {}
-    if "inference" in args.modes:
-        def predict():
-            keras.ops.convert_to_numpy(model.predict_on_batch(x))
-
-        steps["inference"] = predict
-    if "train" in args.modes:
-        def train():
-            model.train_on_batch(x, y)
-
-        steps["train"] = train
-    return steps
-
-
-def reference_steps(args, config):
-    """`{mode: step function}` for the transformers ViT, run as PyTorch users run it."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    device = "cuda" if args.device == "gpu" else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
-    model = reference_vit(config).to(device)
-    dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
-    rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.uniform(-1, 1, (args.batch_size, 3, config["image_size"], config["image_size"])).astype("float32"))
-    y = torch.from_numpy(rng.integers(0, config["num_classes"], (args.batch_size,)))
-    x, y = x.to(device), y.to(device)
-
-    def autocast():
-        return torch.autocast(device, dtype=dtype) if dtype else torch.autocast(device, enabled=False)
-
-    steps = {}
-    if "inference" in args.modes:
-        def predict():
-            model.eval()  # a no-op flag walk, so the two modes can alternate (--interleave)
-            with torch.inference_mode(), autocast():
-                model(pixel_values=x).logits.float().cpu().numpy()
-
-        steps["inference"] = predict
-    if "train" in args.modes:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        loss_fn = torch.nn.CrossEntropyLoss()
-
-        def train():
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            with autocast():
-                loss = loss_fn(model(pixel_values=x).logits.float(), y)
-            loss.backward()
-            optimizer.step()
-            loss.item()  # Keras' train_on_batch returns the loss as a Python float too
-
-        steps["train"] = train
-    return steps
-
-
 def worker_main(args):
     if args.host_memory == "retain":  # before the first computation, for every implementation alike
         from keras_vitnorm.host_memory import retain_freed_memory
@@ -230,9 +144,11 @@ def worker_main(args):
     config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
     config.setdefault("num_classes", 1000)
     if args.implementation in ("keras", "keras_hub"):
-        steps = keras_steps(args, config)
+        steps = keras_steps(config, args.batch_size, args.modes, args.device, args.mixed_precision,
+                            args.implementation)
     else:
-        steps = reference_steps(args, config)
+        steps = reference_steps(config, args.batch_size, args.modes, args.threads, args.device,
+                                args.mixed_precision)
     if args.serve:
         return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout)
     results = {mode: _timed(step, args.warmup, args.steps, args.repeats) for mode, step in steps.items()}

@@ -33,10 +33,9 @@ import time
 import traceback
 import warnings
 
-import numpy as np
 from _common import check_positive_ints
-from _common import compile_like_fit
-from _common import reference_vit
+from _common import keras_steps
+from _common import reference_steps
 
 
 def main(argv=None):
@@ -58,12 +57,10 @@ def main(argv=None):
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
         parser.error("Keras is already imported with another backend; run this script on its own")
     os.environ["KERAS_BACKEND"] = "torch"
-    import keras
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile
 
-    from keras_vitnorm import ViT
     from keras_vitnorm.models.presets import preset_config
 
     try:
@@ -76,46 +73,9 @@ def main(argv=None):
                      "CUDA GPU here" + ("" if args.device == "gpu" else
                                         "; to profile the CPU, run with CUDA_VISIBLE_DEVICES= set empty"))
     device = "cuda" if args.device == "gpu" else "cpu"
-    keras.config.set_dtype_policy(args.mixed_precision)
-    torch.set_num_threads(args.threads)
-    size = config["image_size"]
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (args.batch_size, size, size, 3)).astype("float32")
-    y = rng.integers(0, 1000, (args.batch_size,))
-    ours = ViT(**config)
-    compile_like_fit(ours)
-    reference = reference_vit(config).to(device)
-    x_nchw = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
-    y_torch = torch.from_numpy(y).to(device)
-    if device == "cuda":  # the batch on the GPU for Keras too: no step times a host-to-device copy
-        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    autocast_dtype = torch.bfloat16 if args.mixed_precision == "mixed_bfloat16" else None
-
-    def autocast():
-        return torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None)
-
-    if args.mode == "inference":
-        reference.eval()
-
-        def reference_step():
-            with torch.inference_mode(), autocast():
-                reference(pixel_values=x_nchw).logits.float().cpu().numpy()
-
-        def keras_step():
-            keras.ops.convert_to_numpy(ours.predict_on_batch(x))
-    else:
-        def reference_step():
-            optimizer.zero_grad(set_to_none=True)
-            with autocast():
-                loss = loss_fn(reference(pixel_values=x_nchw).logits.float(), y_torch)
-            loss.backward()
-            optimizer.step()
-            loss.item()
-
-        def keras_step():
-            ours.train_on_batch(x, y)
+    keras_step = keras_steps(config, args.batch_size, [args.mode], args.device, args.mixed_precision)[args.mode]
+    reference_step = reference_steps(config, args.batch_size, [args.mode], args.threads, args.device,
+                                     args.mixed_precision)[args.mode]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     steps = (("transformers ViT (reference)", reference_step), ("keras_vitnorm (torch)", keras_step))
     for name, step in steps:

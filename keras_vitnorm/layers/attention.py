@@ -16,6 +16,11 @@ from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import make_norm
 
 
+def _odd_tokens_in_training(q, training):
+    """Whether JAX's cuDNN attention would reject q's token count: training with an odd count."""
+    return bool(training) and q.shape[1] % 2 == 1
+
+
 def keras_attention(q, k, v, training=None):
     """`keras.ops.dot_product_attention(q, k, v)`, asking for XLA's attention where JAX rejects cuDNN's.
 
@@ -27,8 +32,7 @@ def keras_attention(q, k, v, training=None):
     directly (`flash_attention=False`): the same computation, no traceback in
     the log. Everywhere else Keras chooses (`flash_attention=None`).
     """
-    odd_tokens_in_training = bool(training) and q.shape[1] % 2 == 1
-    jax_rejects_cudnn = keras.backend.backend() == "jax" and odd_tokens_in_training
+    jax_rejects_cudnn = keras.backend.backend() == "jax" and _odd_tokens_in_training(q, training)
     flash_attention = False if jax_rejects_cudnn else None
     return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
 
@@ -57,7 +61,7 @@ def attend(q, k, v, training=None):
         return heads_first_attention(q, k, v)
     if keras.backend.backend() == "torch" and q.dtype == k.dtype == v.dtype:
         return torch_attention(q, k, v)
-    if training and q.shape[1] % 2 == 1 and jax_cudnn_attention_fits(q, k, v):
+    if _odd_tokens_in_training(q, training) and jax_cudnn_attention_fits(q, k, v):
         return jax_padded_attention(q, k, v)
     return keras_attention(q, k, v, training)
 
