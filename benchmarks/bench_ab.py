@@ -38,6 +38,10 @@ Changes:
   on a CPU-only machine means a graph of TensorFlow kernels without XLA)
   against `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras'
   choice, the same code.
+- `sublayer_calls`: blocks, attention, MLP and stem calling their sublayers
+  through `layers._calls.call_sublayer` (on PyTorch, `layer.call` directly
+  where Keras' `Layer.__call__` would only call it) against Keras' `__call__`
+  for every sublayer. On JAX and TensorFlow the two are the same code.
 
 With `--device gpu` both forms, and the batch, are on the GPU; `--mixed-precision
 mixed_bfloat16` sets Keras' dtype policy in the worker.
@@ -67,7 +71,8 @@ from _common import require_keras_device
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "gelu_grad", "attend", "fence_transpose", "tf_xla")
+CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "gelu_grad", "attend", "fence_transpose", "tf_xla",
+           "sublayer_calls")
 MODES = ("inference", "train")
 
 
@@ -98,6 +103,10 @@ def other_form(change):
         value = attention.keras_attention
     elif change == "fence_transpose":
         target, name, value = backend_ops, "_jax_fence", _tangent_conditional_fence
+    elif change == "sublayer_calls":
+        from keras_vitnorm.layers import _calls
+
+        target, name, value = _calls, "ENABLED", False
     elif change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
         yield
         return

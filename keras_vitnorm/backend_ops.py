@@ -223,6 +223,38 @@ def jax_or_tensorflow_on_cpu():
     return False
 
 
+def torch_forward_is_plain(module):
+    """Whether calling this PyTorch module would go straight to its `forward`.
+
+    That is PyTorch's own test in `Module._call_impl`: no forward or backward
+    hooks on the module or registered globally, no `torch.jit.trace` in
+    progress, and no `Module.compile()` wrapper. `layers._calls.call_sublayer`
+    skips Keras' `Layer.__call__` only where this holds, so a hook a user
+    registers on a sublayer always runs.
+    """
+    torch, torch_module = _torch_modules()
+    return not (
+        module._compiled_call_impl is not None
+        or torch._C._get_tracing_state()
+        or module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+    )
+
+
+@functools.cache
+def _torch_modules():
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    return torch, torch_module
+
+
 def conditional_identity(probe, value):
     """`value` through a JAX `lax.cond` whose predicate, read from `probe`, XLA cannot fold.
 

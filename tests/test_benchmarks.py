@@ -219,13 +219,14 @@ def test_a_failed_backend_gets_a_full_width_row():
 @pytest.mark.parametrize("change", bench_ab.CHANGES)
 def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
     from keras_vitnorm import backend_ops
+    from keras_vitnorm.layers import _calls
     from keras_vitnorm.layers import attention
     from keras_vitnorm.layers import dense
     from keras_vitnorm.layers import mlp
 
     def library_paths():
         return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact,
-                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence)
+                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence, _calls.ENABLED)
 
     before = library_paths()
     from keras_vitnorm.models.presets import preset_config
@@ -260,6 +261,7 @@ def test_ab_other_form_switches_the_library_path():
     ("attend", "keras_vitnorm.layers.attention", "attend"),
     ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
     ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
+    ("sublayer_calls", "keras_vitnorm.layers._calls", "ENABLED"),
 ])
 def test_ab_other_form_replaces_the_library_function_and_restores_it(change, module, name):
     import importlib

@@ -10,6 +10,7 @@ from keras_vitnorm.backend_ops import jax_or_tensorflow_on_cpu
 from keras_vitnorm.backend_ops import jax_padded_attention
 from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.backend_ops import torch_attention
+from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
@@ -211,21 +212,21 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def call(self, x, training=None):
         num_tokens, width = x.shape[1], x.shape[2]
-        q, k, v = self._query_key_value(x)
+        q, k, v = self._query_key_value(x, training)
         if self.q_norm is not None:
-            q = self.q_norm(q, training=training)
-            k = self.k_norm(k, training=training)
+            q = call_sublayer(self, self.q_norm, q, training=training)
+            k = call_sublayer(self, self.k_norm, k, training=training)
         y = attend(q, k, v, training=training)
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
         y = ops.reshape(y, (-1, num_tokens, width))
         if self.inner_norm_layer is not None:
-            y = self.inner_norm_layer(y, training=training)
-        y = self.out(y)
+            y = call_sublayer(self, self.inner_norm_layer, y, training=training)
+        y = call_sublayer(self, self.out, y, training=training)
         # A rate of 0 is the identity: skip the layer call (Keras' per-call cost).
-        return self.dropout_layer(y, training=training) if self.dropout_layer.rate else y
+        return call_sublayer(self, self.dropout_layer, y, training=training) if self.dropout_layer.rate else y
 
-    def _query_key_value(self, x):
+    def _query_key_value(self, x, training=None):
         """q, k and v, each `(batch, tokens, heads, head_dim)`, from the fused `qkv` weights.
 
         One matmul whose output is sliced, except on the backends in
@@ -250,7 +251,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 ops.reshape(linear(x, kernel, bias), (-1, num_tokens, self.num_heads, self.head_dim))
                 for kernel, bias in zip(kernels, biases)
             ]
-        qkv = ops.reshape(self.qkv(x), (-1, num_tokens, 3, self.num_heads, self.head_dim))
+        qkv = ops.reshape(call_sublayer(self, self.qkv, x, training=training), (-1, num_tokens, 3, self.num_heads, self.head_dim))
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def compute_output_shape(self, input_shape):

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vitnorm.backend_ops import gradient_fence
+from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers._validation import check_rate
@@ -261,32 +262,32 @@ class EncoderBlock(keras.layers.Layer):
     def _sublayer(self, x, branch, placement, norms, scale, training):
         first, second = norms
         if placement in ("pre", "pre_post"):
-            h = branch(first(x, training=training))
+            h = branch(call_sublayer(self, first, x, training=training))
         else:
             h = branch(x)
         if second is not None:
-            h = second(h, training=training)
+            h = call_sublayer(self, second, h, training=training)
         if scale is not None:
-            h = scale(h)
+            h = call_sublayer(self, scale, h)
         if self.drop_path.rate:  # a rate of 0 is the identity: no layer call
-            h = self.drop_path(h, training=training)
+            h = call_sublayer(self, self.drop_path, h, training=training)
         if placement == "post":
             alpha = self.residual_alpha
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
-            return gradient_fence(first(residual + h, training=training))
+            return gradient_fence(call_sublayer(self, first, residual + h, training=training))
         return gradient_fence(x + h)
 
     def call(self, x, training=None):
         def attention(h):
-            h = self.attention(h, training=training)
+            h = call_sublayer(self, self.attention, h, training=training)
             if self.attn_out_norm is not None:
-                h = self.attn_out_norm(h, training=training)
+                h = call_sublayer(self, self.attn_out_norm, h, training=training)
             return h
 
         x = self._sublayer(x, attention, self.attn_norm, self.attn_norms, self.attn_scale, training)
         return self._sublayer(
             x,
-            lambda h: self.mlp(h, training=training),
+            lambda h: call_sublayer(self, self.mlp, h, training=training),
             self.mlp_norm,
             self.mlp_norms,
             self.mlp_scale,

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
@@ -145,13 +146,13 @@ class MLP(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        x = gelu_exact(self.fc1(x))
+        x = gelu_exact(call_sublayer(self, self.fc1, x, training=training))
         if self.mid_norm_layer is not None:
-            x = self.mid_norm_layer(x, training=training)
+            x = call_sublayer(self, self.mid_norm_layer, x, training=training)
         if self.dropout_layer.rate:  # a rate of 0 is the identity: no layer call
-            x = self.dropout_layer(x, training=training)
-        x = self.fc2(x)
-        return self.dropout_layer(x, training=training) if self.dropout_layer.rate else x
+            x = call_sublayer(self, self.dropout_layer, x, training=training)
+        x = call_sublayer(self, self.fc2, x, training=training)
+        return call_sublayer(self, self.dropout_layer, x, training=training) if self.dropout_layer.rate else x
 
     def compute_output_shape(self, input_shape):
         return input_shape
