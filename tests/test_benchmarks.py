@@ -25,6 +25,20 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     assert flops / 2e9 == pytest.approx(published_gmacs, rel=0.01)
 
 
+def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypatch):
+    import keras
+
+    backend = keras.backend.backend()
+    monkeypatch.setitem(bench_vit._BACKEND_MATMUL, "broken", "raise SystemExit(3)\n")
+    best, rates = bench_vit.matmul_rate(1, (backend, "broken"), size=64, repeats=1)
+    expected = {"numpy", "torch"} | ({backend} & {"jax", "tensorflow"})
+    assert "numpy" in rates and set(rates) <= expected
+    if backend in ("jax", "tensorflow"):
+        assert backend in rates  # measured in its own child process
+    assert "broken" not in rates
+    assert best == max(rates.values()) and min(rates.values()) > 0
+
+
 @pytest.mark.parametrize("module, argv", [
     (bench_vit, ["--batch-size", "0"]),
     (bench_vit, ["--repeats", "-1"]),
