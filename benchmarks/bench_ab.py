@@ -42,6 +42,10 @@ Changes:
   through `layers._calls.call_sublayer` (on PyTorch, `layer.call` directly
   where Keras' `Layer.__call__` would only call it) against Keras' `__call__`
   for every sublayer. On JAX and TensorFlow the two are the same code.
+- `onednn_linear`: linear layers where no gradient is recorded (inference) on
+  PyTorch's oneDNN linear (`backend_ops.torch_onednn_linear`, float32 on an
+  x86 CPU) against `torch.nn.functional.linear` (MKL's matmul). Elsewhere the
+  two are the same code.
 
 With `--device gpu` both forms, and the batch, are on the GPU; `--mixed-precision
 mixed_bfloat16` sets Keras' dtype policy in the worker.
@@ -72,7 +76,7 @@ from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "gelu_grad", "attend", "fence_transpose", "tf_xla",
-           "sublayer_calls")
+           "sublayer_calls", "onednn_linear")
 MODES = ("inference", "train")
 
 
@@ -107,6 +111,8 @@ def other_form(change):
         from keras_vitnorm.layers import _calls
 
         target, name, value = _calls, "ENABLED", False
+    elif change == "onednn_linear":
+        target, name, value = backend_ops, "torch_onednn_linear", lambda: None
     elif change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
         yield
         return

@@ -60,6 +60,10 @@ def linear(x, kernel, bias=None):
     rounding, tested against `Dense`); elsewhere it is `ops.matmul` then
     `ops.add`, exactly as Keras' `Dense`. Mixed dtypes take the Keras path too.
 
+    Where no gradient is recorded (prediction runs under `torch.no_grad`) on a
+    float32 x86 CPU, PyTorch's oneDNN linear (`torch_onednn_linear`) runs
+    instead of `torch.nn.functional.linear`, whose float32 matmul is MKL's.
+
     Args:
         x: tensor `(..., in)`.
         kernel: tensor or variable `(in, out)`.
@@ -74,9 +78,62 @@ def linear(x, kernel, bias=None):
     if keras.backend.backend() == "torch" and same_dtype:
         import torch
 
+        onednn_linear = torch_onednn_linear()
+        if (
+            onednn_linear is not None
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not (
+                torch.is_grad_enabled()
+                and (x.requires_grad or kernel.requires_grad or (bias is not None and bias.requires_grad))
+            )
+        ):
+            return onednn_linear(x, kernel.T, bias, "none", [], "")
         return torch.nn.functional.linear(x, kernel.T, bias)
     y = keras.ops.matmul(x, kernel)
     return y if bias is None else keras.ops.add(y, bias)
+
+
+@functools.cache
+def torch_onednn_linear():
+    """PyTorch's oneDNN float32 linear op (`torch.ops.mkldnn._linear_pointwise`), or `None`.
+
+    Why it exists: PyTorch's CPU wheels run a float32 `torch.nn.functional.linear`
+    through MKL, and on the AMD EPYC host of docs/performance.md MKL's float32
+    matmul reached 195 to 206 GFLOP/s, where the oneDNN library that the same
+    wheel ships (and that Inductor calls for linear layers on x86 CPUs) reached
+    the rate XLA did: 2.2 to 2.3x faster on each of an S/16 block's four linear
+    layers at batch 16 (docs/performance.md). The op has no autograd formula, so
+    `linear` calls it only where no gradient is recorded.
+
+    It is a private op, so it is used only where it exists, the CPU is x86-64
+    with oneDNN available, and a small product through it matches
+    `torch.nn.functional.linear`; otherwise this returns `None` and `linear`
+    keeps `torch.nn.functional.linear`. Checked once per process.
+    """
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return None
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 16, generator=generator)
+    weight = torch.randn(16, 8, generator=generator)
+    bias = torch.randn(8, generator=generator)
+    try:
+        with torch.no_grad():
+            matches = all(
+                torch.allclose(op(x, weight.T, b, "none", [], ""),
+                               torch.nn.functional.linear(x, weight.T, b), rtol=1e-5, atol=1e-5)
+                for b in (bias, None)
+            )
+    except (RuntimeError, TypeError):
+        return None
+    return op if matches else None
 
 
 def torch_attention(q, k, v):

@@ -240,7 +240,8 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
 
     def library_paths():
         return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact,
-                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence, _calls.ENABLED)
+                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence, _calls.ENABLED,
+                backend_ops.torch_onednn_linear)
 
     before = library_paths()
     from keras_vitnorm.models.presets import preset_config
@@ -276,6 +277,7 @@ def test_ab_other_form_switches_the_library_path():
     ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
     ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
     ("sublayer_calls", "keras_vitnorm.layers._calls", "ENABLED"),
+    ("onednn_linear", "keras_vitnorm.backend_ops", "torch_onednn_linear"),
 ])
 def test_ab_other_form_replaces_the_library_function_and_restores_it(change, module, name):
     import importlib

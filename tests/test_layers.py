@@ -289,6 +289,69 @@ def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activat
         np.testing.assert_allclose(dw_b[name], dw_a[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_linear_takes_onednn_only_where_no_gradient_is_recorded(monkeypatch, use_bias):
+    import platform
+
+    import torch
+
+    from keras_vitnorm import backend_ops
+
+    if backend_ops.torch_onednn_linear() is None:
+        pytest.skip(f"no oneDNN linear in this PyTorch build on {platform.machine()}")
+    calls = []
+    original = backend_ops.torch_onednn_linear()
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    monkeypatch.setattr(backend_ops, "torch_onednn_linear", lambda: counting)
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.normal(size=(2, 7, 24)).astype("float32"))
+    kernel = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(24, 40)).astype("float32")))
+    bias = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(40,)).astype("float32"))) if use_bias else None
+    expected = torch.nn.functional.linear(x, kernel.T, bias).detach().numpy()
+    with torch.no_grad():
+        predicted = backend_ops.linear(x, kernel, bias)
+    assert calls == [(2, 7, 24)]
+    np.testing.assert_allclose(predicted.numpy(), expected, rtol=1e-5, atol=1e-5)
+    # With a gradient recorded (the parameters require one) it is torch.nn.functional.linear,
+    # which autograd differentiates; the oneDNN op has no gradient formula.
+    trained = backend_ops.linear(x, kernel, bias)
+    assert len(calls) == 1
+    trained.sum().backward()
+    np.testing.assert_allclose(kernel.grad.numpy(), np.broadcast_to(x.sum((0, 1)).numpy()[:, None], (24, 40)),
+                               rtol=1e-5, atol=1e-5)
+    # float64 and bfloat16 inputs keep torch.nn.functional.linear too.
+    with torch.no_grad():
+        backend_ops.linear(x.double(), kernel.double(), None)
+        backend_ops.linear(x.bfloat16(), kernel.bfloat16(), None)
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
+def test_onednn_linear_is_left_out_where_it_cannot_be_checked(monkeypatch):
+    import platform
+
+    import torch
+
+    from keras_vitnorm import backend_ops
+
+    try:
+        backend_ops.torch_onednn_linear.cache_clear()
+        monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+        assert backend_ops.torch_onednn_linear() is None
+        backend_ops.torch_onednn_linear.cache_clear()
+        monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert backend_ops.torch_onednn_linear() is None
+    finally:  # the real answer again, for the tests that follow
+        monkeypatch.undo()
+        backend_ops.torch_onednn_linear.cache_clear()
+
+
 @pytest.mark.parametrize("qkv_bias", [True, False])
 @pytest.mark.parametrize("lora", [False, True])
 def test_split_and_fused_qkv_projections_agree(monkeypatch, qkv_bias, lora):
