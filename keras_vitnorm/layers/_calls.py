@@ -5,9 +5,10 @@ Why it exists: on PyTorch every layer call runs eagerly, and Keras'
 context, name scopes, autocast scope, mask bookkeeping, then `torch.nn.Module`
 dispatch) costs about 0.04 ms before the layer's `call` starts. A ViT's blocks
 call about eight sublayers each, and on a CPU that bookkeeping was most of the
-gap between the PyTorch backend and the transformers ViT at inference:
-`benchmarks/profile_torch.py --mode inference` measured equal time in ATen
-operators and 23 ms more per S/16 step outside them (docs/performance.md).
+gap between the PyTorch backend and the transformers ViT at inference: a
+`torch.profiler` comparison in one process measured equal time in ATen
+operators and 29 ms against 6 to 7 ms per S/16 step outside them
+(docs/performance.md, "Sublayer calls on PyTorch").
 JAX and TensorFlow trace each step once, so there the cost is paid once per
 compilation and this module changes nothing.
 
