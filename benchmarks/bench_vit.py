@@ -445,8 +445,8 @@ def main(argv=None):
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak, "matmul_gflops_by_library": peak_sources,
-                       "matmul_dtype": matmul_dtype,
+            json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
+                       "matmul_gflops_by_library": peak_sources, "matmul_dtype": matmul_dtype,
                        "results": results}, f, indent=2)
     return 0
 

@@ -251,7 +251,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 ops.reshape(linear(x, kernel, bias), (-1, num_tokens, self.num_heads, self.head_dim))
                 for kernel, bias in zip(kernels, biases)
             ]
-        qkv = ops.reshape(call_sublayer(self, self.qkv, x, training=training), (-1, num_tokens, 3, self.num_heads, self.head_dim))
+        qkv = call_sublayer(self, self.qkv, x, training=training)
+        qkv = ops.reshape(qkv, (-1, num_tokens, 3, self.num_heads, self.head_dim))
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def compute_output_shape(self, input_shape):
