@@ -13,6 +13,7 @@ from keras_vitnorm.layers.encoder_block import PLACEMENTS
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.patch_stem import STEM_TYPES
+from keras_vitnorm.models.preset_io import RESAMPLE_METHODS
 from keras_vitnorm.training.config import PRECISIONS
 from keras_vitnorm.training.data import CROP_MODES
 from keras_vitnorm.study.variants import VARIANT_GROUPS
@@ -241,6 +242,9 @@ def build_parser():
                          help="replace a preset already in DESTINATION")
     convert.add_argument("--num-classes", dest="model_num_classes", type=int,
                          help="classes of a new head (0 = features only)")
+    convert.add_argument("--resample", choices=RESAMPLE_METHODS, default="bilinear",
+                         help="how --image-size resamples the position embedding: bilinear "
+                         "(big_vision, default) or bicubic (timm)")
     overrides = convert.add_argument_group("model overrides (normalization and image size)")
     for flag, key, kind, choices, text in MODEL_FLAGS:
         if key in ("width", "depth", "mlp_dim", "patch_size", "pooling"):
@@ -305,7 +309,9 @@ def _convert(parser, args):
         return _fail(parser, "convert", f"{args.destination!r} already holds a preset "
                      f"({CONFIG_FILE}); pass --overwrite to replace it.")
     try:
-        model, report = load_checkpoint(args.source, num_heads=num_heads, **overrides)
+        model, report = load_checkpoint(
+            args.source, num_heads=num_heads, resample=args.resample, **overrides
+        )
         model.save_to_preset(args.destination, overwrite=args.overwrite)
     except (ValueError, FileExistsError) as error:
         return _fail(parser, "convert", str(error))

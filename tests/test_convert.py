@@ -19,7 +19,7 @@ from keras_vitnorm import ViT
 from keras_vitnorm import cli
 from keras_vitnorm.convert import load_checkpoint
 from keras_vitnorm.convert import read_checkpoint
-from test_model import _bilinear_reference  # the NumPy half-pixel bilinear reference
+from test_model import big_vision_resample  # big_vision's resample_posemb (scipy zoom)
 
 torch = pytest.importorskip("torch", reason="the Hugging Face reference ViT runs on PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference ViT is transformers'")
@@ -221,16 +221,51 @@ def test_keras_hub_preset_matches_keras_hub(tmp_path, images):
 # --------------------------------------------------------------- resampling, variants
 
 
+def timm_resample(source, new_h, new_w):
+    """timm's `resample_abs_pos_embed` defaults on a `(h*w, d)` grid, as timm computes it."""
+    side = int(round(len(source) ** 0.5))
+    grid = torch.from_numpy(source).reshape(1, side, side, -1).permute(0, 3, 1, 2)
+    resized = torch.nn.functional.interpolate(
+        grid, size=(new_h, new_w), mode="bicubic", antialias=True
+    )
+    return resized.permute(0, 2, 3, 1).reshape(new_h * new_w, -1).numpy()
+
+
 def test_position_embedding_resampled_224_to_384(reference):
     model, report = load_checkpoint(reference["dir"], image_size=384)
-    assert report.resampled == ["stem/position_embedding (14x14 -> 24x24 grid)"]
+    assert report.resampled == ["stem/position_embedding (14x14 -> 24x24 grid, bilinear)"]
     out = logits_of(model, np.random.default_rng(2).uniform(-1, 1, (1, 384, 384, 3)).astype("float32"))
     assert out.shape == (1, 10) and np.all(np.isfinite(out))
     source = reference["state"]["vit.embeddings.position_embeddings"][0]
     got = keras.ops.convert_to_numpy(model.get_layer("stem").pos_embedding)[0]
     np.testing.assert_array_equal(got[0], source[0])  # the class position is kept
-    expected = _bilinear_reference(source[1:].reshape(14, 14, -1), 24, 24).reshape(576, -1)
-    np.testing.assert_allclose(got[1:], expected, atol=1e-5)
+    expected = big_vision_resample(source[1:].reshape(14, 14, -1), 24, 24).reshape(576, -1)
+    np.testing.assert_allclose(got[1:], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("image_size", [384, 160, [96, 320]])
+def test_bicubic_resampling_matches_timm(reference, image_size):
+    model, report = load_checkpoint(reference["dir"], image_size=image_size, resample="bicubic")
+    assert report.resampled[0].endswith(", bicubic)")
+    source = reference["state"]["vit.embeddings.position_embeddings"][0]
+    got = keras.ops.convert_to_numpy(model.get_layer("stem").pos_embedding)[0]
+    np.testing.assert_array_equal(got[0], source[0])
+    grid = model.get_layer("stem").grid_size
+    np.testing.assert_allclose(got[1:], timm_resample(source[1:], *grid), atol=2e-6)
+
+
+def test_resample_methods_differ_and_the_cli_offers_both(reference, tmp_path):
+    """Both rules are reachable from `convert`; they are different rules (up to 0.1 apart
+    here), so the choice matters."""
+    for method in ("bilinear", "bicubic"):
+        code = cli.main(["convert", reference["dir"], str(tmp_path / method), "--image-size", "384",
+                         "--resample", method])
+        assert code == 0
+    embeddings = [
+        keras.ops.convert_to_numpy(ViT.from_preset(str(tmp_path / m)).get_layer("stem").pos_embedding)
+        for m in ("bilinear", "bicubic")
+    ]
+    assert np.abs(embeddings[0] - embeddings[1]).max() > 1e-2
 
 
 def test_fine_tune_into_dual_patchnorm_reports_new_weights(reference):

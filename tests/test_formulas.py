@@ -171,6 +171,26 @@ ATTENTION_CASES = {
 
 
 @pytest.mark.parametrize("num_heads", [2, 4])
+@pytest.mark.parametrize("qk_norm", ["layernorm", "rmsnorm", "dyt", "identity"])
+def test_qk_norm_of_every_offered_type_matches_the_per_head_formula(qk_norm, num_heads):
+    x = random_input((BATCH, TOKENS, WIDTH))
+    layer = MultiHeadSelfAttention(num_heads, qk_norm=qk_norm, norm_epsilon=EPSILON)
+    weights = build_and_randomize(layer, x.shape)
+    expected = ref.multi_head_self_attention(
+        x, weights, num_heads, qk_norm=qk_norm, epsilon=EPSILON
+    )
+    assert_matches(layer(x), expected)
+
+
+@pytest.mark.parametrize("qk_norm", ["batchnorm", "groupnorm"])
+def test_qk_norm_types_whose_statistics_span_heads_or_tokens_are_refused(qk_norm):
+    with pytest.raises(ValueError, match=f"norm={qk_norm!r} does not"):
+        MultiHeadSelfAttention(2, qk_norm=qk_norm)
+    with pytest.raises(ValueError, match="QK-norm is offered with 'layernorm', 'rmsnorm'"):
+        EncoderBlock(HEADS, MLP_DIM, DEPTH, norm=qk_norm, norm_groups=GROUPS, qk_norm=True)
+
+
+@pytest.mark.parametrize("num_heads", [2, 4])
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
 def test_attention_matches_formula(case, num_heads):
     options = ATTENTION_CASES[case]
@@ -261,6 +281,57 @@ def test_block_with_qk_norm_and_layer_scale_matches_formula():
     check_block(attn_norm="pre_post", qk_norm=True, layer_scale=0.1)
 
 
+def test_normformer_applies_dropout_after_the_attention_output_norm():
+    """fairseq: `x = residual + dropout(attn_ln(h))`. With the MLP branch zeroed, the
+    block's update is the attention branch: in training each entry is either dropped
+    (exactly 0) or twice the inference value of the normalized output."""
+    x = random_input((8, TOKENS, WIDTH))
+    block = EncoderBlock(
+        HEADS, MLP_DIM, DEPTH, block_style="normformer", mlp_norm="none", dropout=0.5,
+        norm_epsilon=EPSILON,
+    )
+    build_and_randomize(block, x.shape)
+    for variable in (block.mlp.fc2.kernel, block.mlp.fc2.bias):
+        variable.assign(np.zeros(variable.shape, "float32"))
+    branch = keras.ops.convert_to_numpy(block(x, training=False)) - x
+    keras.utils.set_random_seed(3)
+    dropped = keras.ops.convert_to_numpy(block(x, training=True)) - x
+    kept = np.abs(dropped) > 1e-6
+    assert 0.3 < kept.mean() < 0.7
+    np.testing.assert_allclose(dropped[kept], 2.0 * branch[kept], rtol=1e-4, atol=1e-5)
+
+
+# --- Initialization: big_vision's base, DeepNorm and Sub-LN scaling -----------------
+
+
+def _xavier_uniform_std(fan_in, fan_out):
+    """Standard deviation of Xavier-uniform: limit sqrt(6 / (fan_in + fan_out)), over sqrt(3)."""
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+@pytest.mark.parametrize("width, num_heads", [(384, 6), (192, 3)])
+def test_every_projection_starts_at_big_visions_xavier_uniform_scale(width, num_heads):
+    """q, k and v are each Xavier-uniform on their own (width, width) shape, as
+    big_vision's three DenseGeneral projections, not one call on (width, 3 * width)."""
+    keras.utils.set_random_seed(7)
+    block = EncoderBlock(num_heads, 4 * width, INIT_DEPTH)
+    block.build((None, TOKENS, width))
+    qkv = keras.ops.convert_to_numpy(block.attention.qkv.kernel)
+    kernels = dict(zip("qkv", np.split(qkv, 3, axis=-1)))
+    kernels["out"] = keras.ops.convert_to_numpy(block.attention.out.kernel)
+    for name, kernel in kernels.items():
+        want = _xavier_uniform_std(width, width)
+        assert np.std(kernel) == pytest.approx(want, rel=0.02), name
+        limit = math.sqrt(6.0 / (2 * width))
+        assert limit * 0.99 < np.abs(kernel).max() <= limit, name
+    assert not np.allclose(kernels["q"], kernels["k"]) and not np.allclose(kernels["k"], kernels["v"])
+    for name, fans in (("fc1", (width, 4 * width)), ("fc2", (4 * width, width))):
+        kernel = keras.ops.convert_to_numpy(getattr(block.mlp, name).kernel)
+        assert np.std(kernel) == pytest.approx(_xavier_uniform_std(*fans), rel=0.02), name
+        bias = keras.ops.convert_to_numpy(getattr(block.mlp, name).bias)
+        assert 0 < np.std(bias) < 3e-6, name  # N(0, 1e-6)
+
+
 # --- Init scaling of DeepNorm and Sub-LN ---------------------------------------------
 
 INIT_WIDTH, INIT_DEPTH = 128, 12
@@ -311,6 +382,10 @@ def test_init_scaling_of_value_out_and_mlp_kernels(block_style, placement, facto
         ratio = np.std(scaled[key]) / np.std(standard[key])
         message = f"{key}: std ratio {ratio:.4f}, want {want:.4f}"
         assert ratio == pytest.approx(want, rel=0.1), message
+    # Against the reference formula, not only the standard block: the value kernel is
+    # the gain times Xavier-uniform on (width, width).
+    want = factor * _xavier_uniform_std(INIT_WIDTH, INIT_WIDTH)
+    assert np.std(scaled["v"]) == pytest.approx(want, rel=0.05)
 
 
 # --- Patch stem ----------------------------------------------------------------------

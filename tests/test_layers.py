@@ -194,7 +194,8 @@ def test_patchify_is_conv_patch_embedding_with_reshaped_kernel():
         (lambda: layers.make_norm("affine", learnable=False), "identity"),
         (lambda: layers.EncoderBlock(4, 32, 6, attn_norm="sandwich"), "attn_norm='sandwich'"),
         (lambda: layers.EncoderBlock(4, 32, 6, block_style="deep_norm"), "'deepnorm'"),
-        (lambda: layers.EncoderBlock(4, 32, 6, block_style="deepnorm"), "attn_norm='post'"),
+        (lambda: layers.EncoderBlock(4, 32, 6, block_style="deepnorm", mlp_norm="pre"),
+         "attn_norm='post'"),
         (lambda: layers.EncoderBlock(4, 32, 6, drop_path_rate=1.5), "drop_path_rate"),
         (lambda: layers.PatchStem(4, 16, stem="dpn"), "stem='dpn'"),
         (lambda: layers.PatchStem(4, 16, stem="patch", stem_norm="layernorm"), "stem_norm=None"),
@@ -455,6 +456,75 @@ def test_heads_first_attention_matches_dot_product_attention(dtype):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     else:  # bfloat16 inputs and outputs, float32 softmax in both
         np.testing.assert_allclose(ours, theirs, rtol=3e-2, atol=3e-2)
+
+
+def test_attention_logits_beyond_float16_range_stay_finite():
+    """q and k of a few hundred over 8 dims give logits past 65504: every form the layer
+    takes (`attend`) and `heads_first_attention` accumulate them in float32."""
+    from keras_vitnorm.layers.attention import attend
+    from keras_vitnorm.layers.attention import heads_first_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 9, 4, 8)).astype("float32") * 300 for _ in range(3))
+    expected = keras.ops.convert_to_numpy(heads_first_attention(q, k, v))
+    half = [keras.ops.cast(t, "float16") for t in (q, k, v)]
+    for function in (heads_first_attention, attend):
+        got = keras.ops.convert_to_numpy(keras.ops.cast(function(*half), "float32"))
+        assert np.isfinite(got).all(), function.__name__
+        np.testing.assert_allclose(got, expected, rtol=0.01, atol=0.5)
+
+
+def test_batchnorm_in_inference_stays_finite_beyond_float16_range():
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        layer = layers.make_norm("batchnorm")
+        x = _inputs(TOKENS) * 1e5
+        layer.build(x.shape)
+        layer.moving_mean.assign(x.reshape(-1, TOKENS[-1]).mean(axis=0))
+        layer.moving_variance.assign(x.reshape(-1, TOKENS[-1]).var(axis=0))
+        y = keras.ops.convert_to_numpy(keras.ops.cast(layer(x, training=False), "float32"))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert np.isfinite(y).all() and np.abs(y).max() < 10
+
+
+def test_fused_kernel_initializer_draws_each_block_as_its_own_kernel():
+    init = layers.FusedKernelInitializer("glorot_uniform", parts=3)
+    kernel = keras.ops.convert_to_numpy(init((300, 900)))
+    blocks = np.split(kernel, 3, axis=-1)
+    limit = np.sqrt(6.0 / 600)
+    for block in blocks:
+        assert 0.99 * limit < np.abs(block).max() <= limit
+    assert not np.allclose(blocks[0], blocks[1])
+    seeded = layers.FusedKernelInitializer(keras.initializers.GlorotUniform(seed=5), parts=3)
+    first, again = (keras.ops.convert_to_numpy(seeded((10, 30))) for _ in range(2))
+    np.testing.assert_array_equal(first, again)  # a fixed seed is reproducible...
+    assert not np.allclose(*np.split(first, 3, axis=-1)[:2])  # ...and the blocks still differ
+    clone = keras.initializers.deserialize(keras.initializers.serialize(seeded))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(clone((10, 30))), first)
+    with pytest.raises(ValueError, match="900 is not divisible by 7"):
+        layers.FusedKernelInitializer(parts=7)((300, 900))
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: layers.make_norm("layernorm", epsilon=-1.0), "epsilon must be a finite number > 0"),
+        (lambda: layers.RMSNorm(epsilon="x"), "epsilon must be a finite number > 0, got 'x'"),
+        (lambda: layers.DyT(alpha_init=0.0), "alpha_init must be a finite number > 0"),
+        (lambda: layers.LayerScale(float("inf")), "init_value must be a finite number > 0"),
+        (lambda: layers.MLP(8, dropout=1.5), r"dropout must be a float in \[0, 1\)"),
+        (lambda: layers.MLP(8, mid_norm="ln"), "Unknown mid_norm='ln'"),
+        (lambda: layers.MultiHeadSelfAttention(2, init_scale=0), "init_scale must be a finite"),
+        (lambda: layers.MultiHeadSelfAttention(2, head_scale=1), "head_scale must be True or False"),
+        (lambda: layers.PatchStem(4, 8, norm_epsilon=-1e-6), "norm_epsilon must be a finite"),
+        (lambda: layers.EncoderBlock(2, 8, 2, norm_epsilon=0), "norm_epsilon must be a finite"),
+    ],
+)
+def test_numeric_options_are_range_checked_at_construction(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
 
 
 def test_heads_first_attention_gradient_matches_dot_product_attention():

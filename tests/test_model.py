@@ -76,7 +76,9 @@ def test_every_placement_and_block_style_runs(attn_norm, mlp_norm, style):
 @pytest.mark.parametrize("norm", NORM_TYPES)
 @pytest.mark.parametrize("stem", STEM_TYPES)
 def test_every_norm_and_stem_runs(norm, stem):
-    model = ViT(**TINY, norm=norm, norm_groups=4, stem=stem, qk_norm=True)
+    # QK-norm is offered for the norms that normalize each head and token on its own.
+    qk_norm = norm in keras_vitnorm.layers.QK_NORM_TYPES
+    model = ViT(**TINY, norm=norm, norm_groups=4, stem=stem, qk_norm=qk_norm)
     y = _numpy(model(_images(), training=True))
     assert y.shape == (2, 5) and np.isfinite(y).all()
 
@@ -84,10 +86,7 @@ def test_every_norm_and_stem_runs(norm, stem):
 @pytest.mark.parametrize("norm", NORM_TYPES)
 @pytest.mark.parametrize("style", ["normformer", "sub_ln", "deepnorm"])
 def test_every_norm_with_every_block_style_runs(norm, style):
-    placement = "post" if style == "deepnorm" else "pre"
-    model = ViT(
-        **TINY, norm=norm, norm_groups=4, block_style=style, attn_norm=placement, mlp_norm=placement
-    )
+    model = ViT(**TINY, norm=norm, norm_groups=4, block_style=style)
     y = _numpy(model(_images()))
     assert y.shape == (2, 5) and np.isfinite(y).all()
 
@@ -170,22 +169,12 @@ def test_save_to_preset_refuses_to_overwrite(tmp_path):
     assert (tmp_path / "model.weights.npz").read_bytes() != before
 
 
-def _bilinear_reference(grid, new_h, new_w):
-    """Half-pixel-centre bilinear resize of an (h, w, d) array, edges clamped."""
+def big_vision_resample(grid, new_h, new_w):
+    """big_vision's `resample_posemb` on an `(h, w, d)` grid: `scipy.ndimage.zoom`, order 1."""
+    import scipy.ndimage
+
     h, w, _ = grid.shape
-
-    def coords(new, old):
-        src = (np.arange(new) + 0.5) * old / new - 0.5
-        src = np.clip(src, 0, old - 1)
-        low = np.floor(src).astype(int)
-        high = np.minimum(low + 1, old - 1)
-        return low, high, src - low
-
-    y0, y1, fy = coords(new_h, h)
-    x0, x1, fx = coords(new_w, w)
-    top = grid[y0][:, x0] * (1 - fx)[None, :, None] + grid[y0][:, x1] * fx[None, :, None]
-    bottom = grid[y1][:, x0] * (1 - fx)[None, :, None] + grid[y1][:, x1] * fx[None, :, None]
-    return top * (1 - fy)[:, None, None] + bottom * fy[:, None, None]
+    return scipy.ndimage.zoom(grid, (new_h / h, new_w / w, 1), order=1)
 
 
 def test_new_image_size_resamples_position_embedding(tmp_path):
@@ -196,8 +185,12 @@ def test_new_image_size_resamples_position_embedding(tmp_path):
     new = _numpy(bigger.get_layer("stem").pos_embedding)
     assert new.shape == (1, 1 + 49, 32)
     np.testing.assert_allclose(new[:, 0], old[:, 0])  # class token position kept
-    expected = _bilinear_reference(old[0, 1:].reshape(4, 4, 32), 7, 7).reshape(49, 32)
-    np.testing.assert_allclose(new[0, 1:], expected, atol=1e-5)
+    expected = big_vision_resample(old[0, 1:].reshape(4, 4, 32), 7, 7).reshape(49, 32)
+    np.testing.assert_allclose(new[0, 1:], expected, atol=1e-6)
+    # big_vision's zoom aligns the corners: the four corner patches keep their embedding.
+    old_grid, new_grid = old[0, 1:].reshape(4, 4, 32), new[0, 1:].reshape(7, 7, 32)
+    for (i, j), (k, m) in (((0, 0), (0, 0)), ((0, 3), (0, 6)), ((3, 0), (6, 0)), ((3, 3), (6, 6))):
+        np.testing.assert_allclose(new_grid[k, m], old_grid[i, j], atol=1e-6)
     old_other = {w.path: _numpy(w) for w in model.weights if "position" not in w.path}
     for w in bigger.weights:
         if "position" not in w.path:
@@ -229,7 +222,24 @@ def test_new_num_classes_keeps_body_and_makes_a_fresh_head(tmp_path, capsys):
         (dict(block_style="normformers"), "Did you mean 'normformer'"),
         (dict(stem_norm="rms"), "Unknown stem_norm='rms'"),
         (dict(pooling="mean"), "Unknown pooling='mean'"),
-        (dict(block_style="deepnorm"), "needs attn_norm='post'"),
+        (dict(block_style="deepnorm", attn_norm="pre"), "needs attn_norm='post'"),
+        (dict(block_style="deepnorm", mlp_norm="pre_post"), "needs attn_norm='post'"),
+        (dict(drop_path=0.1), "Unknown ViT argument 'drop_path'. Did you mean 'drop_path_rate'"),
+        (dict(norm_epsilon=-1), "norm_epsilon must be a finite number > 0, got -1"),
+        (dict(norm_epsilon=0.0), "norm_epsilon must be a finite number > 0"),
+        (dict(norm_epsilon="x"), "norm_epsilon must be a finite number > 0, got 'x'"),
+        (dict(norm_epsilon=float("nan")), "norm_epsilon must be a finite number > 0"),
+        (dict(layer_scale=-0.1), "layer_scale must be a finite number > 0"),
+        (dict(layer_scale="1e-5"), "layer_scale must be a finite number > 0"),
+        (dict(norm_groups=0), "norm_groups must be a positive integer"),
+        (dict(qk_norm="yes"), "qk_norm must be True or False"),
+        (dict(final_norm=1), "final_norm must be True or False"),
+        (dict(qkv_bias=None), "qkv_bias must be True or False"),
+        (dict(stem_norm_learnable="no"), "stem_norm_learnable must be True or False"),
+        (dict(dropout=1.0), r"dropout must be a float in \[0, 1\)"),
+        (dict(drop_path_rate=-0.1), r"drop_path_rate must be a float in \[0, 1\)"),
+        (dict(norm="batchnorm", qk_norm=True), "qk_norm normalizes each head's query and key"),
+        (dict(norm="groupnorm", norm_groups=4, qk_norm=True), "norm='groupnorm' does not"),
         (dict(norm="groupnorm", norm_groups=5), "norm_groups=5"),
         (dict(depth=0), "depth must be a positive integer"),
         (dict(image_size="big"), "image_size must be"),
@@ -243,8 +253,82 @@ def test_bad_config_raises_clear_error(kwargs, message):
 def test_unknown_preset_suggests_close_names():
     with pytest.raises(ValueError, match="Did you mean 's16_dpn'"):
         ViT.from_preset("s16dpn")
-    with pytest.raises(ValueError, match="Unknown override"):
+    with pytest.raises(ValueError, match="Unknown override 'normalization'"):
         ViT.from_preset("s16", normalization="rmsnorm")
+    with pytest.raises(ValueError, match="Did you mean 'drop_path_rate'"):
+        ViT.from_preset("s16", drop_path=0.1)
+    with pytest.raises(ValueError, match="Unknown resample='nearest'"):
+        ViT.from_preset("s16", resample="nearest")
+
+
+def test_unknown_key_in_a_saved_config_is_an_error_naming_the_file(tmp_path):
+    ViT(**TINY).save_to_preset(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    saved["config"]["drop_path"] = 0.1
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"Unknown key in .*config\.json 'drop_path'\. "
+                       r"Did you mean 'drop_path_rate'"):
+        ViT.from_preset(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "block_style, placements, final_norm",
+    [
+        ("standard", ("pre", "pre"), True),
+        ("normformer", ("pre", "pre"), True),
+        ("sub_ln", ("pre", "pre"), True),
+        ("deepnorm", ("post", "post"), False),
+    ],
+)
+def test_placement_and_final_norm_defaults_follow_the_block_style(block_style, placements, final_norm):
+    model = ViT(**TINY, block_style=block_style)
+    block = model.get_layer("block_0")
+    assert (block.resolved_attn_norm, block.resolved_mlp_norm) == placements
+    names = {layer.name for layer in model.layers}
+    assert ("final_norm" in names) == final_norm
+    # The config keeps "not given", so that a block style change stays a one-line edit.
+    config = model.get_config()
+    assert (config["attn_norm"], config["mlp_norm"], config["final_norm"]) == (None, None, None)
+    config["block_style"] = "deepnorm" if block_style != "deepnorm" else "standard"
+    ViT.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "attn_norm, mlp_norm, final_norm",
+    [
+        ("pre", "pre", True),
+        ("post", "post", False),
+        ("pre", "post", False),
+        ("post", "pre", True),
+        ("pre_post", "pre_post", True),
+        ("none", "none", True),
+    ],
+)
+def test_final_norm_default_follows_the_mlp_placement(attn_norm, mlp_norm, final_norm):
+    model = ViT(**TINY, attn_norm=attn_norm, mlp_norm=mlp_norm)
+    assert ("final_norm" in {layer.name for layer in model.layers}) == final_norm
+    forced = ViT(**TINY, attn_norm=attn_norm, mlp_norm=mlp_norm, final_norm=not final_norm)
+    assert ("final_norm" in {layer.name for layer in forced.layers}) == (not final_norm)
+
+
+@pytest.mark.parametrize("kwargs", [dict(norm="batchnorm"), dict(stem="conv"),
+                                    dict(stem="dual_patchnorm", stem_norm="batchnorm")])
+def test_batchnorm_models_give_finite_logits_under_mixed_float16_in_inference(kwargs):
+    """Inputs up to 1000 (unnormalized pixels): fresh moving statistics leave tokens of
+    a few hundred, whose attention logits pass float16's range unless accumulated in
+    float32 (NaN logits on JAX and TensorFlow before)."""
+    if keras.backend.backend() == "torch" and kwargs.get("stem") == "conv":
+        pytest.skip("PyTorch has no float16 convolution on CPU")
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = ViT(**TINY, **kwargs)
+        logits = _numpy(model(_images((4, 16, 16, 3)) * 1000.0, training=False))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert np.isfinite(logits).all()
 
 
 @pytest.mark.parametrize("shape", [(2, 16, 16, 1), (2, 32, 32, 3)])

@@ -59,7 +59,8 @@ CONFIGS = {
                                 "stem_norm_learnable": False, "norm": "identity",
                                 "attn_norm": "none", "mlp_norm": "pre"},
     "pre_patchnorm_affine": {"stem": "pre_patchnorm", "stem_norm": "affine", "qkv_bias": False,
-                             "attn_norm": "pre_post", "mlp_norm": "post", "image_size": [16, 24],
+                             "attn_norm": "pre_post", "mlp_norm": "post", "final_norm": True,
+                             "image_size": [16, 24],
                              "drop_path_rate": 0.1, "dropout": 0.1},
 }
 _GAIN_NAMES = ("gamma", "scale", "head_scale", "moving_variance")

@@ -12,7 +12,8 @@ One module per source reads its format into a `Checkpoint` (the plain ViT config
 describes and its weights under this project's variable paths); `load_checkpoint`
 builds a `ViT` from that config plus any overrides and transfers the weights:
 
-- an `image_size` override resamples the position embedding (bilinear);
+- an `image_size` override resamples the position embedding (corner-aligned
+  bilinear as big_vision by default, `resample="bicubic"` as timm);
 - a `num_classes` override gives a new, freshly initialized head;
 - normalization overrides (`stem="dual_patchnorm"`, `norm="rmsnorm"`, placements,
   block styles, ...) fine-tune a plain checkpoint into a variant: every weight that
@@ -143,13 +144,16 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def load_checkpoint(path, verbose=False, num_heads=None, **overrides):
+def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", **overrides):
     """Builds a `ViT` from a standard checkpoint; returns `(model, ConversionReport)`.
 
     Args:
         path: see `read_checkpoint`.
         verbose: bool, default `False`. Print the report.
         num_heads: int, only for state dicts that do not record their head count.
+        resample: str, default `"bilinear"`: how a new `image_size` resamples the
+            position embedding, `"bilinear"` as big_vision or `"bicubic"` as timm
+            (`keras_vitnorm.models.preset_io.resample_position_embedding`).
         **overrides: `ViT` config values that replace the checkpoint's: `image_size`,
             `num_classes`, and any normalization setting (`stem`, `norm`, `attn_norm`,
             `mlp_norm`, `block_style`, `layer_scale`, `qk_norm`, ...).
@@ -164,14 +168,15 @@ def load_checkpoint(path, verbose=False, num_heads=None, **overrides):
             f"num_heads={num_heads} does not fit: the {checkpoint.format} checkpoint {path!r} "
             f"records {checkpoint.config['num_heads']} heads."
         )
-    model, report = build_from_checkpoint(checkpoint, **overrides)
+    model, report = build_from_checkpoint(checkpoint, resample=resample, **overrides)
     if verbose:
         print(report)
     return model, report
 
 
-def build_from_checkpoint(checkpoint, model_class=None, **overrides):
+def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", **overrides):
     """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides."""
+    from keras_vitnorm.layers._validation import check_known_keys
     from keras_vitnorm.models import ViT
 
     model_class = model_class or ViT
@@ -186,11 +191,9 @@ def build_from_checkpoint(checkpoint, model_class=None, **overrides):
                 f"of shape {tuple(checkpoint.arrays[path].shape)}). Overrides may change the "
                 "image size, the classes and the normalization, not the architecture."
             )
-    unknown = sorted(set(overrides) - set(ViT.CONFIG_KEYS) - {"name", "dtype"})
-    if unknown:
-        raise ValueError(f"Unknown override(s) {unknown}. Valid keys: {', '.join(ViT.CONFIG_KEYS)}.")
+    check_known_keys(overrides, (*ViT.CONFIG_KEYS, "name", "dtype", "trainable"), "override")
     model = model_class.from_config({**checkpoint.config, **overrides})
-    report = transfer(model, checkpoint)
+    report = transfer(model, checkpoint, resample)
     return model, report
 
 
@@ -209,8 +212,11 @@ def _first_path_with(checkpoint, key):
     return path if path in checkpoint.arrays else next(iter(checkpoint.arrays))
 
 
-def transfer(model, checkpoint):
+def transfer(model, checkpoint, resample="bilinear"):
     """Fills `model` from `checkpoint`; returns the `ConversionReport`.
+
+    A position embedding of another grid is resampled by `resample`
+    (`"bilinear"` as big_vision, `"bicubic"` as timm).
 
     The checkpoint must be complete for its own (plain) config, which every converter
     checks; so a model weight without a checkpoint value is one the overrides added.
@@ -259,8 +265,10 @@ def transfer(model, checkpoint):
         elif path == POSITION_EMBEDDING:
             side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
             grid = model.get_layer("stem").grid_size
-            values.append((variable, resample_for_model(model, array)))
-            report.resampled.append(f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid)")
+            values.append((variable, resample_for_model(model, array, resample)))
+            report.resampled.append(
+                f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})"
+            )
         else:
             raise ValueError(
                 f"Checkpoint key {source!r} has shape {tuple(array.shape)} (as {path!r}); the "

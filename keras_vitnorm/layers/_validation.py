@@ -1,6 +1,14 @@
 """Argument checks shared by layers and models: clear errors naming the bad value."""
 
 import difflib
+import math
+
+
+def _did_you_mean(value, choices):
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def check_choice(argument, value, choices):
@@ -12,11 +20,31 @@ def check_choice(argument, value, choices):
     if value in choices:
         return value
     message = f"Unknown {argument}={value!r}. Valid values: {', '.join(map(repr, choices))}."
-    if isinstance(value, str):
-        close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
-        if close:
-            message += f" Did you mean {close[0]!r}?"
-    raise ValueError(message)
+    raise ValueError(message + _did_you_mean(value, choices))
+
+
+def check_known_keys(keys, valid, where):
+    """Raises a `ValueError` naming every key of `keys` that is not in `valid`.
+
+    Args:
+        keys: iterable of the given names.
+        valid: iterable of the accepted names.
+        where: what the keys are, for the message (e.g. `"ViT argument"`,
+            `"key in /path/config.json"`).
+    """
+    valid = list(valid)
+    unknown = [key for key in keys if key not in valid]
+    if not unknown:
+        return
+    hints = "".join(_did_you_mean(key, valid) for key in unknown)
+    raise ValueError(
+        f"Unknown {where}{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(map(repr, unknown))}.{hints} Valid: {', '.join(valid)}."
+    )
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_positive_int(argument, value):
@@ -25,7 +53,20 @@ def check_positive_int(argument, value):
     return value
 
 
+def check_positive_float(argument, value):
+    """`value` as a float; raises unless it is a finite number above 0."""
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{argument} must be a finite number > 0, got {value!r}.")
+    return float(value)
+
+
 def check_rate(argument, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{argument} must be a float in [0, 1), got {value!r}.")
     return float(value)
+
+
+def check_bool(argument, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{argument} must be True or False, got {value!r}.")
+    return value

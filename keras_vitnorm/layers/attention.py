@@ -11,15 +11,45 @@ from keras_vitnorm.backend_ops import jax_padded_attention
 from keras_vitnorm.backend_ops import linear
 from keras_vitnorm.backend_ops import torch_attention
 from keras_vitnorm.layers._calls import call_sublayer
+from keras_vitnorm.layers._validation import check_bool
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers._validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
+from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
+
+#: Norm types offered for QK-norm: each normalizes one head's query or key vector
+#: of one token on its own. BatchNorm (statistics over batch and tokens, shared by
+#: the heads) and GroupNorm (over tokens and channel groups) would not.
+QK_NORM_TYPES = ("layernorm", "rmsnorm", "dyt", "identity")
+
+
+def check_qk_norm(norm):
+    """Raises a `ValueError` unless `norm` can normalize q and k per head and token."""
+    check_choice("norm", norm, NORM_TYPES)
+    if norm not in QK_NORM_TYPES:
+        raise ValueError(
+            f"qk_norm normalizes each head's query and key of each token on its own, "
+            f"which norm={norm!r} does not (its statistics span "
+            f"{'the batch, the tokens and the heads' if norm == 'batchnorm' else 'the tokens'}). "
+            f"QK-norm is offered with {', '.join(map(repr, QK_NORM_TYPES))}; "
+            "use one of them or qk_norm=False."
+        )
+    return norm
 
 
 def _odd_tokens_in_training(q, training):
     """Whether JAX's cuDNN attention would reject q's token count: training with an odd count."""
     return bool(training) and q.shape[1] % 2 == 1
+
+
+def _tensorflow_float16(q):
+    """Whether Keras' TensorFlow attention would take float16 logits (which overflow)."""
+    return keras.backend.backend() == "tensorflow" and keras.backend.standardize_dtype(q.dtype) == "float16"
 
 
 def keras_attention(q, k, v, training=None):
@@ -46,7 +76,9 @@ def attend(q, k, v, training=None):
     CPU, an A/B of B/16 training steps on an H100; docs/performance.md):
 
     - JAX and TensorFlow on a CPU (no GPU or TPU), `heads_first_attention`:
-      training steps 6 to 7% faster on both, JAX inference 8 to 12%;
+      training steps 6 to 7% faster on both, JAX inference 8 to 12%; also
+      TensorFlow with float16 inputs on any device, whose own attention
+      computes float16 logits that overflow;
     - PyTorch, `backend_ops.torch_attention`, without Keras' copies of q, k and
       v and with PyTorch's own choice of kernel: on the CPU training 5% faster
       and inference 4%; on an H100 training steps 6 to 7% shorter (two A/B
@@ -58,7 +90,7 @@ def attend(q, k, v, training=None):
       shorter on an H100 (B/16, bfloat16);
     - elsewhere, `keras_attention` (`keras.ops.dot_product_attention`).
     """
-    if jax_or_tensorflow_on_cpu():
+    if jax_or_tensorflow_on_cpu() or _tensorflow_float16(q):
         return heads_first_attention(q, k, v)
     if keras.backend.backend() == "torch" and q.dtype == k.dtype == v.dtype:
         return torch_attention(q, k, v)
@@ -79,8 +111,16 @@ def heads_first_attention(q, k, v):
     there instead of XLA) run this form faster (see `attend`). The softmax runs in
     float32 at least, as in Keras and JAX. Same inputs and output as
     `keras.ops.dot_product_attention` (tested, values and gradients).
+
+    With float16 q and k the logits are computed in float32: a logit is a sum
+    of `head_dim` products and passes float16's 65504 once q and k reach a few
+    hundred (a BatchNorm model in inference, whose moving statistics do not
+    bound each token), which made the softmax NaN. PyTorch's attention and
+    JAX's accumulate these logits in float32 too.
     """
     q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+    if keras.backend.standardize_dtype(q.dtype) == "float16":
+        q, k = ops.cast(q, "float32"), ops.cast(k, "float32")
     q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
     softmax_dtype = keras.backend.result_type(logits.dtype, "float32")
@@ -102,11 +142,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     (the fastest measured form of `keras.ops.dot_product_attention` on each
     backend and device), then the `out` projection.
 
+    Initialization follows big_vision: the query, key and value kernels are
+    each Xavier-uniform on their own `(width, width)` shape (limit
+    `sqrt(6 / (2 * width))`, `FusedKernelInitializer`), the out kernel
+    Xavier-uniform on `(width, width)`, biases zero.
+
     Args:
         num_heads: int. `width` must be divisible by it.
         qkv_bias: bool, default `True`.
-        qk_norm: str or None, default `None`. A `norm` type applied to q and k
-            over the head dimension (weights shared by all heads), before the
+        qk_norm: str or None, default `None`. A norm type of `QK_NORM_TYPES`
+            applied to each head's q and k of each token over the head
+            dimension (weights shared by all heads), before the
             `1/sqrt(head_dim)` scaling (ViT-22B).
         head_scale: bool, default `False`. NormFormer per-head learnable gains
             (init 1), applied to each head's output before the out projection
@@ -145,6 +191,16 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
+        check_bool("qkv_bias", qkv_bias)
+        if qk_norm is not None:
+            check_qk_norm(qk_norm)
+        check_bool("head_scale", head_scale)
+        if inner_norm is not None:
+            check_choice("inner_norm", inner_norm, NORM_TYPES)
+        check_positive_float("norm_epsilon", norm_epsilon)
+        check_positive_int("norm_groups", norm_groups)
+        check_positive_float("init_scale", init_scale)
+        check_rate("dropout", dropout)
         self.num_heads = num_heads
         self.qkv_bias = qkv_bias
         self.qk_norm = qk_norm
@@ -175,7 +231,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.qkv = FusedDense(
             3 * width,
             use_bias=self.qkv_bias,
-            kernel_initializer="glorot_uniform",
+            kernel_initializer=FusedKernelInitializer("glorot_uniform", parts=3),
             name="qkv",
             dtype=self.dtype_policy,
         )

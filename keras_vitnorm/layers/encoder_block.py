@@ -7,10 +7,13 @@ from keras import ops
 
 from keras_vitnorm.backend_ops import gradient_fence
 from keras_vitnorm.layers._calls import call_sublayer
+from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers._validation import check_rate
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
+from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
@@ -19,6 +22,37 @@ from keras_vitnorm.layers.normalization import make_norm
 PLACEMENTS = ("pre", "post", "pre_post", "none")
 #: Every value accepted by `block_style`.
 BLOCK_STYLES = ("standard", "normformer", "sub_ln", "deepnorm")
+
+
+def default_placements(block_style):
+    """`(attn_norm, mlp_norm)` that `block_style` defines when they are not given.
+
+    DeepNorm is post-LN by definition (torchscale's `deepnorm=True` turns
+    `normalize_before` off); NormFormer and Sub-LN extend pre-LN, as does the
+    standard ViT block.
+    """
+    check_choice("block_style", block_style, BLOCK_STYLES)
+    return ("post", "post") if block_style == "deepnorm" else ("pre", "pre")
+
+
+def resolve_placements(block_style, attn_norm=None, mlp_norm=None):
+    """`(attn_norm, mlp_norm)` with `None` replaced by the block style's default.
+
+    Raises a `ValueError` for an unknown value, or for a placement that the
+    block style excludes (DeepNorm outside post-LN).
+    """
+    default_attn, default_mlp = default_placements(block_style)
+    attn_norm = default_attn if attn_norm is None else attn_norm
+    mlp_norm = default_mlp if mlp_norm is None else mlp_norm
+    check_choice("attn_norm", attn_norm, PLACEMENTS)
+    check_choice("mlp_norm", mlp_norm, PLACEMENTS)
+    if block_style == "deepnorm" and (attn_norm, mlp_norm) != ("post", "post"):
+        raise ValueError(
+            "block_style='deepnorm' is post-LN with an up-weighted residual, so it "
+            "needs attn_norm='post' and mlp_norm='post' (their default for this style); "
+            f"got attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}."
+        )
+    return attn_norm, mlp_norm
 
 
 def deepnorm_alpha(num_layers):
@@ -53,6 +87,7 @@ class LayerScale(keras.layers.Layer):
 
     def __init__(self, init_value, **kwargs):
         super().__init__(**kwargs)
+        check_positive_float("init_value", init_value)
         self.init_value = init_value
 
     def build(self, input_shape):
@@ -92,8 +127,8 @@ class EncoderBlock(keras.layers.Layer):
     of the placement:
 
     * `normformer`: per-head gains before the attention out projection, a norm on
-      the attention output (after the out projection) and a norm after the MLP
-      activation;
+      the attention output (after the out projection, before its dropout, as in
+      fairseq) and a norm after the MLP activation;
     * `sub_ln`: a norm before the attention out projection and after the MLP
       activation; value, out, fc1 and fc2 initial weights times `sqrt(log(2N))`;
     * `deepnorm` (requires `post` for both sublayers): `alpha = (2N)^(1/4)`;
@@ -108,11 +143,16 @@ class EncoderBlock(keras.layers.Layer):
         norm: str, default `"layernorm"`. One of `NORM_TYPES`.
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
-        attn_norm: str, default `"pre"`. Placement for the attention sublayer.
-        mlp_norm: str, default `"pre"`. Placement for the MLP sublayer.
+        attn_norm: str or None, default `None`. Placement for the attention
+            sublayer; `None` takes the block style's (`default_placements`):
+            `"post"` for `deepnorm`, `"pre"` otherwise.
+        mlp_norm: str or None, default `None`. Placement for the MLP sublayer,
+            defaulting like `attn_norm`.
         block_style: str, default `"standard"`. One of `BLOCK_STYLES`.
         layer_scale: float or None, default `None`. LayerScale init value.
-        qk_norm: bool, default `False`. Norm (of type `norm`) on q and k per head.
+        qk_norm: bool, default `False`. Norm (of type `norm`) on q and k per head
+            and token; not offered with `batchnorm` or `groupnorm`, whose
+            statistics would span heads or tokens.
         qkv_bias: bool, default `True`.
         drop_path_rate: float, default `0.0`. Stochastic depth rate of this block.
         dropout: float, default `0.0`.
@@ -136,8 +176,8 @@ class EncoderBlock(keras.layers.Layer):
         norm="layernorm",
         norm_epsilon=1e-6,
         norm_groups=32,
-        attn_norm="pre",
-        mlp_norm="pre",
+        attn_norm=None,
+        mlp_norm=None,
         block_style="standard",
         layer_scale=None,
         qk_norm=False,
@@ -151,17 +191,17 @@ class EncoderBlock(keras.layers.Layer):
         check_positive_int("mlp_dim", mlp_dim)
         check_positive_int("num_layers", num_layers)
         check_choice("norm", norm, NORM_TYPES)
-        check_choice("attn_norm", attn_norm, PLACEMENTS)
-        check_choice("mlp_norm", mlp_norm, PLACEMENTS)
-        check_choice("block_style", block_style, BLOCK_STYLES)
+        check_positive_float("norm_epsilon", norm_epsilon)
+        check_positive_int("norm_groups", norm_groups)
+        resolved_attn_norm, resolved_mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
+        if layer_scale is not None:
+            check_positive_float("layer_scale", layer_scale)
+        check_bool("qk_norm", qk_norm)
+        if qk_norm:
+            check_qk_norm(norm)
+        check_bool("qkv_bias", qkv_bias)
         check_rate("drop_path_rate", drop_path_rate)
         check_rate("dropout", dropout)
-        if block_style == "deepnorm" and (attn_norm, mlp_norm) != ("post", "post"):
-            raise ValueError(
-                "block_style='deepnorm' is post-LN with an up-weighted residual, so it "
-                "needs attn_norm='post' and mlp_norm='post'; got "
-                f"attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}."
-            )
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.num_layers = num_layers
@@ -170,6 +210,8 @@ class EncoderBlock(keras.layers.Layer):
         self.norm_groups = norm_groups
         self.attn_norm = attn_norm
         self.mlp_norm = mlp_norm
+        self.resolved_attn_norm = resolved_attn_norm
+        self.resolved_mlp_norm = resolved_mlp_norm
         self.block_style = block_style
         self.layer_scale = layer_scale
         self.qk_norm = qk_norm
@@ -218,16 +260,18 @@ class EncoderBlock(keras.layers.Layer):
             )
         extra_norm = self.norm if self.block_style in ("normformer", "sub_ln") else None
         init_scale = self._init_scale()
+        normformer = self.block_style == "normformer"
         self.attention = MultiHeadSelfAttention(
             self.num_heads,
             qkv_bias=self.qkv_bias,
             qk_norm=self.norm if self.qk_norm else None,
-            head_scale=self.block_style == "normformer",
+            head_scale=normformer,
             inner_norm=extra_norm if self.block_style == "sub_ln" else None,
             norm_epsilon=self.norm_epsilon,
             norm_groups=self.norm_groups,
             init_scale=init_scale,
-            dropout=self.dropout,
+            # NormFormer's dropout comes after its attention-output norm (below).
+            dropout=0.0 if normformer else self.dropout,
             name="attention",
             dtype=self.dtype_policy,
         )
@@ -243,11 +287,14 @@ class EncoderBlock(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.mlp.build(input_shape)
-        self.attn_out_norm = None
-        if self.block_style == "normformer":
+        self.attn_out_norm = self.attn_out_dropout = None
+        if normformer:
             self.attn_out_norm = self._norm("attn_out_norm", input_shape)
-        self.attn_norms = self._placement_norms("attn", self.attn_norm, input_shape)
-        self.mlp_norms = self._placement_norms("mlp", self.mlp_norm, input_shape)
+            self.attn_out_dropout = keras.layers.Dropout(
+                self.dropout, name="attn_out_dropout", dtype=self.dtype_policy
+            )
+        self.attn_norms = self._placement_norms("attn", self.resolved_attn_norm, input_shape)
+        self.mlp_norms = self._placement_norms("mlp", self.resolved_mlp_norm, input_shape)
         self.attn_scale = self.mlp_scale = None
         if self.layer_scale is not None:
             self.attn_scale = LayerScale(self.layer_scale, name="attn_scale", dtype=self.dtype_policy)
@@ -281,14 +328,19 @@ class EncoderBlock(keras.layers.Layer):
         def attention(h):
             h = call_sublayer(self, self.attention, h, training=training)
             if self.attn_out_norm is not None:
+                # NormFormer as fairseq orders it: the norm, then the dropout.
                 h = call_sublayer(self, self.attn_out_norm, h, training=training)
+                if self.attn_out_dropout.rate:
+                    h = call_sublayer(self, self.attn_out_dropout, h, training=training)
             return h
 
-        x = self._sublayer(x, attention, self.attn_norm, self.attn_norms, self.attn_scale, training)
+        x = self._sublayer(
+            x, attention, self.resolved_attn_norm, self.attn_norms, self.attn_scale, training
+        )
         return self._sublayer(
             x,
             lambda h: call_sublayer(self, self.mlp, h, training=training),
-            self.mlp_norm,
+            self.resolved_mlp_norm,
             self.mlp_norms,
             self.mlp_scale,
             training,

@@ -1,6 +1,62 @@
-"""Init-time rescaling of built weights (DeepNorm beta, Sub-LN gamma)."""
+"""Initialization helpers: fused kernels initialized part by part, and init-time rescaling."""
 
+import keras
 from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class FusedKernelInitializer(keras.initializers.Initializer):
+    """Initializes a kernel of `parts` equal column blocks, each as its own kernel.
+
+    A fused query-key-value kernel `(width, 3 * width)` is three projections
+    stored side by side. big_vision initializes query, key and value as three
+    `(width, width)` Xavier-uniform kernels (limit `sqrt(6 / (2 * width))`);
+    one Xavier-uniform call on the fused shape would use the fan-out `3 * width`
+    and start every projection at `1/sqrt(2)` of that scale. Here each block is
+    drawn by a fresh copy of `initializer` on the block's own shape.
+
+    Args:
+        initializer: str, dict or `keras.initializers.Initializer`, default
+            `"glorot_uniform"`. The initializer of one block. With an integer
+            seed, block `i` uses `seed + i`, so the blocks differ.
+        parts: int, default `3`. Number of equal column blocks.
+
+    Example:
+    >>> init = FusedKernelInitializer("glorot_uniform", parts=3)
+    >>> kernel = init((64, 192))  # q, k and v, each Xavier-uniform on (64, 64)
+    """
+
+    def __init__(self, initializer="glorot_uniform", parts=3):
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise ValueError(f"parts must be a positive integer, got {parts!r}.")
+        self.initializer = keras.initializers.get(initializer)
+        self.parts = parts
+
+    def __call__(self, shape, dtype=None):
+        *leading, columns = shape
+        if columns % self.parts:
+            raise ValueError(
+                f"A kernel of shape {tuple(shape)} cannot be split into {self.parts} "
+                f"equal column blocks: {columns} is not divisible by {self.parts}."
+            )
+        block_shape = (*leading, columns // self.parts)
+        blocks = [self._block_initializer(i)(block_shape, dtype=dtype) for i in range(self.parts)]
+        return ops.concatenate(blocks, axis=-1)
+
+    def _block_initializer(self, index):
+        # A Keras random initializer with an integer seed draws the same values at
+        # every call; a fresh copy without a seed draws its own default seed.
+        config = keras.initializers.serialize(self.initializer)
+        seed = config.get("config", {}).get("seed")
+        if isinstance(seed, int):
+            config["config"]["seed"] = seed + index
+        return keras.initializers.deserialize(config)
+
+    def get_config(self):
+        return {
+            "initializer": keras.initializers.serialize(self.initializer),
+            "parts": self.parts,
+        }
 
 
 def scale_variable(variable, scale, segments=None):

@@ -4,9 +4,13 @@ import keras
 from keras import ops
 
 from keras_vitnorm.layers._calls import call_sublayer
+from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.layers._validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 
 
@@ -103,6 +107,12 @@ class MLP(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         check_positive_int("hidden_dim", hidden_dim)
+        if mid_norm is not None:
+            check_choice("mid_norm", mid_norm, NORM_TYPES)
+        check_positive_float("norm_epsilon", norm_epsilon)
+        check_positive_int("norm_groups", norm_groups)
+        check_positive_float("init_scale", init_scale)
+        check_rate("dropout", dropout)
         self.hidden_dim = hidden_dim
         self.mid_norm = mid_norm
         self.norm_epsilon = norm_epsilon

@@ -15,7 +15,10 @@ their statistics in float32 under mixed precision. RMSNorm, DyT and the stem's
 import keras
 from keras import ops
 
+from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_float
+from keras_vitnorm.layers._validation import check_positive_int
 
 #: Every value accepted by the `norm` argument of blocks and models.
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
@@ -55,6 +58,8 @@ class RMSNorm(keras.layers.Layer):
 
     def __init__(self, epsilon=1e-6, scale=True, **kwargs):
         super().__init__(**kwargs)
+        check_positive_float("epsilon", epsilon)
+        check_bool("scale", scale)
         self.epsilon = epsilon
         self.scale = scale
         self.autocast = False
@@ -168,6 +173,8 @@ class DyT(keras.layers.Layer):
 
     def __init__(self, alpha_init=0.5, affine=True, **kwargs):
         super().__init__(**kwargs)
+        check_positive_float("alpha_init", alpha_init)
+        check_bool("affine", affine)
         self.alpha_init = alpha_init
         self.affine = affine
         self.autocast = False
@@ -254,6 +261,9 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     >>> layer = make_norm("rmsnorm", epsilon=1e-6)
     """
     check_choice("norm", norm, STEM_NORM_TYPES)
+    check_positive_float("epsilon", epsilon)
+    check_bool("learnable", learnable)
+    check_positive_int("groups", groups)
     common = {"name": name, "dtype": dtype}
     if norm == "layernorm":
         return keras.layers.LayerNormalization(

@@ -6,7 +6,9 @@ import keras
 from keras import ops
 
 from keras_vitnorm.layers._calls import call_sublayer
+from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
@@ -107,6 +109,11 @@ class PatchStem(keras.layers.Layer):
         check_positive_int("patch_size", patch_size)
         check_positive_int("width", width)
         check_choice("stem", stem, STEM_TYPES)
+        check_bool("stem_norm_learnable", stem_norm_learnable)
+        check_positive_float("norm_epsilon", norm_epsilon)
+        check_positive_int("norm_groups", norm_groups)
+        check_bool("class_token", class_token)
+        check_bool("position_embedding", position_embedding)
         if stem_norm is not None:
             check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
             if stem == "patch":

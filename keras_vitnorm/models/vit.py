@@ -12,14 +12,21 @@ from keras_vitnorm.layers import STEM_TYPES
 from keras_vitnorm.layers import EncoderBlock
 from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.layers import make_norm
+from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.layers._validation import check_known_keys
+from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers._validation import check_rate
+from keras_vitnorm.layers.attention import check_qk_norm
+from keras_vitnorm.layers.encoder_block import resolve_placements
 from keras_vitnorm.models import preset_io
 from keras_vitnorm.models.presets import list_presets
 
 #: Every value accepted by `pooling`.
 POOLINGS = ("cls", "gap")
+#: Keyword arguments passed on to `keras.Model`.
+_BASE_MODEL_KEYS = ("name", "trainable")
 
 
 def _image_hw(image_size):
@@ -63,22 +70,39 @@ def validate_config(config):
         )
     for argument, choices in (
         ("norm", NORM_TYPES),
-        ("attn_norm", PLACEMENTS),
-        ("mlp_norm", PLACEMENTS),
         ("block_style", BLOCK_STYLES),
         ("stem", STEM_TYPES),
         ("pooling", POOLINGS),
     ):
         check_choice(argument, c[argument], choices)
+    resolve_placements(c["block_style"], c["attn_norm"], c["mlp_norm"])
     if c["stem_norm"] is not None:
         check_choice("stem_norm", c["stem_norm"], STEM_NORM_TYPES)
+    check_positive_float("norm_epsilon", c["norm_epsilon"])
+    for argument in ("stem_norm_learnable", "qk_norm", "qkv_bias"):
+        check_bool(argument, c[argument])
+    if c["final_norm"] is not None:
+        check_bool("final_norm", c["final_norm"])
+    if c["qk_norm"]:
+        check_qk_norm(c["norm"])
     check_rate("drop_path_rate", c["drop_path_rate"])
     check_rate("dropout", c["dropout"])
-    layer_scale = c["layer_scale"]
-    if layer_scale is not None and (
-        isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))
-    ):
-        raise ValueError(f"layer_scale must be None or a float, got {layer_scale!r}.")
+    if c["layer_scale"] is not None:
+        check_positive_float("layer_scale", c["layer_scale"])
+
+
+def default_final_norm(mlp_norm):
+    """Whether a norm follows the last block when `final_norm` is not given.
+
+    The encoder's output is normalized once: pre-LN (and `pre_post`, `none`)
+    blocks end in a residual add and need the final norm (ViT's `encoder_norm`,
+    torchscale with `normalize_before`); blocks whose MLP sublayer is post-LN
+    already end in a norm, and torchscale builds no final LayerNorm for them.
+
+    Args:
+        mlp_norm: str, the resolved MLP placement.
+    """
+    return mlp_norm != "post"
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -112,9 +136,11 @@ class ViT(keras.Model):
             `"identity"`.
         norm_epsilon: float, default `1e-6` (ViT's value; Keras' is 1e-3).
         norm_groups: int, default `32`. Groups for `groupnorm`.
-        attn_norm: str, default `"pre"`. Attention placement: `"pre"`, `"post"`,
-            `"pre_post"`, `"none"`.
-        mlp_norm: str, default `"pre"`. MLP placement, same values.
+        attn_norm: str or None, default `None`. Attention placement: `"pre"`,
+            `"post"`, `"pre_post"`, `"none"`; `None` follows `block_style`
+            (`"post"` for `"deepnorm"`, else `"pre"`).
+        mlp_norm: str or None, default `None`. MLP placement, same values and
+            default.
         block_style: str, default `"standard"`. `"normformer"`, `"sub_ln"`,
             `"deepnorm"` add norms or residual scaling on top of the placement.
         stem: str, default `"patch"`. `"dual_patchnorm"`, `"pre_patchnorm"`,
@@ -122,9 +148,12 @@ class ViT(keras.Model):
         stem_norm: str or None, default `None`: norm inside the stem (any `norm`
             value or `"affine"`); `None` = LayerNorm (BatchNorm for `conv`).
         stem_norm_learnable: bool, default `True`. `False` = standardize only.
-        final_norm: bool, default `True`. Norm after the last block.
+        final_norm: bool or None, default `None`. Norm after the last block;
+            `None` adds it unless the MLP placement is `"post"`, whose blocks
+            already end in a norm (`default_final_norm`).
         layer_scale: float or None, default `None`. LayerScale init value.
-        qk_norm: bool, default `False`.
+        qk_norm: bool, default `False`. Norm of type `norm` on each head's q
+            and k (`layernorm`, `rmsnorm`, `dyt` or `identity`).
         qkv_bias: bool, default `True`.
         drop_path_rate: float, default `0.0`. Stochastic depth of the last block;
             block `i` uses `drop_path_rate * i / (depth - 1)`.
@@ -186,13 +215,13 @@ class ViT(keras.Model):
         norm="layernorm",
         norm_epsilon=1e-6,
         norm_groups=32,
-        attn_norm="pre",
-        mlp_norm="pre",
+        attn_norm=None,
+        mlp_norm=None,
         block_style="standard",
         stem="patch",
         stem_norm=None,
         stem_norm_learnable=True,
-        final_norm=True,
+        final_norm=None,
         layer_scale=None,
         qk_norm=False,
         qkv_bias=True,
@@ -203,7 +232,11 @@ class ViT(keras.Model):
         **kwargs,
     ):
         config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", *_BASE_MODEL_KEYS), "ViT argument")
         validate_config(config)
+        attn_norm, mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
+        if final_norm is None:
+            final_norm = default_final_norm(mlp_norm)
         height, image_width = _image_hw(image_size)
         policy = keras.dtype_policies.get(dtype) if dtype is not None else None
         images = keras.Input((height, image_width, num_channels), name="images")
@@ -293,7 +326,7 @@ class ViT(keras.Model):
         return {key: parameters[key].default for key in cls.CONFIG_KEYS}
 
     @classmethod
-    def from_preset(cls, preset, **overrides):
+    def from_preset(cls, preset, resample="bilinear", **overrides):
         """Builds a ViT from a built-in preset name or a saved preset directory.
 
         A built-in name (see `ViT.presets()`) gives a freshly initialized model of
@@ -304,6 +337,12 @@ class ViT(keras.Model):
         new `num_classes` gives a freshly initialized head; any other weight that
         no longer fits raises a `ValueError` naming it.
 
+        The position embedding is resampled as big_vision does for its
+        high-resolution fine-tuning (`resample="bilinear"`:
+        `scipy.ndimage.zoom(grid, zoom, order=1)`, corners aligned) or as timm
+        does (`resample="bicubic"`: bicubic with antialiasing); the class token's
+        embedding is kept.
+
         A standard ViT checkpoint loads too: a Hugging Face model directory, a
         keras-hub ViT preset, a timm or Hugging Face `.safetensors`/`.pth` file or a
         big_vision/AugReg `.npz`. The format is detected, and a report of what was
@@ -312,12 +351,13 @@ class ViT(keras.Model):
 
         Args:
             preset: str, a built-in preset name, a preset directory or a checkpoint.
+            resample: str, default `"bilinear"` (big_vision) or `"bicubic"` (timm).
             **overrides: ViT keyword arguments that replace the preset's.
 
         Example:
         >>> model = ViT.from_preset("s16_dpn", num_classes=10)
         """
-        return preset_io.load_preset(cls, preset, overrides)
+        return preset_io.load_preset(cls, preset, overrides, resample)
 
     def save_to_preset(self, directory, overwrite=False):
         """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`.
@@ -336,6 +376,6 @@ class ViT(keras.Model):
         """Returns `{path: variable}` for every weight, in a backend-neutral naming."""
         return preset_io.weights_by_path(self)
 
-    def load_weights_by_path(self, arrays, resample_position_embedding=True):
+    def load_weights_by_path(self, arrays, resample_position_embedding=True, resample="bilinear"):
         """Loads `{path: array}` weights, with the checks and resampling of `from_preset`."""
-        preset_io.assign_weights(self, arrays, resample_position_embedding)
+        preset_io.assign_weights(self, arrays, resample_position_embedding, resample=resample)
