@@ -98,6 +98,9 @@ def add_training_arguments(parser):
     what.add_argument("--train-examples", type=int,
                       help="train on a subset of this many training examples (stratified "
                       "by class, seed 0; tfds: the first ones). Default: all")
+    what.add_argument("--skip-bad-images", action="store_true", default=None,
+                      help="folder datasets: leave out (and list) files that are not whole "
+                      "images instead of stopping with their names")
     what.add_argument("--data-dir", help="tensorflow-datasets data directory")
     what.add_argument("--manual-dir", help="folder of manually downloaded archives "
                       "(imagenet2012)")
@@ -176,6 +179,9 @@ def build_parser():
                            help="continue the interrupted run in --output-dir")
     overwrite.add_argument("--overwrite", action="store_true",
                            help="delete an existing --output-dir and start again")
+    run.add_argument("--take-over-lock", action="store_true",
+                     help="take over a run directory whose lock was left by a process that "
+                     "no longer runs")
     run.add_argument("--backup-every", type=int,
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int, help="tf.data shuffle buffer size")
@@ -205,6 +211,9 @@ def build_parser():
     study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
     study.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                        help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines")
+    study.add_argument("--take-over-lock", action="store_true",
+                       help="take over a study (and its runs) whose lock was left by a process "
+                       "that no longer runs")
     add_training_arguments(ablate)
 
     evaluate = commands.add_parser(
@@ -282,8 +291,9 @@ def _fail(parser, command, message, code=2):
 
 
 def main(argv=None):
-    """Runs the command line; returns the exit status (0 success, 2 bad arguments,
-    3 diverged, 130 interrupted)."""
+    """Runs the command line; returns the exit status (0 success, 2 bad arguments, bad
+    input files or a run directory in use, 3 diverged, 4 a file could not be written
+    (full disk, permissions; the last checkpoint is intact), 130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train":
@@ -313,7 +323,7 @@ def _convert(parser, args):
             args.source, num_heads=num_heads, resample=args.resample, **overrides
         )
         model.save_to_preset(args.destination, overwrite=args.overwrite)
-    except (ValueError, FileExistsError) as error:
+    except (ValueError, OSError) as error:
         return _fail(parser, "convert", str(error))
     print(report)
     print(f"Wrote {args.destination} ({model.count_params():,} parameters); load it with "
@@ -323,6 +333,8 @@ def _convert(parser, args):
 
 def _ablate(parser, args):
     from keras_vitnorm.study import markdown_table
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
     from keras_vitnorm.study import run_study
     from keras_vitnorm.study import summarize
 
@@ -342,8 +354,11 @@ def _ablate(parser, args):
             variants.setdefault(group, []).append(name)
         if config.grad_norm_every is None:
             config.grad_norm_every = 25
-        rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose)
-    except (ValueError, FileExistsError) as error:
+        rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
+                         take_over_lock=args.take_over_lock)
+    except StorageError as error:
+        return _fail(parser, "ablate", str(error), code=4)
+    except (ValueError, FileExistsError, LockedError) as error:
         return _fail(parser, "ablate", str(error))
     except KeyboardInterrupt:
         return _fail(parser, "ablate", "interrupted. Rerun the same command to continue.", code=130)
@@ -354,15 +369,19 @@ def _ablate(parser, args):
 
 def _train(parser, args):
     from keras_vitnorm.training import TrainingDiverged
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
     from keras_vitnorm.training import train
 
     try:
         config = train_config_from_args(args)
         metrics = train(config, resume=args.resume, overwrite=args.overwrite,
-                        verbose=args.verbose)
+                        verbose=args.verbose, take_over_lock=args.take_over_lock)
     except TrainingDiverged as error:
         return _fail(parser, "train", str(error), code=3)
-    except (ValueError, FileExistsError) as error:
+    except StorageError as error:
+        return _fail(parser, "train", str(error), code=4)
+    except (ValueError, FileExistsError, LockedError) as error:
         return _fail(parser, "train", str(error))
     except KeyboardInterrupt:
         return _fail(parser, "train", "interrupted. Continue with the same command plus "
@@ -380,7 +399,7 @@ def _evaluate(parser, args):
         result = evaluate(args.path, args.dataset, args.split, args.batch_size,
                           args.val_fraction, args.data_dir, args.manual_dir,
                           verbose=0 if args.json else 1)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         return _fail(parser, "evaluate", str(error))
     if args.json:
         print(json.dumps(result, indent=2))

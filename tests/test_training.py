@@ -201,8 +201,8 @@ def test_tiny_model_trains_on_digits_and_beats_chance(tmp_path):
     assert json.loads((out / "metrics.json").read_text())["test_accuracy"] == metrics["test_accuracy"]
     rows = (out / "log.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 4 and rows[0].startswith("epoch")
-    assert (out / "checkpoints" / "best.weights.h5").exists()
-    assert (out / "checkpoints" / "last.weights.h5").exists()
+    assert ViT.from_preset(str(out / "checkpoints" / "best")).count_params() > 0
+    assert (out / "checkpoints" / "last" / "model.weights.npz").exists()
     assert not (out / "backup").exists()
     # The saved preset scores the same on the test split.
     scored = evaluate(str(out), verbose=0)
@@ -238,7 +238,7 @@ def test_resume_after_kill_finishes_the_planned_steps_without_starting_over(tmp_
     """
     killed = run_python(code)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    state = json.loads((output / "backup" / "training_metadata.json").read_text())
+    state = json.loads((output / "backup" / "step-000000016" / "state.json").read_text())
     assert state == {"epoch": 1, "batch": 6, "step": 16}
     assert not (output / "metrics.json").exists()
 
@@ -251,9 +251,11 @@ def test_resume_after_kill_finishes_the_planned_steps_without_starting_over(tmp_
     config = TrainConfig.from_recipe(
         "small", model=TINY, steps=40, steps_per_epoch=10, batch_size=32, warmup_steps=2,
         backup_every=3, tensorboard=False, output_dir=str(output))
+    with pytest.raises(RuntimeError, match="a process that no longer runs.*--take-over-lock"):
+        train(config, resume=True, verbose=0)
     with pytest.raises(FileExistsError, match="--resume"):
-        train(config, verbose=0)
-    metrics = train(config, resume=True, callbacks=[Count()], verbose=0)
+        train(config, verbose=0, take_over_lock=True)
+    metrics = train(config, resume=True, callbacks=[Count()], verbose=0, take_over_lock=True)
     assert Count.steps == 40 - 16
     assert metrics["steps"] == 40 and metrics["resumed_from_step"] == 16
     epochs = [line.split(",")[0] for line in (output / "log.csv").read_text().splitlines()[1:]]
@@ -277,7 +279,7 @@ def test_nan_loss_stops_with_the_step(tmp_path):
     assert error.value.step == 2
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["status"] == "diverged" and metrics["diverged_at_step"] == 2
-    assert not (tmp_path / "run" / "checkpoints" / "last.weights.h5").exists()
+    assert not (tmp_path / "run" / "checkpoints" / "last").exists()
     assert not (tmp_path / "run" / "preset").exists()
 
 
@@ -291,8 +293,16 @@ def test_existing_output_dir_is_refused_unless_overwrite(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="not a keras-vitnorm run"):
         train(config, resume=True, verbose=0)
+    # --overwrite deletes runs only, never a directory of the user's own files.
+    with pytest.raises(FileExistsError, match="holds files that are not a keras-vitnorm run"):
+        train(config, overwrite=True, verbose=0)
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    train(config, verbose=0)
+    before = (out / "metrics.json").read_text()
     train(config, overwrite=True, verbose=0)
-    assert not (out / "notes.txt").exists() and (out / "metrics.json").exists()
+    assert (out / "metrics.json").read_text() != before  # a new run (its timings differ)
+    assert not (out / "run.lock").exists()
 
 
 def test_tfds_dataset_on_mock_data(tmp_path):

@@ -94,8 +94,9 @@ class GradientNormRecorder(keras.callbacks.Callback):
         images, labels: the probe batch (NumPy; labels one-hot).
         every: int, record at global steps `every, 2*every, ...` (step 0, before
             training, is recorded too).
-        path: optional CSV file; rows `step, group, norm` are written at the end of
-            training (appended to, so a resumed run keeps its earlier rows).
+        path: optional CSV file; rows `step, group, norm` are appended by `flush`
+            (which a run's checkpoint calls before each save) and at the end of
+            training, so a resumed run keeps its earlier rows.
         group: `layer_of` or `depth_group`.
 
     Attributes:
@@ -112,6 +113,7 @@ class GradientNormRecorder(keras.callbacks.Callback):
         self.path = path
         self.group = group
         self.records = {}
+        self._written = set()
 
     def _step(self):
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
@@ -130,16 +132,24 @@ class GradientNormRecorder(keras.callbacks.Callback):
             self._record()
 
     def on_train_end(self, logs=None):
-        if not self.path:
+        self.flush()
+
+    def flush(self):
+        """Appends the records not yet written to `path` and flushes the file."""
+        pending = sorted(set(self.records) - self._written)
+        if not self.path or not pending:
             return
         new = not os.path.exists(self.path)
         with open(self.path, "a", newline="") as f:
             writer = csv.writer(f)
             if new:
                 writer.writerow(["step", "group", "norm"])
-            for step in sorted(self.records):
+            for step in pending:
                 for name, norm in self.records[step].items():
                     writer.writerow([step, name, f"{norm:.8g}"])
+            f.flush()
+            os.fsync(f.fileno())
+        self._written.update(pending)
 
 
 def residual_stream(model, images):

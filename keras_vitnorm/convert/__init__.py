@@ -28,7 +28,6 @@ builds a `ViT` from that config plus any overrides and transfers the weights:
 """
 
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -38,6 +37,7 @@ from keras_vitnorm.convert import huggingface
 from keras_vitnorm.convert import keras_hub
 from keras_vitnorm.convert import timm
 from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import read_json
 from keras_vitnorm.convert._common import read_tensor_file
 
 FORMATS = ("huggingface", "big_vision", "timm", "keras_hub")
@@ -55,9 +55,7 @@ def is_checkpoint(path):
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
         return False
-    with open(config) as f:
-        data = json.load(f)
-    return data.get("class_name") != "ViT"
+    return read_json(config).get("class_name") != "ViT"
 
 
 def read_checkpoint(path, num_heads=None):
@@ -94,8 +92,7 @@ def read_checkpoint(path, num_heads=None):
         config_path = os.path.join(os.path.dirname(path), "config.json")
         hf_config = None
         if os.path.isfile(config_path):
-            with open(config_path) as f:
-                hf_config = json.load(f)
+            hf_config = read_json(config_path)
         return huggingface.convert(tensors, hf_config, source=path, num_heads=num_heads)
     keys = sorted(tensors)
     first = keys[0] if keys else None

@@ -8,6 +8,7 @@ from, so that any later mismatch can name the key in the user's file.
 """
 
 import dataclasses
+import json
 import os
 
 import numpy as np
@@ -139,6 +140,34 @@ def heads_for_width(width, num_heads, format_name):
     return STANDARD_HEADS[width]
 
 
+def read_json(path):
+    """The JSON object in `path`; a `ValueError` naming the file if it is not one."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read ({error.strerror or error}).") from error
+    except ValueError as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); the file may be truncated or corrupt."
+        ) from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object.")
+    return value
+
+
+def read_npz(path):
+    """`{key: array}` of a NumPy archive; a `ValueError` naming the file if it is damaged."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except Exception as error:  # BadZipFile, EOFError, zlib.error, ValueError, OSError
+        raise ValueError(
+            f"{path} is not a readable NumPy archive ({type(error).__name__}: {error}); the "
+            "file may be truncated or corrupt."
+        ) from error
+
+
 def read_tensor_file(path):
     """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file.
 
@@ -147,18 +176,25 @@ def read_tensor_file(path):
     """
     path = os.fspath(path)
     extension = os.path.splitext(path)[1].lower()
-    if extension == ".safetensors":
-        from safetensors.numpy import load_file
-
-        try:
-            return load_file(path)
-        except TypeError:  # bfloat16 tensors, which NumPy cannot hold
-            return backend_ops.read_torch_tensors(path, safetensors_file=True)
-    if extension in (".pth", ".pt", ".bin"):
-        return backend_ops.read_torch_tensors(path)
     if extension == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
+        return read_npz(path)
+    if extension in (".safetensors", ".pth", ".pt", ".bin"):
+        try:
+            if extension != ".safetensors":
+                return backend_ops.read_torch_tensors(path)
+            from safetensors.numpy import load_file
+
+            try:
+                return load_file(path)
+            except TypeError:  # bfloat16 tensors, which NumPy cannot hold
+                return backend_ops.read_torch_tensors(path, safetensors_file=True)
+        except ImportError:
+            raise
+        except Exception as error:  # safetensors' and torch's own error types
+            raise ValueError(
+                f"{path} is not a readable {extension} checkpoint ({type(error).__name__}: "
+                f"{error}); the file may be truncated or corrupt."
+            ) from error
     raise ValueError(
         f"Unsupported checkpoint file {path!r}: expected .safetensors, .pth, .pt, .bin or "
         ".npz (or a directory: a Hugging Face model, a keras-hub preset or a keras_vitnorm "

@@ -14,7 +14,6 @@ Transformers' ViT uses exact (erf) GELU like this project, LayerNorm epsilon fro
 classifies the class token after the final LayerNorm, as `pooling="cls"` does.
 """
 
-import json
 import os
 
 import numpy as np
@@ -24,6 +23,7 @@ from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
+from keras_vitnorm.convert._common import read_json
 from keras_vitnorm.convert._common import read_tensor_file
 from keras_vitnorm.convert._common import to_numpy
 from keras_vitnorm.convert._common import torch_conv_to_dense
@@ -49,8 +49,14 @@ def is_huggingface_state(tensors):
 
 def read_directory(directory):
     """`(state dict, config dict)` of a saved transformers model directory."""
-    with open(os.path.join(directory, "config.json")) as f:
-        hf_config = json.load(f)
+    config_path = os.path.join(directory, "config.json")
+    hf_config = read_json(config_path)
+    if "model_type" not in hf_config:
+        raise ValueError(
+            f"{config_path} names no model format: it is not a keras_vitnorm preset "
+            "('class_name': 'ViT' and 'config'), a Hugging Face model ('model_type') or a "
+            "keras-hub preset ('module': 'keras_hub...')."
+        )
     if hf_config.get("model_type") != "vit":
         raise ValueError(
             f"{directory!r} holds a Hugging Face {hf_config.get('model_type')!r} model; only "

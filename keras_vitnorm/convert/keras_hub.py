@@ -10,13 +10,13 @@ then per `transformer_block_*`: `ln_1`, `mha` (Keras `MultiHeadAttention`: kerne
 pooling its `predictions` Dense layer. keras-hub's MLP uses exact GELU, as here.
 """
 
-import json
 import os
 import re
 
 import numpy as np
 
 from keras_vitnorm.convert._common import Checkpoint
+from keras_vitnorm.convert._common import read_json
 from keras_vitnorm.convert._common import vit_config
 
 
@@ -24,9 +24,7 @@ def is_keras_hub_directory(directory):
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         return False
-    with open(path) as f:
-        config = json.load(f)
-    return str(config.get("module", "")).startswith("keras_hub")
+    return str(read_json(path).get("module", "")).startswith("keras_hub")
 
 
 def read_directory(directory):
@@ -38,8 +36,7 @@ def read_directory(directory):
             f"{directory!r} is a keras-hub preset; reading it needs keras-hub: "
             "pip install keras-hub."
         ) from None
-    with open(os.path.join(directory, "config.json")) as f:
-        class_name = json.load(f).get("class_name")
+    class_name = read_json(os.path.join(directory, "config.json")).get("class_name")
     if class_name != "ViTBackbone":
         raise ValueError(
             f"{directory!r} is a keras-hub {class_name!r} preset; only ViTBackbone (and "

@@ -7,7 +7,6 @@ resample the position embedding.
 """
 
 import datetime
-import json
 import os
 
 import keras
@@ -15,6 +14,7 @@ import numpy as np
 import scipy.ndimage
 from keras import ops
 
+from keras_vitnorm import durable
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_known_keys
 
@@ -193,10 +193,7 @@ def resample_for_model(model, array, method="bilinear"):
     return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
 
 
-def _write_json(path, data):
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
+
 
 
 def save_preset(model, directory, overwrite=False):
@@ -210,13 +207,14 @@ def save_preset(model, directory, overwrite=False):
     os.makedirs(directory, exist_ok=True)
     from keras_vitnorm import __version__
 
-    _write_json(
+    # Weights first, config last: a directory with a config.json always has its weights.
+    arrays = {path: ops.convert_to_numpy(v) for path, v in weights_by_path(model).items()}
+    durable.write_file(os.path.join(directory, WEIGHTS_FILE), lambda path: np.savez(path, **arrays))
+    durable.write_json(
         os.path.join(directory, CONFIG_FILE),
         {"class_name": type(model).__name__, "config": model.get_config()},
     )
-    arrays = {path: ops.convert_to_numpy(v) for path, v in weights_by_path(model).items()}
-    np.savez(os.path.join(directory, WEIGHTS_FILE), **arrays)
-    _write_json(
+    durable.write_json(
         os.path.join(directory, METADATA_FILE),
         {
             "keras_vitnorm_version": __version__,
@@ -229,7 +227,13 @@ def save_preset(model, directory, overwrite=False):
 
 
 def read_preset_directory(directory):
-    """Returns `(config, {path: array})` of a preset directory."""
+    """Returns `(config, {path: array})` of a preset directory.
+
+    A missing, truncated or corrupt file is a `ValueError` naming it.
+    """
+    from keras_vitnorm.convert._common import read_json
+    from keras_vitnorm.convert._common import read_npz
+
     config_path = os.path.join(directory, CONFIG_FILE)
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     for path in (config_path, weights_path):
@@ -239,11 +243,14 @@ def read_preset_directory(directory):
                 f"is missing. A preset directory holds {CONFIG_FILE} and {WEIGHTS_FILE} "
                 "(written by save_to_preset)."
             )
-    with open(config_path) as f:
-        config = json.load(f)["config"]
-    with np.load(weights_path) as archive:
-        arrays = {key: archive[key] for key in archive.files}
-    return config, arrays
+    saved = read_json(config_path)
+    config = saved.get("config")
+    if saved.get("class_name") != "ViT" or not isinstance(config, dict):
+        raise ValueError(
+            f"{config_path} is not a keras_vitnorm preset config: it needs 'class_name': 'ViT' "
+            f"and a 'config' object (found keys {sorted(saved)})."
+        )
+    return config, read_npz(weights_path)
 
 
 def load_preset(cls, preset, overrides, resample="bilinear"):

@@ -6,7 +6,6 @@ import keras
 
 from keras_vitnorm.layers import BLOCK_STYLES
 from keras_vitnorm.layers import NORM_TYPES
-from keras_vitnorm.layers import PLACEMENTS
 from keras_vitnorm.layers import STEM_NORM_TYPES
 from keras_vitnorm.layers import STEM_TYPES
 from keras_vitnorm.layers import EncoderBlock

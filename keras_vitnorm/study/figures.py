@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from keras_vitnorm.analysis.probes import depth_group
+from keras_vitnorm import durable
 
 
 def _pyplot():
@@ -30,7 +31,7 @@ def _pyplot():
 def _save(figure, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    durable.write_file(path, lambda temporary: figure.savefig(temporary, dpi=120))
     _pyplot().close(figure)
     return path
 

@@ -1,87 +1,270 @@
-"""Training callbacks that Keras core lacks or gets wrong for step-exact resumption."""
+"""Training callbacks that Keras core lacks or gets wrong for step-exact, kill-safe runs."""
 
+import glob
 import json
 import math
 import os
+import re
+import shutil
 
 import keras
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.training import run_files
+
+STATE_FILE = "state.json"
+ARRAYS_FILE = "state.npz"
+_STEP_DIRECTORY = re.compile(r"^step-(\d+)$")
 
 
-class ResumableBackup(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore` that resumes an interrupted epoch at the batch it reached.
+def _step(model):
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def training_variables(model):
+    """Every variable whose value decides the next training step, in a fixed order.
+
+    The model's variables (weights, BatchNorm statistics and the dropout and drop-path
+    seed generators' states) then the optimizer's (step count, moments). Listed by
+    position, not by name: seed generators are named by a process-wide counter.
+    """
+    return [("model", v) for v in model.variables] + [
+        ("optimizer", v) for v in model.optimizer.variables
+    ]
+
+
+def _global_random_state():
+    """PyTorch's global random state as a uint8 array on the torch backend, else `None`.
+
+    Keras' dropout on PyTorch, when it has no noise shape, draws from PyTorch's global
+    generator instead of the layer's seed generator, so that state decides the next
+    dropout masks too.
+    """
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    return torch.get_rng_state().numpy()
+
+
+def _set_global_random_state(state):
+    import torch
+
+    torch.set_rng_state(torch.from_numpy(np.array(state, dtype="uint8")))
+
+
+def save_training_state(model, path, random_state=None):
+    """Writes `training_variables(model)` to the NumPy archive `path` (`v<i>` keys),
+    and `random_state` (PyTorch's global random state, `_global_random_state`) if given.
+
+    A NumPy archive written by Python's own file I/O: a full disk is a plain
+    `OSError`. (A Keras `.weights.h5` goes through h5py, whose failed writes on a full
+    disk end in errors at garbage collection and a crash.)
+    """
+    arrays = {}
+    for index, (owner, variable) in enumerate(training_variables(model)):
+        arrays[f"v{index}"] = keras.ops.convert_to_numpy(variable)
+    names = np.array([f"{owner}:{variable.path}" for owner, variable in training_variables(model)])
+    if random_state is not None:
+        arrays["torch_random_state"] = random_state
+    with open(path, "wb") as f:
+        np.savez(f, names=names, **arrays)
+
+
+def load_training_state(model, path):
+    """Assigns the archive written by `save_training_state` to a compiled `model`.
+
+    Returns:
+        The saved PyTorch random state, or `None`.
+    """
+    model.optimizer.build(model.trainable_variables)
+    targets = training_variables(model)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    names = list(arrays.pop("names"))
+    random_state = arrays.pop("torch_random_state", None)
+    if len(names) != len(targets):
+        raise ValueError(
+            f"{path} holds {len(names)} variables, this model and optimizer have "
+            f"{len(targets)}: it was saved by another configuration."
+        )
+    values = []
+    for index, (owner, variable) in enumerate(targets):
+        array = arrays[f"v{index}"]
+        if tuple(array.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"{path}: variable {index} ({names[index]}) has shape {array.shape}, but "
+                f"{owner} variable {variable.path} has shape {tuple(variable.shape)}."
+            )
+        values.append((variable, array))
+    for variable, array in values:
+        variable.assign(array)
+    return random_state
+
+
+class RunCheckpoint(keras.callbacks.Callback):
+    """Saves the whole training state as one unit: `<directory>/step-<N>/`.
 
     Written because Keras' `BackupAndRestore` (3.9 to 3.15) restores the epoch number
-    only: a run killed mid-epoch replays that epoch from its first batch, so it trains
-    more steps than planned; and after a restart, its batch-level saves record epoch 0
-    (it counts only the epochs it finished itself). This subclass
+    only (a run killed mid-epoch replays the epoch from its first batch), writes its
+    weights and its metadata as two files renamed one after the other (a kill between
+    them pairs weights with the wrong step), and restores inside `fit`, so a run killed
+    after its last step resumes into a fresh model.
 
-    - records the epoch in progress, the batches done in it and the global step;
-    - writes the weights and that record atomically (temporary file, then rename), so a
-      kill during a save leaves the previous backup intact;
-    - always saves at the end of an epoch, and every `save_freq` batches if it is an int;
-    - never deletes the backup itself: the trainer does, once the run's results are
-      written.
+    Each checkpoint is a directory holding every variable that decides the next step
+    (`state.npz`: weights, BatchNorm statistics, dropout seed states, optimizer state;
+    `save_training_state`) and `state.json` (epoch in progress, batches done in it,
+    global step). It is written under a temporary name and renamed into place whole;
+    older checkpoints are deleted after that. `latest` finds the newest complete one,
+    so a reader sees the previous checkpoint or the new one, never a mix. The trainer
+    loads it before training (`restore`) and positions the data stream at its step.
 
-    The trainer reads `read_state(backup_dir)` before calling `fit` and runs the rest
-    of the interrupted epoch as a shorter `fit` call, positioning the data stream at the
-    recorded step (see `keras_vitnorm.training.trainer`).
+    On PyTorch, Keras' dropout draws from PyTorch's global generator, which Keras'
+    `fit` also draws from when it starts. So this callback holds that generator's
+    state from the end of one training batch to the start of the next (whatever ran in
+    between, a new `fit` call included), and saves it with each checkpoint: the
+    dropout masks then depend only on the training step.
+
+    Saves at the end of every epoch, and every `save_freq` batches if it is an int.
+    Before each save, `flush` callables run (the logs write what they hold), so every
+    log row up to the checkpoint's step is on disk when the checkpoint is.
     """
 
-    def __init__(self, backup_dir, save_freq="epoch"):
-        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=False)
+    def __init__(self, directory, save_freq="epoch", flush=()):
+        super().__init__()
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
+                                     or save_freq < 1):
+            raise ValueError(f"save_freq must be 'epoch' or a positive int, got {save_freq!r}.")
+        self.directory = directory
+        self.save_freq = save_freq
+        self.flush = list(flush)
         self.batch_offset = 0
+        self._epoch = 0
         self._batches_done = 0
         self._since_save = 0
+        self._random_state = None
 
     @staticmethod
-    def read_state(backup_dir):
-        """`{"epoch", "batch", "step"}` of the last backup in `backup_dir`, or `None`."""
-        path = os.path.join(backup_dir, "training_metadata.json")
-        if not os.path.exists(path) or not os.path.exists(
-            os.path.join(backup_dir, "latest.weights.h5")
-        ):
+    def latest(directory):
+        """`(path, state)` of the newest complete checkpoint in `directory`, or `None`.
+
+        Leftovers of an interrupted save (temporary directories) are removed.
+        """
+        if not os.path.isdir(directory):
             return None
-        with open(path) as f:
-            state = json.load(f)
-        if not {"epoch", "batch", "step"} <= set(state):
+        for leftover in glob.glob(os.path.join(directory, ".step-*")):
+            shutil.rmtree(leftover, ignore_errors=True)
+        found = []
+        for name in os.listdir(directory):
+            match = _STEP_DIRECTORY.match(name)
+            if match:
+                found.append((int(match.group(1)), os.path.join(directory, name)))
+        for _, path in sorted(found, reverse=True):
+            state_path = os.path.join(path, STATE_FILE)
+            if os.path.isfile(state_path) and os.path.isfile(os.path.join(path, ARRAYS_FILE)):
+                try:
+                    with open(state_path) as f:
+                        state = json.load(f)
+                except ValueError as error:
+                    raise ValueError(f"Checkpoint state {state_path} is unreadable ({error}).") from error
+                if not {"epoch", "batch", "step"} <= set(state):
+                    raise ValueError(
+                        f"{state_path} is not a keras-vitnorm checkpoint state "
+                        f"(keys {sorted(state)}); cannot resume from it."
+                    )
+                return path, state
+        return None
+
+    def restore(self, model, path):
+        """Loads a checkpoint's variables into a compiled `model` (and its random state)."""
+        arrays = os.path.join(path, ARRAYS_FILE)
+        try:
+            self._random_state = load_training_state(model, arrays)
+        except Exception as error:
             raise ValueError(
-                f"{path} was not written by keras-vitnorm's ResumableBackup "
-                f"(keys {sorted(state)}); cannot resume from it."
-            )
-        return state
+                f"Checkpoint {arrays} cannot be loaded into this run ({error}). Delete the "
+                f"checkpoint directory {path} to resume from the one before it."
+            ) from error
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._current_epoch = epoch
+        self._epoch = epoch
         self._batches_done = self.batch_offset
 
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._random_state is not None:
+            _set_global_random_state(self._random_state)
+
     def on_train_batch_end(self, batch, logs=None):
+        self._random_state = _global_random_state()
         self._batches_done = self.batch_offset + batch + 1
         if self.save_freq != "epoch":
             self._since_save += 1
             if self._since_save >= self.save_freq:
-                self._save_model()
+                self.save()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._current_epoch = epoch + 1
+        self._epoch = epoch + 1
         self._batches_done = 0
         self.batch_offset = 0
-        self._save_model()
+        self.save()
 
-    def _save_model(self):
+    def save(self):
+        """Writes `step-<N>/` for the current state and deletes the older checkpoints."""
         self._since_save = 0
-        os.makedirs(self.backup_dir, exist_ok=True)
-        temporary = os.path.join(self.backup_dir, "writing.weights.h5")
-        self.model.save_weights(temporary, overwrite=True)
-        os.replace(temporary, self._weights_path)
-        state = {
-            "epoch": self._current_epoch,
-            "batch": self._batches_done,
-            "step": int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)),
-        }
-        temporary = self._training_metadata_path + ".writing"
-        with open(temporary, "w") as f:
-            json.dump(state, f)
-        os.replace(temporary, self._training_metadata_path)
+        for flush in self.flush:
+            flush()
+        step = _step(self.model)
+        state = {"epoch": self._epoch, "batch": self._batches_done, "step": step}
+        final = os.path.join(self.directory, f"step-{step:09d}")
+        temporary = os.path.join(self.directory, f".step-{step:09d}")
+        previous = RunCheckpoint.latest(self.directory)
+        safe = (f"The checkpoint {previous[0]} (step {previous[1]['step']}) is intact."
+                if previous else "No earlier checkpoint exists.")
+        with run_files.storage_errors(temporary, safe):
+            os.makedirs(self.directory, exist_ok=True)
+            shutil.rmtree(temporary, ignore_errors=True)
+            os.makedirs(temporary)
+            durable.fault_point("checkpoint:begin")
+            save_training_state(self.model, os.path.join(temporary, ARRAYS_FILE), self._random_state)
+            durable.fault_point("checkpoint:weights")
+            durable.write_json(os.path.join(temporary, STATE_FILE), state)
+            durable.fault_point("checkpoint:state")
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.rename(temporary, final)
+        durable.fault_point("checkpoint:renamed")
+        for name in os.listdir(self.directory):
+            match = _STEP_DIRECTORY.match(name)
+            if match and int(match.group(1)) != step:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+
+class PresetCheckpoint(keras.callbacks.Callback):
+    """Saves the model as a preset directory at the end of epochs, atomically.
+
+    With `monitor`, only when that logged value beats the best so far (`mode="max"`),
+    starting from `initial_best`: Keras' `ModelCheckpoint` with `save_best_only`, but
+    the directory is written under a temporary name and renamed whole, so a kill leaves
+    the previous one intact, and it loads with `ViT.from_preset(path)` on any backend.
+    """
+
+    def __init__(self, path, monitor=None, initial_best=None, stage="preset-checkpoint"):
+        super().__init__()
+        self.path = path
+        self.monitor = monitor
+        self.best = -math.inf if initial_best is None else initial_best
+        self.stage = stage
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.monitor is not None:
+            value = (logs or {}).get(self.monitor)
+            if value is None or not value > self.best:
+                return
+            self.best = float(value)
+        with run_files.storage_errors(self.path, "The run's checkpoint is unaffected."):
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            durable.write_directory(self.path, self.model.save_to_preset, stage=self.stage)
 
 
 class LossIsNaN(RuntimeError):
@@ -114,7 +297,7 @@ class StopOnNaN(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is None or math.isfinite(float(loss)):
             return
-        self.step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        self.step = _step(self.model)
         self.epoch = self._epoch + 1
         self.batch = self.batch_offset + batch + 1
         raise LossIsNaN(f"loss {loss} at step {self.step}")

@@ -41,6 +41,8 @@ class TrainConfig:
             dataset has no validation split.
         train_examples: train on this many training examples only (a class-stratified
             subset, the same for every seed; tfds: the first ones); `None` = all.
+        skip_bad_images: bool; for folder datasets, leave out (and list) the files
+            that are not whole images instead of failing on them. `None` = off.
         data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
         epochs, steps: training length; give one. `steps` is kept exactly: when it
             is not a multiple of `steps_per_epoch`, the last epoch is shorter.
@@ -76,6 +78,7 @@ class TrainConfig:
     dataset: str = "digits"
     val_fraction: float = 0.1
     train_examples: int = None
+    skip_bad_images: bool = None
     data_dir: str = None
     manual_dir: str = None
     epochs: int = None

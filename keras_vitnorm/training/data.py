@@ -19,11 +19,14 @@ The pipeline is tf.data under every Keras backend (Keras documents tf.data as an
 pipeline for JAX and PyTorch too). This module is therefore, with
 `keras_vitnorm.backend_ops`, one of the two that import TensorFlow; model and layer code
 uses `keras.ops` only. Augmentations are Keras core preprocessing layers, which run
-inside tf.data on any backend.
+inside tf.data on any backend, except the crops and flips, which are keyed by each
+example's position so that a resumed run sees exactly the augmented batches the
+uninterrupted run would have (`_keyed_augmentation`).
 
 Images enter the model as float32 in [-1, 1] (big_vision's `value_range(-1, 1)`).
 """
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -63,14 +66,98 @@ class Dataset:
     channels: int
     class_names: list
     decode: object
+    files: list = None
+    skipped: list = None
 
     def describe(self):
-        return (
+        text = (
             f"{self.name}: {self.num_classes} classes, {self.channels} channel(s); "
             f"train {self.train.size} ({self.train.name}), validation "
             f"{self.validation.size} ({self.validation.name}), test {self.test.size} "
             f"({self.test.name})"
         )
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)} unreadable image(s): " + _list_bad(self.skipped)
+        return text
+
+
+#: Leading bytes of the image formats a folder may hold, and how each file must end.
+_SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+)
+
+
+def check_image_file(path):
+    """Why the file at `path` is not a whole image, or `None` if it looks whole.
+
+    A structural check that reads a few bytes at each end instead of decoding: the file
+    must start with a JPEG, PNG, GIF or BMP signature and end as that format ends (a
+    JPEG with its end-of-image marker, a PNG with its `IEND` chunk, a GIF with its
+    trailer, a BMP at the size its header records), which catches truncated files and
+    other files named like images.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(16)
+            f.seek(max(0, size - 32))
+            tail = f.read()
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if size == 0:
+        return "is empty"
+    kind = next((name for signature, name in _SIGNATURES if head.startswith(signature)), None)
+    if kind is None:
+        return f"is not a JPEG, PNG, GIF or BMP image (it starts with {head[:8]!r})"
+    whole = {
+        "JPEG": b"\xff\xd9" in tail,
+        "PNG": b"IEND" in tail,
+        "GIF": tail.rstrip(b"\x00").endswith(b"\x3b"),
+        "BMP": len(head) >= 6 and int.from_bytes(head[2:6], "little") <= size,
+    }[kind]
+    return None if whole else f"is a truncated {kind} (its end is missing)"
+
+
+def _list_bad(bad, shown=5):
+    listed = "; ".join(f"{path} {why}" for path, why in bad[:shown])
+    return listed + (f"; and {len(bad) - shown} more" if len(bad) > shown else "")
+
+
+def unreadable_file_error(bad):
+    """The `ValueError` for unreadable images `[(path, why), ...]` of a folder dataset."""
+    return ValueError(
+        f"{len(bad)} file(s) of the dataset folder cannot be used as images: {_list_bad(bad)}. "
+        "Remove or replace them, or pass --skip-bad-images to train without them."
+    )
+
+
+@contextlib.contextmanager
+def unreadable_images_named(data):
+    """Turns TensorFlow's decode error inside the pipeline into an error naming the files.
+
+    The up-front check (`check_image_file`) reads only each file's ends; a file damaged
+    in the middle fails when TensorFlow decodes it, with a message that names no file.
+    Then every file of a folder dataset is decoded here to find the ones that fail.
+    """
+    try:
+        yield
+    except Exception as error:
+        if type(error).__name__ != "InvalidArgumentError" or not data.files:
+            raise
+        tf = _tf()
+        bad = []
+        for path in data.files:
+            try:
+                tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+            except Exception as decode_error:  # noqa: BLE001 (TensorFlow's error types vary)
+                bad.append((path, f"does not decode ({type(decode_error).__name__})"))
+        if not bad:
+            raise
+        raise unreadable_file_error(bad) from error
 
 
 def _tf():
@@ -102,7 +189,8 @@ def parse_dataset(spec):
     )
 
 
-def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None):
+def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None,
+                 skip_bad_images=False):
     """Loads the train, validation and test splits of a dataset.
 
     Args:
@@ -117,6 +205,9 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
             subset is stratified by class with seed 0, the same for every run; for
             tfds it is the first `train_examples` of the training split (tfds
             shuffles a dataset's examples when it prepares it).
+        skip_bad_images: bool, default `False`. For folders: every file is checked
+            first (`check_image_file`); unreadable ones are an error naming them, or,
+            with `True`, left out and listed by `Dataset.describe`.
 
     Returns:
         A `Dataset`.
@@ -133,7 +224,7 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
     elif kind == "tfds":
         data = _tfds(argument, val_fraction, data_dir, manual_dir)
     else:
-        data = _folder(argument, val_fraction)
+        data = _folder(argument, val_fraction, skip_bad_images)
     if train_examples is not None:
         data.train = _train_subset(data.train, train_examples, stratified=kind != "tfds", name=spec)
     return data
@@ -268,10 +359,11 @@ def _tfds(name, val_fraction, data_dir, manual_dir):
 
 def _list_images(directory, classes=None):
     """`(paths, labels, classes)` of a class-per-folder tree."""
+    # Hidden entries (".ipynb_checkpoints", ".DS_Store", ...) are neither classes nor images.
     found = sorted(
         entry
         for entry in os.listdir(directory)
-        if os.path.isdir(os.path.join(directory, entry))
+        if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry))
     )
     if classes is None:
         classes = found
@@ -288,7 +380,7 @@ def _list_images(directory, classes=None):
         if not os.path.isdir(folder):
             continue
         for file in sorted(os.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
+            if not file.startswith(".") and file.lower().endswith(IMAGE_EXTENSIONS):
                 paths.append(os.path.join(folder, file))
                 labels.append(label)
     if not paths:
@@ -299,7 +391,25 @@ def _list_images(directory, classes=None):
     return np.array(paths), np.array(labels, "int64"), classes
 
 
-def _folder(path, val_fraction):
+def _check_folder_images(splits, skip_bad_images):
+    """`(splits without unreadable files, [(path, why), ...])`; raises unless skipping."""
+    bad = []
+    for paths, _, _ in splits:
+        for file in paths:
+            why = check_image_file(file)
+            if why:
+                bad.append((str(file), why))
+    if bad and not skip_bad_images:
+        raise unreadable_file_error(bad)
+    rejected = {path for path, _ in bad}
+    kept = []
+    for paths, labels, name in splits:
+        keep = np.array([str(p) not in rejected for p in paths], bool)
+        kept.append((paths[keep], labels[keep], name))
+    return kept, bad
+
+
+def _folder(path, val_fraction, skip_bad_images=False):
     tf = _tf()
     if not os.path.isdir(path):
         raise ValueError(f"dataset folder {path!r} does not exist or is not a directory.")
@@ -333,6 +443,10 @@ def _folder(path, val_fraction):
         train = (paths[rest][kept], labels[rest][kept], "the rest")
     if len(classes) < 2:
         raise ValueError(f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
+    (train, val, test), bad = _check_folder_images((train, val, test), skip_bad_images)
+    for split_paths, _, name in (train, val, test):
+        if not len(split_paths):
+            raise ValueError(f"dataset folder {path!r}: the split {name} has no readable images left.")
 
     first = tf.io.decode_image(tf.io.read_file(train[0][0]), expand_animations=False)
     channels = 1 if first.shape[-1] in (1, 2) else 3
@@ -356,12 +470,18 @@ def _folder(path, val_fraction):
         channels=channels,
         class_names=list(classes),
         decode=decode,
+        files=[str(p) for split_paths, _, _ in (train, val, test) for p in split_paths],
+        skipped=bad,
     )
 
 
 @dataclasses.dataclass
 class Augmentation:
-    """Training-time augmentation; every piece is a Keras core preprocessing layer.
+    """Training-time augmentation: crops and flips keyed by position, then Keras layers.
+
+    Crops and flips are computed by `_keyed_augmentation` (the same transformations as
+    Keras' `RandomCrop`, `RandomZoom` and `RandomFlip`, drawn per example position so a
+    resumed run is exact); RandAugment, MixUp and CutMix are Keras core layers.
 
     Attributes:
         crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, then a random crop
@@ -438,7 +558,9 @@ def train_stream(
     batches are the same sequence whatever step the stream starts from: a resumed run
     continues with the examples it would have seen next instead of replaying the
     interrupted epoch, and skips at most one pass to get there. A pass never repeats an
-    example; a batch may span the end of one pass and the start of the next.
+    example; a batch may span the end of one pass and the start of the next. Crops and
+    flips are keyed by the example's position, so the augmented batches are the same too
+    (`resumes_exactly` says when that holds for the whole augmentation).
     """
     tf = _tf()
     image_size = tuple(image_size)
@@ -461,21 +583,26 @@ def train_stream(
         lambda index: tf.data.Dataset.from_tensors(index).repeat(tf.gather(tf.constant(lengths, "int64"), index))
     )
     stream = tf.data.Dataset.choose_from_datasets(passes, order, stop_on_empty_dataset=False)
-    per_image = _per_image_augmentation(augmentation, image_size, channels, seed)
+    positions = tf.data.Dataset.range(start_step * batch_size, end_step * batch_size)
+    stream = tf.data.Dataset.zip((positions, stream))
+    keyed = _keyed_augmentation(augmentation, image_size, channels, seed)
+    stateful = _stateful_augmentation(augmentation, channels, seed)
 
-    def prepare(raw, label):
-        return _to_model_image(data.decode(raw), image_size, channels), tf.one_hot(label, data.num_classes)
+    def prepare(position, example):
+        raw, label = example
+        image = _to_model_image(data.decode(raw), image_size, channels)
+        return keyed(image, position), tf.one_hot(label, data.num_classes)
 
     def augment(image, label):
-        for layer in per_image:
+        for layer in stateful:
             image = layer(image)
         return image, label
 
-    stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-    # Keras' random layers draw from a stateful seed generator: in a parallel map the
-    # order of the draws (so which image gets which crop) would depend on thread
-    # timing. Run them in order, so a seed gives the same augmented stream every time.
-    if per_image:
+    stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Keras' RandAugment draws from a stateful seed generator: in a parallel map the
+    # order of the draws (so which image gets which operations) would depend on thread
+    # timing. Run it in order, so a seed gives the same augmented stream every time.
+    if stateful:
         stream = stream.map(augment)
     stream = stream.batch(batch_size, drop_remainder=True)
     random_batches = bool(augmentation.mixup or augmentation.cutmix)
@@ -484,33 +611,68 @@ def train_stream(
     return stream.prefetch(tf.data.AUTOTUNE)
 
 
-def _per_image_augmentation(augmentation, image_size, channels, seed):
+def resumes_exactly(augmentation):
+    """Whether a stream started at any step gives the batches the full run gives there.
+
+    The crops and flips are keyed by each example's position in the stream; RandAugment,
+    MixUp and CutMix are Keras layers drawing from a stateful seed generator that
+    restarts with the stream, so with them a resumed run sees other (equally
+    distributed) draws.
+    """
+    return not (augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
+
+
+def _keyed_augmentation(augmentation, image_size, channels, seed):
+    """`f(image, position)`: the crop and flip of the example at `position` in the stream.
+
+    Why not Keras' `RandomCrop`, `RandomZoom` and `RandomFlip`: they draw from a
+    stateful seed generator that cannot be seeded per call, so a stream restarted at
+    step `s` (a resumed run) would give other crops than the uninterrupted run did at
+    `s`. Here every random number comes from TensorFlow's stateless ops with the seed
+    `(seed, position)`, so an example's augmentation depends only on where it is in the
+    stream, and any stream position can be rebuilt exactly. Same transformations as
+    the Keras layers: `pad` zero-pads by `crop_padding` then crops a random
+    `image_size` window; `zoom` zooms in about the centre by a random factor in
+    `[1 - zoom, 1]` per axis (bilinear); `flip` mirrors half of the images.
+    """
     tf = _tf()
-    layers = []
-    if augmentation.crop == "pad":
-        pad = augmentation.crop_padding
-        layers.append(lambda image: tf.pad(image, [[pad, pad], [pad, pad], [0, 0]]))
-        layers.append(keras.layers.RandomCrop(*image_size, seed=seed))
-    elif augmentation.crop == "zoom":
-        zoom = (-augmentation.zoom, 0.0)
-        layers.append(keras.layers.RandomZoom(zoom, zoom, fill_mode="reflect", seed=seed))
-    if augmentation.flip:
-        layers.append(keras.layers.RandomFlip("horizontal", seed=seed))
-    if augmentation.randaugment_ops:
-        if channels != 3:
-            raise ValueError(
-                "RandAugment needs RGB images; this dataset/model has "
-                f"{channels} channel(s). Set randaugment_ops=0."
-            )
-        layers.append(
-            keras.layers.RandAugment(
-                value_range=(0, 255),
-                num_ops=augmentation.randaugment_ops,
-                factor=augmentation.randaugment_factor,
-                seed=seed,
-            )
+    height, width = image_size
+
+    def augment(image, position):
+        key = tf.stack([tf.constant(seed, "int64"), position])
+        crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+        if augmentation.crop == "pad":
+            pad = augmentation.crop_padding
+            image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
+            image = tf.image.stateless_random_crop(image, [height, width, channels], crop_key)
+        elif augmentation.crop == "zoom":
+            scale = tf.random.stateless_uniform([2], crop_key, 1.0 - augmentation.zoom, 1.0)
+            box = tf.concat([0.5 - scale / 2, 0.5 + scale / 2], axis=0)[None]
+            image = tf.image.crop_and_resize(image[None], box, [0], [height, width])[0]
+        if augmentation.flip:
+            image = tf.image.stateless_random_flip_left_right(image, flip_key)
+        return image
+
+    return augment
+
+
+def _stateful_augmentation(augmentation, channels, seed):
+    """Keras' RandAugment, if asked for (see `resumes_exactly`)."""
+    if not augmentation.randaugment_ops:
+        return []
+    if channels != 3:
+        raise ValueError(
+            "RandAugment needs RGB images; this dataset/model has "
+            f"{channels} channel(s). Set randaugment_ops=0."
         )
-    return layers
+    return [
+        keras.layers.RandAugment(
+            value_range=(0, 255),
+            num_ops=augmentation.randaugment_ops,
+            factor=augmentation.randaugment_factor,
+            seed=seed,
+        )
+    ]
 
 
 def _batch_augmentation(augmentation, seed):

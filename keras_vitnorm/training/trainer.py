@@ -2,19 +2,29 @@
 
 A run directory holds:
 
+    run.lock                 the owning process (pid, host) while it runs
     train_config.json        the settings (a resumed run must match them)
     log.csv                  one row per epoch (CSVLogger)
+    grad_norms.csv           per-layer gradient norms (with grad_norm_every)
     tensorboard/             TensorBoard logs
-    checkpoints/best.weights.h5, checkpoints/last.weights.h5
-    backup/                  ResumableBackup state while the run is unfinished
+    checkpoints/best/, checkpoints/last/   presets of the best-validation and the
+                             latest epoch-end model
+    backup/step-<N>/         the last training state (weights, optimizer, position)
+                             while the run is unfinished
     preset/                  the final model (`ViT.save_to_preset`)
     metrics.json             status, final validation and test accuracy, timings
+
+Every file is written under a temporary name and renamed into place; the order of the
+final writes (preset, then metrics.json, then the checkpoint is deleted) means a kill at
+any moment leaves a run that `--resume` finishes with the same weights (docs/training.md,
+"What survives a crash").
 """
 
 import contextlib
 import csv
 import dataclasses
 import datetime
+import io
 import json
 import math
 import os
@@ -30,10 +40,10 @@ from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.models.vit import validate_config
+from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
-from keras_vitnorm.training.callbacks import LossIsNaN
-from keras_vitnorm.training.callbacks import ResumableBackup
-from keras_vitnorm.training.callbacks import StopOnNaN
+from keras_vitnorm import durable
+from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
 
 
@@ -138,20 +148,34 @@ def _default_output_dir(config):
     return os.path.join("runs", f"{preset}-{dataset}-{stamp}")
 
 
+LOCK_FILE = "run.lock"
+SETTINGS_FILE = "train_config.json"
+METRICS_FILE = "metrics.json"
+
+
+def _contents(output_dir):
+    """The entries of `output_dir` other than its lock file."""
+    if not os.path.isdir(output_dir):
+        return []
+    return [entry for entry in os.listdir(output_dir) if entry != LOCK_FILE]
+
+
 def _prepare_output_dir(config, output_dir, resume, overwrite):
+    """Checks (and for a new run, writes) the run directory; the caller holds its lock."""
     if resume and overwrite:
         raise ValueError("Give at most one of resume and overwrite.")
-    settings = os.path.join(output_dir, "train_config.json")
-    exists = os.path.isdir(output_dir) and bool(os.listdir(output_dir))
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise FileExistsError(f"Output path {output_dir} exists and is not a directory.")
-    if exists and resume:
-        if not os.path.exists(settings):
+    settings = os.path.join(output_dir, SETTINGS_FILE)
+    contents = _contents(output_dir)
+    is_run = os.path.isfile(settings)
+    if contents and resume:
+        if not is_run:
             raise ValueError(
-                f"Cannot resume: {output_dir} has no train_config.json, so it is not a "
+                f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
                 "keras-vitnorm run directory."
             )
-        metrics = _read_json(os.path.join(output_dir, "metrics.json"))
+        metrics = _read_json(os.path.join(output_dir, METRICS_FILE))
         if metrics and metrics.get("status") == "completed":
             raise ValueError(f"Cannot resume: the run in {output_dir} already completed.")
         if metrics and metrics.get("status") == "diverged":
@@ -168,43 +192,74 @@ def _prepare_output_dir(config, output_dir, resume, overwrite):
                 "Resume with the same command, or start a new run."
             )
         return
-    if exists and not overwrite:
+    if contents and not overwrite:
         raise FileExistsError(
             f"Output directory {output_dir} already exists and is not empty. Pass "
             "--resume to continue the run in it, --overwrite to delete it and start "
             "again, or choose another --output-dir."
         )
+    if contents and not is_run:
+        raise FileExistsError(
+            f"--overwrite deletes a run directory, but {output_dir} holds files that are "
+            f"not a keras-vitnorm run (no {SETTINGS_FILE}; e.g. {sorted(contents)[0]!r}). "
+            "Choose another --output-dir."
+        )
     if resume:
         raise ValueError(f"Cannot resume: {output_dir} holds no run.")
-    if exists:
-        shutil.rmtree(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    with open(settings, "w") as f:
-        f.write(config.to_json())
+    for entry in contents:
+        path = os.path.join(output_dir, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    with run_files.storage_errors(settings, "Nothing was trained yet."):
+        durable.write_text(settings, config.to_json())
 
 
 def _read_json(path):
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def _write_json(path, value):
-    temporary = path + ".writing"
-    with open(temporary, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-    os.replace(temporary, path)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); it may be truncated.") from error
 
 
 def _read_log(path):
     if not os.path.exists(path):
         return []
+    rows = []
     with open(path, newline="") as f:
-        return [
-            {key: float(value) if key != "epoch" else int(value) for key, value in row.items() if value != ""}
-            for row in csv.DictReader(f)
-        ]
+        for row in csv.DictReader(f):
+            try:
+                rows.append({key: float(value) if key != "epoch" else int(value)
+                             for key, value in row.items() if value not in ("", None)})
+            except (TypeError, ValueError):
+                break  # a row cut short by a kill: it and anything after are dropped
+    return rows
+
+
+def _truncate_csv(path, keep):
+    """Rewrites the CSV `path` (atomically) with the rows for which `keep(row)` holds.
+
+    A last row cut short by a kill (too few fields) is dropped.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        rows = [row for row in reader if header and len(row) == len(header)]
+    if header is None:
+        os.remove(path)
+        return
+    rows = [row for row in rows if keep(dict(zip(header, row)))]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    durable.write_text(path, buffer.getvalue())
 
 
 @contextlib.contextmanager
@@ -230,32 +285,18 @@ def _image_size(model):
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
-def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
-    """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
+@dataclasses.dataclass
+class _Plan:
+    """What a run trains: its length, the model's overrides and the devices."""
 
-    Args:
-        config: `TrainConfig`.
-        resume: bool. Continue the unfinished run in `config.output_dir` from its
-            last backup (same settings required).
-        overwrite: bool. Delete an existing non-empty `config.output_dir` first.
-            Without `resume` or `overwrite`, an existing run directory is an error.
-        callbacks: extra Keras callbacks for `fit`.
-        verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
+    steps_per_epoch: int
+    total_steps: int
+    overrides: dict
+    replicas: int
+    scope: object
 
-    Returns:
-        The dict written to `<output_dir>/metrics.json`.
 
-    Raises:
-        TrainingDiverged: the loss became NaN or infinite (metrics.json records the
-            step and `status: "diverged"`).
-    """
-    config.validate()
-    output_dir = config.output_dir or _default_output_dir(config)
-    say = print if verbose else (lambda *args, **kwargs: None)
-    data = data_lib.load_dataset(
-        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
-        config.train_examples,
-    )
+def _plan(config, data):
     steps_per_epoch = config.steps_per_epoch or data.train.size // config.batch_size
     if steps_per_epoch < 1:
         raise ValueError(
@@ -267,6 +308,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
     overrides = _model_overrides(config, data)
     if config.preset in PRESETS and not os.path.isdir(config.preset):
         validate_config({**ViT.default_config(), **preset_config(config.preset), **overrides})
+    scope, replicas = contextlib.nullcontext(), 1
     if config.distribute:
         scope, replicas = backend_ops.data_parallel_scope()
         if config.batch_size % replicas:
@@ -274,167 +316,281 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1):
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "
                 f"use a multiple of {replicas}."
             )
-    else:
-        scope, replicas = contextlib.nullcontext(), 1
-    _prepare_output_dir(config, output_dir, resume, overwrite)
-    keras.utils.set_random_seed(config.seed)
-    say(data.describe())
-    if replicas > 1:
-        say(f"Data-parallel over {replicas} devices ({keras.backend.backend()}).")
-    with _dtype_policy(config.mixed_precision), scope:
-        return _train(
-            config, data, output_dir, resume, callbacks, verbose, replicas, say,
-            steps_per_epoch, total_steps, overrides,
-        )
+    return _Plan(steps_per_epoch, total_steps, overrides, replicas, scope)
 
 
-def _train(config, data, output_dir, resume, extra_callbacks, verbose, replicas, say,
-           steps_per_epoch, total_steps, overrides):
-    model = ViT.from_preset(config.preset, **overrides)
-    image_size, channels = _image_size(model), model.get_config()["num_channels"]
-    _compile(model, make_optimizer(config, total_steps, model), config.label_smoothing)
-    say(
-        f"Model {config.preset} ({model.count_params():,} parameters, {image_size[0]}x"
-        f"{image_size[1]}x{channels}); {total_steps} steps of batch {config.batch_size}, "
-        f"{steps_per_epoch} steps per epoch; output in {output_dir}"
+def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
+    """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
+
+    The run directory is locked (`run.lock`) while this runs; every file in it is
+    written atomically, and the training state is checkpointed as one unit
+    (`backup/step-<N>/`), so a run killed at any moment resumes (`resume=True`) to
+    the same final weights as an uninterrupted run of the same seed.
+
+    Args:
+        config: `TrainConfig`.
+        resume: bool. Continue the unfinished run in `config.output_dir` from its
+            last checkpoint (same settings required); a run killed after its last
+            step goes straight to its final evaluation.
+        overwrite: bool. Delete an existing run in `config.output_dir` first (a
+            directory holding anything but a run is never deleted).
+            Without `resume` or `overwrite`, an existing run directory is an error.
+        callbacks: extra Keras callbacks for `fit`.
+        verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
+        take_over_lock: bool. Take over a run directory whose lock was left by a
+            process that no longer runs.
+
+    Returns:
+        The dict written to `<output_dir>/metrics.json`.
+
+    Raises:
+        TrainingDiverged: the loss became NaN or infinite (metrics.json records the
+            step and `status: "diverged"`).
+        run_files.LockedError: another process owns the run directory.
+        run_files.StorageError: a file of the run could not be written (full disk,
+            permissions); the last checkpoint is intact.
+    """
+    config.validate()
+    output_dir = config.output_dir or _default_output_dir(config)
+    say = print if verbose else (lambda *args, **kwargs: None)
+    data = data_lib.load_dataset(
+        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+        config.train_examples, skip_bad_images=bool(config.skip_bad_images),
     )
+    plan = _plan(config, data)
+    with run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock):
+        _prepare_output_dir(config, output_dir, resume, overwrite)
+        keras.utils.set_random_seed(config.seed)
+        say(data.describe())
+        if plan.replicas > 1:
+            say(f"Data-parallel over {plan.replicas} devices ({keras.backend.backend()}).")
+        if not data_lib.resumes_exactly(_augmentation(config)) and resume:
+            say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
+                "the resumed run sees other (equally distributed) draws of them.")
+        with _dtype_policy(config.mixed_precision), plan.scope, data_lib.unreadable_images_named(data):
+            return _Run(config, data, output_dir, plan, say).execute(resume, callbacks, verbose)
 
-    backup_dir = os.path.join(output_dir, "backup")
-    state = ResumableBackup.read_state(backup_dir) if resume else None
-    start_epoch, batches_done, start_step = 0, 0, 0
-    if state:
-        start_epoch, batches_done, start_step = state["epoch"], state["batch"], state["step"]
-        if start_step != start_epoch * steps_per_epoch + batches_done:
-            raise ValueError(
-                f"The backup in {backup_dir} (epoch {start_epoch}, batch {batches_done}, "
-                f"step {start_step}) does not fit {steps_per_epoch} steps per epoch."
-            )
-        if batches_done >= steps_per_epoch:
-            start_epoch, batches_done = start_epoch + 1, 0
-        say(f"Resuming from step {start_step} (epoch {start_epoch + 1}, batch {batches_done}).")
 
-    eval_batch = max(config.batch_size, 256 // replicas * replicas)
-    val_data = data_lib.eval_dataset(data, data.validation, image_size, channels, eval_batch)
-    log_path = os.path.join(output_dir, "log.csv")
-    previous_best = max((row.get("val_accuracy", -1.0) for row in _read_log(log_path)), default=None)
-    os.makedirs(os.path.join(output_dir, "checkpoints"), exist_ok=True)
-    backup = ResumableBackup(backup_dir, save_freq=config.backup_every or "epoch")
-    nan_stop = StopOnNaN()
-    callbacks = [
-        nan_stop,
-        backup,
-        keras.callbacks.CSVLogger(log_path, append=True),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(output_dir, "checkpoints", "best.weights.h5"),
-            monitor="val_accuracy",
-            mode="max",
-            save_best_only=True,
-            save_weights_only=True,
-            initial_value_threshold=previous_best,
-        ),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(output_dir, "checkpoints", "last.weights.h5"), save_weights_only=True
-        ),
-        *extra_callbacks,
-    ]
-    if config.grad_norm_every:
-        probe = data_lib.eval_dataset(data, data.validation, image_size, channels, 64)
-        images, labels = next(iter(probe))
-        callbacks.append(
-            GradientNormRecorder(
-                np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
-                path=os.path.join(output_dir, "grad_norms.csv"),
-            )
-        )
-    if config.tensorboard:
-        callbacks.append(
-            keras.callbacks.TensorBoard(os.path.join(output_dir, "tensorboard"), write_graph=False)
-        )
-    augmentation = data_lib.Augmentation(
+def _augmentation(config):
+    return data_lib.Augmentation(
         **{field.name: getattr(config, field.name) for field in dataclasses.fields(data_lib.Augmentation)}
     )
 
-    began = time.perf_counter()
-    for initial_epoch, epochs, steps, offset in plan_segments(
-        total_steps, steps_per_epoch, start_epoch, batches_done
-    ):
-        stream = data_lib.train_stream(
-            data,
-            image_size,
-            channels,
-            config.batch_size,
-            config.seed,
-            augmentation,
-            start_step=initial_epoch * steps_per_epoch + offset,
-            end_step=total_steps,
-            shuffle_buffer=config.shuffle_buffer,
+
+class _Run:
+    """One training run in its (locked) directory: resume point, `fit`, final results."""
+
+    def __init__(self, config, data, output_dir, plan, say):
+        self.config = config
+        self.data = data
+        self.output_dir = output_dir
+        self.plan = plan
+        self.say = say
+        self.backup_dir = os.path.join(output_dir, "backup")
+        self.log_path = os.path.join(output_dir, "log.csv")
+        self.grad_norms_path = os.path.join(output_dir, "grad_norms.csv")
+        self.preset_dir = os.path.join(output_dir, "preset")
+
+    def execute(self, resume, extra_callbacks, verbose):
+        config, plan = self.config, self.plan
+        model = ViT.from_preset(config.preset, **plan.overrides)
+        self.image_size = _image_size(model)
+        self.channels = model.get_config()["num_channels"]
+        _compile(model, make_optimizer(config, plan.total_steps, model), config.label_smoothing)
+        self.say(
+            f"Model {config.preset} ({model.count_params():,} parameters, {self.image_size[0]}x"
+            f"{self.image_size[1]}x{self.channels}); {plan.total_steps} steps of batch "
+            f"{config.batch_size}, {plan.steps_per_epoch} steps per epoch; output in {self.output_dir}"
         )
-        backup.batch_offset = nan_stop.batch_offset = offset
-        try:
-            model.fit(
-                stream,
-                initial_epoch=initial_epoch,
-                epochs=epochs,
-                steps_per_epoch=steps,
-                validation_data=val_data,
-                shuffle=False,  # the stream is shuffled by pass, reproducibly
-                callbacks=callbacks,
-                verbose=verbose,
+        self.checkpoint = callbacks_lib.RunCheckpoint(
+            self.backup_dir, save_freq=config.backup_every or "epoch"
+        )
+        start_epoch, batches_done, start_step = self._restore(model) if resume else (0, 0, 0)
+        eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
+        self.val_data = data_lib.eval_dataset(
+            self.data, self.data.validation, self.image_size, self.channels, eval_batch
+        )
+        self.test_data = data_lib.eval_dataset(
+            self.data, self.data.test, self.image_size, self.channels, eval_batch
+        )
+        began = time.perf_counter()
+        nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
+        seconds = time.perf_counter() - began
+        record = {
+            "backend": keras.backend.backend(),
+            "dataset": self.data.name,
+            "preset": config.preset,
+            "planned_steps": plan.total_steps,
+            "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+            "resumed_from_step": start_step,
+            "train_seconds_this_run": round(seconds, 2),
+            "replicas": plan.replicas,
+            "class_names": self.data.class_names,
+            "model_config": {k: v for k, v in model.get_config().items() if k in ViT.CONFIG_KEYS},
+        }
+        if nan_stop.step is not None:
+            self._diverged(nan_stop, record)
+        return self._finish(model, record, seconds)
+
+    def _restore(self, model):
+        """Loads the last checkpoint; returns `(epoch, batches done in it, step)`."""
+        durable.recover_directory(self.preset_dir)
+        found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
+        epoch, batch, step = 0, 0, 0
+        if found:
+            path, state = found
+            epoch, batch, step = state["epoch"], state["batch"], state["step"]
+            if step != epoch * self.plan.steps_per_epoch + batch:
+                raise ValueError(
+                    f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
+                    f"not fit {self.plan.steps_per_epoch} steps per epoch."
+                )
+            self.checkpoint.restore(model, path)
+            if batch >= self.plan.steps_per_epoch:
+                epoch, batch = epoch + 1, 0
+            where = ("all steps done: final evaluation" if step >= self.plan.total_steps
+                     else f"epoch {epoch + 1}, batch {batch}")
+            self.say(f"Resuming from step {step} ({where}).")
+        # Logs hold exactly the rows up to the checkpoint (a kill may have left more).
+        _truncate_csv(self.log_path, lambda row: int(row["epoch"]) < epoch)
+        if step == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.grad_norms_path)
+        else:
+            _truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
+        return epoch, batch, step
+
+    def _callbacks(self, extra_callbacks):
+        config = self.config
+        previous_best = max(
+            (row.get("val_accuracy", -1.0) for row in _read_log(self.log_path)), default=None
+        )
+        checkpoints = os.path.join(self.output_dir, "checkpoints")
+        nan_stop = callbacks_lib.StopOnNaN()
+        recorders = []
+        if config.grad_norm_every:
+            probe = data_lib.eval_dataset(
+                self.data, self.data.validation, self.image_size, self.channels, 64
             )
-        except LossIsNaN:
-            break
-    seconds = time.perf_counter() - began
-    steps_done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    record = {
-        "backend": keras.backend.backend(),
-        "dataset": data.name,
-        "preset": config.preset,
-        "planned_steps": total_steps,
-        "steps": steps_done,
-        "resumed_from_step": start_step,
-        "train_seconds_this_run": round(seconds, 2),
-        "replicas": replicas,
-        "class_names": data.class_names,
-        "model_config": {k: v for k, v in model.get_config().items() if k in ViT.CONFIG_KEYS},
-    }
-    metrics_path = os.path.join(output_dir, "metrics.json")
-    if nan_stop.step is not None:
-        last = os.path.join(output_dir, "checkpoints", "last.weights.h5")
+            images, labels = next(iter(probe))
+            recorders.append(
+                GradientNormRecorder(
+                    np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
+                    path=self.grad_norms_path,
+                )
+            )
+        log = keras.callbacks.CSVLogger(self.log_path, append=True)
+        checkpoint = self.checkpoint
+        checkpoint.flush = [recorder.flush for recorder in recorders]
+        # Order matters: the NaN stop acts before anything saves; records and the log
+        # row of a step are written before the checkpoint of that step.
+        callbacks = [
+            nan_stop,
+            *recorders,
+            log,
+            callbacks_lib.PresetCheckpoint(
+                os.path.join(checkpoints, "best"),
+                monitor="val_accuracy",
+                initial_best=previous_best,
+                stage="best",
+            ),
+            callbacks_lib.PresetCheckpoint(os.path.join(checkpoints, "last"), stage="last"),
+            checkpoint,
+            *extra_callbacks,
+        ]
+        if config.tensorboard:
+            callbacks.append(
+                keras.callbacks.TensorBoard(os.path.join(self.output_dir, "tensorboard"),
+                                            write_graph=False)
+            )
+        return callbacks, nan_stop, checkpoint
+
+    def _fit(self, model, start_epoch, batches_done, extra_callbacks, verbose):
+        config, plan = self.config, self.plan
+        callbacks, nan_stop, checkpoint = self._callbacks(extra_callbacks)
+        augmentation = _augmentation(config)
+        for initial_epoch, epochs, steps, offset in plan_segments(
+            plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done
+        ):
+            stream = data_lib.train_stream(
+                self.data,
+                self.image_size,
+                self.channels,
+                config.batch_size,
+                config.seed,
+                augmentation,
+                start_step=initial_epoch * plan.steps_per_epoch + offset,
+                end_step=plan.total_steps,
+                shuffle_buffer=config.shuffle_buffer,
+            )
+            checkpoint.batch_offset = nan_stop.batch_offset = offset
+            try:
+                model.fit(
+                    stream,
+                    initial_epoch=initial_epoch,
+                    epochs=epochs,
+                    steps_per_epoch=steps,
+                    validation_data=self.val_data,
+                    shuffle=False,  # the stream is shuffled by pass, reproducibly
+                    callbacks=callbacks,
+                    verbose=verbose,
+                )
+            except callbacks_lib.LossIsNaN:
+                break
+        return nan_stop
+
+    def _diverged(self, nan_stop, record):
+        last = os.path.join(self.output_dir, "checkpoints", "last")
         message = (
             f"Training diverged: the loss became NaN/inf at step {nan_stop.step} "
             f"(epoch {nan_stop.epoch}, batch {nan_stop.batch}). Stopped. "
-            + (f"The last end-of-epoch weights before it are in {last}." if os.path.exists(last)
+            + (f"The model at the last epoch end before it is in {last} "
+               "(ViT.from_preset)." if os.path.exists(last)
                else "No checkpoint was written before it.")
         )
-        _write_json(metrics_path, {"status": "diverged", "diverged_at_step": nan_stop.step, **record})
+        durable.write_json(
+            os.path.join(self.output_dir, METRICS_FILE),
+            {"status": "diverged", "diverged_at_step": nan_stop.step, **record},
+        )
         raise TrainingDiverged(message, nan_stop.step)
 
-    test_data = data_lib.eval_dataset(data, data.test, image_size, channels, eval_batch)
-    val = model.evaluate(val_data, return_dict=True, verbose=0)
-    test = model.evaluate(test_data, return_dict=True, verbose=0)
-    log = _read_log(log_path)
-    best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
-    model.save_to_preset(os.path.join(output_dir, "preset"))
-    metrics = {
-        "status": "completed",
-        "val_accuracy": float(val["accuracy"]),
-        "val_loss": float(val["loss"]),
-        "test_accuracy": float(test["accuracy"]),
-        "test_loss": float(test["loss"]),
-        "best_val_accuracy": best.get("val_accuracy"),
-        "best_epoch": best["epoch"] + 1 if "epoch" in best else None,
-        "val_examples": data.validation.size,
-        "test_examples": data.test.size,
-        **record,
-    }
-    _write_json(metrics_path, metrics)
-    shutil.rmtree(backup_dir, ignore_errors=True)
-    say(
-        f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
-        f"test accuracy {metrics['test_accuracy']:.4f} ({data.test.size} images). "
-        f"Model saved to {os.path.join(output_dir, 'preset')}."
-    )
-    return metrics
+    def _finish(self, model, record, seconds):
+        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint goes.
+
+        Each is written atomically and in this order, so a kill anywhere here leaves
+        the checkpoint of the last step: `--resume` comes back to this evaluation.
+        """
+        val = model.evaluate(self.val_data, return_dict=True, verbose=0)
+        test = model.evaluate(self.test_data, return_dict=True, verbose=0)
+        durable.fault_point("final:evaluated")
+        log = _read_log(self.log_path)
+        best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
+        safe = f"The checkpoint in {self.backup_dir} is intact."
+        with run_files.storage_errors(self.preset_dir, safe):
+            durable.write_directory(self.preset_dir, model.save_to_preset, stage="preset")
+        metrics = {
+            "status": "completed",
+            "val_accuracy": float(val["accuracy"]),
+            "val_loss": float(val["loss"]),
+            "test_accuracy": float(test["accuracy"]),
+            "test_loss": float(test["loss"]),
+            "best_val_accuracy": best.get("val_accuracy"),
+            "best_epoch": best["epoch"] + 1 if "epoch" in best else None,
+            "val_examples": self.data.validation.size,
+            "test_examples": self.data.test.size,
+            **record,
+        }
+        metrics_path = os.path.join(self.output_dir, METRICS_FILE)
+        with run_files.storage_errors(metrics_path, safe):
+            durable.write_json(metrics_path, metrics, stage="metrics")
+        durable.fault_point("final:completed")
+        shutil.rmtree(self.backup_dir, ignore_errors=True)
+        self.say(
+            f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
+            f"test accuracy {metrics['test_accuracy']:.4f} ({self.data.test.size} images). "
+            f"Model saved to {self.preset_dir}."
+        )
+        return metrics
 
 
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
@@ -457,16 +613,36 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
 
     check_choice("split", split, ("test", "validation", "train"))
     path = os.fspath(path)
-    run_settings = _read_json(os.path.join(path, "train_config.json")) or {}
+    if not os.path.isdir(path):
+        raise ValueError(f"{path!r} does not exist or is not a directory.")
+    run_settings = _read_json(os.path.join(path, SETTINGS_FILE)) or {}
     preset_dir = os.path.join(path, "preset") if run_settings else path
-    if not os.path.isdir(preset_dir):
-        raise ValueError(f"{path!r} is neither a preset directory nor a run directory.")
+    metrics = _read_json(os.path.join(path, METRICS_FILE)) or {} if run_settings else {}
+    if run_settings and metrics.get("status") != "completed":
+        status = metrics.get("status", "unfinished (no metrics.json)")
+        last = os.path.join(path, "checkpoints", "last")
+        raise ValueError(
+            f"The run in {path!r} has not completed, so it has no final model to score: its "
+            f"status is {status}. "
+            + ("Start a new run." if status == "diverged" else
+               f"Finish it with `keras-vitnorm train --resume --output-dir {path}`.")
+            + (f" Its model at the latest epoch end is the preset {last}."
+               if os.path.exists(last) else "")
+        )
+    if not run_settings and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(
+            f"{path!r} is neither a preset directory (config.json, model.weights.npz) nor a "
+            f"run directory ({SETTINGS_FILE})."
+        )
     dataset = dataset or run_settings.get("dataset")
     if dataset is None:
         raise ValueError(f"{path} is not a run directory; name the dataset to score it on.")
     val_fraction = val_fraction or run_settings.get("val_fraction", 0.1)
     model = ViT.from_preset(preset_dir)
-    data = data_lib.load_dataset(dataset, val_fraction, data_dir, manual_dir)
+    data = data_lib.load_dataset(
+        dataset, val_fraction, data_dir, manual_dir,
+        skip_bad_images=bool(run_settings.get("skip_bad_images")),
+    )
     classes = model.get_config()["num_classes"]
     if classes != data.num_classes:
         raise ValueError(

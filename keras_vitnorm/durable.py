@@ -1,0 +1,136 @@
+"""Writes that a kill cannot leave half done, and the fault points that test them.
+
+- `write_file`, `write_text`, `write_json`: a file is written under a temporary name
+  (keeping its suffix, which some writers read), flushed to disk and renamed into
+  place, so a reader finds the old content or the new, never a part.
+- `write_directory`: the same for a whole directory (a saved preset).
+- `fault_point`: named stages at which tests kill the process (or make a write fail)
+  through the `KERAS_VITNORM_FAULT` environment variable; without it, a no-op.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+
+#: Environment variable naming the stage at which `fault_point` strikes, for tests:
+#: `"<stage>"` or `"<stage>@<n>"` (the n-th time that stage is reached, 1-based) kills
+#: the process with SIGKILL; `"enospc:<stage>[@<n>]"` raises a "No space left on
+#: device" error there instead.
+FAULT_ENV = "KERAS_VITNORM_FAULT"
+_fault_counts = {}
+
+
+def fault_point(stage):
+    """Kills the process (or fails a write) here if `KERAS_VITNORM_FAULT` names `stage`."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    fail_write = spec.startswith("enospc:")
+    target, _, nth = spec.removeprefix("enospc:").partition("@")
+    if target != stage:
+        return
+    _fault_counts[stage] = _fault_counts.get(stage, 0) + 1
+    if _fault_counts[stage] != int(nth or 1):
+        return
+    if fail_write:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), stage)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_directory(directory):
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def write_file(path, write, stage=None):
+    """Writes `path` atomically: `write(temporary_path)`, fsync, then rename into place.
+
+    Args:
+        path: destination.
+        write: callable taking the temporary path and writing the whole file there.
+        stage: optional `fault_point` name; `<stage>` strikes after the temporary file
+            is complete, before the rename.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    # The temporary name keeps the file's suffix: Keras picks the format by it.
+    temporary = os.path.join(directory, f".writing.{os.path.basename(path)}")
+    try:
+        write(temporary)
+        with open(temporary, "rb+") as f:
+            os.fsync(f.fileno())
+        if stage:
+            fault_point(stage)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def write_text(path, text, stage=None):
+    def write(temporary):
+        with open(temporary, "w") as f:
+            f.write(text)
+
+    write_file(path, write, stage)
+
+
+def write_json(path, value, stage=None):
+    write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n", stage)
+
+
+def write_directory(path, write, stage=None):
+    """Writes the directory `path` whole: `write(temporary_dir)`, then renamed into place.
+
+    An existing `path` is replaced: it is renamed aside, the new directory renamed in,
+    then the old one deleted. A kill between the two renames leaves `path` missing with
+    both complete copies beside it; `recover_directory` puts the right one back.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(os.path.normpath(path))
+    temporary = os.path.join(parent, f".{name}.writing")
+    old = os.path.join(parent, f".{name}.old")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        write(temporary)
+        if stage:
+            fault_point(stage)
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+        os.rename(temporary, path)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_directory(parent)
+
+
+def recover_directory(path):
+    """Restores `path` from what an interrupted `write_directory` left; removes leftovers.
+
+    A finished new copy (`.<name>.writing` is never renamed unfinished) is not known to
+    be complete, so it is dropped; an old copy renamed aside comes back if `path` is
+    missing.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(os.path.normpath(path))
+    old = os.path.join(parent, f".{name}.old")
+    shutil.rmtree(os.path.join(parent, f".{name}.writing"), ignore_errors=True)
+    if os.path.isdir(old):
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(old, path)

@@ -1,0 +1,175 @@
+"""What keeps a run directory usable whatever moment its process is killed.
+
+- `RunLock`: one process owns a run (or study) directory at a time.
+- `StorageError`: a full disk or a refused write becomes one message that names the
+  file and what is still safe.
+
+The atomic writes and fault points themselves are in `keras_vitnorm.durable`.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import time
+
+#: Errors of the storage itself, reported as a `StorageError`.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class StorageError(OSError):
+    """A run's file could not be written (full disk, quota, permissions, read-only)."""
+
+
+def _storage_error(error):
+    """Whether `error` is the storage refusing a write (h5py's included)."""
+    if isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS:
+        return True
+    text = str(error).lower()
+    return any(words in text for words in ("no space left", "disk quota", "file too large",
+                                           "permission denied", "read-only file system"))
+
+
+@contextlib.contextmanager
+def storage_errors(path, safe):
+    """Turns a storage failure while writing `path` into a `StorageError`.
+
+    Args:
+        path: the file or directory being written.
+        safe: str, what is still intact (e.g. the last good checkpoint), for the message.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as error:  # h5py raises its own types for a failed write
+        if not _storage_error(error):
+            raise
+        raise StorageError(
+            getattr(error, "errno", None) or errno.EIO,
+            f"Could not write {path}: {error}. {safe} Free space (or fix the permissions) "
+            "and continue with --resume.",
+        ) from error
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def _process_start(pid):
+    """The start time of process `pid` (Linux clock ticks since boot), or `None`."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _process_alive(pid, start):
+    """Whether `pid` runs and, where the start time is known, is the same process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _process_start(pid)
+    return start is None or now is None or now == start
+
+
+class LockedError(RuntimeError):
+    """The directory is owned by another process (or by a stale lock not taken over)."""
+
+
+class RunLock:
+    """An exclusive lock on a run or study directory: `<directory>/<name>`.
+
+    The lock file is created atomically (`O_CREAT | O_EXCL`) and holds the owner's pid,
+    process start time, host and command line; it is removed when the owner finishes
+    or fails (a `with` block). A lock whose process no longer runs on this host is
+    stale: it is reported, and `take_over=True` replaces it. A lock held by a live
+    process, or by another host (whose processes cannot be checked from here unless
+    `take_over` says it is dead), is refused.
+
+    Example:
+    >>> with RunLock("runs/a"):
+    ...     pass  # only this process writes runs/a here
+    """
+
+    def __init__(self, directory, name="run.lock", take_over=False, what="run directory"):
+        self.path = os.path.join(directory, name)
+        self.directory = directory
+        self.take_over = take_over
+        self.what = what
+        self._held = False
+
+    def _record(self):
+        import sys
+
+        pid = os.getpid()
+        return {
+            "pid": pid,
+            "process_start": _process_start(pid),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+        }
+
+    def holder(self):
+        """The lock file's record, or `None` if there is none (or it is unreadable)."""
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self):
+        os.makedirs(self.directory, exist_ok=True)
+        for _ in range(2):
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._handle_existing()
+                continue
+            with os.fdopen(descriptor, "w") as f:
+                json.dump(self._record(), f)
+            self._held = True
+            return self
+        raise LockedError(f"Could not take the lock {self.path}: another process took it first.")
+
+    def _handle_existing(self):
+        holder = self.holder()
+        if holder is None:
+            return  # released meanwhile: try again
+        pid, host = holder.get("pid"), holder.get("host")
+        here = host == socket.gethostname()
+        who = f"pid {pid} on {host}, started {holder.get('started')}: {holder.get('command')!r}"
+        if here and isinstance(pid, int) and _process_alive(pid, holder.get("process_start")):
+            raise LockedError(
+                f"The {self.what} {self.directory} is in use by another process ({who}). "
+                "Wait for it to finish, or stop it first; two processes must not write one run."
+            )
+        if not self.take_over:
+            state = "no longer runs" if here else "cannot be checked from this host"
+            raise LockedError(
+                f"The {self.what} {self.directory} has a lock from {who}, a process that "
+                f"{state}. If that process is gone, take the directory over with "
+                "--take-over-lock (Python: take_over_lock=True)."
+            )
+        os.remove(self.path)
+
+    def release(self):
+        if self._held:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            self._held = False
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False

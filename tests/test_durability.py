@@ -1,0 +1,405 @@
+"""A run survives any kill: fault injection at every writing stage, one writer per run,
+storage errors, and clear errors for damaged files and image folders.
+
+The fault harness runs a tiny training in a child process with `KERAS_VITNORM_FAULT`
+naming a stage (`keras_vitnorm.durable.fault_point`), where the child kills itself with
+SIGKILL, then resumes the run here and compares its final weights, bit for bit, with
+an uninterrupted run of the same seed.
+"""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vitnorm import ViT
+from keras_vitnorm import cli
+from keras_vitnorm import durable
+from keras_vitnorm.training import TrainConfig
+from keras_vitnorm.training import evaluate
+from keras_vitnorm.training import load_dataset
+from keras_vitnorm.training import train
+from keras_vitnorm.training.run_files import LockedError
+from keras_vitnorm.training.run_files import StorageError
+from test_training import TINY
+from test_training import run_python
+from test_training import write_image_folder
+
+# 12 steps in epochs of 4, a backup every 3 steps: checkpoints at steps 3, 4, 7, 8, 11, 12.
+# Crops, flips, dropout and drop path: every source of randomness a step has.
+RUN = dict(model={**TINY, "dropout": 0.1}, drop_path=0.1, steps=12, steps_per_epoch=4,
+           backup_every=3, batch_size=32, warmup_steps=1, learning_rate=3e-3, flip=True,
+           grad_norm_every=2, tensorboard=False)
+
+
+def run_config(output_dir, **overrides):
+    return TrainConfig.from_recipe("small", **{**RUN, "output_dir": str(output_dir), **overrides})
+
+
+def final_weights(run_dir):
+    with np.load(os.path.join(run_dir, "preset", "model.weights.npz")) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def csv_rows(path):
+    return [line for line in open(path).read().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run: its final weights, metrics, log and gradient-norm records."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    metrics = train(run_config(run_dir), verbose=0)
+    return {
+        "weights": final_weights(run_dir),
+        "metrics": metrics,
+        "log": csv_rows(run_dir / "log.csv"),
+        "grad_norms": csv_rows(run_dir / "grad_norms.csv"),
+    }
+
+
+def killed_at(stage, run_dir, extra=""):
+    """Trains `run_dir` in a child process that kills itself at `stage`."""
+    code = f"""
+        from keras_vitnorm.training import TrainConfig, train
+        config = TrainConfig.from_recipe("small", **{dict(RUN, output_dir=str(run_dir))!r})
+        {extra}
+        train(config, verbose=0)
+    """
+    child = run_python(code, env={durable.FAULT_ENV: stage})
+    assert child.returncode == -signal.SIGKILL, (stage, child.stderr[-3000:])
+
+
+def assert_same_as_reference(run_dir, reference):
+    weights = final_weights(run_dir)
+    assert sorted(weights) == sorted(reference["weights"])
+    for key, value in reference["weights"].items():
+        np.testing.assert_array_equal(weights[key], value, err_msg=key)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["steps"] == 12
+    assert metrics["test_accuracy"] == reference["metrics"]["test_accuracy"]
+    log = csv_rows(run_dir / "log.csv")
+    assert [row.split(",")[0] for row in log] == [row.split(",")[0] for row in reference["log"]]
+    # Validation columns are exact; a resumed epoch's training columns average only the
+    # batches run after the resume (Keras resets its metrics at each epoch start).
+    header = log[0].split(",")
+    for column in ("val_accuracy", "val_loss"):
+        index = header.index(column)
+        assert [r.split(",")[index] for r in log[1:]] == [
+            r.split(",")[index] for r in reference["log"][1:]
+        ]
+    assert csv_rows(run_dir / "grad_norms.csv") == reference["grad_norms"]
+    assert not (run_dir / "backup").exists() and not (run_dir / "run.lock").exists()
+
+
+STAGES = [
+    "checkpoint:begin@1",   # before the first checkpoint: starts again from step 0
+    "checkpoint:weights@3",  # weights of step 7 written, its state not yet
+    "checkpoint:state@3",    # step 7 complete under its temporary name
+    "checkpoint:renamed@3",  # step 7 in place, step 4 not yet deleted
+    "best@1",                # best-model preset written, not renamed
+    "last@2",                # last-model preset written, not renamed
+    "final:evaluated",       # all 12 steps done, killed in the final evaluation
+    "preset",                # preset written under its temporary name
+    "metrics",               # metrics.json written, not renamed
+]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_killed_at_any_writing_stage_resumes_to_the_uninterrupted_weights(tmp_path, reference, stage):
+    run_dir = tmp_path / "run"
+    killed_at(stage, run_dir)
+    assert not (run_dir / "metrics.json").exists()
+    with pytest.raises(ValueError, match=r"has not completed.*its status is unfinished.*--resume"):
+        evaluate(str(run_dir))
+    train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
+    assert_same_as_reference(run_dir, reference)
+
+
+def test_killed_after_the_results_are_written_keeps_them(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    killed_at("final:completed", run_dir)
+    with pytest.raises(ValueError, match="already completed"):
+        train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
+    weights = final_weights(run_dir)
+    for key, value in reference["weights"].items():
+        np.testing.assert_array_equal(weights[key], value)
+    assert evaluate(str(run_dir))["examples"] > 0
+
+
+def test_a_checkpoint_is_never_a_mix_of_two_steps(tmp_path):
+    """Killed between writing a checkpoint's weights and its state, the run resumes from
+    the previous complete checkpoint, whose weights and step belong together."""
+    run_dir = tmp_path / "run"
+    killed_at("checkpoint:state@2", run_dir)
+    names = sorted(os.listdir(run_dir / "backup"))
+    assert names[-1] == "step-000000003"  # step 4 never completed
+    state = json.loads((run_dir / "backup" / "step-000000003" / "state.json").read_text())
+    assert state == {"epoch": 0, "batch": 3, "step": 3}
+    train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 12
+
+
+# ----------------------------------------------------------------------------- one writer
+
+
+def test_a_second_process_cannot_write_a_running_run_and_a_stale_lock_is_taken_over(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    gate = tmp_path / "gate"
+    code = f"""
+        import os, time, keras
+        from keras_vitnorm.training import TrainConfig, train
+
+        class Wait(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == 5:
+                    open({str(tmp_path / "waiting")!r}, "w").close()
+                    while not os.path.exists({str(gate)!r}):
+                        time.sleep(0.05)
+
+        config = TrainConfig.from_recipe("small", **{dict(RUN, output_dir=str(run_dir))!r})
+        train(config, callbacks=[Wait()], verbose=0)
+    """
+    child = subprocess.Popen(
+        [sys.executable, "-c", __import__("textwrap").dedent(code)],
+        env={**os.environ, "KERAS_BACKEND": keras.backend.backend()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while not (tmp_path / "waiting").exists():
+            assert child.poll() is None, child.communicate()[1][-3000:]
+            assert time.time() < deadline
+            time.sleep(0.1)
+        before = sorted(os.listdir(run_dir))
+        for kwargs in (dict(resume=True), dict(overwrite=True), dict(resume=True, take_over_lock=True)):
+            with pytest.raises(LockedError, match=f"in use by another process \\(pid {child.pid}"):
+                train(run_config(run_dir), verbose=0, **kwargs)
+        assert sorted(os.listdir(run_dir)) == before
+        code = cli.main(["train", "--resume", "--output-dir", str(run_dir)])
+        assert code == 2
+        child.kill()  # the owner dies holding the lock
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    holder = json.loads((run_dir / "run.lock").read_text())
+    assert holder["pid"] == child.pid
+    with pytest.raises(LockedError, match="a process that no longer runs.*--take-over-lock"):
+        train(run_config(run_dir), resume=True, verbose=0)
+    train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
+    assert_same_as_reference(run_dir, reference)
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+def test_a_failed_write_is_one_clear_error_and_the_last_checkpoint_stays_usable(
+    tmp_path, reference, monkeypatch
+):
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv(durable.FAULT_ENV, "enospc:checkpoint:weights@2")
+    monkeypatch.setattr(durable, "_fault_counts", {})
+    with pytest.raises(StorageError, match=r"Could not write .*\.step-000000004.*No space left on "
+                       r"device.*The checkpoint .*step-000000003 \(step 3\) is intact.*--resume"):
+        train(run_config(run_dir), verbose=0)
+    assert not (run_dir / "run.lock").exists()  # released on the error
+    monkeypatch.delenv(durable.FAULT_ENV)
+    train(run_config(run_dir), resume=True, verbose=0)
+    assert_same_as_reference(run_dir, reference)
+
+
+def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
+    """The operating system refuses files over 64 KiB (RLIMIT_FSIZE, set in the child
+    itself): the first checkpoint cannot be written. The command ends with its message,
+    not a traceback or a crash."""
+    run_dir = tmp_path / "run"
+    argv = ["keras-vitnorm", "train", "--steps", "4", "--batch-size", "32", "--warmup-steps", "1",
+            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
+            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
+            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"]),
+            "--no-tensorboard", "--verbose", "0", "--output-dir", str(run_dir)]
+    child = run_python(f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        from keras_vitnorm.cli import console
+        sys.argv = {argv!r}
+        console()
+    """)
+    assert child.returncode == 4, child.stderr[-3000:]
+    assert "Could not write" in child.stderr and "File too large" in child.stderr
+    assert "Traceback" not in child.stderr
+    assert (run_dir / "train_config.json").exists() and not (run_dir / "run.lock").exists()
+
+
+# ----------------------------------------------------------------------------- damaged files
+
+
+@pytest.fixture
+def preset_dir(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = ViT(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64,
+                num_classes=3)
+    path = tmp_path / "preset"
+    model.save_to_preset(path)
+    return path
+
+
+def test_a_truncated_weights_archive_is_named(preset_dir):
+    weights = preset_dir / "model.weights.npz"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"{weights}.*truncated or corrupt"):
+        ViT.from_preset(str(preset_dir))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"class_name": "ViT", "conf', "is not valid JSON"),
+        ('{"class_name": "ViT"}', "needs 'class_name': 'ViT' and a 'config' object"),
+        ("[1, 2]", "holds a JSON list, not an object"),
+        ("{}", "names no model format"),
+    ],
+)
+def test_a_damaged_config_is_named(preset_dir, text, message):
+    (preset_dir / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as error:
+        ViT.from_preset(str(preset_dir))
+    assert str(preset_dir / "config.json") in str(error.value)
+
+
+def test_convert_exits_2_on_a_damaged_checkpoint(tmp_path, capsys):
+    bad = tmp_path / "ViT-S_16.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    assert cli.main(["convert", str(bad), str(tmp_path / "out")]) == 2
+    assert str(bad) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- image folders
+
+
+def damaged_folder(root):
+    write_image_folder(root)
+    truncated = root / "cat" / "0.png"
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    (root / "dog" / "notes.png").write_text("this is text, not a picture")
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / "eel" / ".hidden.png").write_text("hidden files are not images")
+    return truncated, root / "dog" / "notes.png"
+
+
+def test_unreadable_images_are_named_before_training_or_skipped_by_a_flag(tmp_path):
+    root = tmp_path / "images"
+    truncated, text = damaged_folder(root)
+    with pytest.raises(ValueError) as error:
+        load_dataset(f"folder:{root}")
+    message = str(error.value)
+    assert "2 file(s)" in message and "--skip-bad-images" in message
+    assert f"{truncated} is a truncated PNG" in message
+    assert f"{text} is not a JPEG, PNG, GIF or BMP image" in message
+    data = load_dataset(f"folder:{root}", skip_bad_images=True)
+    assert data.class_names == ["cat", "dog", "eel"]  # no ".ipynb_checkpoints" class
+    assert data.train.size + data.validation.size + data.test.size == 31 - 2
+    assert "skipped 2 unreadable image(s)" in data.describe()
+    metrics = train(run_config(tmp_path / "run", dataset=f"folder:{root}", skip_bad_images=True,
+                               steps=2, batch_size=8, grad_norm_every=None), verbose=0)
+    assert metrics["status"] == "completed"
+
+
+def test_an_image_damaged_inside_is_named_when_it_fails_to_decode(tmp_path):
+    root = tmp_path / "images"
+    write_image_folder(root)
+    damaged = root / "dog" / "3.png"
+    data = bytearray(damaged.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 10):
+        data[i] ^= 0xFF  # the PNG's ends are intact, its compressed pixels are not
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{damaged} does not decode"):
+        train(run_config(tmp_path / "run", dataset=f"folder:{root}", steps=6, batch_size=8,
+                         grad_norm_every=None), verbose=0)
+
+
+def test_storage_errors_are_recognized_from_their_errno():
+    from keras_vitnorm.training.run_files import storage_errors
+
+    with pytest.raises(StorageError, match="Could not write x.*intact"):
+        with storage_errors("x", "The thing is intact."):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    with pytest.raises(KeyError):
+        with storage_errors("x", "safe"):
+            raise KeyError("not a storage error")
+
+
+# ----------------------------------------------------------------------------- the study runner
+
+
+STUDY = dict(model=TINY, steps=6, steps_per_epoch=3, batch_size=32, warmup_steps=1,
+             learning_rate=3e-3, tensorboard=False, grad_norm_every=3)
+
+
+def run_tiny_study(study_dir, **kwargs):
+    from keras_vitnorm.study import run_study
+
+    base = TrainConfig.from_recipe("small", **STUDY)
+    return run_study(base, ["norm_types"], [0], str(study_dir),
+                     {"norm_types": ["rmsnorm"]}, verbose=0, **kwargs)
+
+
+def study_results(study_dir):
+    lines = csv_rows(study_dir / "results.csv")
+    header = lines[0].split(",")
+    keep = [header.index(k) for k in ("group", "variant", "seed", "status", "test_accuracy",
+                                      "val_accuracy", "steps")]
+    return [[line.split(",")[i] for i in keep] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def reference_study(tmp_path_factory):
+    study_dir = tmp_path_factory.mktemp("study") / "s"
+    run_tiny_study(study_dir)
+    return study_results(study_dir), study_dir
+
+
+@pytest.mark.parametrize("stage", ["checkpoint:weights@4", "results@1", "preset@2"])
+def test_a_killed_study_reruns_to_the_uninterrupted_results(tmp_path, reference_study, stage):
+    """Stage counts run over the study: the 4th checkpoint is in the second run (each run
+    saves at steps 3 and 6), the 2nd preset is the second run's."""
+    expected, reference_dir = reference_study
+    study_dir = tmp_path / "s"
+    child = run_python(
+        f"""
+        from keras_vitnorm.training import TrainConfig
+        from keras_vitnorm.study import run_study
+        base = TrainConfig.from_recipe("small", **{STUDY!r})
+        run_study(base, ["norm_types"], [0], {str(study_dir)!r}, {{"norm_types": ["rmsnorm"]}},
+                  verbose=0)
+        """,
+        env={durable.FAULT_ENV: stage},
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    with pytest.raises(LockedError, match="study directory .* no longer runs"):
+        run_tiny_study(study_dir)
+    run_tiny_study(study_dir, take_over_lock=True)
+    assert study_results(study_dir) == expected
+    for variant in ("layernorm", "rmsnorm"):
+        got = final_weights(study_dir / "norm_types" / variant / "seed_0")
+        want = final_weights(reference_dir / "norm_types" / variant / "seed_0")
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{variant} {key}")
+
+
+def test_two_studies_cannot_share_a_directory(tmp_path):
+    from keras_vitnorm.training.run_files import RunLock
+
+    with RunLock(str(tmp_path / "s"), "study.lock", what="study directory"):
+        with pytest.raises(LockedError, match="study directory .* in use by another process"):
+            run_tiny_study(tmp_path / "s")
