@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 import bench_ab  # noqa: E402
 import bench_norms  # noqa: E402
+import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import profile_tensorflow  # noqa: E402
 import profile_torch  # noqa: E402
@@ -44,6 +45,8 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_vit, ["--repeats", "-1"]),
     (bench_vit, ["--rounds", "0"]),
     (bench_vit, ["--warmup", "-1"]),
+    (bench_variants, ["--rounds", "0"]),
+    (bench_variants, ["--model", "b16"]),
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
@@ -363,3 +366,26 @@ def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_opt
     assert by_part[("optimizer", "forward")] > 0
     lines = profile_tensorflow.tables(by_kernel, by_part, rows=5)
     assert lines[0].startswith("| kernel |") and len(lines) >= 2 + 5
+
+
+def test_variant_worker_times_every_variant_in_every_round():
+    import keras
+
+    args = argparse.Namespace(model="study", batch_size=2, rounds=2, steps=1, warmup=1,
+                              mixed_precision="float32")
+    result = bench_variants.worker(args)
+    assert list(result["seconds"]) == list(bench_variants.VARIANTS)
+    assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
+    summary = bench_variants.summarize(result)
+    ratio, low, high, seconds = summary["layernorm (baseline)"]
+    assert ratio == low == high == 1.0 and seconds > 0
+    table = bench_variants.markdown({keras.backend.backend(): result}, argparse.Namespace(
+        model="study", batch_size=2, mixed_precision="float32", rounds=2, steps=1))
+    assert "| conv stem | " in table and table.count("\n|") == 2 + len(bench_variants.VARIANTS)
+
+
+def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
+    result = {"seconds": {name: [2.0, 4.0] for name in bench_variants.VARIANTS}}
+    result["seconds"]["rmsnorm"] = [1.0, 4.0]  # faster in round 1 only, as its baseline drifted
+    ratio, low, high, _ = bench_variants.summarize(result)["rmsnorm"]
+    assert (low, high) == (0.5, 1.0) and ratio == 0.75

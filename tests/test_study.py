@@ -119,8 +119,10 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
         ("dual_patchnorm", 0, "completed"), ("dual_patchnorm", 1, "completed")]
     assert os.path.exists(os.path.join(study, "results.csv"))
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
-    assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
-    for name in ("stems_gains", "stems_loss", "gradient_norms", "stem_scales", "stems_residual_stream"):
+    assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
+    assert "| patch (seed 0) |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
+    for name in ("stems_gains", "stems_loss", "stems_gradient_norms", "stems_stem_scales",
+                 "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
@@ -181,3 +183,129 @@ def test_ablate_cli_errors(capsys, tmp_path, argv, message):
         status = exit.code
     assert status == 2
     assert message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- factor groups
+
+
+def test_new_groups_hold_the_asked_variants_and_each_builds():
+    from keras_vitnorm import ViT
+    from keras_vitnorm.study.variants import VARIANT_GROUPS
+    from keras_vitnorm.study.variants import variant_factors
+
+    assert list(VARIANT_GROUPS["converged"]) == [
+        "pre_ln", "dual_patchnorm", "post_ln", "conv_stem", "rmsnorm", "dyt", "batchnorm"]
+    depth = VARIANT_GROUPS["depth_stability"]
+    assert len(depth) == 3 * 3 * 2
+    assert variant_factors("depth_stability", "deepnorm-depth_24-no_warmup") == {
+        "placement": "deepnorm", "depth": 24, "warmup": False}
+    assert depth["deepnorm-depth_24-no_warmup"] == (
+        {"block_style": "deepnorm", "depth": 24}, {"warmup_steps": 0})
+    factors = VARIANT_GROUPS["dpn_factors"]
+    assert factors["dpn-p8-n10000"] == (
+        {"stem": "dual_patchnorm", "patch_size": 8}, {"train_examples": 10000})
+    assert {variant_factors("dpn_factors", n)["stem"] for n in factors} == {
+        "patch", "dpn", "pre_patchnorm", "post_patchnorm"}
+    for group in ("converged", "dpn_factors", "depth_stability", "depth_drop_path"):
+        for name, (model, _) in VARIANT_GROUPS[group].items():
+            config = {**TINY, "image_size": 16, "depth": 2, "num_classes": 3, **model}
+            config["patch_size"] = min(config["patch_size"], 8)
+            assert ViT(**config).count_params() > 0, (group, name)
+
+
+def test_welch_interval_matches_scipy():
+    from scipy import stats
+
+    from keras_vitnorm.study.factors import difference_interval
+
+    a, b = [0.71, 0.74, 0.70], [0.65, 0.69, 0.66, 0.64]
+    difference, half = difference_interval(a, b)
+    assert difference == pytest.approx(np.mean(a) - np.mean(b))
+    t = stats.ttest_ind(a, b, equal_var=False)
+    # At the 95% interval's edge the Welch test's p-value is 0.05.
+    assert (abs(difference) > half) == (t.pvalue < 0.05)
+    se = difference / t.statistic
+    df = (np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 4) ** 2 / (
+        (np.var(a, ddof=1) / 3) ** 2 / 2 + (np.var(b, ddof=1) / 4) ** 2 / 3)
+    assert half == pytest.approx(stats.t.ppf(0.975, df) * se)
+    assert math.isnan(difference_interval([0.5], [0.4, 0.6])[1])
+
+
+def factor_row(variant, seed, accuracy, group="dpn_factors", status="completed", step=None):
+    return {"group": group, "variant": variant, "seed": seed, "status": status,
+            "test_accuracy": accuracy, "diverged_at_step": step}
+
+
+def test_dpn_factor_table_gives_each_level_its_difference():
+    from keras_vitnorm.study.factors import dpn_factor_table
+
+    rows = [factor_row("patch-p4-n2500", s, a) for s, a in enumerate([0.50, 0.52, 0.51])]
+    rows += [factor_row("dpn-p4-n2500", s, a) for s, a in enumerate([0.45, 0.46, 0.44])]
+    rows += [factor_row("patch-p8-n10000", s, a) for s, a in enumerate([0.60, 0.61, 0.62])]
+    rows += [factor_row("dpn-p8-n10000", s, a) for s, a in enumerate([0.62, 0.60, 0.63])]
+    table = dpn_factor_table(rows)
+    assert "| 4 | 2,500 | dpn | 3 | 45.00 ± " in table and "| -6.00 ± " in table
+    line = next(l for l in table.splitlines() if l.startswith("| 4 | 2,500"))
+    assert line.endswith(" * |")  # the interval excludes zero
+    line = next(l for l in table.splitlines() if l.startswith("| 8 | 10,000"))
+    assert "+0.67 ± " in line and not line.endswith(" * |")
+
+
+def test_depth_table_counts_trained_diverged_and_stalled_runs():
+    from keras_vitnorm.study.factors import depth_table
+
+    group = "depth_stability"
+    rows = [
+        factor_row("post_ln-depth_24-no_warmup", 0, None, group, "diverged", 37),
+        factor_row("post_ln-depth_24-no_warmup", 1, 0.1, group),
+        factor_row("post_ln-depth_24-no_warmup", 2, 0.55, group),
+        factor_row("pre_ln-depth_24", 0, 0.6, group),
+    ]
+    table = depth_table(rows)
+    assert "| post_ln | 24 | no | 3 | 1 | 1 (37) | 1 | 55.00 |" in table
+    assert "| pre_ln | 24 | yes | 1 | 1 | 0 | 0 | 60.00 |" in table
+
+
+def test_patch_norm_analysis_is_the_model_stems_view():
+    from keras_vitnorm.analysis import patch_norm
+    from keras_vitnorm.layers import patchify
+
+    images = np.random.default_rng(0).normal(size=(3, 8, 12, 3))
+    patches = patch_norm.patch_vectors(images, 4)
+    expected = keras_numpy(patchify(images.astype("float32"), 4))
+    np.testing.assert_allclose(patches, expected, atol=1e-6)
+    standardized = patch_norm.standardize_patches(patches)
+    np.testing.assert_allclose(standardized.mean(-1), 0, atol=1e-9)
+    np.testing.assert_allclose(standardized.std(-1), 1, atol=1e-4)
+    mean, std = patch_norm.removed_statistics(patches)
+    assert mean.shape == std.shape == (3, 6)
+    flat = np.ones((1, 4, 4, 1)) * 2.0  # all energy in the mean
+    assert patch_norm.energy_in_patch_means(patch_norm.patch_vectors(flat, 2)) == pytest.approx(1.0)
+
+
+def test_patch_norm_probe_finds_what_the_first_norm_removes():
+    """Classes that differ only in each patch's brightness: the probe on the removed
+    statistics separates them; the probe on standardized patches cannot."""
+    from keras_vitnorm.analysis.patch_norm import patch_norm_probe
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 400)
+    texture = rng.normal(size=(400, 8, 8, 1))
+    images = texture + 3.0 * labels[:, None, None, None]
+    result = patch_norm_probe(images[:300], labels[:300], images[300:], labels[300:], 4)
+    assert result["patch_mean_and_std"] > 0.95 and result["pixels"] > 0.95
+    assert result["standardized_patches"] < 0.7
+    assert result["patch_dim"] == 16 and 0 < result["energy_in_means"] < 1
+
+
+def test_dpn_mechanism_writes_the_probe_table(tmp_path):
+    base = TrainConfig.from_recipe("small", model={**TINY, "image_size": 16}, steps=2)
+    path = runner.dpn_mechanism(base, str(tmp_path), patch_sizes=(4, 8), train_count=300)
+    text = open(path).read()
+    assert "| 4 | 16 (LN_0 removes 2) |" in text and "| 8 | 64 (LN_0 removes 2) |" in text
+
+
+def keras_numpy(x):
+    import keras
+
+    return keras.ops.convert_to_numpy(x)

@@ -16,6 +16,7 @@ points at the run it shares.
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -23,8 +24,13 @@ import re
 
 import numpy as np
 
+from keras_vitnorm.study import factors
+from keras_vitnorm.study.variants import DEPTHS
+from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import TrainingDiverged
+from keras_vitnorm import durable
+from keras_vitnorm.training import run_files
 from keras_vitnorm.training import train
 from keras_vitnorm.training.config import setting_changes
 
@@ -42,7 +48,7 @@ def _read_metrics(run_dir):
         return json.load(f)
 
 
-def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
+def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -53,10 +59,21 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
         output_dir: the study directory.
         variants: optional `{group: [variant names]}` to run a subset.
         verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
+        take_over_lock: bool. Take over the study directory (and its runs) if their
+            locks were left by a process that no longer runs.
+
+    The study directory is locked (`study.lock`) while this runs, and each run's
+    directory by `train`; every table is written atomically.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
     plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
+    with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
+                           what="study directory"):
+        return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock)
+
+
+def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
     _check_study_config(base, output_dir)
     rows = []
     trained = {}  # effective settings -> run directory, to share identical runs
@@ -73,9 +90,11 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1):
                 elif verbose:
                     print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
                 config.output_dir = run_dir
-                rows.append(_run_one(config, group, name, run_dir, verbose))
+                rows.append(_run_one(config, group, name, run_dir, verbose, take_over_lock))
                 write_results(rows, output_dir)  # kept current, so a long study can be read early
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=_probe_images(base))
+    if any(group == "dpn_factors" for group, _ in plan):
+        dpn_mechanism(base, output_dir)
     return rows
 
 
@@ -87,7 +106,8 @@ def _probe_images(base, count=64):
     if size is None:
         return None  # the preset's own size: left to the caller
     size = (size, size) if isinstance(size, int) else tuple(size)
-    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir)
+    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
+                                 skip_bad_images=bool(base.skip_bad_images))
     channels = base.model.get("num_channels", data.channels)
     batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
     return np.asarray(batch[0])
@@ -108,19 +128,23 @@ def _check_study_config(base, output_dir):
             )
         return
     os.makedirs(output_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(current, f, indent=2, sort_keys=True)
+    durable.write_json(path, current)
 
 
 def make_figures(rows, figure_dir, probe_images=None):
-    """Writes every figure the results allow; returns their paths.
+    """Writes every figure (and the tables computed with them) the results allow.
 
-    Per group: gains (`<group>_gains.png`) and loss curves (`<group>_loss.png`). When
-    the `stems` group has `patch` and `dual_patchnorm` runs with gradient-norm records:
-    `gradient_norms.png`; when it has a finished `dual_patchnorm` run:
-    `stem_scales.png` (its first seed). With `probe_images`, per group
-    `<group>_residual_stream.png`: the residual-stream RMS and consecutive-block
+    Per group: gains (`<group>_gains.png`) and loss curves (`<group>_loss.png`). For
+    each group of `STEM_PAIRS` with gradient-norm records of both stems:
+    `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
+    `<group>_stem_scales.png` (its first seed). For `depth_stability`: gradient norms
+    by depth of the deepest models with warm-up (`depth_gradient_norms.png`). With
+    `probe_images`, per group `<group>_residual_stream.png` and, beside the figures,
+    `<group>_residual_stream.md`: the residual-stream RMS and consecutive-block
     similarity of each variant's first finished run on those images.
+
+    Returns:
+        The paths written.
     """
     from keras_vitnorm.study import figures
 
@@ -135,29 +159,48 @@ def make_figures(rows, figure_dir, probe_images=None):
             group_rows, f"{group}: loss per epoch (mean over seeds)",
             os.path.join(figure_dir, f"{group}_loss.png")))
         if probe_images is not None:
-            paths.append(_residual_stream_figure(group, group_rows, probe_images, figure_dir))
-    stems = [r for r in rows if r["group"] == "stems" and r["status"] == "completed"]
+            paths.extend(_residual_stream_outputs(group, group_rows, probe_images, figure_dir))
+    for group, pair in STEM_PAIRS.items():
+        paths.extend(_stem_figures(rows, group, pair, figure_dir))
+    deepest = [r for r in rows if r["group"] == "depth_stability" and r["status"] == "completed"]
     grad_runs = {}
-    for variant in ("patch", "dual_patchnorm"):
-        run = next((r for r in stems if r["variant"] == variant), None)
+    for variant in (f"{placement}-depth_{max(DEPTHS)}" for placement in ("pre_ln", "post_ln", "deepnorm")):
+        run = next((r for r in deepest if r["variant"] == variant), None)
+        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
+            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    if len(grad_runs) > 1:
+        paths.append(figures.plot_gradient_norms(
+            grad_runs, f"gradient norm by depth, depth {max(DEPTHS)}",
+            os.path.join(figure_dir, "depth_gradient_norms.png")))
+    return paths
+
+
+def _stem_figures(rows, group, pair, figure_dir):
+    from keras_vitnorm.study import figures
+
+    finished = [r for r in rows if r["group"] == group and r["status"] == "completed"]
+    paths, grad_runs = [], {}
+    for variant in pair:
+        run = next((r for r in finished if r["variant"] == variant), None)
         if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
             grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
     if len(grad_runs) == 2:
         paths.append(figures.plot_gradient_norms(
-            grad_runs, "gradient norm by depth", os.path.join(figure_dir, "gradient_norms.png")))
-    dpn = next((r for r in stems if r["variant"] == "dual_patchnorm"), None)
+            grad_runs, f"{group}: gradient norm by depth",
+            os.path.join(figure_dir, f"{group}_gradient_norms.png")))
+    dpn = next((r for r in finished if r["variant"] == pair[1]), None)
     if dpn:
         from keras_vitnorm.analysis.probes import stem_scale_map
         from keras_vitnorm.models import ViT
 
         scale = stem_scale_map(ViT.from_preset(os.path.join(dpn["run_dir"], "preset")))
         paths.append(figures.plot_stem_scales(
-            scale, "DPN: learned scale of the first stem LayerNorm",
-            os.path.join(figure_dir, "stem_scales.png")))
+            scale, f"{group}: learned scale of DPN's first stem LayerNorm",
+            os.path.join(figure_dir, f"{group}_stem_scales.png")))
     return paths
 
 
-def _residual_stream_figure(group, rows, images, figure_dir):
+def _residual_stream_outputs(group, rows, images, figure_dir):
     from keras_vitnorm.analysis.probes import residual_stream
     from keras_vitnorm.models import ViT
     from keras_vitnorm.study import figures
@@ -168,9 +211,62 @@ def _residual_stream_figure(group, rows, images, figure_dir):
         if run:
             model = ViT.from_preset(os.path.join(run["run_dir"], "preset"))
             streams[f"{name} (seed {run['seed']})"] = residual_stream(model, images)
-    return figures.plot_residual_stream(
+    if not streams:
+        return []
+    table = os.path.join(figure_dir, f"{group}_residual_stream.md")
+    durable.write_text(table, factors.residual_stream_table(streams))
+    return [figures.plot_residual_stream(
         streams, f"{group}: residual stream of trained models ({len(images)} validation images)",
-        os.path.join(figure_dir, f"{group}_residual_stream.png"))
+        os.path.join(figure_dir, f"{group}_residual_stream.png")), table]
+
+
+def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=10000):
+    """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data.
+
+    For each patch size: linear-probe accuracy on the pixels, on the patches after
+    `LN_0`, and on the two numbers per patch that `LN_0` removes (mean and standard
+    deviation), and the share of the patches' energy in their means
+    (`keras_vitnorm.analysis.patch_norm`). Probes train on the first `train_count`
+    images of a class-stratified subset of the training split and are scored on the
+    validation split.
+    """
+    from keras_vitnorm.analysis.patch_norm import patch_norm_probe
+    from keras_vitnorm.training import data as data_lib
+
+    size = base.model.get("image_size")
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
+                                 train_examples=train_count,
+                                 skip_bad_images=bool(base.skip_bad_images))
+    channels = base.model.get("num_channels", data.channels)
+
+    def arrays(split):
+        images, labels = [], []
+        for x, y in data_lib.eval_dataset(data, split, size, channels, 500):
+            images.append(np.asarray(x))
+            labels.append(np.argmax(np.asarray(y), axis=-1))
+        return np.concatenate(images), np.concatenate(labels)
+
+    train_images, train_labels = arrays(data.train)
+    test_images, test_labels = arrays(data.validation)
+    lines = [
+        f"Linear probes (logistic regression) trained on {len(train_images):,} training images, "
+        f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}.",
+        "",
+        "| patch size | dims per patch | pixels (plain stem's input) | patches after LN_0 (DPN's input) "
+        "| only the mean and std per patch (what LN_0 removes) | energy in patch means |",
+        "|---|---|---|---|---|---|",
+    ]
+    for patch in patch_sizes:
+        probe = patch_norm_probe(train_images, train_labels, test_images, test_labels, patch)
+        lines.append(
+            f"| {patch} | {probe['patch_dim']} (LN_0 removes 2) | {probe['pixels']:.1%} "
+            f"| {probe['standardized_patches']:.1%} | {probe['patch_mean_and_std']:.1%} "
+            f"| {probe['energy_in_means']:.1%} |"
+        )
+    path = os.path.join(output_dir, "dpn_mechanism.md")
+    durable.write_text(path, "\n".join(lines) + "\n")
+    return path
 
 
 def _settings_key(config):
@@ -186,7 +282,7 @@ def _settings_key(config):
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def _run_one(config, group, name, run_dir, verbose):
+def _run_one(config, group, name, run_dir, verbose, take_over_lock=False):
     seed = config.seed
     metrics = _read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
@@ -195,7 +291,8 @@ def _run_one(config, group, name, run_dir, verbose):
         if verbose:
             print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
         try:
-            train(config, resume=resume, verbose=verbose if verbose > 1 else 0)
+            train(config, resume=resume, verbose=verbose if verbose > 1 else 0,
+                  take_over_lock=take_over_lock)
         except TrainingDiverged:
             pass
         metrics = _read_metrics(run_dir)
@@ -252,42 +349,63 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
             "largest": float(np.mean(largest))}
 
 
-def gradient_norm_table(rows, variants=("patch", "dual_patchnorm")):
-    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds."""
-    lines = ["| stem | runs | patch embedding / largest block layer | patch embedding / median block layer "
-             "| records where the patch embedding is largest |", "|---|---|---|---|---|"]
-    for variant in variants:
-        runs = [r for r in rows if r["group"] == "stems" and r["variant"] == variant
-                and r["status"] == "completed"
-                and os.path.exists(os.path.join(r["run_dir"], "grad_norms.csv"))]
-        if not runs:
-            continue
-        stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv")) for r in runs]
-        cells = []
-        for key in ("ratio_to_max", "ratio_to_median"):
-            mean, ci = confidence_interval([s[key] for s in stats])
-            cells.append(f"{mean:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}"))
-        share = np.mean([s["largest"] for s in stats])
-        lines.append(f"| {variant} | {len(runs)} | {cells[0]} | {cells[1]} | {share:.0%} |")
+#: group -> (plain-stem variant, Dual PatchNorm variant) compared by the stem analyses
+#: (gradient norms, the learned scale of the first stem norm).
+STEM_PAIRS = {
+    "stems": ("patch", "dual_patchnorm"),
+    "converged": ("pre_ln", "dual_patchnorm"),
+    "dpn_factors": ("patch-p4-n10000", "dpn-p4-n10000"),
+}
+
+
+def gradient_norm_table(rows):
+    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds,
+    for every group of `STEM_PAIRS` that recorded gradient norms."""
+    lines = ["| group | stem | runs | patch embedding / largest block layer "
+             "| patch embedding / median block layer | records where the patch embedding is largest |",
+             "|---|---|---|---|---|---|"]
+    for group, variants in STEM_PAIRS.items():
+        for variant in variants:
+            runs = [r for r in rows if r["group"] == group and r["variant"] == variant
+                    and r["status"] == "completed"
+                    and os.path.exists(os.path.join(r["run_dir"], "grad_norms.csv"))]
+            if not runs:
+                continue
+            stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv"))
+                     for r in runs]
+            cells = []
+            for key in ("ratio_to_max", "ratio_to_median"):
+                mean, ci = confidence_interval([s[key] for s in stats])
+                cells.append(f"{mean:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}"))
+            share = np.mean([s["largest"] for s in stats])
+            lines.append(f"| {group} | {variant} | {len(runs)} | {cells[0]} | {cells[1]} | {share:.0%} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def write_results(rows, output_dir):
-    """Writes `results.csv`, one markdown table per group and, with stem runs that
-    recorded gradient norms, `gradient_norms.md`."""
+    """Writes `results.csv`, one markdown table per group and, where the groups ran:
+    `gradient_norms.md` (stem runs that recorded gradient norms),
+    `dpn_factors_differences.md` (DPN against the plain stem per factor level) and
+    `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
     os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key) for key in RESULT_FIELDS})
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: row.get(key) for key in RESULT_FIELDS})
+    durable.write_text(os.path.join(output_dir, "results.csv"), buffer.getvalue(), stage="results")
     for group in dict.fromkeys(row["group"] for row in rows):
-        with open(os.path.join(output_dir, f"{group}.md"), "w") as f:
-            f.write(markdown_table(summarize([r for r in rows if r["group"] == group])))
-    table = gradient_norm_table(rows)
-    if table:
-        with open(os.path.join(output_dir, "gradient_norms.md"), "w") as f:
-            f.write(table)
+        durable.write_text(
+            os.path.join(output_dir, f"{group}.md"),
+            markdown_table(summarize([r for r in rows if r["group"] == group])),
+        )
+    for name, table in (
+        ("gradient_norms.md", gradient_norm_table(rows)),
+        ("dpn_factors_differences.md", factors.dpn_factor_table(rows)),
+        ("depth_stability_summary.md", factors.depth_table(rows)),
+    ):
+        if table:
+            durable.write_text(os.path.join(output_dir, name), table)
 
 
 def confidence_interval(values, level=0.95):

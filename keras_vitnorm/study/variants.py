@@ -1,7 +1,9 @@
 """Named variant groups of the normalization study.
 
 Each group maps variant names to `(model overrides, training overrides)`; the first
-variant of a group is its baseline (the one gains are measured against).
+variant of a group is its baseline (the one gains are measured against). Groups built
+over a grid of factors also record each variant's factor levels (`variant_factors`),
+which the factor and depth tables read.
 """
 
 from keras_vitnorm.layers._validation import check_choice
@@ -27,6 +29,75 @@ def _depths(depths=(2, 6, 12)):
     return variants
 
 
+#: Training-set sizes and patch sizes of the `dpn_factors` group.
+DPN_TRAIN_SIZES = (2500, 10000, 40000)
+DPN_PATCH_SIZES = (4, 8)
+_DPN_BASE_SIZE = 10000
+
+
+def _dpn_factors():
+    """Plain stem against Dual PatchNorm over training-set size and patch size.
+
+    At the base level (patch 4, 10,000 examples) the stem ablations that separate the
+    two norms run too: `pre_patchnorm` (only the norm on the patches) and
+    `post_patchnorm` (only the norm on the embeddings).
+    """
+    variants, factors = {}, {}
+    stems = {"patch": "patch", "dpn": "dual_patchnorm"}
+
+    def add(stem, patch, size):
+        name = f"{stem}-p{patch}-n{size}"
+        variants[name] = ({"stem": stems.get(stem, stem), "patch_size": patch},
+                          {"train_examples": size})
+        factors[name] = {"stem": stem, "patch_size": patch, "train_examples": size}
+
+    for size in DPN_TRAIN_SIZES:
+        for stem in stems:
+            add(stem, DPN_PATCH_SIZES[0], size)
+    for patch in DPN_PATCH_SIZES[1:]:
+        for stem in stems:
+            add(stem, patch, _DPN_BASE_SIZE)
+    for stem in ("pre_patchnorm", "post_patchnorm"):
+        add(stem, DPN_PATCH_SIZES[0], _DPN_BASE_SIZE)
+    return variants, factors
+
+
+#: Depths, placements and warm-up of the `depth_stability` group.
+DEPTHS = (6, 12, 24)
+_DEPTH_PLACEMENTS = {
+    "pre_ln": {},
+    "post_ln": {"attn_norm": "post", "mlp_norm": "post"},
+    "deepnorm": {"block_style": "deepnorm"},
+}
+
+
+def _depth_stability():
+    """Pre-LN, post-LN and DeepNorm at each depth, with the base's warm-up and without."""
+    variants, factors = {}, {}
+    for placement, model in _DEPTH_PLACEMENTS.items():
+        for depth in DEPTHS:
+            for warmup in (True, False):
+                name = f"{placement}-depth_{depth}" + ("" if warmup else "-no_warmup")
+                variants[name] = ({**model, "depth": depth}, {} if warmup else {"warmup_steps": 0})
+                factors[name] = {"placement": placement, "depth": depth, "warmup": warmup}
+    return variants, factors
+
+
+def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
+    """The deepest models with and without stochastic depth (representation collapse)."""
+    variants, factors = {}, {}
+    for placement, model in _DEPTH_PLACEMENTS.items():
+        for drop_path in (0.0, rate):
+            name = f"{placement}-depth_{depth}" + (f"-drop_path_{rate}" if drop_path else "")
+            variants[name] = ({**model, "depth": depth}, {"drop_path": drop_path})
+            factors[name] = {"placement": placement, "depth": depth, "drop_path": drop_path}
+    return variants, factors
+
+
+_DPN_FACTORS, _DPN_FACTOR_LEVELS = _dpn_factors()
+_DEPTH_STABILITY, _DEPTH_STABILITY_LEVELS = _depth_stability()
+_DEPTH_DROP_PATH, _DEPTH_DROP_PATH_LEVELS = _depth_drop_path()
+
 #: group name -> {variant name: (model overrides, training overrides)}
 VARIANT_GROUPS = {
     "placements": _placements(),
@@ -34,7 +105,7 @@ VARIANT_GROUPS = {
         "pre_ln": ({}, {}),
         "normformer": ({"block_style": "normformer"}, {}),
         "sub_ln": ({"block_style": "sub_ln"}, {}),
-        "deepnorm": ({"block_style": "deepnorm", "attn_norm": "post", "mlp_norm": "post"}, {}),
+        "deepnorm": ({"block_style": "deepnorm"}, {}),
         "pre_post": ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {}),
     },
     "norm_types": {
@@ -53,7 +124,32 @@ VARIANT_GROUPS = {
         "conv": ({"stem": "conv"}, {}),
     },
     "depth": _depths(),
+    # The converged CIFAR-10 comparison: one change each against pre-LN LayerNorm.
+    "converged": {
+        "pre_ln": ({}, {}),
+        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
+        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+        "conv_stem": ({"stem": "conv"}, {}),
+        "rmsnorm": ({"norm": "rmsnorm"}, {}),
+        "dyt": ({"norm": "dyt"}, {}),
+        "batchnorm": ({"norm": "batchnorm"}, {}),
+    },
+    "dpn_factors": _DPN_FACTORS,
+    "depth_stability": _DEPTH_STABILITY,
+    "depth_drop_path": _DEPTH_DROP_PATH,
 }
+
+#: group name -> {variant name: {factor: level}} for the groups built over factors.
+VARIANT_FACTORS = {
+    "dpn_factors": _DPN_FACTOR_LEVELS,
+    "depth_stability": _DEPTH_STABILITY_LEVELS,
+    "depth_drop_path": _DEPTH_DROP_PATH_LEVELS,
+}
+
+
+def variant_factors(group, name):
+    """`{factor: level}` of a variant of a factor group; `{}` for the other groups."""
+    return dict(VARIANT_FACTORS.get(group, {}).get(name, {}))
 
 
 def get_variants(group, names=None):

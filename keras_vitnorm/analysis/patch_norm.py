@@ -1,0 +1,80 @@
+"""What Dual PatchNorm's first norm removes from the patches it sees.
+
+`LN_0` standardizes each flattened `P*P*C` patch vector: every patch loses its mean
+(its brightness, averaged over the channels) and its standard deviation (its contrast),
+and only its within-patch pattern goes on to the patch embedding. Its learned scale and
+shift are the same for every patch, so they cannot put the two numbers back. These
+functions measure how much of an image those two numbers per patch are, and how much
+class information a linear classifier finds in them, with and without `LN_0`, on a
+dataset's own images.
+"""
+
+import numpy as np
+
+
+def patch_vectors(images, patch_size):
+    """`(batch, patches, P*P*C)` patch vectors in the model's `(row, column, channel)` order."""
+    images = np.asarray(images, "float64")
+    batch, height, width, channels = images.shape
+    rows, columns = height // patch_size, width // patch_size
+    x = images[:, : rows * patch_size, : columns * patch_size]
+    x = x.reshape(batch, rows, patch_size, columns, patch_size, channels)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, rows * columns, -1)
+
+
+def standardize_patches(patches, epsilon=1e-6):
+    """`LN_0` without its learned scale and shift: each patch vector to mean 0, variance 1."""
+    mean = patches.mean(axis=-1, keepdims=True)
+    variance = patches.var(axis=-1, keepdims=True)
+    return (patches - mean) / np.sqrt(variance + epsilon)
+
+
+def removed_statistics(patches):
+    """`(mean, std)` of each patch vector, each `(batch, patches)`: what `LN_0` removes."""
+    return patches.mean(axis=-1), patches.std(axis=-1)
+
+
+def energy_in_patch_means(patches):
+    """Share of the patch vectors' energy (sum of squares) in their means: `D * mean**2`."""
+    dim = patches.shape[-1]
+    return float(np.sum(dim * patches.mean(axis=-1) ** 2) / np.sum(patches**2))
+
+
+def linear_probe_accuracy(train_features, train_labels, test_features, test_labels, seed=0):
+    """Test accuracy of a multinomial logistic regression on standardized features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    classifier = make_pipeline(
+        StandardScaler(), LogisticRegression(max_iter=300, C=0.1, random_state=seed)
+    )
+    classifier.fit(train_features.reshape(len(train_features), -1), train_labels)
+    return float(classifier.score(test_features.reshape(len(test_features), -1), test_labels))
+
+
+def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch_size):
+    """Linear-probe accuracies on three views of the same images, and the energy share.
+
+    Returns a dict:
+        `pixels`: the images as they are (what the plain stem's embedding sees);
+        `standardized_patches`: every patch after `LN_0` (what DPN's embedding sees);
+        `patch_mean_and_std`: only the two numbers per patch that `LN_0` removes;
+        `energy_in_means`: `energy_in_patch_means` of the training images;
+        `removed_dims`, `patch_dim`: 2 of `P*P*C` dimensions per patch.
+    """
+    train = patch_vectors(train_images, patch_size)
+    test = patch_vectors(test_images, patch_size)
+    return {
+        "pixels": linear_probe_accuracy(train, train_labels, test, test_labels),
+        "standardized_patches": linear_probe_accuracy(
+            standardize_patches(train), train_labels, standardize_patches(test), test_labels
+        ),
+        "patch_mean_and_std": linear_probe_accuracy(
+            np.stack(removed_statistics(train), -1), train_labels,
+            np.stack(removed_statistics(test), -1), test_labels,
+        ),
+        "energy_in_means": energy_in_patch_means(train),
+        "removed_dims": 2,
+        "patch_dim": train.shape[-1],
+    }

@@ -1,0 +1,145 @@
+"""Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
+and training stability by depth.
+
+Both read the rows `run_study` returns (or `results.csv`) and the factor levels that
+`keras_vitnorm.study.variants.variant_factors` records for each variant.
+"""
+
+import math
+
+import numpy as np
+
+from keras_vitnorm.study.variants import variant_factors
+
+#: A completed run whose test accuracy stays below this is counted as stalled
+#: (chance is 1 / classes: 0.1 on CIFAR-10).
+STALL_ACCURACY = 0.2
+
+
+def difference_interval(treated, control, level=0.95):
+    """Mean of `treated` minus mean of `control`, and the half-width of its Welch CI.
+
+    The Welch-Satterthwaite interval does not assume equal variances. With fewer than
+    two values on a side the half-width is `nan`.
+    """
+    from scipy import stats
+
+    treated, control = np.asarray(treated, "float64"), np.asarray(control, "float64")
+    difference = float(np.mean(treated) - np.mean(control))
+    if len(treated) < 2 or len(control) < 2:
+        return difference, math.nan
+    va, vb = np.var(treated, ddof=1) / len(treated), np.var(control, ddof=1) / len(control)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return difference, 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(treated) - 1) + vb**2 / (len(control) - 1))
+    return difference, float(stats.t.ppf(0.5 + level / 2, df)) * se
+
+
+def _accuracies(rows, group, **levels):
+    """Test accuracies of the completed runs of `group` whose factors match `levels`."""
+    found = []
+    for row in rows:
+        if row["group"] != group or row["status"] != "completed":
+            continue
+        factors = variant_factors(group, row["variant"])
+        if all(factors.get(key) == value for key, value in levels.items()):
+            found.append(float(row["test_accuracy"]))
+    return found
+
+
+def _mean_ci(values):
+    from keras_vitnorm.study.runner import confidence_interval
+
+    if not values:
+        return "n/a"
+    mean, ci = confidence_interval(values)
+    return f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
+
+
+def _difference(treated, control):
+    if not treated or not control:
+        return "n/a"
+    difference, ci = difference_interval(treated, control)
+    text = f"{100 * difference:+.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
+    if not math.isnan(ci) and abs(difference) > ci:
+        text += " *"
+    return text
+
+
+def dpn_factor_table(rows, group="dpn_factors"):
+    """Markdown: per level of patch size and training-set size, the plain stem, a
+    stem variant and their difference (Welch 95% CI; `*` where it excludes 0)."""
+    levels = sorted({
+        (f["patch_size"], f["train_examples"])
+        for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
+        if f
+    })
+    lines = [
+        "| patch size | training images | stem | runs | test accuracy (%), mean ± 95% CI "
+        "| plain stem (%) | difference, points (Welch 95% CI) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for patch, size in levels:
+        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
+        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
+            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            if not treated:
+                continue
+            lines.append(
+                f"| {patch} | {size:,} | {stem} | {len(treated)} | {_mean_ci(treated)} | "
+                f"{_mean_ci(plain)} | {_difference(treated, plain)} |"
+            )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def depth_table(rows, group="depth_stability"):
+    """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
+    which steps) or stalled (test accuracy below `STALL_ACCURACY`), and the accuracy
+    of those that trained."""
+    cells = {}
+    for row in rows:
+        if row["group"] != group:
+            continue
+        factors = variant_factors(group, row["variant"])
+        key = (factors["placement"], factors["depth"], factors["warmup"])
+        cells.setdefault(key, []).append(row)
+    lines = [
+        "| placement | depth | warm-up | runs | trained | diverged (steps) | stalled "
+        "| test accuracy of trained runs (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (placement, depth, warmup), runs in cells.items():
+        diverged = [r for r in runs if r["status"] == "diverged"]
+        completed = [r for r in runs if r["status"] == "completed"]
+        stalled = [r for r in completed if float(r["test_accuracy"]) < STALL_ACCURACY]
+        trained = [float(r["test_accuracy"]) for r in completed if r not in stalled]
+        steps = ", ".join(str(r["diverged_at_step"]) for r in diverged)
+        lines.append(
+            f"| {placement} | {depth} | {'yes' if warmup else 'no'} | {len(runs)} | {len(trained)} "
+            f"| {len(diverged)}{f' ({steps})' if steps else ''} | {len(stalled)} "
+            f"| {_mean_ci(trained)} |"
+        )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def residual_stream_table(streams):
+    """Markdown: per model, the residual stream's RMS after the stem, the middle block
+    and the last block, and the mean consecutive-block similarity (over all blocks and
+    over the last three: near 1, blocks stop changing the representation).
+
+    Args:
+        streams: `{label: keras_vitnorm.analysis.residual_stream(...) result}`.
+    """
+    lines = [
+        "| model | RMS after stem | RMS at middle block | RMS after last block "
+        "| consecutive-block similarity, mean | last 3 blocks, mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, stream in streams.items():
+        rms, similarity = stream["rms"], stream["similarity"]
+        lines.append(
+            f"| {label} | {rms[0]:.2f} | {rms[len(rms) // 2]:.2f} | {rms[-1]:.2f} "
+            f"| {np.mean(similarity):.3f} | {np.mean(similarity[-3:]):.3f} |"
+        )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
