@@ -16,6 +16,20 @@ import profile_tensorflow  # noqa: E402
 import profile_torch  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """The workers under test set PyTorch's thread count for timing; later tests in this
+    process compare results bit for bit with a fresh process, which needs the default."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("preset, published_gmacs", [("s16", 4.6), ("b16", 17.6)])
 def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     # timm lists 4.6 and 17.6 GMACs for vit_small/base_patch16_224; a FLOP is half a MAC.

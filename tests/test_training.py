@@ -299,9 +299,10 @@ def test_existing_output_dir_is_refused_unless_overwrite(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
     train(config, verbose=0)
-    before = (out / "metrics.json").read_text()
+    (out / "left_by_the_old_run.txt").write_text("old")
     train(config, overwrite=True, verbose=0)
-    assert (out / "metrics.json").read_text() != before  # a new run (its timings differ)
+    assert not (out / "left_by_the_old_run.txt").exists()  # the old run was deleted
+    assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
     assert not (out / "run.lock").exists()
 
 

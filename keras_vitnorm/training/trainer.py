@@ -390,6 +390,9 @@ class _Run:
         self.log_path = os.path.join(output_dir, "log.csv")
         self.grad_norms_path = os.path.join(output_dir, "grad_norms.csv")
         self.preset_dir = os.path.join(output_dir, "preset")
+        self.model_checkpoints = {
+            name: os.path.join(output_dir, "checkpoints", name) for name in ("best", "last")
+        }
 
     def execute(self, resume, extra_callbacks, verbose):
         config, plan = self.config, self.plan
@@ -434,7 +437,8 @@ class _Run:
 
     def _restore(self, model):
         """Loads the last checkpoint; returns `(epoch, batches done in it, step)`."""
-        durable.recover_directory(self.preset_dir)
+        for directory in (self.preset_dir, *self.model_checkpoints.values()):
+            durable.recover_directory(directory)
         found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
         epoch, batch, step = 0, 0, 0
         if found:
@@ -465,7 +469,6 @@ class _Run:
         previous_best = max(
             (row.get("val_accuracy", -1.0) for row in _read_log(self.log_path)), default=None
         )
-        checkpoints = os.path.join(self.output_dir, "checkpoints")
         nan_stop = callbacks_lib.StopOnNaN()
         recorders = []
         if config.grad_norm_every:
@@ -489,12 +492,12 @@ class _Run:
             *recorders,
             log,
             callbacks_lib.PresetCheckpoint(
-                os.path.join(checkpoints, "best"),
+                self.model_checkpoints["best"],
                 monitor="val_accuracy",
                 initial_best=previous_best,
                 stage="best",
             ),
-            callbacks_lib.PresetCheckpoint(os.path.join(checkpoints, "last"), stage="last"),
+            callbacks_lib.PresetCheckpoint(self.model_checkpoints["last"], stage="last"),
             checkpoint,
             *extra_callbacks,
         ]
@@ -540,7 +543,7 @@ class _Run:
         return nan_stop
 
     def _diverged(self, nan_stop, record):
-        last = os.path.join(self.output_dir, "checkpoints", "last")
+        last = self.model_checkpoints["last"]
         message = (
             f"Training diverged: the loss became NaN/inf at step {nan_stop.step} "
             f"(epoch {nan_stop.epoch}, batch {nan_stop.batch}). Stopped. "
@@ -617,7 +620,7 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         raise ValueError(f"{path!r} does not exist or is not a directory.")
     run_settings = _read_json(os.path.join(path, SETTINGS_FILE)) or {}
     preset_dir = os.path.join(path, "preset") if run_settings else path
-    metrics = _read_json(os.path.join(path, METRICS_FILE)) or {} if run_settings else {}
+    metrics = (_read_json(os.path.join(path, METRICS_FILE)) or {}) if run_settings else {}
     if run_settings and metrics.get("status") != "completed":
         status = metrics.get("status", "unfinished (no metrics.json)")
         last = os.path.join(path, "checkpoints", "last")
