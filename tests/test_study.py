@@ -142,6 +142,34 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="learning_rate: saved 0.002, now 0.5"):
         run_study(changed, ["stems"], [0], study, subset, verbose=0)
 
+    # Exported without weights, the study is still one: nothing is trained again and every
+    # figure is redrawn from the runs' analysis.json.
+    from keras_vitnorm.analysis.probes import stem_scale_map
+    from keras_vitnorm.models import ViT
+
+    exported = str(tmp_path / "exported")
+    assert runner.export_study(study, exported) == 4
+    copied = {os.path.relpath(os.path.join(root, name), exported)
+              for root, _, names in os.walk(exported) for name in names}
+    assert not any(part in ("preset", "checkpoints", "backup") for path in copied
+                   for part in path.split(os.sep))
+    dpn_run = os.path.join("stems", "dual_patchnorm", "seed_0")
+    assert {os.path.join(dpn_run, name) for name in runner.RUN_RESULT_FILES} <= copied
+    analysis = runner.run_analysis(os.path.join(exported, dpn_run))
+    np.testing.assert_array_equal(
+        analysis["stem_scale"], stem_scale_map(ViT.from_preset(os.path.join(study, dpn_run, "preset"))))
+    assert runner.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
+    shutil.rmtree(os.path.join(exported, "figures"))
+    trained.clear()
+    redrawn = run_study(base_config(), ["stems"], [0, 1], exported, subset, verbose=0)
+    assert trained == []
+    assert [r["test_accuracy"] for r in redrawn] == [r["test_accuracy"] for r in again]
+    for name in ("stems_stem_scales.png", "stems_residual_stream.png", "stems_gradient_norms.png"):
+        assert os.path.exists(os.path.join(exported, "figures", name)), name
+    with open(os.path.join(exported, "results.csv")) as f:
+        results = f.read()
+    assert os.path.join("stems", "patch", "seed_0") in results and str(tmp_path) not in results
+
 
 def test_identical_variants_of_different_groups_share_one_run(tmp_path, monkeypatch):
     trained = count_trainings(monkeypatch)

@@ -3,7 +3,10 @@
 Layout of a study directory:
 
     <study>/<group>/<variant>/seed_<s>/      one training run (see keras_vitnorm.training)
-    <study>/results.csv                      one row per run
+    <study>/<group>/<variant>/seed_<s>/analysis.json   what the figures read of the
+                                             trained model (written when the run ends)
+    <study>/results.csv                      one row per run (run directories relative
+                                             to the study directory)
     <study>/<group>.md                       the paper-style table of the group
     <study>/figures/*.png                    matplotlib figures
 
@@ -12,6 +15,12 @@ study is restarted; an interrupted run is resumed from its backup. A variant who
 settings are identical to a run earlier in the study (every group's pre-LN baseline is
 the same model) reuses that run instead of training it again; its row's `run_dir`
 points at the run it shares.
+
+`export_study` copies what a study's results are made of (tables, figures, and each
+finished run's settings, metrics, logs and analysis; no weights) to another directory,
+for example one kept under version control. An exported study is itself a study
+directory: the same `ablate` command pointed at it skips its finished runs, trains the
+missing ones and redraws every figure.
 """
 
 import csv
@@ -21,6 +30,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 
@@ -75,6 +85,7 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
 
 def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
     _check_study_config(base, output_dir)
+    probe_images = _probe_images(base)
     rows = []
     trained = {}  # effective settings -> run directory, to share identical runs
     for group, group_variants in plan:
@@ -90,9 +101,10 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
                 elif verbose:
                     print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
                 config.output_dir = run_dir
-                rows.append(_run_one(config, group, name, run_dir, verbose, take_over_lock))
+                rows.append(_run_one(config, group, name, run_dir, verbose, take_over_lock,
+                                     probe_images))
                 write_results(rows, output_dir)  # kept current, so a long study can be read early
-    make_figures(rows, os.path.join(output_dir, "figures"), probe_images=_probe_images(base))
+    make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
     if any(group == "dpn_factors" for group, _ in plan):
         dpn_mechanism(base, output_dir)
     return rows
@@ -189,28 +201,24 @@ def _stem_figures(rows, group, pair, figure_dir):
             grad_runs, f"{group}: gradient norm by depth",
             os.path.join(figure_dir, f"{group}_gradient_norms.png")))
     dpn = next((r for r in finished if r["variant"] == pair[1]), None)
-    if dpn:
-        from keras_vitnorm.analysis.probes import stem_scale_map
-        from keras_vitnorm.models import ViT
-
-        scale = stem_scale_map(ViT.from_preset(os.path.join(dpn["run_dir"], "preset")))
+    analysis = run_analysis(dpn["run_dir"]) if dpn else None
+    if analysis and analysis.get("stem_scale") is not None:
         paths.append(figures.plot_stem_scales(
-            scale, f"{group}: learned scale of DPN's first stem LayerNorm",
+            np.asarray(analysis["stem_scale"]),
+            f"{group}: learned scale of DPN's first stem LayerNorm",
             os.path.join(figure_dir, f"{group}_stem_scales.png")))
     return paths
 
 
 def _residual_stream_outputs(group, rows, images, figure_dir):
-    from keras_vitnorm.analysis.probes import residual_stream
-    from keras_vitnorm.models import ViT
     from keras_vitnorm.study import figures
 
     streams = {}
     for name in dict.fromkeys(row["variant"] for row in rows):
         run = next((r for r in rows if r["variant"] == name and r["status"] == "completed"), None)
-        if run:
-            model = ViT.from_preset(os.path.join(run["run_dir"], "preset"))
-            streams[f"{name} (seed {run['seed']})"] = residual_stream(model, images)
+        analysis = run_analysis(run["run_dir"], images) if run else None
+        if analysis and analysis.get("residual_stream"):
+            streams[f"{name} (seed {run['seed']})"] = analysis["residual_stream"]
     if not streams:
         return []
     table = os.path.join(figure_dir, f"{group}_residual_stream.md")
@@ -282,7 +290,7 @@ def _settings_key(config):
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def _run_one(config, group, name, run_dir, verbose, take_over_lock=False):
+def _run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None):
     seed = config.seed
     metrics = _read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
@@ -298,6 +306,8 @@ def _run_one(config, group, name, run_dir, verbose, take_over_lock=False):
         metrics = _read_metrics(run_dir)
     elif verbose:
         print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
+    if metrics["status"] == "completed":
+        run_analysis(run_dir, probe_images)
     return {
         "group": group,
         "variant": name,
@@ -310,6 +320,107 @@ def _run_one(config, group, name, run_dir, verbose, take_over_lock=False):
         "train_seconds": metrics.get("train_seconds_this_run"),
         "run_dir": run_dir,
     }
+
+
+ANALYSIS_FILE = "analysis.json"
+#: What `export_study` copies of a finished run: no weights, checkpoints or locks.
+RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.csv", ANALYSIS_FILE)
+
+
+def run_analysis(run_dir, probe_images=None):
+    """What the study's figures read of a finished run's trained model, kept in
+    `<run_dir>/analysis.json` so they can be redrawn where the weights are not kept.
+
+    Returns:
+        `{"stem_scale": (P, P, C) nested list or None, "residual_stream":
+        keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
+        "probe_images": count or None}`: read from the file if it holds what is
+        asked (a residual stream on as many images when `probe_images` is given),
+        else computed from `<run_dir>/preset` and written. `None` for a run with
+        neither.
+    """
+    path = os.path.join(run_dir, ANALYSIS_FILE)
+    cached = _read_json_file(path)
+    if cached is not None and (probe_images is None or cached.get("probe_images") == len(probe_images)):
+        return cached
+    preset = os.path.join(run_dir, "preset")
+    if not os.path.isdir(preset):
+        return cached
+    from keras_vitnorm.analysis.probes import residual_stream
+    from keras_vitnorm.analysis.probes import stem_scale_map
+    from keras_vitnorm.models import ViT
+
+    model = ViT.from_preset(preset)
+    try:
+        stem_scale = stem_scale_map(model).tolist()
+    except ValueError:  # raised exactly when the stem has no learned first-norm scale
+        stem_scale = None
+    stream = None
+    if probe_images is not None:
+        stream = residual_stream(model, probe_images)
+        stream = {"names": list(stream["names"]), "rms": [float(v) for v in stream["rms"]],
+                  "similarity": [float(v) for v in stream["similarity"]]}
+    analysis = {"stem_scale": stem_scale, "residual_stream": stream,
+                "probe_images": None if probe_images is None else len(probe_images)}
+    durable.write_json(path, analysis)
+    return analysis
+
+
+def _read_json_file(path):
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); delete it to recompute it.") from error
+
+
+def export_study(study_dir, destination):
+    """Copies a study's results, without weights, into `destination`.
+
+    Copied: `study_config.json`, `results.csv`, the markdown tables, `figures/`, and of
+    every finished run (completed or diverged) the files in `RUN_RESULT_FILES`, at
+    the same relative paths. Unfinished runs are left out (their checkpoints are not
+    copied, so they could not resume). Each file is written atomically; files already
+    in `destination` are replaced by the study's.
+
+    Returns:
+        The number of runs copied.
+    """
+    if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
+        raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
+    if os.path.abspath(destination) == os.path.abspath(study_dir):
+        raise ValueError("export_study needs a destination other than the study directory.")
+
+    def copy(relative):
+        target = os.path.join(destination, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        durable.write_file(target, lambda temporary: shutil.copyfile(
+            os.path.join(study_dir, relative), temporary))
+
+    runs = 0
+    for root, directories, files in os.walk(study_dir):
+        directories[:] = sorted(d for d in directories
+                                if d not in ("preset", "checkpoints", "backup", "tensorboard"))
+        relative_root = os.path.relpath(root, study_dir)
+        if relative_root == ".":
+            for name in sorted(files):
+                if name in ("study_config.json", "results.csv") or name.endswith(".md"):
+                    copy(name)
+            continue
+        if relative_root.split(os.sep)[0] == "figures":
+            for name in sorted(files):
+                if name.endswith((".png", ".md")):
+                    copy(os.path.join(relative_root, name))
+            continue
+        metrics = _read_metrics(root) if "metrics.json" in files else None
+        if metrics and metrics.get("status") in ("completed", "diverged"):
+            for name in RUN_RESULT_FILES:
+                if name in files:
+                    copy(os.path.join(relative_root, name))
+            runs += 1
+    return runs
 
 
 PATCH_EMBEDDING_LAYER = "stem/projection"
@@ -392,7 +503,9 @@ def write_results(rows, output_dir):
     writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
     writer.writeheader()
     for row in rows:
-        writer.writerow({key: row.get(key) for key in RESULT_FIELDS})
+        record = {key: row.get(key) for key in RESULT_FIELDS}
+        record["run_dir"] = os.path.relpath(row["run_dir"], output_dir)
+        writer.writerow(record)
     durable.write_text(os.path.join(output_dir, "results.csv"), buffer.getvalue(), stage="results")
     for group in dict.fromkeys(row["group"] for row in rows):
         durable.write_text(
