@@ -50,7 +50,7 @@ Changes:
 With `--device gpu` both forms, and the batch, are on the GPU; `--mixed-precision
 mixed_bfloat16` sets Keras' dtype policy in the worker.
 
-Each worker first calls `keras_vitnorm.retain_freed_memory()` (as `bench_vit.py`
+Each worker first calls `keras_vitnorm.host_memory.retain_freed_memory()` (as `bench_vit.py`
 does) unless `--host-memory default`.
 
 Steps run through `predict_on_batch` and `train_on_batch` (AdamW, cross-entropy),
@@ -238,7 +238,7 @@ def main(argv=None):
     parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"),
                         help="Keras dtype policy in the workers")
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): each worker calls keras_vitnorm.retain_freed_memory() first")
+                        help="retain (default): each worker calls keras_vitnorm.host_memory.retain_freed_memory() first")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", choices=CHANGES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ process), with the same thread count. Per implementation it reports:
   rotates. Rounds are then seconds apart instead of minutes, and many more fit
   in the same time;
 - host memory: by default every implementation's process, the reference's too,
-  first calls `keras_vitnorm.retain_freed_memory()` (glibc keeps freed memory
+  first calls `keras_vitnorm.host_memory.retain_freed_memory()` (glibc keeps freed memory
   instead of mapping each step's buffers afresh); `--host-memory default` leaves
   glibc's settings, for the comparison;
 - model FLOP utilization: the model's FLOPs per image (counted analytically, below)
@@ -149,7 +149,7 @@ def _timed(step, warmup, steps, repeats):
 
     The last two are this process's minor page faults and system CPU time
     (`getrusage`) over the timed runs, per step: the cost of memory the
-    allocator maps afresh (see `keras_vitnorm.retain_freed_memory`).
+    allocator maps afresh (see `keras_vitnorm.host_memory.retain_freed_memory`).
     """
     import resource
 
@@ -375,7 +375,7 @@ def main(argv=None):
                              "times --repeats runs of --steps steps of every implementation in turn")
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
                         help="retain: every implementation's process (the reference too) calls "
-                             "keras_vitnorm.retain_freed_memory() first; default: glibc's own settings")
+                             "keras_vitnorm.host_memory.retain_freed_memory() first; default: glibc's own settings")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

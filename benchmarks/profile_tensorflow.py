@@ -128,7 +128,7 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): call keras_vitnorm.retain_freed_memory() first, as bench_vit.py does")
+                        help="retain (default): call keras_vitnorm.host_memory.retain_freed_memory() first, as bench_vit.py does")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads", "image_size"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "tensorflow":
@@ -138,7 +138,9 @@ def main(argv=None):
     import keras_vitnorm
 
     if args.host_memory == "retain":
-        keras_vitnorm.retain_freed_memory()
+        from keras_vitnorm.host_memory import retain_freed_memory
+
+        retain_freed_memory()
     from keras_vitnorm.models.presets import preset_config
 
     try:

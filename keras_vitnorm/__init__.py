@@ -2,7 +2,6 @@
 
 from keras_vitnorm import convert
 from keras_vitnorm import layers
-from keras_vitnorm.host_memory import retain_freed_memory
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models import list_presets

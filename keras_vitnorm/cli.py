@@ -409,17 +409,23 @@ def _evaluate(parser, args):
     return 0
 
 
+#: The commands that train: long CPU work whose step time the allocator setting changes.
+TRAINING_COMMANDS = ("train", "ablate")
+
+
 def console():
     """Entry point of the `keras-vitnorm` console script.
 
-    Before anything runs, it makes the process keep freed memory
-    (`keras_vitnorm.retain_freed_memory`): an S/16 training step on the CPU under
-    JAX took 13 to 17% less time with it (docs/performance.md).
+    Before a command that trains, it makes the process keep freed memory
+    (`keras_vitnorm.host_memory.retain_freed_memory`; its effect on the training step
+    is in docs/performance.md). `convert` and `evaluate` leave the allocator as it is.
     """
-    from keras_vitnorm.host_memory import retain_freed_memory
+    argv = sys.argv[1:]
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:
+        from keras_vitnorm.host_memory import retain_freed_memory
 
-    retain_freed_memory()
-    sys.exit(main())
+        retain_freed_memory()
+    sys.exit(main(argv))
 
 
 if __name__ == "__main__":

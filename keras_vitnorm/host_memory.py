@@ -1,4 +1,8 @@
-"""Keeping freed host memory in the process, for CPU training and benchmarks."""
+"""A process setting for CPU training and benchmarks: keep freed host memory for reuse.
+
+Not part of the library's API on import: the training commands and the benchmark
+scripts apply it at their start.
+"""
 
 import ctypes
 import platform
@@ -12,16 +16,12 @@ _M_ARENA_MAX = -8
 def retain_freed_memory():
     """Makes glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
 
-    Why it exists: XLA on CPU allocates each step's temporary buffer afresh, one
-    block of gigabytes for a ViT training step, from a worker thread's malloc
-    arena. glibc serves blocks that large with `mmap` and unmaps them on free,
-    so every step the kernel maps and zeroes the whole block again: on S/16 at
-    batch 16 (JAX, 2-core CPU) that was about 570,000 page faults and 1.1 to 1.5 s
-    of kernel time per 3.9 to 4.4 s step. Keras and JAX expose no allocator
-    setting for this. With the three settings below the step faulted no page
-    after warm-up and took 3.27 s against 3.93 s (docs/performance.md). The
-    PyTorch and TensorFlow backends, and the PyTorch reference, page-fault far
-    less; their training steps changed within this host's noise.
+    XLA on CPU allocates each training step's temporary buffer afresh, one block of
+    gigabytes for a ViT step, from a worker thread's malloc arena. glibc serves
+    blocks that large with `mmap` and unmaps them on free, so the kernel maps and
+    zeroes the whole block again every step; Keras and JAX expose no allocator
+    setting for this. With the settings below the step faults no page after
+    warm-up; the measured effect per backend is in docs/performance.md.
 
     The settings (mallopt(3)), process-wide:
     - `M_MMAP_MAX = 0`: large blocks come from the heap, not from `mmap`;
@@ -29,11 +29,11 @@ def retain_freed_memory():
     - `M_ARENA_MAX = 1`: every thread allocates from the main heap, the one
       place a block larger than 64 MiB can be reused from.
 
-    The cost: the process keeps its peak memory until it exits, and threads
-    share one allocator lock. Call it once, at the start of a process that
-    trains or benchmarks on the CPU, before the first computation: a thread
-    that has already allocated keeps its own arena. The `keras-vitnorm` command
-    calls it; in your own script, call it before building the model.
+    The cost: the process keeps its peak memory until it exits, and threads share
+    one allocator lock. That is why only the commands that train (`keras-vitnorm
+    train` and `ablate`) and the benchmark scripts apply it, not the library on
+    import. It takes effect for threads that have not allocated yet, so it belongs
+    at the start of a process, before the first computation.
 
     Returns:
         `True` when applied; `False`, changing nothing, where the C library is
@@ -43,8 +43,8 @@ def retain_freed_memory():
         OSError: glibc refused a setting.
 
     Example:
-    >>> import keras_vitnorm
-    >>> keras_vitnorm.retain_freed_memory()
+    >>> from keras_vitnorm.host_memory import retain_freed_memory
+    >>> retain_freed_memory()
     True
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

@@ -12,9 +12,9 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 # page faults of the second touch.
 SECOND_TOUCH_FAULTS = """
 import ctypes, resource, sys, threading
-import keras_vitnorm
+from keras_vitnorm.host_memory import retain_freed_memory
 if sys.argv[1] == "retain":
-    assert keras_vitnorm.retain_freed_memory() is True
+    assert retain_freed_memory() is True
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = (ctypes.c_void_p,)
@@ -56,6 +56,27 @@ def test_retained_memory_is_reused_without_page_faults():
 
 @pytest.mark.skipif(GLIBC, reason="on glibc it applies; the no-op path is for other C libraries")
 def test_retain_freed_memory_is_a_no_op_without_glibc():
+    from keras_vitnorm.host_memory import retain_freed_memory
+
+    assert retain_freed_memory() is False
+
+
+@pytest.mark.parametrize("command, applied", [("train", True), ("ablate", True),
+                                               ("evaluate", False), ("convert", False)])
+def test_only_the_training_commands_change_the_allocator(monkeypatch, command, applied):
+    from keras_vitnorm import cli
+    from keras_vitnorm import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(cli, "main", lambda argv: 0)
+    monkeypatch.setattr(sys, "argv", ["keras-vitnorm", command, "--help"])
+    with pytest.raises(SystemExit):
+        cli.console()
+    assert bool(calls) == applied
+
+
+def test_the_library_does_not_export_the_process_setting():
     import keras_vitnorm
 
-    assert keras_vitnorm.retain_freed_memory() is False
+    assert not hasattr(keras_vitnorm, "retain_freed_memory")

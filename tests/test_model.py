@@ -370,3 +370,33 @@ def test_tiny_vit_trains_with_fit_and_loss_falls():
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0], losses
     assert history.history["accuracy"][-1] > 0.5
+
+
+@pytest.mark.parametrize("pooling", ["cls", "gap"])
+def test_backbone_gives_token_and_pooled_features_of_the_same_weights(pooling):
+    model = ViT(**{**TINY, "pooling": pooling})
+    count = len(model.weights)
+    backbone = model.backbone()
+    assert len(model.weights) == count and [layer.name for layer in model.layers][-1] == "outputs"
+    images = _images()
+    features = backbone(images)
+    tokens = keras.ops.convert_to_numpy(features["tokens"])
+    pooled = keras.ops.convert_to_numpy(features["pooled"])
+    assert tokens.shape == (2, 16 + (pooling == "cls"), TINY["width"])
+    np.testing.assert_allclose(pooled, tokens[:, 0] if pooling == "cls" else tokens.mean(1),
+                               rtol=1e-5, atol=1e-6)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(1).normal(size=head.kernel.shape).astype("float32"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(images)),
+                               pooled @ keras.ops.convert_to_numpy(head.kernel)
+                               + keras.ops.convert_to_numpy(head.bias), rtol=1e-4, atol=1e-5)
+    # One set of variables: a step on a head over the tokens trains the ViT's encoder.
+    assert {id(v) for v in backbone.weights} <= {id(v) for v in model.weights}
+    assert [v.path for v in backbone.weights] == [v.path for v in model.weights if not v.path.startswith("head")]
+    segmenter_inputs = keras.Input(images.shape[1:])
+    logits = keras.layers.Dense(3)(backbone(segmenter_inputs)["tokens"])
+    segmenter = keras.Model(segmenter_inputs, logits)
+    segmenter.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    before = keras.ops.convert_to_numpy(model.get_layer("block_0").weights[0]).copy()
+    segmenter.fit(images, np.ones((2, tokens.shape[1], 3), "float32"), epochs=1, verbose=0)
+    assert not np.allclose(keras.ops.convert_to_numpy(model.get_layer("block_0").weights[0]), before)

@@ -305,6 +305,33 @@ class ViT(keras.Model):
         config["dtype"] = dtype
         return config
 
+    def backbone(self):
+        """The encoder as a model of its own: token features as well as pooled ones.
+
+        It shares this ViT's layers and weights (training either trains both; the
+        weight paths are unchanged), so a head other than the classifier
+        (segmentation, a contrastive tower) sits on the encoder without a copy of it:
+
+        ```python
+        vit = ViT.from_preset("s16_dpn", image_size=224)
+        features = vit.backbone()(images)
+        features["tokens"]   # (batch, 1 + 14 * 14, 384): after the final norm
+        features["pooled"]   # (batch, 384): what the classifier head reads
+        ```
+
+        Returns:
+            A `keras.Model` from the images to `{"tokens": (batch, tokens, width),
+            "pooled": (batch, width)}`. With `pooling="cls"` the class token is
+            `tokens[:, 0]` and the patch tokens follow in row-major order of the
+            `(height // patch_size, width // patch_size)` grid; with `"gap"` every
+            token is a patch token. Features come in the dtype policy's compute
+            dtype.
+        """
+        pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
+        # Not kept as an attribute: Keras would track it as a sublayer of this model.
+        return keras.Model(inputs=self.input, outputs={"tokens": pool.input, "pooled": pool.output},
+                           name=f"{self.name}_backbone")
+
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
