@@ -1,8 +1,8 @@
 """A/B timing of one library code path against its alternative, in one process per backend.
 
-    python benchmarks/bench_ab.py --changes fused_dense --backends torch --modes inference train
+    python benchmarks/bench_ab.py --changes linear --backends torch --modes inference train
     python benchmarks/bench_ab.py --changes split_qkv --rounds 6
-    python benchmarks/bench_ab.py --changes attend --backends jax torch --device gpu \
+    python benchmarks/bench_ab.py --changes attention --backends jax torch --device gpu \
         --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16 --steps 5
 
 On a shared host the speed drifts by more than the few percent a code-path choice
@@ -13,39 +13,17 @@ alike. The table gives the median seconds per step of each form and their ratio.
 
 Changes:
 
-- `fused_dense`: `FusedDense.call` (on PyTorch one `torch.nn.functional.linear`,
-  the bias fused into the matmul) against Keras' own `Dense.call` (matmul, then add).
-  On JAX and TensorFlow the two are the same code.
-- `split_qkv`: q, k and v as the library projects them on this backend against
-  the other form (three matmuls on column slices of the fused kernel on
-  TensorFlow; one matmul whose output is sliced elsewhere).
-- `gelu_erf`: the library's exact GELU (`0.5 x (1 + erf(x / sqrt 2))` on
-  TensorFlow) against Keras' `gelu(approximate=False)` (`erfc`); on JAX and
-  PyTorch the two are the same code.
-- `gelu_grad`: the exact GELU's closed-form backward pass (TensorFlow) against
-  autodiff of `0.5 x (1 + erf(x / sqrt 2))`; on JAX and PyTorch the two are the
-  same code.
-- `attend`: attention as the library computes it on this backend and device (on
-  a CPU, `heads_first_attention` under JAX and TensorFlow; under PyTorch,
-  `backend_ops.torch_attention`; under JAX on a GPU, training with an odd token
-  count, `backend_ops.jax_padded_attention`) against `keras.ops.dot_product_attention`
-  (`attention.keras_attention`).
-- `fence_transpose`: the JAX gradient fence as the library has it (the
-  conditional only in the transpose, its predicate read from the gradient)
-  against its earlier form (a conditional on the tangent, its predicate read
-  from the forward value). Elsewhere the fence is the identity.
-- `tf_xla`: Keras' own choice for TensorFlow (`jit_compile="auto"`, which
-  on a CPU-only machine means a graph of TensorFlow kernels without XLA)
-  against `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras'
-  choice, the same code.
-- `sublayer_calls`: blocks, attention, MLP and stem calling their sublayers
-  through `layers._calls.call_sublayer` (on PyTorch, `layer.call` directly
-  where Keras' `Layer.__call__` would only call it) against Keras' `__call__`
-  for every sublayer. On JAX and TensorFlow the two are the same code.
-- `onednn_linear`: linear layers where no gradient is recorded (inference) on
-  PyTorch's oneDNN linear (`backend_ops.torch_onednn_linear`, float32 on an
-  x86 CPU) against `torch.nn.functional.linear` (MKL's matmul). Elsewhere the
-  two are the same code.
+- each fast path of `keras_vitnorm.ops` (`linear`, `onednn_linear`, `split_qkv`,
+  `gelu`, `rms_normalization`, `attention`, `residual_fence`; what each does and on
+  which backend is in `keras_vitnorm/ops/config.py`): the library with the fast path
+  on against the same library with it switched off (`keras_vitnorm.ops.fast_paths`).
+  On a backend where a fast path does not apply, the two forms are the same code.
+- `tf_xla`: Keras' own choice for TensorFlow (`jit_compile="auto"`, which on a
+  CPU-only machine means a graph of TensorFlow kernels without XLA) against
+  `jit_compile=True` (XLA). On JAX and PyTorch both forms take Keras' choice.
+
+A fast path stays in the library where it shortens a whole training or inference
+step by at least 5% on some backend and device.
 
 With `--device gpu` both forms, and the batch, are on the GPU; `--mixed-precision
 mixed_bfloat16` sets Keras' dtype policy in the worker.
@@ -64,7 +42,6 @@ import json
 import os
 import statistics
 import sys
-import unittest.mock
 
 import numpy as np
 from _common import check_positive_ints
@@ -75,69 +52,24 @@ from _common import require_keras_device
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-CHANGES = ("fused_dense", "split_qkv", "gelu_erf", "gelu_grad", "attend", "fence_transpose", "tf_xla",
-           "sublayer_calls", "onednn_linear")
+FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "gelu", "rms_normalization", "attention",
+              "residual_fence")  # keras_vitnorm.ops.FAST_PATHS (checked by the tests)
+CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
 
 
 @contextlib.contextmanager
 def other_form(change):
     """Within this context the library takes the alternative to its code path for `change`."""
-    import keras
+    from keras_vitnorm import ops
 
-    from keras_vitnorm import backend_ops
-    from keras_vitnorm.layers import attention
-    from keras_vitnorm.layers import dense
-    from keras_vitnorm.layers import mlp
-
-    if change == "fused_dense":
-        target, name, value = dense.FusedDense, "call", keras.layers.Dense.call
-    elif change == "split_qkv":
-        saved, backend = attention._SPLIT_QKV_BACKENDS, keras.backend.backend()
-        flipped = tuple(b for b in saved if b != backend) if backend in saved else (*saved, backend)
-        target, name, value = attention, "_SPLIT_QKV_BACKENDS", flipped
-    elif change == "gelu_erf":
-        target, name, value = mlp, "gelu_exact", lambda x: keras.activations.gelu(x, approximate=False)
-    elif change == "gelu_grad":
-        target, name = mlp, "_gelu_erf_closed_form_gradient"
-        value = mlp.gelu_erf
-    elif change == "attend":
-        target, name = attention, "attend"
-
-        value = attention.keras_attention
-    elif change == "fence_transpose":
-        target, name, value = backend_ops, "_jax_fence", _tangent_conditional_fence
-    elif change == "sublayer_calls":
-        from keras_vitnorm.layers import _calls
-
-        target, name, value = _calls, "ENABLED", False
-    elif change == "onednn_linear":
-        target, name, value = backend_ops, "torch_onednn_linear", lambda: None
-    elif change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
+    if change == "tf_xla":  # a compile argument, not a library path: see `_jit_compile`
         yield
         return
-    else:
+    if change not in FAST_PATHS:
         raise ValueError(f"unknown change {change!r}; valid: {', '.join(CHANGES)}")
-    with unittest.mock.patch.object(target, name, value):
+    with ops.fast_paths(False, [change]):
         yield
-
-
-def _tangent_conditional_fence():
-    """The gradient fence's earlier form: a conditional on the tangent, predicate from the forward value."""
-    import jax
-
-    from keras_vitnorm.backend_ops import conditional_identity
-
-    @jax.custom_jvp
-    def fence(x):
-        return x
-
-    @fence.defjvp
-    def fence_jvp(primals, tangents):
-        (x,), (tangent,) = primals, tangents
-        return x, conditional_identity(x, tangent)
-
-    return fence
 
 
 def worker_ab(change, modes, config, batch_size, rounds, steps, device="cpu", dtype_policy="float32"):

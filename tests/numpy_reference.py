@@ -1,7 +1,7 @@
 """Independent float64 NumPy implementation of the formulas the layers implement.
 
-Written from `reference/norm_methods.md` (sections 1-8) and `design.md`, not from
-the layer code, so that `test_formulas.py` can check each Keras layer against the
+Written from the formulas and papers cited in docs/normalization.md, not from the
+layer code, so that `test_formulas.py` can check each Keras layer against the
 formula it claims to compute.
 
 Weights are passed as nested dicts that mirror the Keras variable paths below the

@@ -249,18 +249,9 @@ def test_a_failed_backend_gets_a_full_width_row():
 
 @pytest.mark.parametrize("change", bench_ab.CHANGES)
 def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
-    from keras_vitnorm import backend_ops
-    from keras_vitnorm.layers import _calls
-    from keras_vitnorm.layers import attention
-    from keras_vitnorm.layers import dense
-    from keras_vitnorm.layers import mlp
+    from keras_vitnorm.ops import config as switch
 
-    def library_paths():
-        return (attention._SPLIT_QKV_BACKENDS, dense.FusedDense.call, mlp.gelu_exact,
-                mlp._gelu_erf_closed_form_gradient, attention.attend, backend_ops._jax_fence, _calls.ENABLED,
-                backend_ops.torch_onednn_linear)
-
-    before = library_paths()
+    before = {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS}
     from keras_vitnorm.models.presets import preset_config
 
     config = {**preset_config("s16"), "image_size": 32, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2,
@@ -269,47 +260,23 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
     assert result["max_abs_diff"] < 1e-5
     for mode in ("inference", "train"):
         assert all(len(result[mode][form]) == 2 and min(result[mode][form]) > 0 for form in ("library", "other"))
-    assert library_paths() == before  # the switch is undone
+    assert {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS} == before  # switched back
     table = bench_ab.ab_table({("this backend", change): result, ("other", change): {"error": "worker died"}})
     assert len(table) == 2 + 2 + 1
     assert table[-1].count("|") == table[0].count("|")
 
 
-def test_ab_other_form_switches_the_library_path():
-    import keras
+def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch():
+    from keras_vitnorm.ops import config as switch
 
-    from keras_vitnorm.layers import attention
-
-    backend = keras.backend.backend()
-    library_splits = backend in attention._SPLIT_QKV_BACKENDS
-    with bench_ab.other_form("split_qkv"):
-        assert (backend in attention._SPLIT_QKV_BACKENDS) != library_splits
-    assert (backend in attention._SPLIT_QKV_BACKENDS) == library_splits
-
-
-@pytest.mark.parametrize("change, module, name", [
-    ("gelu_erf", "keras_vitnorm.layers.mlp", "gelu_exact"),
-    ("gelu_grad", "keras_vitnorm.layers.mlp", "_gelu_erf_closed_form_gradient"),
-    ("attend", "keras_vitnorm.layers.attention", "attend"),
-    ("fence_transpose", "keras_vitnorm.backend_ops", "_jax_fence"),
-    ("fused_dense", "keras_vitnorm.layers.dense", "FusedDense"),
-    ("sublayer_calls", "keras_vitnorm.layers._calls", "ENABLED"),
-    ("onednn_linear", "keras_vitnorm.backend_ops", "torch_onednn_linear"),
-])
-def test_ab_other_form_replaces_the_library_function_and_restores_it(change, module, name):
-    import importlib
-
-    target = importlib.import_module(module)
-    if change == "fused_dense":
-        library = target.FusedDense.call
+    assert bench_ab.FAST_PATHS == switch.FAST_PATHS
+    for change in bench_ab.FAST_PATHS:
         with bench_ab.other_form(change):
-            assert target.FusedDense.call is not library
-        assert target.FusedDense.call is library
-        return
-    library = getattr(target, name)
-    with bench_ab.other_form(change):
-        assert getattr(target, name) is not library
-    assert getattr(target, name) is library
+            assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [change]
+        assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
+    with pytest.raises(ValueError, match="unknown change 'attend'"):
+        with bench_ab.other_form("attend"):
+            pass
 
 
 @pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",

@@ -53,19 +53,19 @@ def test_train_and_predict_steps_do_not_retrace(monkeypatch, stem, precision):
 
 
 def _loss_and_gradients(model, x):
-    from keras_vitnorm.backend_ops import value_and_gradients
+    from keras_vitnorm.analysis.gradients import value_and_gradients
 
     return value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.square(y)), training=True)
 
 
-def test_gradient_fence_changes_neither_values_nor_gradients(monkeypatch):
-    from keras_vitnorm.layers import encoder_block
+def test_gradient_fence_changes_neither_values_nor_gradients():
+    from keras_vitnorm import ops
 
     model = ViT(**TINY)
     x = np.random.default_rng(1).normal(size=(3, 16, 16, 3)).astype("float32")
     fenced = _loss_and_gradients(model, x)
-    monkeypatch.setattr(encoder_block, "gradient_fence", lambda h: h)
-    plain = _loss_and_gradients(model, x)
+    with ops.fast_paths(False, ["residual_fence"]):
+        plain = _loss_and_gradients(model, x)
     np.testing.assert_allclose(fenced[0], plain[0], rtol=1e-6)
     np.testing.assert_allclose(fenced[1], plain[1], rtol=1e-5, atol=1e-7)
     assert fenced[2].keys() == plain[2].keys()
@@ -75,10 +75,10 @@ def test_gradient_fence_changes_neither_values_nor_gradients(monkeypatch):
 
 @pytest.mark.skipif(keras.backend.backend() != "jax",
                     reason="the fence acts only in XLA-compiled JAX on CPU; elsewhere it is the identity")
-def test_jax_backward_has_one_fusion_boundary_per_residual_add(monkeypatch):
+def test_jax_backward_has_one_fusion_boundary_per_residual_add():
     import jax
 
-    from keras_vitnorm.layers import encoder_block
+    from keras_vitnorm import ops
 
     model = ViT(**TINY)
     x = np.zeros((2, 16, 16, 3), "float32")
@@ -93,8 +93,8 @@ def test_jax_backward_has_one_fusion_boundary_per_residual_add(monkeypatch):
         return jax.jit(jax.grad(loss)).lower(trainable).compile().as_text().count("conditional(")
 
     assert conditionals() == 2 * TINY["depth"]  # attention and MLP residual adds
-    monkeypatch.setattr(encoder_block, "gradient_fence", lambda h: h)
-    assert conditionals() == 0
+    with ops.fast_paths(False, ["residual_fence"]):
+        assert conditionals() == 0
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.jvp is JAX's forward-mode autodiff")

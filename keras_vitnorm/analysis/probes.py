@@ -10,7 +10,7 @@
   paper's Figure 3).
 
 Everything runs on all three backends; gradients come from
-`keras_vitnorm.backend_ops.value_and_gradients`.
+`keras_vitnorm.analysis.gradients.value_and_gradients`.
 """
 
 import csv
@@ -20,7 +20,7 @@ import re
 import keras
 import numpy as np
 
-from keras_vitnorm import backend_ops
+from keras_vitnorm.analysis.gradients import value_and_gradients
 
 #: Variable-path prefixes of the stem's patch embedding (Dense or conv stem layers).
 PATCH_EMBEDDING = "stem/projection"
@@ -79,7 +79,7 @@ def gradient_norms(model, images, labels, group=layer_of):
     Returns:
         `(loss, {group: norm})`.
     """
-    loss, _, gradients = backend_ops.value_and_gradients(model, images, _loss_fn(labels))
+    loss, _, gradients = value_and_gradients(model, images, _loss_fn(labels))
     return loss, group_norms(gradients, group)
 
 

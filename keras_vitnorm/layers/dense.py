@@ -1,21 +1,19 @@
-"""`Dense` with the bias fused into the matmul on PyTorch."""
+"""`Dense` whose forward pass is `keras_vitnorm.ops.linear`."""
 
 import keras
 
-from keras_vitnorm.backend_ops import linear
+from keras_vitnorm.ops import linear
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class FusedDense(keras.layers.Dense):
-    """`keras.layers.Dense` whose unquantized call is one fused matmul plus bias.
+    """`keras.layers.Dense` whose unquantized call is `keras_vitnorm.ops.linear`.
 
-    The same weights, names, arguments, LoRA and quantization as Keras' `Dense`
-    (a quantized layer takes Keras' quantized path, which does not reach `call`).
-    Only the unquantized forward changes, and only on PyTorch: there
-    `keras.ops.matmul` plus `keras.ops.add` runs the bias add as a second pass,
-    while `torch.nn.functional.linear` fuses it (see `backend_ops.linear`; 11%
-    of an S/16 CPU inference step, measured with `benchmarks/bench_ab.py`,
-    docs/performance.md). On JAX and TensorFlow the computation is Keras' own.
+    The same weights, names, arguments, LoRA and quantization as Keras' `Dense` (a
+    quantized layer takes Keras' quantized path, which does not reach `call`). Only
+    the unquantized forward differs: `linear` computes `x @ kernel + bias` as one
+    fused matmul where its fast path applies (PyTorch), Keras' matmul and add
+    elsewhere.
 
     Example:
     >>> layer = FusedDense(8)

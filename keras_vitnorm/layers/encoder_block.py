@@ -5,8 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.backend_ops import gradient_fence
-from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
@@ -17,6 +15,7 @@ from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
+from keras_vitnorm.ops import residual_fence
 
 #: Every value accepted by `attn_norm` and `mlp_norm`.
 PLACEMENTS = ("pre", "post", "pre_post", "none")
@@ -308,30 +307,24 @@ class EncoderBlock(keras.layers.Layer):
 
     def _sublayer(self, x, branch, placement, norms, scale, training):
         first, second = norms
-        if placement in ("pre", "pre_post"):
-            h = branch(call_sublayer(self, first, x, training=training))
-        else:
-            h = branch(x)
+        h = branch(first(x, training=training) if placement in ("pre", "pre_post") else x)
         if second is not None:
-            h = call_sublayer(self, second, h, training=training)
+            h = second(h, training=training)
         if scale is not None:
-            h = call_sublayer(self, scale, h)
-        if self.drop_path.rate:  # a rate of 0 is the identity: no layer call
-            h = call_sublayer(self, self.drop_path, h, training=training)
+            h = scale(h)
+        h = self.drop_path(h, training=training)
         if placement == "post":
             alpha = self.residual_alpha
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
-            return gradient_fence(call_sublayer(self, first, residual + h, training=training))
-        return gradient_fence(x + h)
+            return residual_fence(first(residual + h, training=training))
+        return residual_fence(x + h)
 
     def call(self, x, training=None):
         def attention(h):
-            h = call_sublayer(self, self.attention, h, training=training)
+            h = self.attention(h, training=training)
             if self.attn_out_norm is not None:
                 # NormFormer as fairseq orders it: the norm, then the dropout.
-                h = call_sublayer(self, self.attn_out_norm, h, training=training)
-                if self.attn_out_dropout.rate:
-                    h = call_sublayer(self, self.attn_out_dropout, h, training=training)
+                h = self.attn_out_dropout(self.attn_out_norm(h, training=training), training=training)
             return h
 
         x = self._sublayer(
@@ -339,7 +332,7 @@ class EncoderBlock(keras.layers.Layer):
         )
         return self._sublayer(
             x,
-            lambda h: call_sublayer(self, self.mlp, h, training=training),
+            lambda h: self.mlp(h, training=training),
             self.resolved_mlp_norm,
             self.mlp_norms,
             self.mlp_scale,

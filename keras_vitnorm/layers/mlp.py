@@ -1,9 +1,7 @@
 """The transformer MLP: Dense, GELU, optional mid norm, Dense."""
 
 import keras
-from keras import ops
 
-from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
@@ -12,64 +10,7 @@ from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
-
-
-def gelu_exact(x):
-    """Exact GELU, `x * Phi(x)`; on TensorFlow as `0.5 * x * (1 + erf(x / sqrt(2)))`.
-
-    Why it exists: Keras' `gelu(approximate=False)` computes `0.5 * x * erfc(-x /
-    sqrt(2))`. XLA expands float32 `erfc` into two polynomial branches with an
-    `exp`, against one rational polynomial for `erf`: in the compiled gradient of
-    an S/16 MLP the element-wise part took 17 ms with `erf` against 31 ms with
-    `erfc` (JAX, CPU; docs/performance.md). The two forms agree within float32
-    round-off (tested). TensorFlow takes the `erf` form, with its backward pass
-    written out (`_gelu_erf_closed_form_gradient`). JAX keeps Keras' `gelu`:
-    its `erf` lowers to a StableHLO composite that TensorFlow cannot load, which
-    would break `model.export` to a SavedModel. PyTorch keeps Keras' `gelu`, a
-    fused kernel that computes the `erf` form.
-
-    Args:
-        x: tensor.
-
-    Returns:
-        Tensor of the dtype of `x`.
-    """
-    if keras.backend.backend() == "tensorflow":
-        return _gelu_erf_closed_form_gradient(x)
-    return keras.activations.gelu(x, approximate=False)
-
-
-_SQRT_HALF = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
-
-
-def gelu_erf(x):
-    """`0.5 * x * (1 + erf(x / sqrt(2)))`, differentiated by autodiff."""
-    return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
-
-
-@ops.custom_gradient
-def _gelu_erf_closed_form_gradient(x):
-    """`gelu_erf` with its derivative written out: `Phi(x) + x * phi(x)`.
-
-    Why it exists: TensorFlow on a CPU runs Keras' training step as a graph
-    without XLA (Keras' `jit_compile="auto"` turns XLA off on CPU-only
-    machines), so every element-wise op is its own pass over the MLP's
-    `(batch x tokens, 4 x width)` activations. Autodiff of `gelu_erf` chains
-    the derivatives of each product and of `erf`; here the backward pass keeps
-    `Phi(x)` from the forward pass and adds `x * phi(x)`. Same values as autodiff
-    (tested); timed in docs/performance.md (`benchmarks/bench_ab.py --changes
-    gelu_grad`).
-    """
-    cdf = 0.5 * (1.0 + ops.erf(x * _SQRT_HALF))
-
-    def gradient(*args, upstream=None):
-        if upstream is None:
-            (upstream,) = args
-        pdf = ops.exp(-0.5 * ops.square(x)) * _INV_SQRT_2PI
-        return upstream * (cdf + x * pdf)
-
-    return x * cdf, gradient
+from keras_vitnorm.ops import gelu
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -156,13 +97,11 @@ class MLP(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        x = gelu_exact(call_sublayer(self, self.fc1, x, training=training))
+        x = gelu(self.fc1(x))
         if self.mid_norm_layer is not None:
-            x = call_sublayer(self, self.mid_norm_layer, x, training=training)
-        if self.dropout_layer.rate:  # a rate of 0 is the identity: no layer call
-            x = call_sublayer(self, self.dropout_layer, x, training=training)
-        x = call_sublayer(self, self.fc2, x, training=training)
-        return call_sublayer(self, self.dropout_layer, x, training=training) if self.dropout_layer.rate else x
+            x = self.mid_norm_layer(x, training=training)
+        x = self.fc2(self.dropout_layer(x, training=training))
+        return self.dropout_layer(x, training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape

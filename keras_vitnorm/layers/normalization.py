@@ -19,6 +19,7 @@ from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.ops import rms_normalization
 
 #: Every value accepted by the `norm` argument of blocks and models.
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
@@ -73,11 +74,8 @@ class RMSNorm(keras.layers.Layer):
             )
 
     def call(self, x):
-        x = ops.cast(x, "float32")
-        if self.gamma is not None and keras.backend.backend() == "tensorflow":
-            y = _rms_normalization_tf(x, ops.cast(self.gamma, "float32"), self.epsilon)
-        else:
-            y = ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.epsilon)
+        scale = None if self.gamma is None else ops.cast(self.gamma, "float32")
+        y = rms_normalization(ops.cast(x, "float32"), scale, self.epsilon)
         return _to_compute_dtype(self, y)
 
     def compute_output_shape(self, input_shape):
@@ -87,41 +85,6 @@ class RMSNorm(keras.layers.Layer):
         config = super().get_config()
         config.update({"epsilon": self.epsilon, "scale": self.scale})
         return config
-
-
-def _rms_normalization_tf(x, scale, epsilon):
-    """RMSNorm over the last axis with its backward pass written out.
-
-    Why it exists: TensorFlow's autodiff of `keras.ops.rms_normalization` keeps
-    every intermediate of the forward pass, and under XLA on CPU RMSNorm was
-    barely faster than LayerNorm (forward + backward 1.05x at S/16 width,
-    `benchmarks/bench_norms.py`). The closed-form gradient needs only the
-    normalized input and the inverse RMS: `dx = r * (g*s - xhat * mean(g*s*xhat))`
-    and `dscale = sum(g * xhat)`. In the same measurement it made RMSNorm 1.33x
-    (S/16) and 1.53x (B/16) faster than LayerNorm; timings of a few milliseconds
-    are noisy here, and a later run gave 1.07x and 1.18x. JAX gained nothing
-    measurable from it, and PyTorch 15% (still slower than its fused LayerNorm
-    kernel), so only TensorFlow uses it. The gradients match finite differences
-    (tests/test_formulas.py).
-    """
-
-    @ops.custom_gradient
-    def normalize(x, scale):
-        inverse_rms = ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + epsilon)
-        normalized = x * inverse_rms
-
-        def gradient(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            width = x.shape[-1]
-            scale_grad = ops.sum(ops.reshape(upstream * normalized, (-1, width)), axis=0)
-            scaled = upstream * scale
-            mean_term = ops.mean(scaled * normalized, axis=-1, keepdims=True)
-            return inverse_rms * (scaled - normalized * mean_term), scale_grad
-
-        return normalized * scale, gradient
-
-    return normalize(x, scale)
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")

@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.layers._calls import call_sublayer
 from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
@@ -260,16 +259,16 @@ class PatchStem(keras.layers.Layer):
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
-                x = call_sublayer(self, layer, x, training=training)
-            x = call_sublayer(self, self.projection, x)
+                x = layer(x, training=training)
+            x = self.projection(x)
             x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
         else:
             x = patchify(images, self.patch_size)
             if self.patch_norm is not None:
-                x = call_sublayer(self, self.patch_norm, x, training=training)
-            x = call_sublayer(self, self.projection, x, training=training)
+                x = self.patch_norm(x, training=training)
+            x = self.projection(x, training=training)
             if self.stem != "post_posemb" and self.embedding_norm is not None:
-                x = call_sublayer(self, self.embedding_norm, x, training=training)
+                x = self.embedding_norm(x, training=training)
         if self.cls_token is not None:
             cls = ops.broadcast_to(
                 ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, self.width)
@@ -278,7 +277,7 @@ class PatchStem(keras.layers.Layer):
         if self.pos_embedding is not None:
             x = x + ops.cast(self.pos_embedding, x.dtype)
         if self.stem == "post_posemb":
-            x = call_sublayer(self, self.embedding_norm, x, training=training)
+            x = self.embedding_norm(x, training=training)
         return x
 
     def compute_output_shape(self, input_shape):

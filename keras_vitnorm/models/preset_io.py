@@ -20,6 +20,7 @@ from keras_vitnorm.layers._validation import check_known_keys
 
 from keras_vitnorm.models.presets import PRESETS
 from keras_vitnorm.models.presets import preset_config
+from keras_vitnorm.ops import backend_name
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.npz"
@@ -219,7 +220,7 @@ def save_preset(model, directory, overwrite=False):
         {
             "keras_vitnorm_version": __version__,
             "keras_version": keras.__version__,
-            "backend": keras.backend.backend(),
+            "backend": backend_name(),
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "parameter_count": int(model.count_params()),
         },

@@ -16,9 +16,8 @@ source has no validation or test split, one is carved off the training split wit
 fixed seed (0), the same for every run, so runs with different seeds are comparable.
 
 The pipeline is tf.data under every Keras backend (Keras documents tf.data as an input
-pipeline for JAX and PyTorch too). This module is therefore, with
-`keras_vitnorm.backend_ops`, one of the two that import TensorFlow; model and layer code
-uses `keras.ops` only. Augmentations are Keras core preprocessing layers, which run
+pipeline for JAX and PyTorch too), so this module imports TensorFlow under every
+backend; model and layer code uses `keras.ops` and `keras_vitnorm.ops` only. Augmentations are Keras core preprocessing layers, which run
 inside tf.data on any backend, except the crops and flips, which are keyed by each
 example's position so that a resumed run sees exactly the augmented batches the
 uninterrupted run would have (`_keyed_augmentation`).

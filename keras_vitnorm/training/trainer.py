@@ -34,7 +34,6 @@ import time
 import keras
 import numpy as np
 
-from keras_vitnorm import backend_ops
 from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
@@ -42,6 +41,7 @@ from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.models.vit import validate_config
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import distribution
 from keras_vitnorm import durable
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
@@ -310,7 +310,7 @@ def _plan(config, data):
         validate_config({**ViT.default_config(), **preset_config(config.preset), **overrides})
     scope, replicas = contextlib.nullcontext(), 1
     if config.distribute:
-        scope, replicas = backend_ops.data_parallel_scope()
+        scope, replicas = distribution.data_parallel_scope()
         if config.batch_size % replicas:
             raise ValueError(
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "

@@ -1,0 +1,190 @@
+"""The few tensor operations the layers need beyond `keras.ops`, with their fast paths.
+
+Each op here is written in `keras.ops` and reads like its formula. Where a backend
+(and device) runs the same computation measurably faster in another form, the op
+takes that form from the backend's module (`_jax`, `_tensorflow`, `_torch`, each
+imported only under its backend) while the fast path is switched on
+(`keras_vitnorm.ops.config`: `set_fast_paths`, `fast_paths`, the
+`KERAS_VITNORM_FAST_PATHS` environment variable). Values and gradients are the same
+either way up to float32 round-off (tests/test_ops.py); docs/performance.md gives
+each fast path's measured whole-step gain.
+
+The layers call only this module: no layer asks which backend it runs on.
+"""
+
+import functools
+import importlib
+import math
+
+import keras
+from keras import ops
+
+from keras_vitnorm.ops.config import FAST_PATHS
+from keras_vitnorm.ops.config import fast_path_enabled
+from keras_vitnorm.ops.config import fast_paths
+from keras_vitnorm.ops.config import set_fast_paths
+
+__all__ = [
+    "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths", "gelu",
+    "heads_first_attention", "linear", "qkv_projection", "residual_fence", "rms_normalization",
+    "set_fast_paths",
+]
+
+
+def backend_name():
+    """The Keras backend this process computes with (`"jax"`, `"tensorflow"`, `"torch"`)."""
+    return keras.backend.backend()
+
+
+@functools.cache
+def _native():
+    """This backend's module of fast forms."""
+    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(backend_name())
+    if module is None:
+        raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
+    return importlib.import_module(f"keras_vitnorm.ops.{module}")
+
+
+def _fast(name, *backends):
+    return backend_name() in backends and fast_path_enabled(name)
+
+
+@functools.cache
+def _xla_or_graph_on_cpu():
+    """JAX or TensorFlow computing on a CPU (no GPU or TPU in use)."""
+    return backend_name() in ("jax", "tensorflow") and _native().on_cpu()
+
+
+def linear(x, kernel, bias=None):
+    """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
+
+    Fast path `linear` (PyTorch): one `torch.nn.functional.linear`, the bias add fused
+    into the matmul; and `onednn_linear` on top of it (float32 on an x86 CPU where
+    no gradient is recorded): oneDNN's linear, a private PyTorch op used only after
+    a check that it exists and computes the same.
+    """
+    x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
+    bias = None if bias is None else ops.convert_to_tensor(bias)
+    same_dtype = x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype)
+    if same_dtype and _fast("linear", "torch"):
+        return _native().linear(x, kernel, bias, use_onednn=fast_path_enabled("onednn_linear"))
+    y = ops.matmul(x, kernel)
+    return y if bias is None else ops.add(y, bias)
+
+
+def qkv_projection(x, kernel, bias, num_heads):
+    """q, k and v, each `(batch, tokens, heads, head_dim)`, from a fused projection.
+
+    `kernel` is `(width, 3 * width)` with columns `[q | k | v]`, each head-major;
+    `bias` is `(3 * width,)` or `None`. One `linear` whose output is split.
+
+    Fast path `split_qkv` (TensorFlow): three `linear`s on the column thirds of the
+    kernel and bias (`ops.split`, whose gradient is one concatenation).
+    """
+    tokens = x.shape[1]
+    head_dim = kernel.shape[-1] // (3 * num_heads)
+    if _fast("split_qkv", "tensorflow"):
+        kernels = ops.split(ops.convert_to_tensor(kernel), 3, axis=1)
+        biases = [None] * 3 if bias is None else ops.split(ops.convert_to_tensor(bias), 3)
+        return [ops.reshape(linear(x, k, b), (-1, tokens, num_heads, head_dim))
+                for k, b in zip(kernels, biases)]
+    return split_heads(linear(x, kernel, bias), num_heads)
+
+
+def split_heads(qkv, num_heads):
+    """`(batch, tokens, 3 * width)` fused projections to q, k, v `(batch, tokens, heads, head_dim)`."""
+    tokens, fused = qkv.shape[1], qkv.shape[2]
+    qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+
+def gelu(x):
+    """Exact GELU, `x Phi(x)` (timm's and Hugging Face ViT's `nn.GELU()`).
+
+    Keras' `gelu(approximate=False)`, which computes `0.5 x erfc(-x / sqrt 2)`.
+    Fast path `gelu` (TensorFlow): `0.5 x (1 + erf(x / sqrt 2))` with its derivative
+    `Phi(x) + x phi(x)` written out. JAX keeps Keras' form: its `erf` lowers to a
+    StableHLO composite that TensorFlow cannot load, which would break `model.export`;
+    PyTorch's `gelu` is one fused kernel of the `erf` form.
+    """
+    if _fast("gelu", "tensorflow"):
+        return _native().gelu(x)
+    return keras.activations.gelu(x, approximate=False)
+
+
+def rms_normalization(x, scale, epsilon):
+    """`x / sqrt(mean(x^2) + epsilon) * scale` over the last axis (`scale` may be `None`).
+
+    Fast path `rms_normalization` (TensorFlow, with a scale): the backward pass
+    written out from the normalized input and the inverse RMS.
+    """
+    if scale is not None and _fast("rms_normalization", "tensorflow"):
+        return _native().rms_normalization(x, scale, epsilon)
+    return ops.rms_normalization(x, scale=scale, axis=-1, epsilon=epsilon)
+
+
+def attention(q, k, v, training=None):
+    """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
+
+    `keras.ops.dot_product_attention(q, k, v)`, except:
+
+    - float16 q and k on TensorFlow, whose attention would compute float16 logits
+      that overflow (a BatchNorm model in inference): `heads_first_attention`,
+      which sums them in float32. Always, being a fix, not a fast path.
+    - Fast path `attention`: `heads_first_attention` on a CPU under JAX and
+      TensorFlow; PyTorch's `scaled_dot_product_attention` on strided views
+      (no copies of q, k and v, PyTorch's own choice of kernel); JAX on a GPU in
+      training with an odd token count where cuDNN's attention fits: cuDNN's
+      attention on tokens padded to a multiple of 8, masked.
+    - JAX in training with an odd token count (197 for a ViT with a class token at
+      224 pixels), otherwise: XLA's attention asked for directly, where Keras
+      would try cuDNN's, which JAX rejects for that count with a logged traceback
+      before falling back to the same XLA attention.
+    """
+    q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
+    backend = backend_name()
+    if backend == "tensorflow" and keras.backend.standardize_dtype(q.dtype) == "float16":
+        return heads_first_attention(q, k, v)
+    odd_tokens_in_training = bool(training) and q.shape[1] % 2 == 1
+    if fast_path_enabled("attention"):
+        if _xla_or_graph_on_cpu():
+            return heads_first_attention(q, k, v)
+        if backend == "torch" and q.dtype == k.dtype == v.dtype:
+            return _native().attention(q, k, v)
+        if backend == "jax" and odd_tokens_in_training and _native().cudnn_attention_fits(q, k, v):
+            return _native().padded_attention(q, k, v)
+    flash_attention = False if backend == "jax" and odd_tokens_in_training else None
+    return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
+
+
+def heads_first_attention(q, k, v):
+    """`softmax(q k^T / sqrt(head_dim)) v` with heads before tokens.
+
+    q, k and v move to `(batch, heads, tokens, head_dim)`, the scale goes on q (a
+    tensor `head_dim / tokens` the size of the logits), and the result moves back.
+    The softmax runs in float32 at least, as in Keras and JAX; float16 q and k give
+    float32 logits (a logit sums `head_dim` products and passes float16's 65504 once
+    q and k reach a few hundred; PyTorch's and JAX's attention accumulate in float32
+    too). Same inputs and output as `keras.ops.dot_product_attention`.
+    """
+    q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+    if keras.backend.standardize_dtype(q.dtype) == "float16":
+        q, k = ops.cast(q, "float32"), ops.cast(k, "float32")
+    q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+    softmax_dtype = keras.backend.result_type(logits.dtype, "float32")
+    probs = ops.cast(ops.softmax(ops.cast(logits, softmax_dtype), axis=-1), v.dtype)
+    return ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+
+
+def residual_fence(x):
+    """`x`, on the residual stream after each sublayer's add.
+
+    Fast path `residual_fence` (JAX on a CPU): an identity whose gradient passes a
+    conditional that XLA cannot fuse across, which keeps XLA's CPU compiler from
+    fusing (and duplicating) the residual gradient's chain of adds through every
+    block, a backward pass that otherwise grows with depth squared.
+    """
+    if _fast("residual_fence", "jax") and _xla_or_graph_on_cpu():
+        return _native().residual_fence()(x)
+    return x

@@ -1,0 +1,103 @@
+"""JAX forms of the ops (imported only under the JAX backend)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import linear_call
+
+
+def on_cpu():
+    return jax.default_backend() == "cpu"
+
+
+def cudnn_attention_fits(q, k, v):
+    """Whether JAX's cuDNN attention takes these q, k and v once their tokens are padded.
+
+    An NVIDIA GPU of compute capability 8.0 or more, one dtype, bfloat16 or float16,
+    and a head dimension that is a multiple of 8 and at most 128 (256 from compute
+    capability 9.0): the conditions JAX checks besides the token count.
+    """
+    if jax.default_backend() != "gpu" or not q.dtype == k.dtype == v.dtype:
+        return False
+    if str(q.dtype) not in ("bfloat16", "float16"):
+        return False
+    capability = getattr(jax.devices()[0], "compute_capability", None)
+    try:
+        major, minor = (int(part) for part in str(capability).split(".")[:2])
+    except ValueError:  # not a CUDA device (no "major.minor" capability)
+        return False
+    head_dim = q.shape[-1]
+    return (major, minor) >= (8, 0) and head_dim % 8 == 0 and head_dim <= (256 if major >= 9 else 128)
+
+
+def padded_attention(q, k, v, implementation="cudnn", multiple=8):
+    """Softmax attention on tokens padded to a multiple of `multiple`, the padding masked.
+
+    JAX's cuDNN flash attention rejects an odd token count at training time, and a
+    ViT with a class token has 197 tokens at 224 pixels; Keras then falls back to
+    XLA's attention, whose backward pass is about twice as slow on a GPU. Here q, k
+    and v get zero tokens up to the multiple, `jax.nn.dot_product_attention` masks
+    them out through the sequence lengths, and the padded rows of the output are
+    dropped: the values and gradients of unpadded attention (tested on the CPU with
+    `implementation="xla"`, which takes the same arguments). If JAX still rejects
+    the inputs, XLA's attention runs on the unpadded tokens.
+
+    Args:
+        q, k, v: arrays `(batch, tokens, heads, head_dim)`, one dtype.
+        implementation: `"cudnn"` (default) or `"xla"`.
+        multiple: int, default 8.
+    """
+    tokens = q.shape[1]
+    pad = -tokens % multiple
+    padded = [jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))) for t in (q, k, v)]
+    lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
+    try:
+        out = jax.nn.dot_product_attention(
+            *padded, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+            implementation=implementation)
+    except NotImplementedError:
+        return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    return out[:, :tokens]
+
+
+def conditional_identity(probe, value):
+    """`value` through a `lax.cond` whose predicate, read from `probe`, XLA cannot fold.
+
+    Both branches return `value`, so the conditional stays in the compiled program
+    and ends XLA's fusion there.
+    """
+    keep = jnp.isfinite(probe.reshape(-1)[0])
+    return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, value)
+
+
+@functools.cache
+def residual_fence():
+    """The identity, whose gradient passes through `conditional_identity` in reverse mode.
+
+    In a pre-LN transformer the gradient of the residual stream is a chain of
+    element-wise adds through every block; XLA's CPU compiler fuses that chain and
+    duplicates it into each consumer, so the backward pass grows with depth
+    squared. A conditional ends the fusion at each block (`optimization_barrier`
+    does not: the CPU compiler removes barriers before fusion). It sits only in the
+    transpose, its predicate read from the incoming gradient, so the backward pass
+    keeps nothing from the forward pass for it, and forward-mode autodiff sees the
+    identity.
+    """
+
+    def identity(_, tangent):
+        return tangent
+
+    def transpose(_, cotangent):
+        return conditional_identity(cotangent, cotangent)
+
+    @jax.custom_jvp
+    def fence(x):
+        return x
+
+    @fence.defjvp
+    def fence_jvp(primals, tangents):
+        (x,), (tangent,) = primals, tangents
+        return x, linear_call(identity, transpose, (), tangent)
+
+    return fence

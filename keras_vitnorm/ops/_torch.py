@@ -1,0 +1,75 @@
+"""PyTorch forms of the ops (imported only under the PyTorch backend)."""
+
+import functools
+import platform
+
+import torch
+
+
+def linear(x, kernel, bias, use_onednn):
+    """`x @ kernel + bias` in one call, as `torch.nn.Linear` computes it.
+
+    `keras.ops` has no matmul-plus-bias op, and eager PyTorch runs Keras' separate
+    bias add as a second pass over the output; `torch.nn.functional.linear` fuses it
+    (`addmm`). With `use_onednn`, where no gradient is recorded on a float32 x86 CPU,
+    oneDNN's linear runs instead (`onednn_linear`).
+    """
+    if use_onednn and x.dtype == torch.float32 and x.device.type == "cpu" and not (
+        torch.is_grad_enabled()
+        and (x.requires_grad or kernel.requires_grad or (bias is not None and bias.requires_grad))
+    ):
+        op = onednn_linear()
+        if op is not None:
+            return op(x, kernel.T, bias, "none", [], "")
+    return torch.nn.functional.linear(x, kernel.T, bias)
+
+
+@functools.cache
+def onednn_linear():
+    """PyTorch's oneDNN float32 linear op (`torch.ops.mkldnn._linear_pointwise`), or `None`.
+
+    PyTorch's CPU wheels run a float32 `torch.nn.functional.linear` through MKL; the
+    oneDNN library that the same wheel ships (and that Inductor calls for linear
+    layers on x86 CPUs) runs it at XLA's rate (docs/performance.md). The op has no
+    autograd formula, so `linear` calls it only where no gradient is recorded.
+
+    It is a private op, so it is used only where it exists, the CPU is x86-64 with
+    oneDNN available, and a small product through it matches
+    `torch.nn.functional.linear`; otherwise this returns `None` and `linear` keeps
+    `torch.nn.functional.linear`. Checked once per process.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return None
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 16, generator=generator)
+    weight = torch.randn(16, 8, generator=generator)
+    bias = torch.randn(8, generator=generator)
+    try:
+        with torch.no_grad():
+            matches = all(
+                torch.allclose(op(x, weight.T, b, "none", [], ""),
+                               torch.nn.functional.linear(x, weight.T, b), rtol=1e-5, atol=1e-5)
+                for b in (bias, None)
+            )
+    except (RuntimeError, TypeError):
+        return None
+    return op if matches else None
+
+
+def attention(q, k, v):
+    """Softmax attention by `torch.nn.functional.scaled_dot_product_attention` on views.
+
+    Keras' PyTorch attention moves the heads axis forward and, unless its
+    flash-attention check passes (never on a CPU), copies q, k and v into contiguous
+    memory first; PyTorch's function takes the strided views itself and picks its
+    kernel itself (cuDNN's attention on an H100, where Keras forces
+    FlashAttention-2), as the transformers ViT calls it.
+
+    Args:
+        q, k, v: tensors `(batch, tokens, heads, head_dim)`, one dtype.
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)

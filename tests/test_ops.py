@@ -1,0 +1,549 @@
+"""`keras_vitnorm.ops`: each op against its formula, each fast path against the plain
+form (values and gradients), the switch, and the layers and model with the fast paths
+on and off."""
+
+import os
+import subprocess
+import sys
+from math import erf
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vitnorm import ViT
+from keras_vitnorm import layers
+from keras_vitnorm import ops as vitnorm_ops
+from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.ops import config
+
+BACKEND = keras.backend.backend()
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+def _qkv(seed, dtype="float32", shape=(2, 7, 3, 6)):  # head_dim 6: a scale that is not a power of two
+    rng = np.random.default_rng(seed)
+    return [keras.ops.cast(rng.normal(0, 2, shape).astype("float32"), dtype) for _ in range(3)]
+
+
+def _numpy(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def _on_and_off(name, function):
+    """`function()` with the fast path `name` on, then off."""
+    results = []
+    for enabled in (True, False):
+        with vitnorm_ops.fast_paths(enabled, [name]):
+            results.append(function())
+    return results
+
+
+def _gradients(function, x, shape_in, loss=lambda y: keras.ops.sum(keras.ops.sin(y))):
+    model = keras.Sequential([keras.Input(shape_in), keras.layers.Lambda(function)])
+    return value_and_gradients(model, x, loss)
+
+
+# --- the switch ---------------------------------------------------------------------
+
+
+def test_switch_turns_named_fast_paths_off_and_restores_them():
+    assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+    with vitnorm_ops.fast_paths(False, ["gelu", "attention"]):
+        assert not config.fast_path_enabled("gelu") and not config.fast_path_enabled("attention")
+        assert config.fast_path_enabled("linear")
+        with vitnorm_ops.fast_paths(False):
+            assert not any(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+        assert config.fast_path_enabled("linear")
+    assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+    with pytest.raises(ValueError, match="Unknown fast path 'gleu'.*linear, onednn_linear"):
+        vitnorm_ops.set_fast_paths(False, ["gleu"])
+    with pytest.raises(ValueError, match="enabled must be True or False"):
+        vitnorm_ops.set_fast_paths("no")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("0", []), ("off", []), ("", list(config.FAST_PATHS)), ("1", list(config.FAST_PATHS)),
+    ("gelu, linear", ["linear", "gelu"]),
+])
+def test_environment_variable_sets_the_switch_at_import(value, expected):
+    code = "from keras_vitnorm.ops import config; print([n for n in config.FAST_PATHS if config.fast_path_enabled(n)])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": BACKEND, config.ENVIRONMENT_VARIABLE: value})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(expected)
+
+
+def test_environment_variable_with_an_unknown_name_is_an_error():
+    done = subprocess.run([sys.executable, "-c", "import keras_vitnorm.ops"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": BACKEND, config.ENVIRONMENT_VARIABLE: "linear,fast"})
+    assert done.returncode != 0
+    assert "Unknown fast path 'fast' in KERAS_VITNORM_FAST_PATHS='linear,fast'" in done.stderr
+
+
+def test_layers_and_models_ask_no_backend_and_import_no_framework():
+    package = os.path.join(ROOT, "keras_vitnorm")
+    for folder in ("layers", "models"):
+        for name in os.listdir(os.path.join(package, folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(package, folder, name)) as f:
+                    source = f.read()
+                for forbidden in ("keras.backend.backend()", "import jax", "import torch", "import tensorflow",
+                                  "from jax", "from torch", "from tensorflow"):
+                    assert forbidden not in source, f"{folder}/{name}: {forbidden}"
+
+
+# --- linear ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_linear_is_matmul_plus_bias_with_and_without_its_fast_path(use_bias):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    kernel = rng.normal(size=(16, 6)).astype("float32")
+    bias = rng.normal(size=(6,)).astype("float32") if use_bias else None
+    expected = x @ kernel + (bias if use_bias else 0)
+
+    def run():
+        return _gradients(lambda t: vitnorm_ops.linear(t, kernel, bias), x, (5, 16))
+
+    (loss_on, dx_on, _), (loss_off, dx_off, _) = _on_and_off("linear", run)
+    for name in ("linear", None):
+        with vitnorm_ops.fast_paths(name is not None, None if name is None else [name]):
+            np.testing.assert_allclose(_numpy(vitnorm_ops.linear(x, kernel, bias)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss_on, loss_off, rtol=1e-5)
+    np.testing.assert_allclose(dx_on, dx_off, rtol=1e-5, atol=1e-5)
+
+
+def _dense_pair(use_bias, activation, lora):
+    """A keras Dense and a FusedDense with the same weights (and LoRA weights)."""
+    pair = []
+    for cls in (keras.layers.Dense, layers.FusedDense):
+        keras.utils.set_random_seed(4)
+        layer = cls(6, use_bias=use_bias, activation=activation, bias_initializer="random_normal")
+        layer.build((None, 16))
+        if lora:
+            layer.enable_lora(2, b_initializer="random_normal")
+        pair.append(layer)
+    return pair
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (2, 5, 16)])
+@pytest.mark.parametrize("use_bias,activation,lora", [(True, None, False), (False, "gelu", False), (True, None, True)])
+def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activation, lora):
+    x = np.random.default_rng(3).normal(size=shape).astype("float32")
+    results = []
+    for layer in _dense_pair(use_bias, activation, lora):
+        inputs = keras.Input(shape[1:])
+        model = keras.Model(inputs, layer(inputs))
+        results.append(value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.sin(y))))
+        results[-1] += (keras.ops.convert_to_numpy(model(x)),)
+    (loss_a, dx_a, dw_a, y_a), (loss_b, dx_b, dw_b, y_b) = results
+    np.testing.assert_allclose(y_b, y_a, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dx_b, dx_a, rtol=1e-5, atol=1e-6)
+    by_name = lambda grads: {path.split("/")[-1]: grad for path, grad in grads.items()}  # noqa: E731
+    dw_a, dw_b = by_name(dw_a), by_name(dw_b)
+    # LoRA freezes the kernel and trains its two low-rank factors instead.
+    expected = ({"lora_kernel_a", "lora_kernel_b"} if lora else {"kernel"}) | ({"bias"} if use_bias else set())
+    assert set(dw_a) == set(dw_b) == expected
+    for name in expected:
+        np.testing.assert_allclose(dw_b[name], dw_a[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_onednn_linear_only_where_no_gradient_is_recorded_and_only_while_switched_on(monkeypatch, use_bias):
+    import platform
+
+    import torch
+
+    from keras_vitnorm.ops import _torch
+
+    if _torch.onednn_linear() is None:
+        pytest.skip(f"no oneDNN linear in this PyTorch build on {platform.machine()}")
+    calls = []
+    original = _torch.onednn_linear()
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    monkeypatch.setattr(_torch, "onednn_linear", lambda: counting)
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.normal(size=(2, 7, 24)).astype("float32"))
+    kernel = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(24, 40)).astype("float32")))
+    bias = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(40,)).astype("float32"))) if use_bias else None
+    expected = torch.nn.functional.linear(x, kernel.T, bias).detach().numpy()
+    with torch.no_grad():
+        predicted = vitnorm_ops.linear(x, kernel, bias)
+        assert calls == [(2, 7, 24)]
+        with vitnorm_ops.fast_paths(False, ["onednn_linear"]):  # the fallback
+            fallback = vitnorm_ops.linear(x, kernel, bias)
+        assert len(calls) == 1
+    np.testing.assert_allclose(predicted.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fallback.numpy(), expected, rtol=1e-6, atol=1e-6)
+    # With a gradient recorded it is torch.nn.functional.linear, which autograd
+    # differentiates; the oneDNN op has no gradient formula.
+    trained = vitnorm_ops.linear(x, kernel, bias)
+    assert len(calls) == 1
+    trained.sum().backward()
+    np.testing.assert_allclose(kernel.grad.numpy(), np.broadcast_to(x.sum((0, 1)).numpy()[:, None], (24, 40)),
+                               rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # float64 and bfloat16 inputs keep torch.nn.functional.linear too
+        vitnorm_ops.linear(x.double(), kernel.double(), None)
+        vitnorm_ops.linear(x.bfloat16(), kernel.bfloat16(), None)
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
+def test_onednn_linear_is_left_out_where_it_cannot_be_checked(monkeypatch):
+    import platform
+
+    import torch
+
+    from keras_vitnorm.ops import _torch
+
+    try:
+        _torch.onednn_linear.cache_clear()
+        monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+        assert _torch.onednn_linear() is None
+        _torch.onednn_linear.cache_clear()
+        monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert _torch.onednn_linear() is None
+        with torch.no_grad():  # without it, linear is torch.nn.functional.linear
+            x, kernel = torch.ones(2, 3), torch.ones(3, 4)
+            np.testing.assert_array_equal(vitnorm_ops.linear(x, kernel).numpy(), np.full((2, 4), 3.0))
+    finally:  # the real answer again, for the tests that follow
+        monkeypatch.undo()
+        _torch.onednn_linear.cache_clear()
+
+
+# --- q, k and v -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+@pytest.mark.parametrize("lora", [False, True])
+def test_split_and_fused_qkv_projections_agree(monkeypatch, qkv_bias, lora):
+    # The split form (TensorFlow's fast path) and the fused form, forced on this
+    # backend, give the same output and gradients from the same weights.
+    keras.utils.set_random_seed(5)
+    layer = layers.MultiHeadSelfAttention(4, qkv_bias=qkv_bias, qk_norm="layernorm")
+    inputs = keras.Input((9, 16))
+    model = keras.Model(inputs, layer(inputs))
+    if lora:
+        layer.qkv.enable_lora(2, b_initializer="random_normal")
+    if qkv_bias:  # a zero-initialized bias would hide a bias sliced in the wrong place
+        layer.qkv.bias.assign(np.random.default_rng(1).normal(size=layer.qkv.bias.shape).astype("float32"))
+    x = np.random.default_rng(2).normal(size=(3, 9, 16)).astype("float32")
+    results, fast = {}, vitnorm_ops._fast
+    for form in ("fused", "split"):
+        with monkeypatch.context() as patch:  # the split form on this backend too
+            patch.setattr(vitnorm_ops, "_fast", lambda name, *backends, split=form == "split": (
+                split if name == "split_qkv" else fast(name, *backends)))
+            results[form] = value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.sin(y)))
+    (loss_f, dx_f, dw_f), (loss_s, dx_s, dw_s) = results["fused"], results["split"]
+    np.testing.assert_allclose(loss_s, loss_f, rtol=1e-5)
+    np.testing.assert_allclose(dx_s, dx_f, rtol=1e-4, atol=1e-5)
+    assert set(dw_s) == set(dw_f)
+    for path in dw_f:  # float32 sums in another order: atol against gradients of order 1 to 10
+        np.testing.assert_allclose(dw_s[path], dw_f[path], rtol=1e-4, atol=1e-5, err_msg=path)
+
+
+# --- GELU -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gelu_matches_keras_exact_gelu(dtype, enabled):
+    # Wide range: the tails are where an erf form and an erfc form could part ways.
+    x = keras.ops.cast(np.linspace(-12.0, 12.0, 4001).astype("float32"), dtype)
+    with vitnorm_ops.fast_paths(enabled, ["gelu"]):
+        ours = vitnorm_ops.gelu(x)
+    assert keras.backend.standardize_dtype(ours.dtype) == dtype
+    ours, theirs = _numpy(ours), _numpy(keras.activations.gelu(x, approximate=False))
+    tolerance = 2e-6 if dtype == "float32" else 1e-2  # bfloat16: one rounding step apart at most
+    np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+    assert np.all(np.isfinite(ours))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gelu_closed_form_gradient_is_the_derivative(dtype):
+    # TensorFlow's fast form (its gradient written out) runs on every backend here.
+    from keras_vitnorm.ops._tensorflow import gelu as closed_form
+
+    values = np.concatenate([np.linspace(-12.0, 12.0, 97), np.random.default_rng(6).normal(0, 2, 415)])
+    x = values.astype("float32").reshape(4, 8, 16)
+    def autodiff_form(t):  # the same formula, differentiated by autodiff
+        return 0.5 * t * (1.0 + keras.ops.erf(t * 0.7071067811865476))
+
+    outputs, grads = [], []
+    for activation in (closed_form, autodiff_form):
+        y = activation(keras.ops.cast(x, dtype))
+        assert keras.backend.standardize_dtype(y.dtype) == dtype
+        outputs.append(_numpy(y))
+        grads.append(_gradients(activation, x, (8, 16), lambda y: keras.ops.sum(y * y))[1])
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+    # d/dx of x * Phi(x) = Phi(x) + x * phi(x), times 2y.
+    phi = np.exp(-0.5 * x.astype("float64") ** 2) / np.sqrt(2 * np.pi)
+    cdf = 0.5 * (1 + np.vectorize(erf)(x.astype("float64") / np.sqrt(2)))
+    np.testing.assert_allclose(grads[0], 2 * x * cdf * (cdf + x * phi), rtol=1e-5, atol=1e-5)
+
+
+# --- RMSNorm --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_rms_normalization_with_and_without_its_fast_path(with_scale):
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 3, (2, 5, 16)).astype("float32")
+    scale = rng.normal(1, 0.2, (16,)).astype("float32") if with_scale else None
+    expected = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + 1e-6) * (1 if scale is None else scale)
+
+    def run():
+        y = _numpy(vitnorm_ops.rms_normalization(x, scale, 1e-6))
+        return y, _gradients(lambda t: vitnorm_ops.rms_normalization(t, scale, 1e-6), x, (5, 16))[1]
+
+    (y_on, dx_on), (y_off, dx_off) = _on_and_off("rms_normalization", run)
+    np.testing.assert_allclose(y_on, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y_off, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx_on, dx_off, rtol=1e-4, atol=1e-5)
+
+
+# --- attention ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_first_attention_matches_dot_product_attention(dtype):
+    q, k, v = _qkv(11, dtype)
+    ours = vitnorm_ops.heads_first_attention(q, k, v)
+    assert tuple(ours.shape) == (2, 7, 3, 6)
+    assert keras.backend.standardize_dtype(ours.dtype) == dtype
+    tolerance = (1e-5, 1e-6) if dtype == "float32" else (3e-2, 3e-2)  # bfloat16 in and out, float32 softmax
+    np.testing.assert_allclose(_numpy(ours), _numpy(keras.ops.dot_product_attention(q, k, v)),
+                               rtol=tolerance[0], atol=tolerance[1])
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_attention_with_and_without_its_fast_path(training):
+    x = np.concatenate([keras.ops.convert_to_numpy(t) for t in _qkv(12)], axis=-1)  # (2, 7, 3, 18)
+
+    def attention(t):
+        return vitnorm_ops.attention(t[..., :6], t[..., 6:12], t[..., 12:], training=training)
+
+    def run():
+        return _numpy(attention(x)), _gradients(attention, x, (7, 3, 18))[1]
+
+    (y_on, dx_on), (y_off, dx_off) = _on_and_off("attention", run)
+    expected = _numpy(keras.ops.dot_product_attention(*_qkv(12)))
+    np.testing.assert_allclose(y_on, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y_off, expected, rtol=1e-5, atol=1e-6)
+    assert np.abs(dx_on).max() > 1e-3  # the gradient reaches q, k and v
+    np.testing.assert_allclose(dx_on, dx_off, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_logits_beyond_float16_range_stay_finite_with_fast_paths_on_and_off():
+    """q and k of a few hundred over 8 dims give logits past 65504: every form sums them in float32."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 9, 4, 8)).astype("float32") * 300 for _ in range(3))
+    expected = _numpy(vitnorm_ops.heads_first_attention(q, k, v))
+    half = [keras.ops.cast(t, "float16") for t in (q, k, v)]
+    results = [_numpy(vitnorm_ops.heads_first_attention(*half))]
+    results += _on_and_off("attention", lambda: _numpy(vitnorm_ops.attention(*half)))
+    for got in results:
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, expected, rtol=0.01, atol=0.5)
+
+
+@pytest.mark.parametrize("num_tokens", [5, 6])
+@pytest.mark.parametrize("training", [False, True])
+def test_plain_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens,
+                                                                                 training):
+    # JAX's cuDNN flash attention rejects odd token counts at training time; there the
+    # plain form asks for XLA attention (False); everywhere else Keras chooses (None).
+    seen = []
+    original = keras.ops.dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("flash_attention", "not passed"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+    q, k, v = _qkv(3, shape=(2, num_tokens, 2, 8))
+    with vitnorm_ops.fast_paths(False, ["attention"]):
+        y = vitnorm_ops.attention(q, k, v, training=training)
+    rejects = BACKEND == "jax" and training and num_tokens % 2 == 1
+    assert seen == [False if rejects else None]
+    np.testing.assert_allclose(_numpy(y), _numpy(original(q, k, v)), rtol=1e-6, atol=1e-6)
+
+
+def test_attention_takes_this_backends_fast_form_on_a_cpu(monkeypatch):
+    from keras_vitnorm import ops as module
+
+    if BACKEND == "jax":
+        import jax
+
+        if jax.default_backend() != "cpu":
+            pytest.skip("asserts the CPU choice; this host has an accelerator")
+    calls = []
+    target = (module, "heads_first_attention") if BACKEND in ("jax", "tensorflow") else (module._native(), "attention")
+    original = getattr(*target)
+
+    def spy(q, k, v):
+        calls.append(tuple(q.shape))
+        return original(q, k, v)
+
+    monkeypatch.setattr(*target, spy)
+    layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, 5, 8), "float32"))
+    assert calls == [(2, 5, 2, 4)]
+    with vitnorm_ops.fast_paths(False, ["attention"]):
+        layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, 5, 8), "float32"))
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's padded cuDNN attention; this run's backend is another")
+@pytest.mark.parametrize("num_tokens, training, padded", [(5, True, True), (5, False, False), (6, True, False)])
+def test_jax_pads_for_cudnn_only_in_training_with_an_odd_token_count(monkeypatch, num_tokens, training, padded):
+    from keras_vitnorm import ops as module
+    from keras_vitnorm.ops import _jax
+
+    # As on a GPU where cuDNN's attention fits: not the CPU form, cuDNN available.
+    monkeypatch.setattr(module, "_xla_or_graph_on_cpu", lambda: False)
+    monkeypatch.setattr(_jax, "cudnn_attention_fits", lambda q, k, v: True)
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(tuple(q.shape))
+        return keras.ops.dot_product_attention(q, k, v)
+
+    monkeypatch.setattr(_jax, "padded_attention", spy)
+    layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, num_tokens, 8), "float32"), training=training)
+    assert calls == ([(2, num_tokens, 2, 4)] if padded else [])
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's padded cuDNN attention; this run's backend is another")
+def test_jax_cudnn_attention_does_not_fit_cpu_arrays():
+    import jax
+
+    from keras_vitnorm.ops import _jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("asserts the CPU answer; this host has an accelerator")
+    assert _jax.cudnn_attention_fits(*_qkv(5, "bfloat16", shape=(2, 7, 2, 8))) is False
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's padded cuDNN attention; this run's backend is another")
+@pytest.mark.parametrize("num_tokens, dtype", [(13, "float32"), (16, "float32"), (13, "bfloat16")])
+def test_jax_padded_attention_matches_unpadded_attention(num_tokens, dtype):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_vitnorm.ops import _jax
+
+    q, k, v = _qkv(7, dtype, shape=(2, num_tokens, 3, 8))
+    # cuDNN needs a GPU; XLA's attention takes the same padding and length arguments.
+    ours = _jax.padded_attention(q, k, v, implementation="xla")
+    theirs = keras.ops.dot_product_attention(q, k, v)
+    assert ours.shape == (2, num_tokens, 3, 8) and ours.dtype == theirs.dtype
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(np.asarray(ours, "float32"), np.asarray(theirs, "float32"),
+                               rtol=tolerance, atol=tolerance)
+    weights = jnp.asarray(np.random.default_rng(8).normal(size=ours.shape), "float32")
+
+    def loss(function):
+        return lambda *qkv: jnp.sum(function(*qkv).astype("float32") * weights)
+
+    padded = jax.grad(loss(lambda *t: _jax.padded_attention(*t, implementation="xla")), argnums=(0, 1, 2))
+    plain = jax.grad(loss(keras.ops.dot_product_attention), argnums=(0, 1, 2))
+    for ours, theirs in zip(padded(q, k, v), plain(q, k, v)):
+        assert float(jnp.max(jnp.abs(theirs.astype("float32")))) > 1e-2
+        np.testing.assert_allclose(np.asarray(ours, "float32"), np.asarray(theirs, "float32"),
+                                   rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's padded cuDNN attention; this run's backend is another")
+def test_jax_padded_attention_falls_back_to_xla_where_jax_rejects_cudnn(monkeypatch):
+    import jax
+
+    from keras_vitnorm.ops import _jax
+
+    original, asked = jax.nn.dot_product_attention, []
+
+    def cudnn_rejects(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        if implementation == "cudnn":  # as JAX does where cuDNN does not take the inputs
+            raise NotImplementedError("Unsupported sequence length")
+        return original(*args, implementation=implementation, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", cudnn_rejects)
+    q, k, v = _qkv(9, shape=(2, 13, 3, 8))
+    ours = _jax.padded_attention(q, k, v)
+    assert asked == ["cudnn", "xla"]
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(original(q, k, v, implementation="xla")),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's attention; this run's backend is another")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_attention_on_views_matches_dot_product_attention(dtype):
+    from keras_vitnorm.ops import _torch
+
+    q, k, v = _qkv(13, dtype)
+    ours = _torch.attention(q, k, v)
+    theirs = keras.ops.dot_product_attention(q, k, v)
+    assert tuple(ours.shape) == (2, 7, 3, 6) and ours.dtype == theirs.dtype
+    tolerance = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(_numpy(ours), _numpy(theirs), rtol=tolerance, atol=tolerance)
+
+
+# --- the residual fence ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_residual_fence_is_the_identity_in_value_and_gradient(enabled):
+    x = np.random.default_rng(4).normal(size=(2, 5, 8)).astype("float32")
+    with vitnorm_ops.fast_paths(enabled, ["residual_fence"]):
+        y = _numpy(vitnorm_ops.residual_fence(keras.ops.convert_to_tensor(x)))
+        _, dx, _ = _gradients(lambda t: vitnorm_ops.residual_fence(t * t), x, (5, 8))
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_allclose(dx, 2 * x * np.cos(x * x), rtol=1e-5, atol=1e-6)
+
+
+# --- the whole model ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"norm": "rmsnorm", "stem": "dual_patchnorm", "qk_norm": True},
+    {"block_style": "normformer", "norm": "dyt"},
+    {"block_style": "deepnorm", "layer_scale": 0.1},
+    {"block_style": "sub_ln", "pooling": "gap", "stem": "conv"},
+])
+def test_model_values_and_gradients_are_the_same_with_fast_paths_on_and_off(overrides):
+    config = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 4, "mlp_dim": 64,
+              "num_classes": 5, **overrides}
+    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
+
+    def run():
+        keras.utils.set_random_seed(1)
+        model = ViT(**config)
+        head = model.get_layer("head")
+        head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
+        logits = _numpy(model(images))
+        return logits, value_and_gradients(model, images, lambda y: keras.ops.sum(keras.ops.sin(y)))
+
+    (logits_on, (loss_on, dx_on, dw_on)), (logits_off, (loss_off, dx_off, dw_off)) = [
+        _on_and_off_all(run, enabled) for enabled in (True, False)]
+    np.testing.assert_allclose(logits_on, logits_off, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(loss_on, loss_off, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dx_on, dx_off, rtol=1e-3, atol=1e-5)
+    assert set(dw_on) == set(dw_off)
+    for path in dw_on:
+        np.testing.assert_allclose(dw_on[path], dw_off[path], rtol=1e-3, atol=1e-5, err_msg=path)
+
+
+def _on_and_off_all(function, enabled):
+    with vitnorm_ops.fast_paths(enabled):
+        return function()
