@@ -91,6 +91,22 @@ def write_json(path, value, stage=None):
     write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n", stage)
 
 
+def read_json(path):
+    """The JSON value in `path`, or `None` if there is no such file.
+
+    Raises:
+        ValueError: naming the file, if it does not hold valid JSON (truncated or
+            damaged by something other than this module's writes).
+    """
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); it may be truncated or damaged.") from error
+
+
 def write_directory(path, write, stage=None):
     """Writes the directory `path` whole: `write(temporary_dir)`, then renamed into place.
 

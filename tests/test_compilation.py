@@ -92,7 +92,8 @@ def test_jax_backward_has_one_fusion_boundary_per_residual_add():
 
         return jax.jit(jax.grad(loss)).lower(trainable).compile().as_text().count("conditional(")
 
-    assert conditionals() == 2 * TINY["depth"]  # attention and MLP residual adds
+    with ops.fast_paths(True, ["residual_fence"]):
+        assert conditionals() == 2 * TINY["depth"]  # attention and MLP residual adds
     with ops.fast_paths(False, ["residual_fence"]):
         assert conditionals() == 0
 

@@ -48,14 +48,16 @@ def _gradients(function, x, shape_in, loss=lambda y: keras.ops.sum(keras.ops.sin
 
 
 def test_switch_turns_named_fast_paths_off_and_restores_them():
-    assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
-    with vitnorm_ops.fast_paths(False, ["gelu", "attention"]):
-        assert not config.fast_path_enabled("gelu") and not config.fast_path_enabled("attention")
-        assert config.fast_path_enabled("linear")
-        with vitnorm_ops.fast_paths(False):
-            assert not any(config.fast_path_enabled(name) for name in config.FAST_PATHS)
-        assert config.fast_path_enabled("linear")
-    assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+    initial = {name: config.fast_path_enabled(name) for name in config.FAST_PATHS}
+    with vitnorm_ops.fast_paths(True):
+        with vitnorm_ops.fast_paths(False, ["gelu", "attention"]):
+            assert not config.fast_path_enabled("gelu") and not config.fast_path_enabled("attention")
+            assert config.fast_path_enabled("linear")
+            with vitnorm_ops.fast_paths(False):
+                assert not any(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+            assert config.fast_path_enabled("linear")
+        assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
+    assert {name: config.fast_path_enabled(name) for name in config.FAST_PATHS} == initial
     with pytest.raises(ValueError, match="Unknown fast path 'gleu'.*linear, onednn_linear"):
         vitnorm_ops.set_fast_paths(False, ["gleu"])
     with pytest.raises(ValueError, match="enabled must be True or False"):
@@ -175,7 +177,7 @@ def test_onednn_linear_only_where_no_gradient_is_recorded_and_only_while_switche
     kernel = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(24, 40)).astype("float32")))
     bias = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(40,)).astype("float32"))) if use_bias else None
     expected = torch.nn.functional.linear(x, kernel.T, bias).detach().numpy()
-    with torch.no_grad():
+    with torch.no_grad(), vitnorm_ops.fast_paths(True, ["linear", "onednn_linear"]):
         predicted = vitnorm_ops.linear(x, kernel, bias)
         assert calls == [(2, 7, 24)]
         with vitnorm_ops.fast_paths(False, ["onednn_linear"]):  # the fallback
@@ -396,7 +398,8 @@ def test_attention_takes_this_backends_fast_form_on_a_cpu(monkeypatch):
         return original(q, k, v)
 
     monkeypatch.setattr(*target, spy)
-    layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, 5, 8), "float32"))
+    with vitnorm_ops.fast_paths(True, ["attention"]):
+        layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, 5, 8), "float32"))
     assert calls == [(2, 5, 2, 4)]
     with vitnorm_ops.fast_paths(False, ["attention"]):
         layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, 5, 8), "float32"))
@@ -419,7 +422,8 @@ def test_jax_pads_for_cudnn_only_in_training_with_an_odd_token_count(monkeypatch
         return keras.ops.dot_product_attention(q, k, v)
 
     monkeypatch.setattr(_jax, "padded_attention", spy)
-    layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, num_tokens, 8), "float32"), training=training)
+    with vitnorm_ops.fast_paths(True, ["attention"]):
+        layers.MultiHeadSelfAttention(num_heads=2)(np.ones((2, num_tokens, 8), "float32"), training=training)
     assert calls == ([(2, num_tokens, 2, 4)] if padded else [])
 
 
@@ -547,3 +551,84 @@ def test_model_values_and_gradients_are_the_same_with_fast_paths_on_and_off(over
 def _on_and_off_all(function, enabled):
     with vitnorm_ops.fast_paths(enabled):
         return function()
+
+
+# --- weight standardization -------------------------------------------------------------
+
+
+def _standardized(kernel, epsilon=1e-10):
+    """NumPy float64: each output unit (last axis) over its fan-in, at variance 1/fan_in."""
+    w = kernel.astype("float64").reshape(-1, kernel.shape[-1])
+    w = (w - w.mean(0)) / np.sqrt(w.var(0) + epsilon) / np.sqrt(w.shape[0])
+    return w.reshape(kernel.shape)
+
+
+@pytest.mark.parametrize("shape", [(16, 6), (3, 3, 4, 5)])
+def test_standardize_kernel_matches_numpy(shape):
+    kernel = np.random.default_rng(0).normal(0.3, 2.0, shape).astype("float32")
+    ours = _numpy(vitnorm_ops.standardize_kernel(kernel))
+    np.testing.assert_allclose(ours, _standardized(kernel), rtol=1e-5, atol=1e-6)
+    fan_in = np.prod(shape[:-1])
+    np.testing.assert_allclose(ours.reshape(-1, shape[-1]).var(0) * fan_in, 1.0, rtol=1e-4)
+    bf16 = vitnorm_ops.standardize_kernel(keras.ops.cast(kernel, "bfloat16"))
+    assert keras.backend.standardize_dtype(bf16.dtype) == "bfloat16"
+
+
+def test_weight_standardized_dense_and_conv_compute_with_the_standardized_kernel():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    dense = layers.FusedDense(6, weight_standardization=True, bias_initializer="random_normal")
+    y = _numpy(dense(x))
+    kernel, bias = (keras.ops.convert_to_numpy(w) for w in (dense.kernel, dense.bias))
+    np.testing.assert_allclose(y, x @ _standardized(kernel) + bias, rtol=1e-5, atol=1e-5)
+    images = rng.normal(size=(2, 8, 8, 3)).astype("float32")
+    conv = layers.StandardizedConv2D(4, 3, use_bias=False)
+    plain = keras.layers.Conv2D(4, 3, use_bias=False)
+    plain.build(images.shape)
+    conv.build(images.shape)
+    plain.kernel.assign(_standardized(keras.ops.convert_to_numpy(conv.kernel)).astype("float32"))
+    np.testing.assert_allclose(_numpy(conv(images)), _numpy(plain(images)), rtol=1e-5, atol=1e-5)
+    # The stored kernel stays the raw one; the config round trip keeps the option.
+    assert not np.allclose(keras.ops.convert_to_numpy(dense.kernel), _standardized(kernel))
+    assert layers.FusedDense.from_config(dense.get_config()).weight_standardization is True
+    assert layers.StandardizedConv2D.from_config(conv.get_config()).weight_standardization is True
+    with pytest.raises(ValueError, match="weight_standardization must be True or False, got 1"):
+        layers.FusedDense(4, weight_standardization=1)
+
+
+def test_weight_standardized_vit_trains_round_trips_and_refuses_what_it_cannot_do(tmp_path):
+    config = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 4, "mlp_dim": 64,
+              "num_classes": 3}
+    model = ViT(**config, weight_standardization=True)
+    plain = ViT(**config)
+    assert model.count_params() == plain.count_params()
+    standardized = [layer.name for layer in _sublayers(model) if getattr(layer, "weight_standardization", False)]
+    assert {"projection", "qkv", "out", "fc1", "fc2"} <= set(standardized) and "head" not in standardized
+    assert len([n for n in standardized if n == "qkv"]) == 2
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (32, 16, 16, 3)).astype("float32")
+    labels = rng.integers(0, 3, 32)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    losses = model.fit(images, labels, epochs=8, batch_size=32, verbose=0).history["loss"]
+    assert losses[-1] < losses[0]
+    model.save_to_preset(str(tmp_path / "ws"))
+    reloaded = ViT.from_preset(str(tmp_path / "ws"))
+    assert reloaded.weight_standardization is True
+    np.testing.assert_allclose(_numpy(reloaded(images[:2])), _numpy(model(images[:2])), rtol=1e-5, atol=1e-5)
+    conv = ViT(**{**config, "stem": "conv"}, weight_standardization=True)
+    assert all(layer.weight_standardization for layer in _sublayers(conv) if isinstance(layer, keras.layers.Conv2D))
+    with pytest.raises(ValueError, match="cannot be combined with block_style='deepnorm'"):
+        ViT(**config, block_style="deepnorm", weight_standardization=True)
+    qkv = model.get_layer("block_0").attention.qkv
+    with pytest.raises(ValueError, match="qkv: a weight-standardized layer cannot be quantized"):
+        qkv.quantize("int8")
+
+
+def _sublayers(model):
+    found, stack = [], list(model.layers)
+    while stack:
+        layer = stack.pop()
+        found.append(layer)
+        stack.extend(getattr(layer, "_layers", []))
+    return found

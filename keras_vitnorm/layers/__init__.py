@@ -3,6 +3,7 @@
 from keras_vitnorm.layers.attention import QK_NORM_TYPES
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.dense import FusedDense
+from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.encoder_block import BLOCK_STYLES
 from keras_vitnorm.layers.encoder_block import PLACEMENTS
 from keras_vitnorm.layers.encoder_block import EncoderBlock

@@ -67,6 +67,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         init_scale: float, default `1.0`. Multiplies the initial value and out
             projection weights (DeepNorm beta, Sub-LN gamma).
         dropout: float, default `0.0`. Dropout after the out projection.
+        weight_standardization: bool, default `False`. The qkv and out
+            projections multiply by standardized kernels
+            (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -90,6 +93,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         norm_groups=32,
         init_scale=1.0,
         dropout=0.0,
+        weight_standardization=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -104,6 +108,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         check_positive_int("norm_groups", norm_groups)
         check_positive_float("init_scale", init_scale)
         check_rate("dropout", dropout)
+        check_bool("weight_standardization", weight_standardization)
         self.num_heads = num_heads
         self.qkv_bias = qkv_bias
         self.qk_norm = qk_norm
@@ -113,6 +118,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.norm_groups = norm_groups
         self.init_scale = init_scale
         self.dropout = dropout
+        self.weight_standardization = weight_standardization
 
     def _norm(self, norm, name):
         return make_norm(
@@ -137,10 +143,15 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             kernel_initializer=FusedKernelInitializer("glorot_uniform", parts=3),
             name="qkv",
             dtype=self.dtype_policy,
+            weight_standardization=self.weight_standardization,
         )
         self.qkv.build(input_shape)
         self.out = FusedDense(
-            width, kernel_initializer="glorot_uniform", name="out", dtype=self.dtype_policy
+            width,
+            kernel_initializer="glorot_uniform",
+            name="out",
+            dtype=self.dtype_policy,
+            weight_standardization=self.weight_standardization,
         )
         self.out.build(input_shape)
         if self.init_scale != 1.0:
@@ -172,7 +183,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     def call(self, x, training=None):
         num_tokens, width = x.shape[1], x.shape[2]
         if self.qkv.quantization_mode is None:
-            q, k, v = qkv_projection(x, self.qkv.kernel, self.qkv.bias, self.num_heads)
+            q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias, self.num_heads)
         else:  # Keras' quantized Dense computes the projection
             q, k, v = split_heads(self.qkv(x), self.num_heads)
         if self.q_norm is not None:
@@ -203,6 +214,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "norm_groups": self.norm_groups,
                 "init_scale": self.init_scale,
                 "dropout": self.dropout,
+                "weight_standardization": self.weight_standardization,
             }
         )
         return config

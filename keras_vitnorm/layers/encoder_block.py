@@ -108,6 +108,20 @@ class LayerScale(keras.layers.Layer):
         return config
 
 
+def check_weight_standardization(weight_standardization, block_style):
+    """Raises a `ValueError` for weight standardization with a block style that scales
+    its initial weights (DeepNorm's beta, Sub-LN's gamma): standardizing the kernel in
+    the forward pass would undo that scaling."""
+    check_bool("weight_standardization", weight_standardization)
+    if weight_standardization and block_style in ("deepnorm", "sub_ln"):
+        raise ValueError(
+            f"weight_standardization=True cannot be combined with block_style={block_style!r}: "
+            "its initial weight scaling would be standardized away. Use another block "
+            "style or weight_standardization=False."
+        )
+    return weight_standardization
+
+
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class EncoderBlock(keras.layers.Layer):
     """One transformer block (attention sublayer then MLP sublayer).
@@ -155,6 +169,10 @@ class EncoderBlock(keras.layers.Layer):
         qkv_bias: bool, default `True`.
         drop_path_rate: float, default `0.0`. Stochastic depth rate of this block.
         dropout: float, default `0.0`.
+        weight_standardization: bool, default `False`. Every dense kernel of the
+            block is standardized in the forward pass
+            (`keras_vitnorm.ops.standardize_kernel`); not with `deepnorm` or
+            `sub_ln`, whose initial weight scaling it would undo.
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -183,6 +201,7 @@ class EncoderBlock(keras.layers.Layer):
         qkv_bias=True,
         drop_path_rate=0.0,
         dropout=0.0,
+        weight_standardization=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -201,6 +220,7 @@ class EncoderBlock(keras.layers.Layer):
         check_bool("qkv_bias", qkv_bias)
         check_rate("drop_path_rate", drop_path_rate)
         check_rate("dropout", dropout)
+        check_weight_standardization(weight_standardization, block_style)
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.num_layers = num_layers
@@ -217,6 +237,7 @@ class EncoderBlock(keras.layers.Layer):
         self.qkv_bias = qkv_bias
         self.drop_path_rate = drop_path_rate
         self.dropout = dropout
+        self.weight_standardization = weight_standardization
 
     @property
     def residual_alpha(self):
@@ -271,6 +292,7 @@ class EncoderBlock(keras.layers.Layer):
             init_scale=init_scale,
             # NormFormer's dropout comes after its attention-output norm (below).
             dropout=0.0 if normformer else self.dropout,
+            weight_standardization=self.weight_standardization,
             name="attention",
             dtype=self.dtype_policy,
         )
@@ -282,6 +304,7 @@ class EncoderBlock(keras.layers.Layer):
             norm_groups=self.norm_groups,
             init_scale=init_scale,
             dropout=self.dropout,
+            weight_standardization=self.weight_standardization,
             name="mlp",
             dtype=self.dtype_policy,
         )
@@ -360,6 +383,7 @@ class EncoderBlock(keras.layers.Layer):
                 "qkv_bias": self.qkv_bias,
                 "drop_path_rate": self.drop_path_rate,
                 "dropout": self.dropout,
+                "weight_standardization": self.weight_standardization,
             }
         )
         return config

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_vitnorm.layers._validation import check_bool
 from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
@@ -26,6 +27,8 @@ class MLP(keras.layers.Layer):
         init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2`
             weights (DeepNorm beta, Sub-LN gamma).
         dropout: float, default `0.0`. Dropout after the activation and after fc2.
+        weight_standardization: bool, default `False`. fc1 and fc2 multiply by
+            standardized kernels (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     GELU is the exact (erf) form, as in timm and Hugging Face ViT. Kernels are
@@ -44,6 +47,7 @@ class MLP(keras.layers.Layer):
         norm_groups=32,
         init_scale=1.0,
         dropout=0.0,
+        weight_standardization=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -54,12 +58,14 @@ class MLP(keras.layers.Layer):
         check_positive_int("norm_groups", norm_groups)
         check_positive_float("init_scale", init_scale)
         check_rate("dropout", dropout)
+        check_bool("weight_standardization", weight_standardization)
         self.hidden_dim = hidden_dim
         self.mid_norm = mid_norm
         self.norm_epsilon = norm_epsilon
         self.norm_groups = norm_groups
         self.init_scale = init_scale
         self.dropout = dropout
+        self.weight_standardization = weight_standardization
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -71,6 +77,7 @@ class MLP(keras.layers.Layer):
             bias_initializer=bias_init,
             name="fc1",
             dtype=self.dtype_policy,
+            weight_standardization=self.weight_standardization,
         )
         self.fc1.build(input_shape)
         self.fc2 = FusedDense(
@@ -79,6 +86,7 @@ class MLP(keras.layers.Layer):
             bias_initializer=bias_init,
             name="fc2",
             dtype=self.dtype_policy,
+            weight_standardization=self.weight_standardization,
         )
         self.fc2.build(hidden_shape)
         if self.init_scale != 1.0:
@@ -116,6 +124,7 @@ class MLP(keras.layers.Layer):
                 "norm_groups": self.norm_groups,
                 "init_scale": self.init_scale,
                 "dropout": self.dropout,
+                "weight_standardization": self.weight_standardization,
             }
         )
         return config

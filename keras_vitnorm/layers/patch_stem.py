@@ -10,6 +10,7 @@ from keras_vitnorm.layers._validation import check_choice
 from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
+from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
@@ -79,6 +80,9 @@ class PatchStem(keras.layers.Layer):
         class_token: bool, default `True`. Prepend a learned class token.
         position_embedding: bool, default `True`. Add a learned position embedding
             (initialized `N(0, 1/sqrt(width))` as in big_vision).
+        weight_standardization: bool, default `False`. The patch embedding and the
+            conv stem's convolutions use standardized kernels
+            (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -102,6 +106,7 @@ class PatchStem(keras.layers.Layer):
         norm_groups=32,
         class_token=True,
         position_embedding=True,
+        weight_standardization=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -113,6 +118,7 @@ class PatchStem(keras.layers.Layer):
         check_positive_int("norm_groups", norm_groups)
         check_bool("class_token", class_token)
         check_bool("position_embedding", position_embedding)
+        check_bool("weight_standardization", weight_standardization)
         if stem_norm is not None:
             check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
             if stem == "patch":
@@ -135,6 +141,7 @@ class PatchStem(keras.layers.Layer):
         self.norm_groups = norm_groups
         self.class_token = class_token
         self.position_embedding = position_embedding
+        self.weight_standardization = weight_standardization
 
     @property
     def resolved_stem_norm(self):
@@ -188,7 +195,7 @@ class PatchStem(keras.layers.Layer):
                 filters = max(1, self.width // 2 ** (num_convs - 1 - i))
                 block = [
                     keras.layers.ZeroPadding2D(1, name=f"conv{i}_pad", dtype=self.dtype_policy),
-                    keras.layers.Conv2D(
+                    StandardizedConv2D(
                         filters,
                         3,
                         strides=2,
@@ -196,6 +203,7 @@ class PatchStem(keras.layers.Layer):
                         kernel_initializer="he_normal",
                         name=f"conv{i}",
                         dtype=self.dtype_policy,
+                        weight_standardization=self.weight_standardization,
                     ),
                     self._norm(f"conv{i}_norm"),
                     keras.layers.ReLU(name=f"conv{i}_relu", dtype=self.dtype_policy),
@@ -204,9 +212,10 @@ class PatchStem(keras.layers.Layer):
                     layer.build(shape)
                     shape = layer.compute_output_shape(shape)
                 self.conv_layers.extend(block)
-            self.projection = keras.layers.Conv2D(
+            self.projection = StandardizedConv2D(
                 self.width,
                 1,
+                weight_standardization=self.weight_standardization,
                 kernel_initializer=keras.initializers.RandomNormal(stddev=math.sqrt(2.0 / self.width)),
                 name="projection",
                 dtype=self.dtype_policy,
@@ -221,6 +230,7 @@ class PatchStem(keras.layers.Layer):
                 kernel_initializer="lecun_normal",
                 name="projection",
                 dtype=self.dtype_policy,
+                weight_standardization=self.weight_standardization,
             )
             self.projection.build((None, num_patches, patch_dim))
         num_tokens = num_patches + int(self.class_token)
@@ -298,6 +308,7 @@ class PatchStem(keras.layers.Layer):
                 "norm_groups": self.norm_groups,
                 "class_token": self.class_token,
                 "position_embedding": self.position_embedding,
+                "weight_standardization": self.weight_standardization,
             }
         )
         return config

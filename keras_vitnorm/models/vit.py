@@ -18,6 +18,7 @@ from keras_vitnorm.layers._validation import check_positive_float
 from keras_vitnorm.layers._validation import check_positive_int
 from keras_vitnorm.layers._validation import check_rate
 from keras_vitnorm.layers.attention import check_qk_norm
+from keras_vitnorm.layers.encoder_block import check_weight_standardization
 from keras_vitnorm.layers.encoder_block import resolve_placements
 from keras_vitnorm.models import preset_io
 from keras_vitnorm.models.presets import list_presets
@@ -88,6 +89,7 @@ def validate_config(config):
     check_rate("dropout", c["dropout"])
     if c["layer_scale"] is not None:
         check_positive_float("layer_scale", c["layer_scale"])
+    check_weight_standardization(c["weight_standardization"], c["block_style"])
 
 
 def default_final_norm(mlp_norm):
@@ -159,6 +161,10 @@ class ViT(keras.Model):
         dropout: float, default `0.0`. Dropout in attention output and MLP.
         pooling: str, default `"cls"`. `"cls"` (class token) or `"gap"` (mean of
             the tokens; no class token is created).
+        weight_standardization: bool, default `False`. Every dense and conv
+            kernel of the stem and the blocks is standardized per output unit in
+            the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
+            not, as in BiT); not with `deepnorm` or `sub_ln`.
         dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
         **kwargs: `name`, `trainable`.
 
@@ -199,6 +205,7 @@ class ViT(keras.Model):
         "drop_path_rate",
         "dropout",
         "pooling",
+        "weight_standardization",
     )
 
     def __init__(
@@ -227,6 +234,7 @@ class ViT(keras.Model):
         drop_path_rate=0.0,
         dropout=0.0,
         pooling="cls",
+        weight_standardization=False,
         dtype=None,
         **kwargs,
     ):
@@ -248,6 +256,7 @@ class ViT(keras.Model):
             norm_epsilon=norm_epsilon,
             norm_groups=norm_groups,
             class_token=pooling == "cls",
+            weight_standardization=weight_standardization,
             name="stem",
             dtype=policy,
         )(images)
@@ -268,6 +277,7 @@ class ViT(keras.Model):
                 qkv_bias=qkv_bias,
                 drop_path_rate=rate,
                 dropout=dropout,
+                weight_standardization=weight_standardization,
                 name=f"block_{i}",
                 dtype=policy,
             )(x)

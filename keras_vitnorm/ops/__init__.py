@@ -27,7 +27,7 @@ from keras_vitnorm.ops.config import set_fast_paths
 __all__ = [
     "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths", "gelu",
     "heads_first_attention", "linear", "qkv_projection", "residual_fence", "rms_normalization",
-    "set_fast_paths",
+    "set_fast_paths", "split_heads", "standardize_kernel",
 ]
 
 
@@ -70,6 +70,33 @@ def linear(x, kernel, bias=None):
         return _native().linear(x, kernel, bias, use_onednn=fast_path_enabled("onednn_linear"))
     y = ops.matmul(x, kernel)
     return y if bias is None else ops.add(y, bias)
+
+
+def standardize_kernel(kernel, epsilon=1e-10):
+    """Weight standardization: each output unit's weights at mean 0 and variance `1/fan_in`.
+
+    A Keras kernel's last axis indexes the output units and the others their inputs
+    (`(in, out)` for a dense layer, `(h, w, in, out)` for a convolution). Each output
+    unit's weights are standardized over its fan-in, as Qiao et al. (2019) do, then
+    divided by `sqrt(fan_in)`:
+
+        w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)
+
+    Qiao et al. follow each standardized convolution with a BatchNorm or GroupNorm,
+    which takes out any constant scale; in a transformer the dense layers feed the
+    residual stream directly, so the unit is kept at LeCun's initial variance
+    (as scaled weight standardization does, Brock et al. 2021), and a layer's output
+    keeps the scale of its input. Computed in float32; `epsilon` (default `1e-10`,
+    big_transfer's) only guards a constant kernel.
+    """
+    dtype = keras.backend.standardize_dtype(kernel.dtype)
+    w = ops.cast(kernel, "float32")
+    axes = tuple(range(len(w.shape) - 1))
+    fan_in = math.prod(w.shape[:-1])
+    mean = ops.mean(w, axis=axes, keepdims=True)
+    variance = ops.var(w, axis=axes, keepdims=True)
+    standardized = (w - mean) * ops.rsqrt(variance + epsilon) / math.sqrt(fan_in)
+    return ops.cast(standardized, dtype)
 
 
 def qkv_projection(x, kernel, bias, num_heads):

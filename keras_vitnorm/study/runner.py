@@ -51,11 +51,7 @@ RESULT_FIELDS = (
 
 
 def _read_metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return durable.read_json(os.path.join(run_dir, "metrics.json"))
 
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False):
@@ -340,7 +336,7 @@ def run_analysis(run_dir, probe_images=None):
         neither.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
-    cached = _read_json_file(path)
+    cached = durable.read_json(path)
     if cached is not None and (probe_images is None or cached.get("probe_images") == len(probe_images)):
         return cached
     preset = os.path.join(run_dir, "preset")
@@ -364,16 +360,6 @@ def run_analysis(run_dir, probe_images=None):
                 "probe_images": None if probe_images is None else len(probe_images)}
     durable.write_json(path, analysis)
     return analysis
-
-
-def _read_json_file(path):
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); delete it to recompute it.") from error
 
 
 def export_study(study_dir, destination):

@@ -175,7 +175,7 @@ def _prepare_output_dir(config, output_dir, resume, overwrite):
                 f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
                 "keras-vitnorm run directory."
             )
-        metrics = _read_json(os.path.join(output_dir, METRICS_FILE))
+        metrics = durable.read_json(os.path.join(output_dir, METRICS_FILE))
         if metrics and metrics.get("status") == "completed":
             raise ValueError(f"Cannot resume: the run in {output_dir} already completed.")
         if metrics and metrics.get("status") == "diverged":
@@ -183,7 +183,7 @@ def _prepare_output_dir(config, output_dir, resume, overwrite):
                 f"Cannot resume: the run in {output_dir} diverged at step "
                 f"{metrics.get('diverged_at_step')}; start a new run (e.g. a lower learning rate)."
             )
-        saved = _read_json(settings)
+        saved = durable.read_json(settings)
         current = {**config.to_dict(), "output_dir": saved.get("output_dir")}
         details = setting_changes(saved, current)
         if details:
@@ -214,16 +214,6 @@ def _prepare_output_dir(config, output_dir, resume, overwrite):
             os.remove(path)
     with run_files.storage_errors(settings, "Nothing was trained yet."):
         durable.write_text(settings, config.to_json())
-
-
-def _read_json(path):
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); it may be truncated.") from error
 
 
 def _read_log(path):
@@ -618,9 +608,9 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} does not exist or is not a directory.")
-    run_settings = _read_json(os.path.join(path, SETTINGS_FILE)) or {}
+    run_settings = durable.read_json(os.path.join(path, SETTINGS_FILE)) or {}
     preset_dir = os.path.join(path, "preset") if run_settings else path
-    metrics = (_read_json(os.path.join(path, METRICS_FILE)) or {}) if run_settings else {}
+    metrics = (durable.read_json(os.path.join(path, METRICS_FILE)) or {}) if run_settings else {}
     if run_settings and metrics.get("status") != "completed":
         status = metrics.get("status", "unfinished (no metrics.json)")
         last = os.path.join(path, "checkpoints", "last")
