@@ -196,7 +196,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.inner_norm_layer is not None:
             y = self.inner_norm_layer(y, training=training)
         y = self.out(y)
-        return self.dropout_layer(y, training=training)
+        # A rate of 0 is the identity: no layer call (Keras' per-call cost is eager on PyTorch).
+        return self.dropout_layer(y, training=training) if self.dropout else y
 
     def compute_output_shape(self, input_shape):
         return input_shape

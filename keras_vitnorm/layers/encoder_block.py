@@ -335,7 +335,8 @@ class EncoderBlock(keras.layers.Layer):
             h = second(h, training=training)
         if scale is not None:
             h = scale(h)
-        h = self.drop_path(h, training=training)
+        if self.drop_path_rate:  # a rate of 0 is the identity: no layer call
+            h = self.drop_path(h, training=training)
         if placement == "post":
             alpha = self.residual_alpha
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
@@ -347,7 +348,9 @@ class EncoderBlock(keras.layers.Layer):
             h = self.attention(h, training=training)
             if self.attn_out_norm is not None:
                 # NormFormer as fairseq orders it: the norm, then the dropout.
-                h = self.attn_out_dropout(self.attn_out_norm(h, training=training), training=training)
+                h = self.attn_out_norm(h, training=training)
+                if self.dropout:
+                    h = self.attn_out_dropout(h, training=training)
             return h
 
         x = self._sublayer(

@@ -108,8 +108,10 @@ class MLP(keras.layers.Layer):
         x = gelu(self.fc1(x))
         if self.mid_norm_layer is not None:
             x = self.mid_norm_layer(x, training=training)
-        x = self.fc2(self.dropout_layer(x, training=training))
-        return self.dropout_layer(x, training=training)
+        if self.dropout:  # a rate of 0 is the identity: no layer call
+            x = self.dropout_layer(x, training=training)
+        x = self.fc2(x)
+        return self.dropout_layer(x, training=training) if self.dropout else x
 
     def compute_output_shape(self, input_shape):
         return input_shape
