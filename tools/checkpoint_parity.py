@@ -2,13 +2,12 @@
 
     for b in jax tensorflow torch; do KERAS_BACKEND=$b python tools/checkpoint_parity.py; done
 
-Builds the same references as tests/test_convert.py (a transformers Ti/16 at 224 with
-random weights, rewritten in the timm and big_vision/AugReg layouts; a keras-hub
-ViTImageClassifier), converts each, and prints the largest absolute logit difference
+Builds the same references as tests/test_convert.py (tools/reference_checkpoints.py:
+a transformers Ti/16 at 224 with perturbed weights, rewritten in the timm and
+big_vision/AugReg layouts; a keras-hub ViTImageClassifier), converts each, and prints the largest absolute logit difference
 on two random 224x224 images. The tests assert these are below 1e-4.
 """
 
-import importlib.util
 import os
 import sys
 import tempfile
@@ -16,16 +15,12 @@ import tempfile
 import keras
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def main():
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-    spec = importlib.util.spec_from_file_location(
-        "test_convert", os.path.join(HERE, "..", "tests", "test_convert.py"))
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
-    torch, transformers = helpers.torch, helpers.transformers
+    import torch
+    import transformers
+
+    import reference_checkpoints as helpers
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
 

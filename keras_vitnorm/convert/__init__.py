@@ -173,7 +173,7 @@ def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", **
 
 def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", **overrides):
     """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides."""
-    from keras_vitnorm.layers._validation import check_known_keys
+    from keras_vitnorm.validation import check_known_keys
     from keras_vitnorm.models import ViT
 
     model_class = model_class or ViT

@@ -3,7 +3,7 @@ and the weight-standardized convolution."""
 
 import keras
 
-from keras_vitnorm.layers._validation import check_bool
+from keras_vitnorm.validation import check_bool
 from keras_vitnorm.ops import linear
 from keras_vitnorm.ops import standardize_kernel
 

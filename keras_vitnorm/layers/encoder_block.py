@@ -5,11 +5,11 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.layers._validation import check_bool
-from keras_vitnorm.layers._validation import check_choice
-from keras_vitnorm.layers._validation import check_positive_float
-from keras_vitnorm.layers._validation import check_positive_int
-from keras_vitnorm.layers._validation import check_rate
+from keras_vitnorm.validation import check_bool
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_float
+from keras_vitnorm.validation import check_positive_int
+from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP

@@ -15,10 +15,10 @@ their statistics in float32 under mixed precision. RMSNorm, DyT and the stem's
 import keras
 from keras import ops
 
-from keras_vitnorm.layers._validation import check_bool
-from keras_vitnorm.layers._validation import check_choice
-from keras_vitnorm.layers._validation import check_positive_float
-from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.validation import check_bool
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_float
+from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.ops import rms_normalization
 
 #: Every value accepted by the `norm` argument of blocks and models.

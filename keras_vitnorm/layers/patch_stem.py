@@ -5,10 +5,10 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.layers._validation import check_bool
-from keras_vitnorm.layers._validation import check_choice
-from keras_vitnorm.layers._validation import check_positive_float
-from keras_vitnorm.layers._validation import check_positive_int
+from keras_vitnorm.validation import check_bool
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_float
+from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM

@@ -15,8 +15,8 @@ import scipy.ndimage
 from keras import ops
 
 from keras_vitnorm import durable
-from keras_vitnorm.layers._validation import check_choice
-from keras_vitnorm.layers._validation import check_known_keys
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_known_keys
 
 from keras_vitnorm.models.presets import PRESETS
 from keras_vitnorm.models.presets import preset_config

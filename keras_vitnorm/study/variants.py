@@ -6,7 +6,7 @@ over a grid of factors also record each variant's factor levels (`variant_factor
 which the factor and depth tables read.
 """
 
-from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.validation import check_choice
 
 _PLACEMENT_VALUES = ("pre", "post", "none")
 

@@ -5,7 +5,7 @@ import json
 import math
 import os
 
-from keras_vitnorm.layers._validation import check_choice
+from keras_vitnorm.validation import check_choice
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.training.data import CROP_MODES
 from keras_vitnorm.training.data import Augmentation

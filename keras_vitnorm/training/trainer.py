@@ -602,7 +602,7 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
     Returns:
         `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
     """
-    from keras_vitnorm.layers._validation import check_choice
+    from keras_vitnorm.validation import check_choice
 
     check_choice("split", split, ("test", "validation", "train"))
     path = os.fspath(path)

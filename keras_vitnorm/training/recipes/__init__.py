@@ -13,7 +13,7 @@ RECIPE_NAMES = ("small", "augreg_i1k")
 
 def get_recipe(name):
     """Returns a copy of the `RECIPE` dict of recipe `name`."""
-    from keras_vitnorm.layers._validation import check_choice
+    from keras_vitnorm.validation import check_choice
 
     check_choice("recipe", name, RECIPE_NAMES)
     recipe = importlib.import_module(f"{__name__}.{name}").RECIPE

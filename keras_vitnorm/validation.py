@@ -1,4 +1,5 @@
-"""Argument checks shared by layers and models: clear errors naming the bad value."""
+"""Argument checks shared by the layers, models, training and study: clear errors naming
+the bad value and what is valid."""
 
 import difflib
 import math
