@@ -5,5 +5,5 @@ from keras_vitnorm import layers
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models import list_presets
-
-__version__ = "0.1.0"
+from keras_vitnorm.models import load_checkpoint
+from keras_vitnorm.version import __version__

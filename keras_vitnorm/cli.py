@@ -13,7 +13,7 @@ from keras_vitnorm.layers.encoder_block import PLACEMENTS
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.patch_stem import STEM_TYPES
-from keras_vitnorm.models.preset_io import RESAMPLE_METHODS
+from keras_vitnorm.models.weights import RESAMPLE_METHODS
 from keras_vitnorm.training.config import PRECISIONS
 from keras_vitnorm.training.data import CROP_MODES
 from keras_vitnorm.study.variants import VARIANT_GROUPS
@@ -308,7 +308,7 @@ def main(argv=None):
 def _convert(parser, args):
     import os
 
-    from keras_vitnorm.convert import load_checkpoint
+    from keras_vitnorm.models import load_checkpoint
     from keras_vitnorm.models.preset_io import CONFIG_FILE
 
     overrides = {key[len("model_"):]: value for key, value in vars(args).items()

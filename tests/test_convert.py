@@ -18,7 +18,7 @@ import pytest
 
 from keras_vitnorm import ViT
 from keras_vitnorm import cli
-from keras_vitnorm.convert import load_checkpoint
+from keras_vitnorm.models import load_checkpoint
 from keras_vitnorm.convert import read_checkpoint
 from test_model import big_vision_resample  # big_vision's resample_posemb (scipy zoom)
 
@@ -68,7 +68,7 @@ def test_huggingface_directory_matches_transformers(reference, images, capsys):
 
 
 def test_huggingface_in_memory_vitmodel_matches_its_features(reference, images):
-    from keras_vitnorm.convert import build_from_checkpoint
+    from keras_vitnorm.models import build_from_checkpoint
     from keras_vitnorm.convert import huggingface
 
     backbone = reference["model"].vit  # ViTModel without pooler; module key naming
@@ -329,3 +329,4 @@ def test_train_fine_tunes_a_checkpoint_into_a_dpn_variant(tmp_path, capsys):
         train(TrainConfig.from_recipe("small", preset=str(tmp_path / "hf"), model={"width": 96},
                                       steps=3, warmup_steps=1, output_dir=str(tmp_path / "r2")),
               verbose=0)
+

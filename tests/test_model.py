@@ -198,6 +198,32 @@ def test_new_image_size_resamples_position_embedding(tmp_path):
     assert np.isfinite(_numpy(bigger(_images((1, 28, 28, 3))))).all()
 
 
+def test_load_weights_by_path_needs_every_weight_and_only_fitting_ones():
+    source = ViT(**TINY)
+    arrays = {path: _numpy(v) for path, v in source.weights_by_path().items()}
+    model = ViT(**TINY)
+    model.load_weights_by_path(arrays)
+    np.testing.assert_array_equal(_numpy(model(_images())), _numpy(source(_images())))
+
+    missing = dict(arrays)
+    missing.pop("head/kernel")
+    with pytest.raises(ValueError, match="missing from the weights: 'head/kernel"):
+        ViT(**TINY).load_weights_by_path(missing)
+    with pytest.raises(ValueError, match="in the weights but not in the model: 'block_9/extra'"):
+        ViT(**TINY).load_weights_by_path({**arrays, "block_9/extra": np.zeros(3)})
+    wrong = {**arrays, "head/bias": np.zeros(7)}
+    with pytest.raises(ValueError, match=r"'head/bias' has shape \(7,\).*expects \(5,\)"):
+        ViT(**TINY).load_weights_by_path(wrong)
+
+    bigger = ViT(**{**TINY, "image_size": 24})
+    with pytest.raises(ValueError, match="resample_position_embedding=False"):
+        bigger.load_weights_by_path(arrays, resample_position_embedding=False)
+    bigger.load_weights_by_path(arrays)
+    embedding = _numpy(bigger.get_layer("stem").pos_embedding)
+    np.testing.assert_array_equal(embedding[:, 0], arrays["stem/position_embedding"][:, 0])  # class token kept
+    np.testing.assert_allclose(embedding[:, 1:].mean(), arrays["stem/position_embedding"][:, 1:].mean(), atol=0.05)
+
+
 def test_new_num_classes_keeps_body_and_makes_a_fresh_head(tmp_path, capsys):
     model = ViT(**TINY)
     model.get_layer("head").kernel.assign(np.ones((32, 5), "float32"))

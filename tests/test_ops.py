@@ -96,6 +96,57 @@ def test_layers_and_models_ask_no_backend_and_import_no_framework():
                     assert forbidden not in source, f"{folder}/{name}: {forbidden}"
 
 
+def _package_imports():
+    """`{package: set of packages it imports}` over keras_vitnorm's packages and top-level
+    modules, counting every import statement (lazy ones inside functions too)."""
+    import ast
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "keras_vitnorm")
+    units = {name[:-3] if name.endswith(".py") else name for name in os.listdir(root)
+             if (name.endswith(".py") and name != "__init__.py") or os.path.isdir(os.path.join(root, name, ""))
+             and os.path.exists(os.path.join(root, name, "__init__.py"))}
+    graph = {}
+    for unit in units:
+        path = os.path.join(root, unit)
+        files = ([os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".py")]
+                 if os.path.isdir(path) else [path + ".py"])
+        targets = set()
+        for file in files:
+            with open(file) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module + "." + alias.name for alias in node.names]
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "keras_vitnorm" and len(parts) > 1 and parts[1] in units and parts[1] != unit:
+                        targets.add(parts[1])
+        graph[unit] = targets
+    return graph
+
+
+def test_no_import_cycle_between_the_packages_and_convert_never_imports_models():
+    graph = _package_imports()
+    assert "models" not in graph["convert"]
+    # Depth-first search for a cycle in the package graph.
+    state = {}
+
+    def visit(unit, path):
+        state[unit] = "open"
+        for target in sorted(graph[unit]):
+            assert state.get(target) != "open", f"import cycle: {' -> '.join(path + [target])}"
+            if target not in state:
+                visit(target, path + [target])
+        state[unit] = "done"
+
+    for unit in sorted(graph):
+        if unit not in state:
+            visit(unit, [unit])
+
+
 # --- linear ---------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ def main():
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
 
-    from keras_vitnorm.convert import load_checkpoint
+    from keras_vitnorm.models import load_checkpoint
 
     images = np.random.default_rng(0).uniform(-1, 1, (2, 224, 224, 3)).astype("float32")
     work = tempfile.mkdtemp()

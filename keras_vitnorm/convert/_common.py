@@ -8,16 +8,20 @@ from, so that any later mismatch can name the key in the user's file.
 """
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 
-from keras_vitnorm import backend_ops
+from keras_vitnorm import durable
 
 # Width -> heads of the standard ViT sizes (Ti, S, B, L, H), for state dicts that do
 # not record the head count (timm); pass `num_heads=` for any other model.
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+#: This project's variable path of the learned position embedding (the one weight a
+#: new image size resamples).
+POSITION_EMBEDDING = "stem/position_embedding"
 
 
 @dataclasses.dataclass
@@ -141,16 +145,10 @@ def heads_for_width(width, num_heads, format_name):
 
 
 def read_json(path):
-    """The JSON object in `path`; a `ValueError` naming the file if it is not one."""
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except OSError as error:
-        raise ValueError(f"{path} cannot be read ({error.strerror or error}).") from error
-    except ValueError as error:
-        raise ValueError(
-            f"{path} is not valid JSON ({error}); the file may be truncated or corrupt."
-        ) from error
+    """The JSON object in `path`; a `ValueError` naming the file if it is missing or not one."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} does not exist or is not a file.")
+    value = durable.read_json(path)
     if not isinstance(value, dict):
         raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object.")
     return value
@@ -172,7 +170,7 @@ def read_tensor_file(path):
     """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file.
 
     `.pth` files are read with `torch.load(weights_only=True)` (no code runs from the
-    file; see `backend_ops.read_torch_tensors`).
+    file; see `read_torch_tensors`).
     """
     path = os.fspath(path)
     extension = os.path.splitext(path)[1].lower()
@@ -181,13 +179,13 @@ def read_tensor_file(path):
     if extension in (".safetensors", ".pth", ".pt", ".bin"):
         try:
             if extension != ".safetensors":
-                return backend_ops.read_torch_tensors(path)
+                return read_torch_tensors(path)
             from safetensors.numpy import load_file
 
             try:
                 return load_file(path)
             except TypeError:  # bfloat16 tensors, which NumPy cannot hold
-                return backend_ops.read_torch_tensors(path, safetensors_file=True)
+                return read_torch_tensors(path, safetensors_file=True)
         except ImportError:
             raise
         except Exception as error:  # safetensors' and torch's own error types
@@ -200,3 +198,32 @@ def read_tensor_file(path):
         ".npz (or a directory: a Hugging Face model, a keras-hub preset or a keras_vitnorm "
         "preset)."
     )
+
+
+def read_torch_tensors(path, safetensors_file=False):
+    """`{key: float32 NumPy array}` of a PyTorch checkpoint file, under any Keras backend.
+
+    Used by the checkpoint converters for `.pth`/`.bin` files (`torch.load` with
+    `weights_only=True`, so no code from the file runs) and for `.safetensors` files
+    in bfloat16, which NumPy cannot hold. A dict that wraps the weights under
+    `state_dict`, `model` or `module` is unwrapped.
+    """
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(
+            f"Reading {path!r} needs PyTorch (pip install torch); a float32 .safetensors copy "
+            "of the checkpoint loads without it."
+        ) from None
+    if safetensors_file:
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for wrapper in ("state_dict", "model", "module"):
+            if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+                state = state[wrapper]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path!r} does not hold a state dict (found {type(state).__name__}).")
+    return {k: v.float().numpy() for k, v in state.items() if isinstance(v, torch.Tensor)}

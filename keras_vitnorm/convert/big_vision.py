@@ -22,6 +22,7 @@ ImageNet-21k representation layer) and MAP heads are refused.
 
 import numpy as np
 
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import first_keys
@@ -110,7 +111,7 @@ def convert(tensors, source="npz"):
     record("stem/projection/bias", reader.get("embedding/bias", (width,)), "embedding/bias")
     if has_cls:
         record("stem/class_token", reader.get("cls", (1, 1, width)), "cls")
-    record("stem/position_embedding", positions, position_key)
+    record(POSITION_EMBEDDING, positions, position_key)
     for i in range(depth):
         block = f"block_{i}"
         names = [f"{attention}/{p}/kernel" for p in ("query", "key", "value")]

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import first_keys
@@ -137,7 +138,7 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     put("stem/projection/bias", reader.get(PATCH_KEY[:-6] + "bias", (width,)), PATCH_KEY[:-6] + "bias")
     if has_cls:
         put("stem/class_token", reader.get("embeddings.cls_token", (1, 1, width)), "embeddings.cls_token")
-    put("stem/position_embedding", positions, position_key)
+    put(POSITION_EMBEDDING, positions, position_key)
     for i in range(depth):
         name = {k: v[naming].format(i=i) for k, v in _BLOCK_KEYS.items()}
         block = f"block_{i}"

@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import read_json
 from keras_vitnorm.convert._common import vit_config
@@ -90,7 +91,7 @@ def convert(backbone, classifier=None, source="keras-hub model"):
     take("stem/projection/bias", f"{embed}/patch_embedding/bias")
     if has_cls:
         take("stem/class_token", f"{embed}/class_token", lambda a: a.reshape(1, 1, width))
-    take("stem/position_embedding", f"{embed}/position_embedding/embeddings", lambda a: a[None])
+    take(POSITION_EMBEDDING, f"{embed}/position_embedding/embeddings", lambda a: a[None])
     blocks = sorted({int(m.group(1)) for k in weights for m in [re.search(r"transformer_block_(\d+)/", k)] if m})
     for i, number in enumerate(blocks):
         theirs, ours = f"vit_encoder/transformer_block_{number}", f"block_{i}"

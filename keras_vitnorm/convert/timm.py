@@ -14,6 +14,7 @@ Variants with parts a plain ViT lacks (LayerScale `ls1`, register tokens,
 
 import numpy as np
 
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import first_keys
@@ -90,7 +91,7 @@ def convert(state_dict, source="state dict", num_heads=None):
     put("stem/projection/bias", "patch_embed.proj.bias", (width,))
     if has_cls:
         put("stem/class_token", "cls_token", (1, 1, width))
-    arrays["stem/position_embedding"], keys["stem/position_embedding"] = positions, prefix + "pos_embed"
+    arrays[POSITION_EMBEDDING], keys[POSITION_EMBEDDING] = positions, prefix + "pos_embed"
     transpose = np.transpose
     for i in range(depth):
         block, theirs = f"block_{i}", f"blocks.{i}"

@@ -3,6 +3,7 @@
 import inspect
 
 import keras
+import numpy as np
 
 from keras_vitnorm.layers import BLOCK_STYLES
 from keras_vitnorm.layers import NORM_TYPES
@@ -20,7 +21,10 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.encoder_block import check_weight_standardization
 from keras_vitnorm.layers.encoder_block import resolve_placements
+from keras_vitnorm.convert import Checkpoint
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.models import preset_io
+from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
 
 #: Every value accepted by `pooling`.
@@ -382,7 +386,7 @@ class ViT(keras.Model):
         A standard ViT checkpoint loads too: a Hugging Face model directory, a
         keras-hub ViT preset, a timm or Hugging Face `.safetensors`/`.pth` file or a
         big_vision/AugReg `.npz`. The format is detected, and a report of what was
-        loaded, resampled, new and dropped is printed (`keras_vitnorm.convert`);
+        loaded, resampled, new and dropped is printed (`keras_vitnorm.models.weights`);
         normalization overrides then fine-tune the plain checkpoint into a variant.
 
         Args:
@@ -413,5 +417,21 @@ class ViT(keras.Model):
         return preset_io.weights_by_path(self)
 
     def load_weights_by_path(self, arrays, resample_position_embedding=True, resample="bilinear"):
-        """Loads `{path: array}` weights, with the checks and resampling of `from_preset`."""
-        preset_io.assign_weights(self, arrays, resample_position_embedding, resample=resample)
+        """Loads `{path: array}` weights (as `weights_by_path` names them).
+
+        Every weight of the model must be given and every given weight must fit:
+        anything else is a `ValueError` naming the weight. A position embedding of
+        another grid is resampled (`resample` as in `from_preset`) unless
+        `resample_position_embedding=False`, which makes it an error too.
+        """
+        embedding = arrays.get(POSITION_EMBEDDING)
+        stem_embedding = self.get_layer("stem").pos_embedding
+        expected = None if stem_embedding is None else tuple(stem_embedding.shape)
+        if not resample_position_embedding and embedding is not None and tuple(np.shape(embedding)) != expected:
+            raise ValueError(
+                f"Weight {POSITION_EMBEDDING!r} has shape {tuple(np.shape(embedding))}; the model "
+                f"expects {expected} (resample_position_embedding=False)."
+            )
+        checkpoint = Checkpoint("weights by path", "arrays", self.get_config(), dict(arrays),
+                                {path: path for path in arrays})
+        weights.transfer(self, checkpoint, resample, strict=True)

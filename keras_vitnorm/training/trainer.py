@@ -25,7 +25,6 @@ import csv
 import dataclasses
 import datetime
 import io
-import json
 import math
 import os
 import shutil

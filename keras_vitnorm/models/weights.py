@@ -1,0 +1,355 @@
+"""The one weight-transfer engine: named arrays into a built `ViT`.
+
+`keras_vitnorm.convert` reads a checkpoint of any format it knows (and this
+project's preset directories) into the same neutral form, a
+`keras_vitnorm.convert.Checkpoint`: the ViT config it describes and `{variable
+path: array}`. `transfer` assigns those arrays to a model whose config may differ in
+image size (the position embedding is resampled), classes (a fresh head) and
+normalization (what carries over is kept, the rest starts fresh), and reports what
+it did with every weight. `build_from_checkpoint` builds the model for a checkpoint
+and its overrides; `load_checkpoint` reads and builds in one call.
+"""
+
+import dataclasses
+
+import numpy as np
+import scipy.ndimage
+from keras import ops
+
+from keras_vitnorm.convert import read_checkpoint
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_known_keys
+
+#: Config keys a checkpoint fixes: overrides may not change them.
+ARCHITECTURE_KEYS = (
+    "width", "depth", "num_heads", "mlp_dim", "patch_size", "num_channels", "qkv_bias", "pooling",
+)
+HEAD_PREFIX = "head/"
+
+
+def check_overrides(model_class, overrides):
+    """Raises a `ValueError` naming an override that is not a config key of `model_class`."""
+    check_known_keys(overrides, (*model_class.CONFIG_KEYS, "name", "dtype", "trainable"), "override")
+
+
+def _more(items):
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+#: Every value accepted by `resample`: how a position embedding moves to a new grid.
+RESAMPLE_METHODS = ("bilinear", "bicubic")
+
+
+def resample_position_embedding(
+    embedding, source_grid, target_grid, num_prefix_tokens, method="bilinear"
+):
+    """Resamples a learned `(1, prefix + h*w, D)` position embedding to a new grid.
+
+    The prefix (class token) embedding is kept as is; the `(h, w, D)` grid is
+    resampled by one of two references:
+
+    - `"bilinear"` (default): big_vision's `resample_posemb`, used for the Dual
+      PatchNorm paper's 384-pixel fine-tuning: `scipy.ndimage.zoom(grid,
+      (h'/h, w'/w, 1), order=1)`, linear interpolation with the corner
+      patches aligned.
+    - `"bicubic"`: timm's `resample_abs_pos_embed` defaults: bicubic
+      interpolation with antialiasing (PyTorch's `F.interpolate(...,
+      mode="bicubic", antialias=True)`: half-pixel centers, the cubic kernel
+      with `a = -0.5`, widened by the downscaling factor), written in NumPy so
+      that every backend gives the same values.
+
+    Args:
+        embedding: array `(1, num_prefix_tokens + h * w, D)`.
+        source_grid: `(h, w)` of `embedding`.
+        target_grid: `(h', w')` wanted.
+        num_prefix_tokens: int, 1 with a class token, else 0.
+        method: str, default `"bilinear"`, one of `RESAMPLE_METHODS`.
+
+    Returns:
+        A float32 NumPy array `(1, num_prefix_tokens + h' * w', D)`.
+    """
+    check_choice("resample", method, RESAMPLE_METHODS)
+    embedding = np.asarray(embedding, dtype="float32")
+    dim = embedding.shape[-1]
+    prefix = embedding[:, :num_prefix_tokens]
+    grid = embedding[0, num_prefix_tokens:].reshape(source_grid[0], source_grid[1], dim)
+    if method == "bilinear":
+        zoom = (target_grid[0] / source_grid[0], target_grid[1] / source_grid[1], 1)
+        resized = scipy.ndimage.zoom(grid, zoom, order=1)
+    else:
+        rows = _antialiased_bicubic_matrix(source_grid[0], target_grid[0])
+        columns = _antialiased_bicubic_matrix(source_grid[1], target_grid[1])
+        resized = np.einsum("ih,jw,hwd->ijd", rows, columns, grid.astype("float64"))
+    if resized.shape[:2] != tuple(target_grid):
+        raise ValueError(
+            f"Resampling the {source_grid} position-embedding grid gave {resized.shape[:2]}, "
+            f"not the {tuple(target_grid)} grid asked for."
+        )
+    resized = resized.astype("float32").reshape(1, -1, dim)
+    return np.concatenate([prefix, resized], axis=1)
+
+
+def _cubic(x, a=-0.5):
+    """The cubic convolution kernel (Keys) with `a = -0.5`, as PIL and PyTorch's antialiasing use."""
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _antialiased_bicubic_matrix(in_size, out_size):
+    """`(out_size, in_size)` weights of antialiased bicubic resampling along one axis.
+
+    Output sample `i` sits at `(i + 0.5) * in_size / out_size` in input
+    coordinates (half-pixel centers); when downscaling, the kernel is widened
+    by the scale factor (antialiasing). Weights are normalized to sum to one.
+    """
+    scale = in_size / out_size
+    support = 2.0 * max(scale, 1.0)
+    inverse_scale = 1.0 / scale if scale >= 1.0 else 1.0
+    matrix = np.zeros((out_size, in_size))
+    for i in range(out_size):
+        center = scale * (i + 0.5)
+        first = max(int(center - support + 0.5), 0)
+        last = min(int(center + support + 0.5), in_size)
+        taps = np.arange(first, last)
+        weights = _cubic((taps - center + 0.5) * inverse_scale)
+        matrix[i, first:last] = weights / weights.sum()
+    return matrix
+
+
+def resample_for_model(model, array, method="bilinear"):
+    """`array`, a square-grid position embedding, resampled to `model`'s grid by `method`."""
+    num_prefix = 1 if model.pooling == "cls" else 0
+    stem = model.get_layer("stem")
+    target = tuple(stem.pos_embedding.shape)
+    source_tokens = array.shape[1] - num_prefix
+    side = int(round(source_tokens**0.5))
+    if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
+        raise ValueError(
+            f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
+            f"{target}: only a square grid of the same width can be."
+        )
+    return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
+
+
+
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What `load_checkpoint` did with each weight.
+
+    Attributes:
+        format: the detected source format.
+        source: the checkpoint path.
+        loaded: variable paths filled from the checkpoint unchanged.
+        resampled: variable paths resampled to a new shape (the position embedding).
+        converted: `(variable path, how)` for weights derived from another kind of
+            weight (a LayerNorm scale kept as an RMSNorm scale).
+        new: variable paths the checkpoint has no value for, with their fresh
+            initialization (a new head, a variant's extra norms).
+        dropped: `(source key, why)` for checkpoint weights the model does not use.
+    """
+
+    format: str
+    source: str
+    loaded: list = dataclasses.field(default_factory=list)
+    resampled: list = dataclasses.field(default_factory=list)
+    converted: list = dataclasses.field(default_factory=list)
+    new: list = dataclasses.field(default_factory=list)
+    dropped: list = dataclasses.field(default_factory=list)
+
+    def __str__(self):
+        lines = [f"Converted {self.source} ({self.format} format): {len(self.loaded)} weights loaded"]
+        if self.resampled:
+            lines.append(f"  resampled: {', '.join(self.resampled)}")
+        for path, how in self.converted:
+            lines.append(f"  converted: {path} ({how})")
+        if self.new:
+            lines.append(f"  new, freshly initialized ({len(self.new)}): {', '.join(self.new)}")
+        for key, why in self.dropped:
+            lines.append(f"  dropped: {key} ({why})")
+        return "\n".join(lines)
+
+
+def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", model_class=None,
+                    **overrides):
+    """Builds a `ViT` from a standard checkpoint; returns `(model, ConversionReport)`.
+
+    The checkpoint is read by `keras_vitnorm.convert.read_checkpoint` (format detected)
+    and its weights transferred by `transfer`.
+
+    Args:
+        path: see `read_checkpoint`.
+        verbose: bool, default `False`. Print the report.
+        num_heads: int, only for state dicts that do not record their head count.
+        resample: str, default `"bilinear"`: how a new `image_size` resamples the
+            position embedding, `"bilinear"` as big_vision or `"bicubic"` as timm
+            (`resample_position_embedding`).
+        model_class: the class to build, default `ViT` (a subclass keeps its own).
+        **overrides: `ViT` config values that replace the checkpoint's: `image_size`,
+            `num_classes`, and any normalization setting (`stem`, `norm`, `attn_norm`,
+            `mlp_norm`, `block_style`, `layer_scale`, `qk_norm`, ...).
+
+    Example:
+    >>> model, report = load_checkpoint("vit_small_patch16_224.safetensors",
+    ...                                 stem="dual_patchnorm", num_classes=10)
+    """
+    checkpoint = read_checkpoint(path, num_heads=num_heads)
+    if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
+        raise ValueError(
+            f"num_heads={num_heads} does not fit: the {checkpoint.format} checkpoint {path!r} "
+            f"records {checkpoint.config['num_heads']} heads."
+        )
+    model, report = build_from_checkpoint(checkpoint, model_class, resample=resample, **overrides)
+    if verbose:
+        print(report)
+    return model, report
+
+
+def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", **overrides):
+    """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides."""
+    if model_class is None:
+        from keras_vitnorm.models.vit import ViT as model_class
+    defaults = {"qkv_bias": True, "pooling": "cls", "num_channels": 3}
+    for key in ARCHITECTURE_KEYS:
+        saved = checkpoint.config.get(key, defaults.get(key))
+        if key in overrides and overrides[key] != saved:
+            path = _first_path_with(checkpoint, key)
+            raise ValueError(
+                f"Override {key}={overrides[key]!r} does not fit the checkpoint, which has "
+                f"{key}={saved!r} (e.g. key {checkpoint.source_keys.get(path, path)!r} "
+                f"of shape {tuple(checkpoint.arrays[path].shape)}). Overrides may change the "
+                "image size, the classes and the normalization, not the architecture."
+            )
+    check_overrides(model_class, overrides)
+    model = model_class.from_config({**checkpoint.config, **overrides})
+    report = transfer(model, checkpoint, resample)
+    return model, report
+
+
+def _first_path_with(checkpoint, key):
+    """A weight whose shape shows `key` (for the error message)."""
+    path = {
+        "width": "stem/projection/bias",
+        "depth": next(p for p in checkpoint.arrays if p.startswith("block_")),
+        "num_heads": "block_0/attention/qkv/kernel",
+        "mlp_dim": "block_0/mlp/fc1/kernel",
+        "patch_size": "stem/projection/kernel",
+        "num_channels": "stem/projection/kernel",
+        "qkv_bias": "block_0/attention/qkv/kernel",
+        "pooling": POSITION_EMBEDDING,
+    }[key]
+    return path if path in checkpoint.arrays else next(iter(checkpoint.arrays))
+
+
+def transfer(model, checkpoint, resample="bilinear", strict=False):
+    """Fills `model` from `checkpoint`; returns the `ConversionReport`.
+
+    The one weight-transfer engine: for this project's presets, for every foreign
+    format `keras_vitnorm.convert` reads, and for `ViT.load_weights_by_path`.
+
+    A position embedding of another grid is resampled by `resample`
+    (`"bilinear"` as big_vision, `"bicubic"` as timm). A new `num_classes` gives a
+    fresh head; a new block norm type keeps what carries over (a LayerNorm scale as
+    an RMSNorm scale) and starts the rest fresh.
+
+    The checkpoint must be complete for its own config, which every converter
+    checks; so a model weight without a checkpoint value is one the overrides added.
+
+    Args:
+        model: a built `ViT`.
+        checkpoint: a `keras_vitnorm.convert.Checkpoint` (config and named arrays).
+        resample: `"bilinear"` or `"bicubic"`.
+        strict: bool. Raise a `ValueError` instead of reporting a model weight the
+            checkpoint lacks or a checkpoint weight the model lacks.
+    """
+    check_choice("resample", resample, RESAMPLE_METHODS)
+    report = ConversionReport(checkpoint.format, checkpoint.source)
+    config = model.get_config()
+    arrays = dict(checkpoint.arrays)
+    norm = config["norm"]
+    source_norm = checkpoint.config.get("norm", "layernorm")
+    block_norms_fit = norm == source_norm
+    values = []
+    for variable in model.weights:
+        path = variable.path
+        expected = tuple(variable.shape)
+        source = checkpoint.source_keys.get(path, path)
+        is_block_norm = _is_block_norm(path)
+        if path.startswith("head/") and config["num_classes"] != checkpoint.config.get("num_classes"):
+            report.new.append(f"{path} ({_initializer(variable)})")
+            if path in arrays:
+                arrays.pop(path)
+                report.dropped.append((
+                    checkpoint.source_keys[path],
+                    f"num_classes {checkpoint.config['num_classes']} -> {config['num_classes']}: a new head",
+                ))
+            continue
+        if is_block_norm and not block_norms_fit:
+            source_path = path.rsplit("/", 1)[0] + "/gamma"
+            if (source_norm, norm) == ("layernorm", "rmsnorm") and path.endswith("/scale") \
+                    and source_path in arrays:
+                values.append((variable, arrays.pop(source_path)))
+                report.converted.append((path, f"the LayerNorm scale {checkpoint.source_keys[source_path]}"))
+            else:
+                report.new.append(f"{path} ({_initializer(variable)})")
+            continue
+        if path not in arrays:
+            report.new.append(f"{path} ({_initializer(variable)})")
+            continue
+        array = arrays.pop(path)
+        if tuple(array.shape) == expected:
+            values.append((variable, array))
+            report.loaded.append(path)
+        elif path == POSITION_EMBEDDING:
+            side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
+            grid = model.get_layer("stem").grid_size
+            values.append((variable, resample_for_model(model, array, resample)))
+            report.resampled.append(
+                f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})"
+            )
+        else:
+            raise ValueError(
+                f"Checkpoint key {source!r} has shape {tuple(array.shape)} (as {path!r}); the "
+                f"model expects {expected}."
+            )
+    for path in arrays:
+        if _is_block_norm(path) and not block_norms_fit:
+            why = f"norm={norm!r} replaces the {source_norm} layers"
+        else:
+            why = "the model's config has no such weight"
+        report.dropped.append((checkpoint.source_keys.get(path, path), why))
+    if strict and (report.new or report.dropped):
+        parts = []
+        if report.new:
+            parts.append(f"missing from the weights: {report.new[0]!r}" + _more(report.new))
+        if report.dropped:
+            parts.append(f"in the weights but not in the model: {report.dropped[0][0]!r}" + _more(report.dropped))
+        raise ValueError(
+            "The weights do not fit this model's config (" + "; ".join(parts) + "). "
+            "Build the model with the config the weights were saved with."
+        )
+    for variable, array in values:
+        variable.assign(ops.convert_to_tensor(np.asarray(array, "float32"), dtype=variable.dtype))
+    return report
+
+
+def _is_block_norm(path):
+    """Block and final norms (what `norm` sets); stem norms are the stem's own."""
+    parts = path.split("/")
+    layer = parts[-2] if len(parts) >= 2 else ""
+    return path.startswith("final_norm/") or (
+        parts[0].startswith("block_") and layer in ("attn_norm", "mlp_norm")
+    )
+
+
+def _initializer(variable):
+    value = ops.convert_to_numpy(variable)
+    if np.all(value == 1):
+        return "ones"
+    if np.all(value == 0):
+        return "zeros"
+    return "random init"
