@@ -1,4 +1,4 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate` and `convert`.
+"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert` and `segment`.
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -7,6 +7,7 @@ Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
 import argparse
 import json
 import sys
+from dataclasses import replace as dataclasses_replace
 
 from keras_vitnorm.layers.encoder_block import BLOCK_STYLES
 from keras_vitnorm.layers.encoder_block import PLACEMENTS
@@ -47,6 +48,15 @@ CONVERT_EXAMPLES = """examples:
       --stem dual_patchnorm --num-classes 10
 
 Load the result with keras_vitnorm.ViT.from_preset(DESTINATION); see docs/checkpoints.md.
+"""
+
+SEGMENT_EXAMPLES = """examples:
+  keras-vitnorm segment --stem dual_patchnorm --seeds 0 1 2 --output-dir runs/seg-dpn
+  keras-vitnorm segment --dataset folder:/data/scenes --num-classes 5 --preset s16_dpn \\
+      --image-size 224 --output-dir runs/scenes
+
+The default dataset, digit_scenes, is composed offline from scikit-learn's digits; see
+docs/segmentation.md.
 """
 
 # (flag, ViT config key, type, choices, help)
@@ -266,17 +276,58 @@ def build_parser():
                            help="normalize queries and keys per head")
     overrides.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
                            default=[], metavar="KEY=VALUE", help="any other ViT config value")
+    segment = commands.add_parser(
+        "segment",
+        allow_abbrev=False,
+        help="train a ViT with a linear segmentation head (mean IoU), one run per seed",
+        description="Put a linear per-patch head on a ViT encoder (any preset or checkpoint), "
+        "upsample its logits to the pixels, train with per-pixel cross-entropy through "
+        "model.fit and report the test mean IoU of each seed and their mean with a 95% CI.",
+        epilog=SEGMENT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    segment.add_argument("--dataset", default="digit_scenes",
+                         help="digit_scenes (default, offline) | tfds:<name> | folder:<path>")
+    segment.add_argument("--num-classes", type=int, help="pixel classes (tfds and folder datasets)")
+    segment.add_argument("--preset", default="ti16",
+                         help="encoder: preset name, preset directory or checkpoint (default ti16)")
+    segment.add_argument("--scenes", type=int, nargs=3, default=(2000, 400, 400), metavar=("TRAIN", "VAL", "TEST"),
+                         help="digit_scenes split sizes (default 2000 400 400)")
+    model = segment.add_argument_group("model overrides (on top of the preset)")
+    for flag, key, kind, choices, text in MODEL_FLAGS:
+        model.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
+                           help=_model_flag_help(key, choices, text))
+    model.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
+                       default=[], metavar="KEY=VALUE", help="any other ViT config value")
+    schedule = segment.add_argument_group("optimization")
+    schedule.add_argument("--epochs", type=int, default=10)
+    schedule.add_argument("--batch-size", type=int, default=32)
+    schedule.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, default=1e-3)
+    schedule.add_argument("--warmup-steps", type=int, default=100)
+    schedule.add_argument("--weight-decay", type=float, default=0.05)
+    schedule.add_argument("--mixed-precision", choices=PRECISIONS, default="float32")
+    schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
+    run = segment.add_argument_group("run")
+    run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
+    run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch")
     return parser
+
+
+def _model_overrides(args):
+    model = {key[len("model_"):]: value for key, value in vars(args).items()
+             if key.startswith("model_") and key != "model_set" and value is not None}
+    for key, value in args.model_set:
+        model[key] = value
+    return model
 
 
 def train_config_from_args(args):
     """The `TrainConfig` that parsed `train` arguments describe."""
     from keras_vitnorm.training import TrainConfig
 
-    model = {key[len("model_"):]: value for key, value in vars(args).items()
-             if key.startswith("model_") and key != "model_set" and value is not None}
-    for key, value in args.model_set:
-        model[key] = value
+    model = _model_overrides(args)
     settings = {
         key: value
         for key, value in vars(args).items()
@@ -302,6 +353,8 @@ def main(argv=None):
         return _ablate(parser, args)
     if args.command == "convert":
         return _convert(parser, args)
+    if args.command == "segment":
+        return _segment(parser, args)
     return _evaluate(parser, args)
 
 
@@ -392,6 +445,55 @@ def _train(parser, args):
     return 0
 
 
+def _segment(parser, args):
+    import os
+
+    from keras_vitnorm.study.runner import confidence_interval
+    from keras_vitnorm.training.segmentation import METRICS_FILE
+    from keras_vitnorm.training.segmentation import SegmentationConfig
+    from keras_vitnorm.training.segmentation import train_segmenter
+    from keras_vitnorm.training.segmentation_data import load_segmentation_data
+    from keras_vitnorm import durable
+
+    model = _model_overrides(args)
+    image_size = model.pop("image_size", None) or 32
+    scores = []
+    try:
+        config = SegmentationConfig(
+            dataset=args.dataset, preset=args.preset, image_size=image_size, num_classes=args.num_classes,
+            model=model, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+            mixed_precision=args.mixed_precision, scenes=tuple(args.scenes),
+        )
+        data = load_segmentation_data(config.dataset, config.image_size, config.num_classes, config.scenes)
+        if args.verbose:
+            print(data.describe())
+        for seed in args.seeds:
+            run_dir = os.path.join(args.output_dir, f"seed_{seed}")
+            finished = durable.read_json(os.path.join(run_dir, METRICS_FILE))
+            if finished and not args.overwrite:
+                metrics = finished
+                if args.verbose:
+                    print(f"seed {seed}: finished earlier in {run_dir}")
+            else:
+                metrics = train_segmenter(
+                    dataclasses_replace(config, seed=seed), run_dir, overwrite=args.overwrite,
+                    verbose=args.verbose, data=data,
+                )
+            scores.append(metrics["test_mean_iou"])
+            print(f"seed {seed}: test mean IoU {metrics['test_mean_iou']:.4f}, pixel accuracy "
+                  f"{metrics['test_pixel_accuracy']:.4f}")
+    except (ValueError, FileExistsError) as error:
+        return _fail(parser, "segment", str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, "segment", "interrupted; finished seeds are kept and the same "
+                     "command runs the rest.", code=130)
+    if len(scores) > 1:
+        mean, half_width = confidence_interval(scores)
+        print(f"test mean IoU over {len(scores)} seeds: {mean:.4f} +- {half_width:.4f} (95% CI)")
+    return 0
+
+
 def _evaluate(parser, args):
     from keras_vitnorm.training import evaluate
 
@@ -410,7 +512,7 @@ def _evaluate(parser, args):
 
 
 #: The commands that train: long CPU work whose step time the allocator setting changes.
-TRAINING_COMMANDS = ("train", "ablate")
+TRAINING_COMMANDS = ("train", "ablate", "segment")
 
 
 def console():

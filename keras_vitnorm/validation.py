@@ -5,7 +5,7 @@ import difflib
 import math
 
 
-def _did_you_mean(value, choices):
+def did_you_mean(value, choices):
     if not isinstance(value, str):
         return ""
     close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
@@ -21,7 +21,7 @@ def check_choice(argument, value, choices):
     if value in choices:
         return value
     message = f"Unknown {argument}={value!r}. Valid values: {', '.join(map(repr, choices))}."
-    raise ValueError(message + _did_you_mean(value, choices))
+    raise ValueError(message + did_you_mean(value, choices))
 
 
 def check_known_keys(keys, valid, where):
@@ -37,7 +37,7 @@ def check_known_keys(keys, valid, where):
     unknown = [key for key in keys if key not in valid]
     if not unknown:
         return
-    hints = "".join(_did_you_mean(key, valid) for key in unknown)
+    hints = "".join(did_you_mean(key, valid) for key in unknown)
     raise ValueError(
         f"Unknown {where}{'s' if len(unknown) > 1 else ''} "
         f"{', '.join(map(repr, unknown))}.{hints} Valid: {', '.join(valid)}."

@@ -1,9 +1,13 @@
-"""Training: datasets, the recipe, `train` and `evaluate` (see docs/training.md)."""
+"""Training: datasets, the recipe, `train` and `evaluate` (see docs/training.md), and
+`train_segmenter` (docs/segmentation.md)."""
 
 from keras_vitnorm.training.config import TrainConfig
 from keras_vitnorm.training.data import load_dataset
 from keras_vitnorm.training.recipes import RECIPE_NAMES
 from keras_vitnorm.training.recipes import get_recipe
+from keras_vitnorm.training.segmentation import SegmentationConfig
+from keras_vitnorm.training.segmentation import train_segmenter
+from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.trainer import TrainingDiverged
 from keras_vitnorm.training.trainer import evaluate
 from keras_vitnorm.training.trainer import train

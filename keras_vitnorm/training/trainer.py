@@ -72,23 +72,31 @@ def _check_warmup(warmup_steps, total_steps):
 
 
 def make_optimizer(config, total_steps, model):
+    """`adamw` with a `TrainConfig`'s settings."""
+    return adamw(
+        model, total_steps, config.learning_rate, warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay, min_learning_rate=config.min_learning_rate,
+        beta_1=config.beta_1, beta_2=config.beta_2, grad_clip=config.grad_clip,
+    )
+
+
+def adamw(model, total_steps, learning_rate, warmup_steps=0, weight_decay=0.0, min_learning_rate=0.0,
+          beta_1=0.9, beta_2=0.999, grad_clip=0.0):
     """AdamW with linear warm-up then cosine decay, kernel-only weight decay, clipping."""
-    lr = config.learning_rate
-    warmup = config.warmup_steps
-    _check_warmup(warmup, total_steps)
+    _check_warmup(warmup_steps, total_steps)
     schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup else lr,
-        decay_steps=total_steps - warmup,
-        alpha=config.min_learning_rate / lr,
-        warmup_target=lr if warmup else None,
-        warmup_steps=warmup,
+        initial_learning_rate=0.0 if warmup_steps else learning_rate,
+        decay_steps=total_steps - warmup_steps,
+        alpha=min_learning_rate / learning_rate,
+        warmup_target=learning_rate if warmup_steps else None,
+        warmup_steps=warmup_steps,
     )
     optimizer = keras.optimizers.AdamW(
         learning_rate=schedule,
-        weight_decay=config.weight_decay,
-        beta_1=config.beta_1,
-        beta_2=config.beta_2,
-        global_clipnorm=config.grad_clip or None,
+        weight_decay=weight_decay,
+        beta_1=beta_1,
+        beta_2=beta_2,
+        global_clipnorm=grad_clip or None,
     )
     decayed = {id(v) for v in decayed_variables(model)}
     optimizer.exclude_from_weight_decay(

@@ -1,0 +1,105 @@
+"""Semantic segmentation with a linear head on a ViT's patch tokens.
+
+The Dual PatchNorm paper's segmentation setup (after Strudel et al. 2021's linear
+decoder): each patch token of the encoder goes through one dense layer to class
+logits, the `(height / patch, width / patch)` logit map is upsampled bilinearly to
+the input size, and every pixel is scored by cross-entropy. Nothing else sits between
+the encoder and the pixels, so the encoder's features decide the result.
+"""
+
+import keras
+from keras import ops
+
+from keras_vitnorm.models.vit import ViT
+
+
+def segmentation_loss(ignore_class=None):
+    """Per-pixel cross-entropy on logits, averaged over the pixels not labelled `ignore_class`."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignore_class)
+
+
+def mean_iou(num_classes, ignore_class=None):
+    """Keras' mean intersection-over-union of the argmax prediction, ignored pixels left out."""
+    return keras.metrics.MeanIoU(
+        num_classes, ignore_class=ignore_class, sparse_y_true=True, sparse_y_pred=False, name="mean_iou"
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
+    """The share of pixels whose argmax class is right, pixels labelled `ignore_class` left out."""
+
+    def __init__(self, ignore_class=None, name="pixel_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.ignore_class = ignore_class
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if self.ignore_class is not None:
+            counted = ops.cast(ops.not_equal(y_true, self.ignore_class), "float32")
+            sample_weight = counted if sample_weight is None else counted * sample_weight
+        return super().update_state(y_true, y_pred, sample_weight)
+
+    def get_config(self):
+        return {**super().get_config(), "ignore_class": self.ignore_class}
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class Segmenter(keras.Model):
+    """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
+
+    The encoder is `vit.backbone()`: it shares the ViT's layers and weights, so a
+    checkpoint or preset loaded with `ViT.from_preset` is the segmenter's starting
+    point and the ViT's classifier head is not part of the segmenter. The class token
+    (with `pooling="cls"`) is dropped; the patch tokens, after the final norm, are
+    laid out on their grid. The head starts at zero, as the classifier head does.
+
+    Outputs are float32 logits `(batch, height, width, num_classes)`; train them with
+    `segmentation_loss` and score them with `mean_iou`.
+
+    Args:
+        vit: a `ViT` (any preset, checkpoint or config); its `num_classes` is unused.
+        num_classes: int, the number of pixel classes (the ignore label not counted).
+
+    Example:
+    >>> vit = ViT.from_preset("s16_dpn", image_size=224)
+    >>> segmenter = Segmenter(vit, num_classes=21)
+    >>> segmenter.compile("adamw", loss=segmentation_loss(ignore_class=255),
+    ...                   metrics=[mean_iou(21, ignore_class=255)])
+    """
+
+    def __init__(self, vit, num_classes, **kwargs):
+        if not isinstance(vit, ViT):
+            raise ValueError(f"Segmenter needs a keras_vitnorm ViT as its encoder, got {type(vit).__name__}.")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
+        config = vit.get_config()
+        size, patch = config["image_size"], config["patch_size"]
+        grid = (size // patch, size // patch)
+        policy = vit.dtype_policy
+        images = keras.Input(shape=vit.input.shape[1:], name="images")
+        tokens = vit.backbone()(images)["tokens"]
+        if config["pooling"] == "cls":
+            tokens = tokens[:, 1:]
+        patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid")(tokens)
+        logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="segmentation_head",
+                                    dtype=policy)(patches)
+        logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(logits)
+        logits = keras.layers.UpSampling2D(size=(size // grid[0], size // grid[1]), interpolation="bilinear",
+                                           name="upsample", dtype="float32")(logits)
+        super().__init__(inputs=images, outputs=logits, **kwargs)
+        self.vit_config = config
+        self.num_classes = num_classes
+        self.grid_size = grid
+
+    def get_config(self):
+        return {"vit": self.vit_config, "num_classes": self.num_classes, "name": self.name}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        return cls(ViT.from_config(config.pop("vit")), **config)
+
+    def predict_masks(self, images, batch_size=32):
+        """The predicted class of every pixel, `(batch, height, width)` int32 NumPy."""
+        logits = self.predict(images, batch_size=batch_size, verbose=0)
+        return ops.convert_to_numpy(ops.argmax(logits, axis=-1)).astype("int32")

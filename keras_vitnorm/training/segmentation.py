@@ -1,0 +1,151 @@
+"""Training a `Segmenter` through `model.fit`: `keras-vitnorm segment` and its API.
+
+The encoder comes from any preset name, preset directory or checkpoint
+(`ViT.from_preset`, the position embedding resampled to the image size); the linear
+head starts at zero. The optimizer is the classification trainer's AdamW with linear
+warm-up and cosine decay, kernels decayed only. A run writes, each atomically,
+`segmenter.keras` (the trained model) and `metrics.json` (the settings, the
+per-epoch history and the test mean IoU, pixel accuracy and loss); an existing run
+directory is never replaced unless asked.
+"""
+
+import dataclasses
+import os
+import time
+
+import keras
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.models.segmenter import PixelAccuracy
+from keras_vitnorm.models.segmenter import Segmenter
+from keras_vitnorm.models.segmenter import mean_iou
+from keras_vitnorm.models.segmenter import segmentation_loss
+from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.training.segmentation_data import load_segmentation_data
+from keras_vitnorm.training.segmentation_data import model_inputs
+from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.validation import check_positive_float
+from keras_vitnorm.validation import check_positive_int
+
+MODEL_FILE = "segmenter.keras"
+METRICS_FILE = "metrics.json"
+
+
+@dataclasses.dataclass
+class SegmentationConfig:
+    """What `train_segmenter` trains.
+
+    Args:
+        dataset: `"digit_scenes"`, `"tfds:<name>"` or `"folder:<path>"`.
+        preset: a preset name, preset directory or checkpoint for the encoder.
+        image_size: int, the input side; the position embedding is resampled to it.
+        num_classes: int, needed for tfds and folder datasets.
+        model: ViT config overrides on top of the preset (`stem`, `norm`, `width`, ...).
+        epochs, batch_size, learning_rate, warmup_steps, weight_decay: the schedule.
+        mixed_precision: a Keras dtype policy name.
+        seed: seeds the head, any fresh encoder weights and the batch order.
+        scenes: train, validation and test sizes of `digit_scenes`.
+    """
+
+    dataset: str = "digit_scenes"
+    preset: str = "ti16"
+    image_size: int = 32
+    num_classes: int = None
+    model: dict = dataclasses.field(default_factory=dict)
+    epochs: int = 10
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    mixed_precision: str = "float32"
+    seed: int = 0
+    scenes: tuple = (2000, 400, 400)
+
+    def __post_init__(self):
+        for name in ("image_size", "epochs", "batch_size"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_float("learning_rate", self.learning_rate)
+        if self.weight_decay < 0 or self.warmup_steps < 0:
+            raise ValueError(
+                f"weight_decay and warmup_steps must be >= 0, got {self.weight_decay} and {self.warmup_steps}."
+            )
+
+
+def build_segmenter(config, num_classes):
+    """The `Segmenter` of `config`: the encoder from its preset, a fresh linear head."""
+    overrides = {key: value for key, value in config.model.items() if key != "image_size"}
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.mixed_precision)
+    try:
+        vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
+        return Segmenter(vit, num_classes)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=None):
+    """Trains, evaluates on the test split and saves a segmenter; returns the metrics dict.
+
+    Args:
+        config: a `SegmentationConfig`.
+        output_dir: where `segmenter.keras` and `metrics.json` go (None: nothing saved).
+        overwrite: replace a finished run in `output_dir`; without it that is an error.
+        verbose: Keras' `fit` verbosity (1 shows a progress bar).
+        data: an already loaded `SegmentationData` (the seeds of one sweep share it).
+    """
+    if output_dir and os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir!r} already holds a finished segmentation run ({METRICS_FILE}). Pass "
+            "overwrite=True (--overwrite) to replace it, or choose another directory."
+        )
+    data = data or load_segmentation_data(config.dataset, config.image_size, config.num_classes, config.scenes)
+    keras.utils.set_random_seed(config.seed)
+    model = build_segmenter(config, data.num_classes)
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = data.train, data.validation, data.test
+    steps = config.epochs * -(-len(x_train) // config.batch_size)
+    optimizer = adamw(model, steps, config.learning_rate, warmup_steps=config.warmup_steps,
+                      weight_decay=config.weight_decay)
+    model.compile(
+        optimizer=optimizer,
+        loss=segmentation_loss(data.ignore_class),
+        metrics=[mean_iou(data.num_classes, data.ignore_class),
+                 PixelAccuracy(data.ignore_class)],
+    )
+    started = time.time()
+    history = model.fit(
+        model_inputs(x_train), y_train, batch_size=config.batch_size, epochs=config.epochs,
+        validation_data=(model_inputs(x_val), y_val), verbose=verbose,
+    )
+    train_seconds = time.time() - started
+    test = model.evaluate(model_inputs(x_test), y_test, batch_size=config.batch_size, verbose=0,
+                          return_dict=True)
+    metrics = {
+        "status": "completed",
+        "config": dataclasses.asdict(config),
+        "dataset": data.describe(),
+        "test_mean_iou": float(test["mean_iou"]),
+        "test_pixel_accuracy": float(test["pixel_accuracy"]),
+        "test_loss": float(test["loss"]),
+        "history": {key: [float(v) for v in values] for key, values in history.history.items()},
+        "train_seconds": round(train_seconds, 2),
+        "backend": keras.backend.backend(),
+    }
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+        durable.write_file(os.path.join(output_dir, MODEL_FILE), model.save)
+        durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
+    return metrics
+
+
+def per_class_iou(model, images, masks, num_classes, ignore_class):
+    """`(num_classes,)` IoU of each class on `images` (NaN for a class absent from both)."""
+    predicted = model.predict_masks(model_inputs(images))
+    keep = masks != ignore_class
+    truth, predicted = masks[keep], predicted[keep]
+    ious = np.full(num_classes, np.nan)
+    for c in range(num_classes):
+        union = np.sum((truth == c) | (predicted == c))
+        if union:
+            ious[c] = np.sum((truth == c) & (predicted == c)) / union
+    return ious

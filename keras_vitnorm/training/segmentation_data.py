@@ -1,0 +1,262 @@
+"""Segmentation datasets: images with a class label per pixel, held in memory.
+
+Three sources, named by a string as the classification datasets are:
+
+- `"digit_scenes"`: scenes composed offline from scikit-learn's handwritten digits
+  (no download). Each scene holds one to three upscaled digits in random colours on a
+  noisy background; a pixel is labelled with its digit's class plus one where the
+  stroke is solid, `0` on the background, and `IGNORE_CLASS` on a stroke's faint edge,
+  where the label is ambiguous. The three splits draw from disjoint digit images, so
+  the test scenes hold handwriting the model never saw.
+- `"tfds:<name>"`: a tensorflow-datasets dataset with `image` and
+  `segmentation_mask` features (for example `tfds:oxford_iiit_pet`).
+- `"folder:<path>"`: `<path>/images/<name>.<ext>` with `<path>/masks/<name>.png`
+  (single-channel class indices), or `train/`, `val/` or `validation/`, and `test/`
+  subfolders laid out that way.
+
+Images are resized bilinearly and masks by nearest neighbour to the model's size.
+A source without a validation or test split has one carved off its training split
+with a fixed seed (0). Every mask is checked: a label outside `[0, num_classes)` other
+than the ignore label, or a mask whose size differs from its image's, is a
+`ValueError` naming the source.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from keras_vitnorm.training.data import IMAGE_EXTENSIONS
+from keras_vitnorm.validation import did_you_mean
+
+DATASET_CHOICES = ("digit_scenes", "tfds:<name>", "folder:<path>")
+#: The label of pixels that no loss or metric counts (the convention of VOC and ADE20k).
+IGNORE_CLASS = 255
+DIGIT_SCENE_CLASSES = ["background"] + [str(digit) for digit in range(10)]
+_HOLDOUT_FRACTION = 0.1
+
+
+@dataclasses.dataclass
+class SegmentationData:
+    """The three splits, each `(images uint8 (n, h, w, 3), masks int32 (n, h, w))`."""
+
+    name: str
+    train: tuple
+    validation: tuple
+    test: tuple
+    num_classes: int
+    class_names: list
+    ignore_class: int = IGNORE_CLASS
+
+    def describe(self):
+        return (
+            f"{self.name}: {self.num_classes} classes, train {len(self.train[0])}, validation "
+            f"{len(self.validation[0])}, test {len(self.test[0])} images of "
+            f"{self.train[0].shape[1]}x{self.train[0].shape[2]}"
+        )
+
+
+def model_inputs(images):
+    """uint8 images as the model takes them: float32 in [-1, 1]."""
+    return images.astype("float32") / 127.5 - 1.0
+
+
+def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400, 400)):
+    """Loads the dataset named `name` (see the module docstring) at `image_size`.
+
+    Args:
+        name: str, `"digit_scenes"`, `"tfds:<name>"` or `"folder:<path>"`.
+        image_size: int, the side of the square images the model takes.
+        num_classes: int, needed for tfds and folder sources (their masks do not say
+            how many classes there are); `digit_scenes` has 11.
+        scenes: the number of train, validation and test scenes of `digit_scenes`.
+    """
+    if name == "digit_scenes":
+        if num_classes not in (None, len(DIGIT_SCENE_CLASSES)):
+            raise ValueError(f"digit_scenes has {len(DIGIT_SCENE_CLASSES)} classes; got num_classes={num_classes}.")
+        splits = [digit_scenes(count, image_size, split) for count, split in zip(scenes, ("train", "validation", "test"))]
+        return SegmentationData(name, *splits, len(DIGIT_SCENE_CLASSES), list(DIGIT_SCENE_CLASSES))
+    if name.startswith(("tfds:", "folder:")):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"{name!r} needs num_classes (a positive integer): its masks do not record it.")
+        kind, _, source = name.partition(":")
+        splits = _tfds_splits(source, image_size) if kind == "tfds" else _folder_splits(source, image_size)
+        splits = _complete(splits)
+        for split, (_, masks) in zip(("train", "validation", "test"), splits):
+            check_labels(masks, num_classes, f"{name} ({split})")
+        return SegmentationData(name, *splits, num_classes, [str(c) for c in range(num_classes)])
+    raise ValueError(
+        f"Unknown segmentation dataset {name!r}. Valid: {', '.join(DATASET_CHOICES)}."
+        + did_you_mean(name, ['digit_scenes'])
+    )
+
+
+def check_labels(masks, num_classes, source, ignore_class=IGNORE_CLASS):
+    """Raises a `ValueError` naming `source` if a label is outside `[0, num_classes)` and not ignored."""
+    values = np.unique(masks)
+    bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_class)]
+    if bad.size:
+        raise ValueError(
+            f"{source}: masks hold labels {bad[:10].tolist()} outside [0, {num_classes}) "
+            f"(and not the ignore label {ignore_class}). Pass the right num_classes or remap the masks."
+        )
+
+
+def digit_scenes(count, image_size=32, split="train", seed=None):
+    """`count` scenes of scikit-learn digits with per-pixel labels; see the module docstring."""
+    from sklearn.datasets import load_digits
+
+    if image_size < 16:
+        raise ValueError(f"digit_scenes needs image_size >= 16 (a digit is drawn 16 pixels tall), got {image_size}.")
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.images))
+    bounds = {"train": (0, 0.6), "validation": (0.6, 0.8), "test": (0.8, 1.0)}
+    if split not in bounds:
+        raise ValueError(f"Unknown split {split!r}; valid: {', '.join(bounds)}.")
+    start, stop = (int(f * len(order)) for f in bounds[split])
+    pool = order[start:stop]
+    rng = np.random.default_rng({"train": 1, "validation": 2, "test": 3}[split] if seed is None else seed)
+    images = np.empty((count, image_size, image_size, 3), np.uint8)
+    masks = np.empty((count, image_size, image_size), np.int32)
+    for i in range(count):
+        canvas = rng.uniform(0, 60, 3) + rng.normal(0, 12, (image_size, image_size, 3))
+        mask = np.zeros((image_size, image_size), np.int32)
+        for _ in range(rng.integers(1, 4)):
+            index = pool[rng.integers(len(pool))]
+            scale = int(rng.integers(2, max(3, image_size // 16 + 1)))
+            stroke = np.kron(digits.images[index], np.ones((scale, scale))) / 16.0
+            side = stroke.shape[0]
+            top, left = rng.integers(0, image_size - side + 1, 2)
+            window = (slice(top, top + side), slice(left, left + side))
+            ink = stroke > 0
+            colour = rng.uniform(120, 255, 3)
+            canvas[window][ink] = (stroke[..., None] * colour + (1 - stroke[..., None]) * canvas[window])[ink]
+            label = mask[window]
+            label[stroke >= 0.5] = digits.target[index] + 1
+            label[(stroke > 0) & (stroke < 0.5)] = IGNORE_CLASS
+        images[i] = np.clip(canvas, 0, 255).astype(np.uint8)
+        masks[i] = mask
+    return images, masks
+
+
+def _resize(images, masks, image_size):
+    import tensorflow as tf
+
+    images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
+    masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]
+    return np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8), masks.numpy().astype(np.int32)
+
+
+def _tfds_splits(dataset_name, image_size):
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(dataset_name)
+    except Exception as error:  # tfds raises DatasetNotFoundError with its own list
+        raise ValueError(f"Unknown tensorflow-datasets dataset {dataset_name!r}: {error}") from None
+    features = builder.info.features
+    if "image" not in features or "segmentation_mask" not in features:
+        raise ValueError(
+            f"tfds:{dataset_name} has no 'image' and 'segmentation_mask' features (it has "
+            f"{', '.join(features)}): it is not a segmentation dataset."
+        )
+    builder.download_and_prepare()
+    # Mocked and some prepared builders record no splits: train and test are the common pair.
+    available = set(builder.info.splits.keys()) or {"train", "test"}
+    splits = []
+    for names in (("train",), ("validation", "val"), ("test",)):
+        name = next((n for n in names if n in available), None)
+        if name is None:
+            splits.append(None)
+            continue
+        images, masks = [], []
+        for example in tfds.as_numpy(builder.as_dataset(split=name)):
+            image, mask = example["image"], np.asarray(example["segmentation_mask"])
+            mask = mask[..., 0] if mask.ndim == 3 else mask
+            if image.shape[:2] != mask.shape[:2]:
+                raise ValueError(
+                    f"tfds:{dataset_name} ({name}): an image of {image.shape[:2]} has a mask of {mask.shape[:2]}."
+                )
+            resized = _resize(image[None], mask[None].astype(np.int32), image_size)
+            images.append(resized[0][0])
+            masks.append(resized[1][0])
+        splits.append((np.stack(images), np.stack(masks)))
+    if splits[0] is None:
+        raise ValueError(f"tfds:{dataset_name} has no 'train' split (it has {', '.join(available)}).")
+    return splits
+
+
+def _folder_pairs(directory):
+    image_dir, mask_dir = os.path.join(directory, "images"), os.path.join(directory, "masks")
+    if not (os.path.isdir(image_dir) and os.path.isdir(mask_dir)):
+        raise ValueError(
+            f"{directory!r} needs images/ and masks/ subfolders (images/<name>.jpg with masks/<name>.png)."
+        )
+    masks = {os.path.splitext(f)[0]: f for f in os.listdir(mask_dir)}
+    pairs = []
+    for file in sorted(os.listdir(image_dir)):
+        stem, extension = os.path.splitext(file)
+        if extension.lower() not in IMAGE_EXTENSIONS:
+            continue
+        if stem not in masks:
+            raise ValueError(f"{os.path.join(image_dir, file)} has no mask: expected {os.path.join(mask_dir, stem)}.png.")
+        pairs.append((os.path.join(image_dir, file), os.path.join(mask_dir, masks[stem])))
+    if not pairs:
+        raise ValueError(f"{image_dir!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}).")
+    return pairs
+
+
+def _read_folder(directory, image_size):
+    from PIL import Image
+
+    images, masks = [], []
+    for image_path, mask_path in _folder_pairs(directory):
+        try:
+            with Image.open(image_path) as image_file:
+                image = np.asarray(image_file.convert("RGB"))
+            with Image.open(mask_path) as mask_file:
+                if mask_file.mode not in ("L", "P", "I", "I;16"):
+                    raise ValueError(f"{mask_path} is a {mask_file.mode} image; a mask is single-channel class indices.")
+                mask = np.asarray(mask_file).astype(np.int32)
+        except OSError as error:
+            raise ValueError(f"{image_path} or its mask cannot be read ({error}).") from error
+        if image.shape[:2] != mask.shape:
+            raise ValueError(
+                f"{mask_path} is {mask.shape[1]}x{mask.shape[0]} but its image {image_path} is "
+                f"{image.shape[1]}x{image.shape[0]}: a mask must match its image's size."
+            )
+        image, mask = _resize(image[None], mask[None], image_size)
+        images.append(image[0])
+        masks.append(mask[0])
+    return np.stack(images), np.stack(masks)
+
+
+def _folder_splits(path, image_size):
+    if not os.path.isdir(path):
+        raise ValueError(f"Segmentation folder {path!r} does not exist.")
+    if not os.path.isdir(os.path.join(path, "train")):
+        return [_read_folder(path, image_size), None, None]
+    validation = next((os.path.join(path, n) for n in ("val", "validation") if os.path.isdir(os.path.join(path, n))), None)
+    test = os.path.join(path, "test")
+    return [
+        _read_folder(os.path.join(path, "train"), image_size),
+        _read_folder(validation, image_size) if validation else None,
+        _read_folder(test, image_size) if os.path.isdir(test) else None,
+    ]
+
+
+def _complete(splits):
+    """Carves a missing validation or test split off the training split (seed 0)."""
+    train, validation, test = splits
+    images, masks = train
+    order = np.random.default_rng(0).permutation(len(images))
+    holdout = max(1, int(round(_HOLDOUT_FRACTION * len(images))))
+    for missing in [i for i, split in enumerate((validation, test)) if split is None]:
+        if len(order) <= holdout:
+            raise ValueError(f"Too few training images ({len(images)}) to carve off a validation and test split.")
+        taken, order = order[:holdout], order[holdout:]
+        if missing == 0:
+            validation = (images[taken], masks[taken])
+        else:
+            test = (images[taken], masks[taken])
+    return [(images[np.sort(order)], masks[np.sort(order)]), validation, test]
