@@ -15,6 +15,7 @@ from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.patch_stem import STEM_TYPES
 from keras_vitnorm.models.weights import RESAMPLE_METHODS
+from keras_vitnorm.training.config import OPTIMIZERS
 from keras_vitnorm.training.config import PRECISIONS
 from keras_vitnorm.training.data import CROP_MODES
 from keras_vitnorm.study.variants import VARIANT_GROUPS
@@ -35,6 +36,7 @@ TRAIN_EXAMPLES = """examples:
   keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
   keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224
   keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
+  keras-vitnorm train --recipe finetune_384 --preset runs/b16/preset --manual-dir ~/imagenet
   keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
 
 Settings not given here come from the recipe (--recipe); see docs/training.md.
@@ -140,6 +142,9 @@ def add_training_arguments(parser):
     schedule.add_argument("--weight-decay", type=float,
                           help="AdamW decoupled weight decay (Keras convention: times the "
                           "learning rate); kernels only")
+    schedule.add_argument("--optimizer", choices=OPTIMIZERS,
+                          help="adamw (default) or sgd (with momentum, for fine-tuning)")
+    schedule.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
     schedule.add_argument("--beta1", dest="beta_1", type=float, help="Adam beta_1")
     schedule.add_argument("--beta2", dest="beta_2", type=float, help="Adam beta_2")
     schedule.add_argument("--grad-clip", type=float, help="global-norm clipping, 0 = off")

@@ -104,6 +104,50 @@ def test_learning_rate_warms_up_linearly_then_decays_to_the_minimum():
     np.testing.assert_allclose(lr, [0.0, 5e-4, 1e-3, 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-5], rtol=1e-5)
 
 
+def test_sgd_takes_momentum_steps_without_weight_decay():
+    model = ViT(image_size=16, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=2)
+    config = TrainConfig.from_recipe("small", steps=10, warmup_steps=0, learning_rate=0.1, optimizer="sgd",
+                                     momentum=0.5, weight_decay=0.0, grad_clip=0.0)
+    optimizer = make_optimizer(config, 10, model)
+    assert isinstance(optimizer, keras.optimizers.SGD)
+    variable = model.get_layer("stem").projection.kernel
+    start = keras.ops.convert_to_numpy(variable).copy()
+    ones = [keras.ops.ones(v.shape) for v in model.trainable_variables]
+    optimizer.apply(ones, model.trainable_variables)
+    optimizer.apply(ones, model.trainable_variables)
+    # Keras' SGD: v <- m * v - lr * g, w <- w + v. Two unit gradients move w by lr * (1 + (1 + m)).
+    lr = [float(keras.ops.convert_to_numpy(optimizer._learning_rate(step))) for step in (0, 1)]
+    expected = start - lr[0] - (lr[0] * 0.5 + lr[1])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="Unknown optimizer='adam'.*'adamw', 'sgd'"):
+        TrainConfig.from_recipe("small", optimizer="adam")
+    with pytest.raises(ValueError, match="momentum=0.9 applies to optimizer='sgd' only"):
+        TrainConfig.from_recipe("small", momentum=0.9)
+
+
+def test_finetune_384_recipe_needs_a_trained_model_and_fine_tunes_it_at_a_new_size(tmp_path):
+    with pytest.raises(ValueError, match="fine-tunes a trained model: pass --preset"):
+        TrainConfig.from_recipe("finetune_384")
+    source = ViT(**TINY, num_classes=10)
+    source.save_to_preset(tmp_path / "trained")
+    config = TrainConfig.from_recipe("finetune_384", preset=str(tmp_path / "trained"))
+    assert config.model == {"image_size": 384}
+    assert (config.optimizer, config.momentum, config.weight_decay, config.batch_size) == ("sgd", 0.9, 0.0, 512)
+    config = TrainConfig.from_recipe(
+        "finetune_384", preset=str(tmp_path / "trained"), dataset="digits", model={"image_size": 24},
+        steps=6, batch_size=16, warmup_steps=2, steps_per_epoch=3, tensorboard=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    metrics = train(config, verbose=0)
+    assert metrics["status"] == "completed"
+    tuned = ViT.from_preset(str(tmp_path / "run" / "preset"))
+    assert tuned.get_config()["image_size"] == 24
+    before = keras.ops.convert_to_numpy(source.get_layer("stem").projection.kernel)
+    after = keras.ops.convert_to_numpy(tuned.get_layer("stem").projection.kernel)
+    # Fine-tuned from the source's weights: moved, but far less than a fresh init (about sqrt(2)).
+    assert 0 < np.linalg.norm(after - before) / np.linalg.norm(before) < 0.5
+
+
 def test_digits_splits_are_disjoint_and_complete():
     from collections import Counter
 

@@ -13,6 +13,7 @@ from keras_vitnorm.training.data import parse_dataset
 from keras_vitnorm.training.recipes import get_recipe
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 def setting_changes(saved, current):
@@ -54,6 +55,9 @@ class TrainConfig:
         weight_decay: AdamW decoupled weight decay in Keras' convention (multiplied
             by the learning rate), applied to kernels only: never to norms, biases,
             the position embedding or the class token.
+        optimizer: `"adamw"` (`None` means it too) or `"sgd"` (SGD with momentum, as
+            big_vision's fine-tuning configs use).
+        momentum: SGD momentum; `None` = 0.9 (big_vision's `momentum_hp`).
         beta_1, beta_2: Adam moment decay rates.
         grad_clip: global-norm gradient clipping threshold; `None` or 0 = off.
         label_smoothing: float in [0, 1).
@@ -89,6 +93,8 @@ class TrainConfig:
     warmup_steps: int = 0
     min_learning_rate: float = 0.0
     weight_decay: float = 0.05
+    optimizer: str = None
+    momentum: float = None
     beta_1: float = 0.9
     beta_2: float = 0.999
     grad_clip: float = 1.0
@@ -122,10 +128,12 @@ class TrainConfig:
 
         `model` overrides are merged into the recipe's model overrides, except when
         `preset` is a saved preset directory or a checkpoint: then the recipe's model
-        overrides (its cut-down architecture) are left out and only the given ones
-        apply. Giving `epochs` clears the recipe's `steps` and the other way round.
+        overrides (its cut-down architecture) are left out, its `checkpoint_model`
+        overrides (such as a fine-tuning resolution) apply, and the given ones on top.
+        Giving `epochs` clears the recipe's `steps` and the other way round.
         """
         values = {"recipe": recipe, **get_recipe(recipe)}
+        checkpoint_model = values.pop("checkpoint_model", {})
         unknown = sorted(set(overrides) - set(cls.field_names()))
         if unknown:
             raise ValueError(
@@ -139,7 +147,7 @@ class TrainConfig:
         preset = overrides.get("preset", values.get("preset"))
         recipe_model = values.get("model", {})
         if isinstance(preset, str) and os.path.exists(preset):
-            recipe_model = {}  # a saved model or checkpoint keeps its own architecture
+            recipe_model = checkpoint_model  # a saved model or checkpoint keeps its own architecture
         model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
         config.validate()
@@ -148,10 +156,21 @@ class TrainConfig:
     def validate(self):
         """Raises a `ValueError` naming the first bad setting."""
         parse_dataset(self.dataset)
+        if self.preset is None:
+            raise ValueError(
+                f"The {self.recipe!r} recipe fine-tunes a trained model: pass --preset with a "
+                "preset directory or a checkpoint (docs/checkpoints.md)."
+            )
         if not isinstance(self.preset, str) or not os.path.exists(self.preset):
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)
+        if self.optimizer is not None:
+            check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.momentum is not None:
+            self._check_range("momentum", 0.0, 1.0, closed_high=False)
+            if self.optimizer != "sgd":
+                raise ValueError(f"momentum={self.momentum} applies to optimizer='sgd' only (got {self.optimizer!r}).")
         if (self.epochs is None) == (self.steps is None):
             raise ValueError(
                 f"Give exactly one of epochs and steps (got epochs={self.epochs!r}, "
