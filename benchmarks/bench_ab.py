@@ -14,7 +14,7 @@ alike. The table gives the median seconds per step of each form and their ratio.
 Changes:
 
 - each fast path of `keras_vitnorm.ops` (`linear`, `onednn_linear`, `split_qkv`,
-  `gelu`, `rms_normalization`, `attention`, `residual_fence`; what each does and on
+  `attention`, `residual_fence`; what each does and on
   which backend is in `keras_vitnorm/ops/config.py`): the library with the fast path
   on against the same library with it switched off (`keras_vitnorm.ops.fast_paths`).
   On a backend where a fast path does not apply, the two forms are the same code.
@@ -52,7 +52,7 @@ from _common import require_keras_device
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "gelu", "rms_normalization", "attention",
+FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "attention",
               "residual_fence")  # keras_vitnorm.ops.FAST_PATHS (checked by the tests)
 CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
@@ -162,6 +162,8 @@ def main(argv=None):
     parser.add_argument("--preset", default="s16")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--overrides", default="{}",
+                        help="JSON ViT overrides, e.g. '{\"norm\": \"rmsnorm\"}' (rms_normalization needs it)")
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the two forms; the median is reported")
     parser.add_argument("--steps", type=int, default=2, help="steps per form per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -180,7 +182,13 @@ def main(argv=None):
     from keras_vitnorm.models.presets import preset_config  # after parsing: --help needs no Keras
 
     try:
-        config = {**preset_config(args.preset), "image_size": args.image_size, "num_classes": 1000}
+        overrides = json.loads(args.overrides)
+    except json.JSONDecodeError as error:
+        parser.error(f"--overrides is not JSON ({error}): {args.overrides!r}")
+    if not isinstance(overrides, dict):
+        parser.error(f"--overrides must be a JSON object, got {args.overrides!r}")
+    try:
+        config = {**preset_config(args.preset), "image_size": args.image_size, "num_classes": 1000, **overrides}
     except ValueError as error:
         parser.error(f"--preset: {error}")
     if args.worker:
@@ -196,14 +204,14 @@ def main(argv=None):
     for backend in args.backends:
         for change in args.changes:
             print(f"timing {change} on {backend} ...", file=sys.stderr, flush=True)
-            worker_args = [change, "--modes", *args.modes, "--preset", args.preset,
+            worker_args = [change, "--modes", *args.modes, "--preset", args.preset, "--overrides", args.overrides,
                            "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
                            "--rounds", str(args.rounds), "--steps", str(args.steps),
                            "--host-memory", args.host_memory, "--device", args.device,
                            "--mixed-precision", args.mixed_precision]
             results[(backend, change)] = run_worker(__file__, worker_args, backend, args.threads, args.device)
     where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
-    print(f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+    print(f"{args.preset} {overrides or ''} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
           f"{args.mixed_precision}, {where}; {args.rounds} alternating rounds of {args.steps} steps per "
           f"form; host memory: {args.host_memory}\n")
     print("\n".join(ab_table(results)))

@@ -11,7 +11,6 @@ from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
-from keras_vitnorm.ops import gelu
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -105,7 +104,7 @@ class MLP(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        x = gelu(self.fc1(x))
+        x = keras.activations.gelu(self.fc1(x), approximate=False)
         if self.mid_norm_layer is not None:
             x = self.mid_norm_layer(x, training=training)
         if self.dropout:  # a rate of 0 is the identity: no layer call

@@ -19,7 +19,6 @@ from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
-from keras_vitnorm.ops import rms_normalization
 
 #: Every value accepted by the `norm` argument of blocks and models.
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
@@ -75,7 +74,7 @@ class RMSNorm(keras.layers.Layer):
 
     def call(self, x):
         scale = None if self.gamma is None else ops.cast(self.gamma, "float32")
-        y = rms_normalization(ops.cast(x, "float32"), scale, self.epsilon)
+        y = ops.rms_normalization(ops.cast(x, "float32"), scale=scale, axis=-1, epsilon=self.epsilon)
         return _to_compute_dtype(self, y)
 
     def compute_output_shape(self, input_shape):

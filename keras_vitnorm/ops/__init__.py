@@ -25,8 +25,8 @@ from keras_vitnorm.ops.config import fast_paths
 from keras_vitnorm.ops.config import set_fast_paths
 
 __all__ = [
-    "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths", "gelu",
-    "heads_first_attention", "linear", "qkv_projection", "residual_fence", "rms_normalization",
+    "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths",
+    "heads_first_attention", "linear", "qkv_projection", "residual_fence",
     "set_fast_paths", "split_heads", "standardize_kernel",
 ]
 
@@ -123,31 +123,6 @@ def split_heads(qkv, num_heads):
     tokens, fused = qkv.shape[1], qkv.shape[2]
     qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
     return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-
-
-def gelu(x):
-    """Exact GELU, `x Phi(x)` (timm's and Hugging Face ViT's `nn.GELU()`).
-
-    Keras' `gelu(approximate=False)`, which computes `0.5 x erfc(-x / sqrt 2)`.
-    Fast path `gelu` (TensorFlow): `0.5 x (1 + erf(x / sqrt 2))` with its derivative
-    `Phi(x) + x phi(x)` written out. JAX keeps Keras' form: its `erf` lowers to a
-    StableHLO composite that TensorFlow cannot load, which would break `model.export`;
-    PyTorch's `gelu` is one fused kernel of the `erf` form.
-    """
-    if _fast("gelu", "tensorflow"):
-        return _native().gelu(x)
-    return keras.activations.gelu(x, approximate=False)
-
-
-def rms_normalization(x, scale, epsilon):
-    """`x / sqrt(mean(x^2) + epsilon) * scale` over the last axis (`scale` may be `None`).
-
-    Fast path `rms_normalization` (TensorFlow, with a scale): the backward pass
-    written out from the normalized input and the inverse RMS.
-    """
-    if scale is not None and _fast("rms_normalization", "tensorflow"):
-        return _native().rms_normalization(x, scale, epsilon)
-    return ops.rms_normalization(x, scale=scale, axis=-1, epsilon=epsilon)
 
 
 def attention(q, k, v, training=None):

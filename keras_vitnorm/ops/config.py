@@ -13,7 +13,7 @@ or in Python:
 
     from keras_vitnorm import ops
     ops.set_fast_paths(False)                 # all off
-    ops.set_fast_paths(False, ["gelu"])       # one off
+    ops.set_fast_paths(False, ["linear"])     # one off
     with ops.fast_paths(False, ["attention"]):
         ...
 
@@ -30,8 +30,6 @@ FAST_PATHS = (
     "linear",             # PyTorch: the bias add fused into the matmul (torch.nn.functional.linear)
     "onednn_linear",      # PyTorch, float32 x86 CPU, no gradient: oneDNN's linear (a private op)
     "split_qkv",          # TensorFlow: q, k and v from three matmuls on the fused kernel's thirds
-    "gelu",               # TensorFlow: exact GELU through erf, with its gradient written out
-    "rms_normalization",  # TensorFlow: RMSNorm with its gradient written out
     "attention",          # heads-first attention on a CPU (JAX, TensorFlow); PyTorch's SDPA on
                           # strided views; JAX on a GPU: cuDNN attention on padded tokens
     "residual_fence",     # JAX on a CPU: a gradient fence on the residual stream
