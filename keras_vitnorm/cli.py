@@ -1,4 +1,4 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert` and `segment`.
+"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert`, `segment` and `vtab`.
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -61,6 +61,17 @@ The default dataset, digit_scenes, is composed offline from scikit-learn's digit
 docs/segmentation.md.
 """
 
+VTAB_EXAMPLES = """examples:
+  keras-vitnorm vtab --presets runs/b16/preset runs/b16_dpn/preset \\
+      --datasets tfds:cifar100 tfds:caltech101 tfds:dtd --output-dir runs/vtab
+  keras-vitnorm vtab --presets runs/a/preset --datasets digits folder:/data/flowers \\
+      --batch-size 64 --steps 300 --image-size 32 --output-dir runs/vtab-cpu
+
+Each task: 800 train + 200 validation examples of its training split, scored on its
+test split; the rate with the best mean validation accuracy is reported (vtab.md).
+See docs/transfer.md.
+"""
+
 # (flag, ViT config key, type, choices, help)
 MODEL_FLAGS = (
     ("--image-size", "image_size", int, None, "input height and width in pixels"),
@@ -110,6 +121,9 @@ def add_training_arguments(parser):
     what.add_argument("--train-examples", type=int,
                       help="train on a subset of this many training examples (stratified "
                       "by class, seed 0; tfds: the first ones). Default: all")
+    what.add_argument("--val-examples", type=int,
+                      help="validate on this many training examples held apart from the "
+                      "--train-examples, instead of the dataset's validation split")
     what.add_argument("--skip-bad-images", action="store_true", default=None,
                       help="folder datasets: leave out (and list) files that are not whole "
                       "images instead of stopping with their names")
@@ -281,6 +295,33 @@ def build_parser():
                            help="normalize queries and keys per head")
     overrides.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
                            default=[], metavar="KEY=VALUE", help="any other ViT config value")
+    vtab = commands.add_parser(
+        "vtab",
+        allow_abbrev=False,
+        help="VTAB-1k transfer: fine-tune presets on 1,000 examples per task, rate sweep x seeds",
+        description="Fine-tune every preset on every dataset with 800 training and 200 validation "
+        "examples (VTAB-1k), at each learning rate and seed; choose the rate on validation and "
+        "write the test accuracy table (vtab.md). Rerunning skips finished runs.",
+        epilog=VTAB_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep = vtab.add_argument_group("sweep")
+    sweep.add_argument("--presets", nargs="+", required=True,
+                       help="trained models: preset directories or checkpoints")
+    sweep.add_argument("--datasets", nargs="+", required=True, help="tfds:<name> | folder:<path> | digits")
+    sweep.add_argument("--lrs", dest="learning_rates", nargs="+", type=float, default=[0.001, 0.003, 0.01],
+                       help="learning rates swept (default 0.001 0.003 0.01)")
+    sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    sweep.add_argument("--output-dir", dest="sweep_dir", required=True, help="sweep directory")
+    sweep.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines")
+    sweep.add_argument("--take-over-lock", action="store_true",
+                       help="take over a sweep whose lock was left by a process that no longer runs")
+    sweep.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
+                       help="do not write TensorBoard logs")
+    add_training_arguments(vtab)
+    vtab.set_defaults(recipe="vtab_1k")
+
     segment = commands.add_parser(
         "segment",
         allow_abbrev=False,
@@ -360,6 +401,8 @@ def main(argv=None):
         return _convert(parser, args)
     if args.command == "segment":
         return _segment(parser, args)
+    if args.command == "vtab":
+        return _vtab(parser, args)
     return _evaluate(parser, args)
 
 
@@ -450,6 +493,39 @@ def _train(parser, args):
     return 0
 
 
+def _vtab(parser, args):
+    from keras_vitnorm.study.vtab import run_vtab
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
+
+    for flag, value in (("--preset", args.preset), ("--dataset", args.dataset),
+                        ("--train-examples", args.train_examples), ("--lr", args.learning_rate),
+                        ("--seed", args.seed)):
+        if value is not None:
+            return _fail(parser, "vtab", f"{flag} is set by the sweep: use --presets, --datasets, "
+                         "--lrs and --seeds (800 + 200 examples per task are the protocol).")
+    args.preset, args.dataset = args.presets[0], args.datasets[0]
+    try:
+        base = train_config_from_args(args)
+        for dataset in args.datasets[1:]:
+            dataclasses_replace(base, dataset=dataset).validate()
+        rows = run_vtab(base, args.presets, args.datasets, args.sweep_dir, args.learning_rates, args.seeds,
+                        verbose=args.verbose, take_over_lock=args.take_over_lock)
+    except StorageError as error:
+        return _fail(parser, "vtab", str(error), code=4)
+    except (ValueError, FileExistsError, LockedError) as error:
+        return _fail(parser, "vtab", str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, "vtab", "interrupted; the same command resumes the sweep.", code=130)
+    import os
+
+    from keras_vitnorm.study.vtab import vtab_table
+
+    print(vtab_table(rows))
+    print(f"written: {os.path.join(args.sweep_dir, 'vtab.md')}, {os.path.join(args.sweep_dir, 'vtab_results.csv')}")
+    return 0
+
+
 def _segment(parser, args):
     import os
 
@@ -517,7 +593,7 @@ def _evaluate(parser, args):
 
 
 #: The commands that train: long CPU work whose step time the allocator setting changes.
-TRAINING_COMMANDS = ("train", "ablate", "segment")
+TRAINING_COMMANDS = ("train", "ablate", "segment", "vtab")
 
 
 def console():

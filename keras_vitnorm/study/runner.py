@@ -97,7 +97,7 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
                 elif verbose:
                     print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
                 config.output_dir = run_dir
-                rows.append(_run_one(config, group, name, run_dir, verbose, take_over_lock,
+                rows.append(run_one(config, group, name, run_dir, verbose, take_over_lock,
                                      probe_images))
                 write_results(rows, output_dir)  # kept current, so a long study can be read early
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
@@ -286,7 +286,11 @@ def _settings_key(config):
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def _run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None):
+def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None, analyze=True):
+    """Trains (or resumes, or skips if finished) one run; returns its results row.
+
+    `analyze` computes a finished run's `analysis.json` (the study's figures read it).
+    """
     seed = config.seed
     metrics = _read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
@@ -302,7 +306,7 @@ def _run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_
         metrics = _read_metrics(run_dir)
     elif verbose:
         print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
-    if metrics["status"] == "completed":
+    if metrics["status"] == "completed" and analyze:
         run_analysis(run_dir, probe_images)
     return {
         "group": group,

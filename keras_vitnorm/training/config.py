@@ -42,6 +42,9 @@ class TrainConfig:
             dataset has no validation split.
         train_examples: train on this many training examples only (a class-stratified
             subset, the same for every seed; tfds: the first ones); `None` = all.
+        val_examples: validate on this many training examples, held apart from the
+            `train_examples` (VTAB-1k's 800 + 200), instead of the dataset's
+            validation split; `None` = the dataset's.
         skip_bad_images: bool; for folder datasets, leave out (and list) the files
             that are not whole images instead of failing on them. `None` = off.
         data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
@@ -82,6 +85,7 @@ class TrainConfig:
     dataset: str = "digits"
     val_fraction: float = 0.1
     train_examples: int = None
+    val_examples: int = None
     skip_bad_images: bool = None
     data_dir: str = None
     manual_dir: str = None
@@ -177,7 +181,7 @@ class TrainConfig:
                 f"steps={self.steps!r})."
             )
         for name in ("epochs", "steps", "steps_per_epoch", "batch_size", "backup_every",
-                     "shuffle_buffer", "grad_norm_every", "train_examples"):
+                     "shuffle_buffer", "grad_norm_every", "train_examples", "val_examples"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")

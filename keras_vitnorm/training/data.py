@@ -189,7 +189,7 @@ def parse_dataset(spec):
 
 
 def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None,
-                 skip_bad_images=False):
+                 skip_bad_images=False, val_examples=None):
     """Loads the train, validation and test splits of a dataset.
 
     Args:
@@ -207,16 +207,20 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         skip_bad_images: bool, default `False`. For folders: every file is checked
             first (`check_image_file`); unreadable ones are an error naming them, or,
             with `True`, left out and listed by `Dataset.describe`.
+        val_examples: int or None. Validate on this many training examples instead
+            of the source's validation split, taken apart from the `train_examples`
+            (VTAB-1k's `train800` and `val200`): for tfds the next `val_examples`
+            after the first `train_examples`; for digits and folders a
+            class-stratified draw of both with seed 0, split stratified.
 
     Returns:
         A `Dataset`.
     """
     if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
-    if train_examples is not None and (
-        isinstance(train_examples, bool) or not isinstance(train_examples, int) or train_examples < 1
-    ):
-        raise ValueError(f"train_examples must be a positive integer, got {train_examples!r}.")
+    for name, value in (("train_examples", train_examples), ("val_examples", val_examples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     kind, argument = parse_dataset(spec)
     if kind == "digits":
         data = _digits(val_fraction)
@@ -224,9 +228,34 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         data = _tfds(argument, val_fraction, data_dir, manual_dir)
     else:
         data = _folder(argument, val_fraction, skip_bad_images)
-    if train_examples is not None:
+    if val_examples is not None:
+        count = data.train.size - val_examples if train_examples is None else train_examples
+        if count < 1:
+            raise ValueError(
+                f"val_examples={val_examples} leaves no training examples of the {data.train.size} "
+                f"in {spec} ({data.train.name})."
+            )
+        pool = _train_subset(data.train, count + val_examples, stratified=kind != "tfds", name=spec)
+        data.train, data.validation = _split_off(pool, val_examples, stratified=kind != "tfds")
+    elif train_examples is not None:
         data.train = _train_subset(data.train, train_examples, stratified=kind != "tfds", name=spec)
     return data
+
+
+def _split_off(split, count, stratified):
+    """`(rest, held_out)` of `split` with `count` examples held out: the last ones
+    (tfds order), or a class-stratified draw with seed 0."""
+    keep = split.size - count
+    if not stratified:
+        return (Split(f"first {keep} of {split.name}", split.source.take(keep), keep),
+                Split(f"next {count} of {split.name}", split.source.skip(keep).take(count), count))
+    tf = _tf()
+    raws, labels = zip(*split.source.as_numpy_iterator())
+    raws, labels = np.stack(raws), np.array(labels, "int64")
+    kept, held_out = _stratified_split(labels, count / split.size)
+    return (Split(f"{len(kept)} of {split.name}", tf.data.Dataset.from_tensor_slices((raws[kept], labels[kept])), len(kept)),
+            Split(f"{len(held_out)} of {split.name}, held out",
+                  tf.data.Dataset.from_tensor_slices((raws[held_out], labels[held_out])), len(held_out)))
 
 
 def _train_subset(split, count, stratified, name):

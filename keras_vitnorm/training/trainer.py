@@ -380,6 +380,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
     data = data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
+        val_examples=config.val_examples,
     )
     plan = _plan(config, data)
     with run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock):
@@ -666,9 +667,13 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         raise ValueError(f"{path} is not a run directory; name the dataset to score it on.")
     val_fraction = val_fraction or run_settings.get("val_fraction", 0.1)
     model = ViT.from_preset(preset_dir)
+    # The run's own dataset is split as the run split it (a held-out val_examples too).
+    own = dataset == run_settings.get("dataset")
     data = data_lib.load_dataset(
         dataset, val_fraction, data_dir, manual_dir,
         skip_bad_images=bool(run_settings.get("skip_bad_images")),
+        train_examples=run_settings.get("train_examples") if own else None,
+        val_examples=run_settings.get("val_examples") if own else None,
     )
     classes = model.get_config()["num_classes"]
     if classes != data.num_classes:

@@ -3,13 +3,14 @@
 - `small` (the default): a small DPN ViT that trains on a CPU in minutes.
 - `augreg_i1k`: ImageNet-1k as in the Dual PatchNorm paper (AugReg / big_vision).
 - `finetune_384`: a trained model fine-tuned at 384x384, as big_vision transfers.
+- `vtab_1k`: a trained model fine-tuned on 800 + 200 examples of a task (VTAB-1k).
 
 Each module's docstring gives the command that runs it and where its numbers come from.
 """
 
 import importlib
 
-RECIPE_NAMES = ("small", "augreg_i1k", "finetune_384")
+RECIPE_NAMES = ("small", "augreg_i1k", "finetune_384", "vtab_1k")
 
 
 def get_recipe(name):

@@ -1,0 +1,148 @@
+"""The VTAB-1k transfer protocol: few-shot fine-tuning over a list of datasets.
+
+Each dataset is a VTAB-1k task: 800 training and 200 validation examples drawn from
+its training split (`train_examples=800, val_examples=200`), its full test split
+for the score. Every preset (a trained model: a preset directory or a checkpoint) is
+fine-tuned on every task with each learning rate of a sweep and each seed; per
+task and preset the learning rate with the best mean validation accuracy over the
+seeds is chosen, and the test accuracy at that rate is reported as the mean with a
+95% confidence interval over the seeds, as the Dual PatchNorm paper reports its
+VTAB-1k results (3 learning rates, 3 seeds, chosen on validation).
+
+A run directory per preset, task, rate and seed holds the usual run files; rerunning
+the same command skips finished runs and resumes interrupted ones.
+
+    <output>/vtab_results.csv   one row per run
+    <output>/vtab.md            the table: task x preset, chosen rate, test mean +- CI
+"""
+
+import csv
+import dataclasses
+import io
+import math
+import os
+
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.study.runner import confidence_interval
+from keras_vitnorm.study.runner import run_one
+from keras_vitnorm.training import run_files
+
+TRAIN_EXAMPLES = 800
+VAL_EXAMPLES = 200
+LEARNING_RATES = (0.001, 0.003, 0.01)
+RESULT_FIELDS = ("preset", "dataset", "learning_rate", "seed", "status", "val_accuracy", "test_accuracy", "run_dir")
+
+
+def preset_label(preset):
+    """A short name for a preset or a path to one (`runs/b16_dpn/preset` -> `b16_dpn`)."""
+    path = os.path.normpath(os.fspath(preset))
+    name = os.path.basename(path)
+    if name in ("preset", "checkpoints", "best", "last") and os.path.dirname(path):
+        name = os.path.basename(os.path.dirname(path))
+    return name
+
+
+def _slug(text):
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES, seeds=(0, 1, 2),
+             verbose=1, take_over_lock=False):
+    """Fine-tunes every preset on every dataset at every rate and seed; returns the rows.
+
+    Args:
+        base: a `TrainConfig` with the schedule (the `vtab_1k` recipe's, or overrides);
+            its preset, dataset, learning rate, seed and example counts are set here.
+        presets: preset directories or checkpoints (built-in names train from scratch,
+            which is allowed but is not transfer).
+        datasets: dataset specs (`tfds:<name>`, `folder:<path>`, `digits`).
+        output_dir: the sweep's directory (locked while this runs).
+        learning_rates, seeds: the sweep.
+    """
+    labels = [preset_label(p) for p in presets]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"Two presets share the name {sorted(labels)}: give them directories with distinct names.")
+    for name, values in (("presets", presets), ("datasets", datasets), ("learning_rates", learning_rates),
+                         ("seeds", seeds)):
+        if not values:
+            raise ValueError(f"{name} must name at least one value.")
+    with run_files.RunLock(output_dir, "vtab.lock", take_over=take_over_lock, what="VTAB directory"):
+        rows = []
+        for preset, label in zip(presets, labels):
+            for dataset in datasets:
+                for rate in learning_rates:
+                    for seed in seeds:
+                        run_dir = os.path.join(output_dir, _slug(label), _slug(dataset), f"lr_{rate:g}",
+                                               f"seed_{seed}")
+                        config = dataclasses.replace(
+                            base, preset=preset, dataset=dataset, learning_rate=rate, seed=seed,
+                            train_examples=TRAIN_EXAMPLES, val_examples=VAL_EXAMPLES, output_dir=run_dir,
+                        )
+                        row = run_one(config, "vtab", f"{label} {dataset} lr {rate:g}", run_dir, verbose,
+                                      take_over_lock, analyze=False)
+                        rows.append({"preset": label, "dataset": dataset, "learning_rate": rate, "seed": seed,
+                                     "status": row["status"], "val_accuracy": row["val_accuracy"],
+                                     "test_accuracy": row["test_accuracy"], "run_dir": os.path.relpath(run_dir, output_dir)})
+                        _write(rows, output_dir)
+        return rows
+
+
+def _write(rows, output_dir):
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    durable.write_text(os.path.join(output_dir, "vtab_results.csv"), buffer.getvalue())
+    durable.write_text(os.path.join(output_dir, "vtab.md"), vtab_table(rows))
+
+
+def select(rows):
+    """`{(dataset, preset): (rate, [test accuracies at it])}`, the rate chosen by mean validation accuracy.
+
+    Only completed runs count; a rate whose runs all diverged is never chosen.
+    """
+    chosen = {}
+    keys = sorted({(r["dataset"], r["preset"]) for r in rows})
+    for dataset, preset in keys:
+        by_rate = {}
+        for r in rows:
+            if (r["dataset"], r["preset"]) == (dataset, preset) and r["status"] == "completed":
+                by_rate.setdefault(float(r["learning_rate"]), []).append(r)
+        if not by_rate:
+            continue
+        rate = max(by_rate, key=lambda lr: (np.mean([float(r["val_accuracy"]) for r in by_rate[lr]]), -lr))
+        chosen[(dataset, preset)] = (rate, [float(r["test_accuracy"]) for r in by_rate[rate]])
+    return chosen
+
+
+def vtab_table(rows):
+    """Markdown: a row per task, a column per preset: test accuracy (%) mean +- 95% CI at the chosen rate."""
+    chosen = select(rows)
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    lines = [
+        "Test accuracy (%) after VTAB-1k fine-tuning (800 train + 200 validation examples), mean +- "
+        "95% CI over seeds at the learning rate chosen on validation (in brackets).",
+        "",
+        "| task | " + " | ".join(presets) + " |",
+        "|---|" + "---|" * len(presets),
+    ]
+    means = {p: [] for p in presets}
+    for dataset in datasets:
+        cells = []
+        for preset in presets:
+            if (dataset, preset) not in chosen:
+                cells.append("-")
+                continue
+            rate, scores = chosen[(dataset, preset)]
+            mean, half = confidence_interval([100 * s for s in scores])
+            means[preset].append(mean)
+            ci = "" if math.isnan(half) else f" +- {half:.1f}"
+            cells.append(f"{mean:.1f}{ci} (lr {rate:g}, n={len(scores)})")
+        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
+    if len(datasets) > 1:
+        lines.append("| mean over tasks | " + " | ".join(
+            f"{np.mean(means[p]):.1f}" if len(means[p]) == len(datasets) else "-" for p in presets) + " |")
+    return "\n".join(lines) + "\n"
