@@ -3,6 +3,7 @@
 from keras_vitnorm import convert
 from keras_vitnorm import layers
 from keras_vitnorm.models import PRESETS
+from keras_vitnorm.models import LiT
 from keras_vitnorm.models import Segmenter
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models import list_presets

@@ -1,4 +1,4 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert`, `segment` and `vtab`.
+"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert`, `segment`, `vtab` and `lit`.
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -70,6 +70,16 @@ VTAB_EXAMPLES = """examples:
 Each task: 800 train + 200 validation examples of its training split, scored on its
 test split; the rate with the best mean validation accuracy is reported (vtab.md).
 See docs/transfer.md.
+"""
+
+LIT_EXAMPLES = """examples:
+  keras-vitnorm lit --preset runs/plain/preset --seeds 0 1 2 --output-dir runs/lit-plain
+  keras-vitnorm lit --preset runs/dpn/preset --dataset folder:/data/cifar10 --loss sigmoid \\
+      --output-dir runs/lit-dpn
+
+The image tower is frozen (LiT) unless --trainable-image-tower; zero-shot accuracy is
+scored on the test split with prompt templates held out of training. See
+docs/contrastive.md.
 """
 
 # (flag, ViT config key, type, choices, help)
@@ -322,6 +332,45 @@ def build_parser():
     add_training_arguments(vtab)
     vtab.set_defaults(recipe="vtab_1k")
 
+    lit = commands.add_parser(
+        "lit",
+        allow_abbrev=False,
+        help="contrastive image-text training with a frozen ViT tower (LiT), zero-shot accuracy",
+        description="Train a text transformer from scratch against a ViT image tower (frozen by "
+        "default) on a classification dataset's images captioned from templates, with the "
+        "softmax or sigmoid contrastive loss and a learned temperature; report zero-shot "
+        "test accuracy with held-out prompt templates per seed and the mean with a 95% CI.",
+        epilog=LIT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lit.add_argument("--preset", default="ti16", help="image tower: preset directory, checkpoint or name")
+    lit.add_argument("--dataset", default="digits", help="digits (default) | tfds:<name> | folder:<path>")
+    lit.add_argument("--image-size", type=int, default=32)
+    lit.add_argument("--train-examples", type=int, help="train on this many examples (default: all)")
+    lit.add_argument("--trainable-image-tower", dest="freeze_image_tower", action="store_false",
+                     help="train the image tower too (default: frozen, as LiT)")
+    lit.add_argument("--loss", choices=("softmax", "sigmoid"), default="softmax")
+    lit.add_argument("--set", dest="model_set", action="append", type=_parse_setting, default=[],
+                     metavar="KEY=VALUE", help="image tower ViT overrides (for a built-in preset)")
+    text = lit.add_argument_group("text tower and embedding")
+    text.add_argument("--embed-dim", type=int, default=128)
+    text.add_argument("--max-length", type=int, default=16)
+    text.add_argument("--text-width", type=int, default=128)
+    text.add_argument("--text-depth", type=int, default=2)
+    text.add_argument("--text-heads", type=int, default=4)
+    text.add_argument("--text-mlp-dim", type=int, default=512)
+    schedule = lit.add_argument_group("optimization")
+    schedule.add_argument("--epochs", type=int, default=10)
+    schedule.add_argument("--batch-size", type=int, default=64)
+    schedule.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, default=1e-3)
+    schedule.add_argument("--warmup-steps", type=int, default=50)
+    schedule.add_argument("--weight-decay", type=float, default=0.05)
+    schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
+    run = lit.add_argument_group("run")
+    run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
+    run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
+
     segment = commands.add_parser(
         "segment",
         allow_abbrev=False,
@@ -403,6 +452,8 @@ def main(argv=None):
         return _segment(parser, args)
     if args.command == "vtab":
         return _vtab(parser, args)
+    if args.command == "lit":
+        return _lit(parser, args)
     return _evaluate(parser, args)
 
 
@@ -526,19 +577,69 @@ def _vtab(parser, args):
     return 0
 
 
-def _segment(parser, args):
+def _seeds_with_ci(parser, command, args, run, score, describe):
+    """Runs `run(seed, run_dir)` per seed (a finished seed is read back unless --overwrite),
+    prints each seed's `describe(metrics)` and the mean of `score` with a 95% CI."""
     import os
 
+    from keras_vitnorm import durable
     from keras_vitnorm.study.runner import confidence_interval
-    from keras_vitnorm.training.segmentation import METRICS_FILE
+
+    scores = []
+    try:
+        for seed in args.seeds:
+            run_dir = os.path.join(args.output_dir, f"seed_{seed}")
+            metrics = durable.read_json(os.path.join(run_dir, "metrics.json"))
+            if metrics and not args.overwrite:
+                if args.verbose:
+                    print(f"seed {seed}: finished earlier in {run_dir}")
+            else:
+                metrics = run(seed, run_dir)
+            scores.append(metrics[score])
+            print(f"seed {seed}: {describe(metrics)}")
+    except (ValueError, FileExistsError) as error:
+        return _fail(parser, command, str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, command, "interrupted; finished seeds are kept and the same "
+                     "command runs the rest.", code=130)
+    if len(scores) > 1:
+        mean, half_width = confidence_interval(scores)
+        print(f"{score} over {len(scores)} seeds: {mean:.4f} +- {half_width:.4f} (95% CI)")
+    return 0
+
+
+def _lit(parser, args):
+    from keras_vitnorm.training.contrastive import LiTConfig
+    from keras_vitnorm.training.contrastive import train_lit
+
+    try:
+        config = LiTConfig(
+            dataset=args.dataset, preset=args.preset, image_size=args.image_size, model=dict(args.model_set),
+            freeze_image_tower=args.freeze_image_tower, loss=args.loss, embed_dim=args.embed_dim,
+            max_length=args.max_length, text_width=args.text_width, text_depth=args.text_depth,
+            text_heads=args.text_heads, text_mlp_dim=args.text_mlp_dim, train_examples=args.train_examples,
+            epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        )
+    except ValueError as error:
+        return _fail(parser, "lit", str(error))
+    return _seeds_with_ci(
+        parser, "lit", args,
+        lambda seed, run_dir: train_lit(dataclasses_replace(config, seed=seed), run_dir, overwrite=args.overwrite,
+                                        verbose=args.verbose),
+        "zero_shot_test_accuracy",
+        lambda m: (f"zero-shot test accuracy {m['zero_shot_test_accuracy']:.4f} (held-out templates), "
+                   f"{m['zero_shot_test_accuracy_train_templates']:.4f} (training templates)"),
+    )
+
+
+def _segment(parser, args):
     from keras_vitnorm.training.segmentation import SegmentationConfig
     from keras_vitnorm.training.segmentation import train_segmenter
     from keras_vitnorm.training.segmentation_data import load_segmentation_data
-    from keras_vitnorm import durable
 
     model = _model_overrides(args)
     image_size = model.pop("image_size", None) or 32
-    scores = []
     try:
         config = SegmentationConfig(
             dataset=args.dataset, preset=args.preset, image_size=image_size, num_classes=args.num_classes,
@@ -547,32 +648,17 @@ def _segment(parser, args):
             mixed_precision=args.mixed_precision, scenes=tuple(args.scenes),
         )
         data = load_segmentation_data(config.dataset, config.image_size, config.num_classes, config.scenes)
-        if args.verbose:
-            print(data.describe())
-        for seed in args.seeds:
-            run_dir = os.path.join(args.output_dir, f"seed_{seed}")
-            finished = durable.read_json(os.path.join(run_dir, METRICS_FILE))
-            if finished and not args.overwrite:
-                metrics = finished
-                if args.verbose:
-                    print(f"seed {seed}: finished earlier in {run_dir}")
-            else:
-                metrics = train_segmenter(
-                    dataclasses_replace(config, seed=seed), run_dir, overwrite=args.overwrite,
-                    verbose=args.verbose, data=data,
-                )
-            scores.append(metrics["test_mean_iou"])
-            print(f"seed {seed}: test mean IoU {metrics['test_mean_iou']:.4f}, pixel accuracy "
-                  f"{metrics['test_pixel_accuracy']:.4f}")
-    except (ValueError, FileExistsError) as error:
+    except ValueError as error:
         return _fail(parser, "segment", str(error))
-    except KeyboardInterrupt:
-        return _fail(parser, "segment", "interrupted; finished seeds are kept and the same "
-                     "command runs the rest.", code=130)
-    if len(scores) > 1:
-        mean, half_width = confidence_interval(scores)
-        print(f"test mean IoU over {len(scores)} seeds: {mean:.4f} +- {half_width:.4f} (95% CI)")
-    return 0
+    if args.verbose:
+        print(data.describe())
+    return _seeds_with_ci(
+        parser, "segment", args,
+        lambda seed, run_dir: train_segmenter(dataclasses_replace(config, seed=seed), run_dir,
+                                              overwrite=args.overwrite, verbose=args.verbose, data=data),
+        "test_mean_iou",
+        lambda m: f"test mean IoU {m['test_mean_iou']:.4f}, pixel accuracy {m['test_pixel_accuracy']:.4f}",
+    )
 
 
 def _evaluate(parser, args):
@@ -593,7 +679,7 @@ def _evaluate(parser, args):
 
 
 #: The commands that train: long CPU work whose step time the allocator setting changes.
-TRAINING_COMMANDS = ("train", "ablate", "segment", "vtab")
+TRAINING_COMMANDS = ("train", "ablate", "segment", "vtab", "lit")
 
 
 def console():

@@ -210,7 +210,7 @@ def test_segment_command_runs_seeds_skips_finished_ones_and_reports_a_ci(tmp_pat
             "--epochs", "1", "--batch-size", "16", "--warmup-steps", "0", "--seeds", "0", "1", "--verbose", "0"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "seed 1: test mean IoU" in out and "over 2 seeds" in out and "(95% CI)" in out
+    assert "seed 1: test mean IoU" in out and "test_mean_iou over 2 seeds" in out and "(95% CI)" in out
     first = (tmp_path / "seed_0" / "metrics.json").read_text()
     assert main(argv + ["--verbose", "1"]) == 0
     assert "seed 0: finished earlier" in capsys.readouterr().out

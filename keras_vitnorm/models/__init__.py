@@ -1,3 +1,6 @@
+from keras_vitnorm.models.contrastive import LiT
+from keras_vitnorm.models.contrastive import TextEncoder
+from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.presets import PRESETS
 from keras_vitnorm.models.presets import list_presets
 from keras_vitnorm.models.segmenter import PixelAccuracy

@@ -1,7 +1,9 @@
 """Training: datasets, the recipe, `train` and `evaluate` (see docs/training.md), and
-`train_segmenter` (docs/segmentation.md)."""
+`train_segmenter` (docs/segmentation.md) and `train_lit` (docs/contrastive.md)."""
 
 from keras_vitnorm.training.config import TrainConfig
+from keras_vitnorm.training.contrastive import LiTConfig
+from keras_vitnorm.training.contrastive import train_lit
 from keras_vitnorm.training.data import load_dataset
 from keras_vitnorm.training.recipes import RECIPE_NAMES
 from keras_vitnorm.training.recipes import get_recipe

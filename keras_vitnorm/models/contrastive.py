@@ -1,0 +1,283 @@
+"""Contrastive image-text models in the LiT setup: a ViT image tower, a text tower.
+
+LiT (Zhai et al. 2022, "locked-image text tuning"), which the Dual PatchNorm paper
+uses for its contrastive results: the image tower comes trained and stays frozen,
+a text transformer learns from scratch to map each caption next to its image, and a
+learned temperature scales the cosine similarities. Two losses:
+
+- `"softmax"` (CLIP, LiT): cross-entropy of each image over the batch's captions and
+  of each caption over the batch's images, averaged.
+- `"sigmoid"` (SigLIP, Zhai et al. 2023): every image-caption pair is its own binary
+  problem, `-log sigmoid(z * (t * cos + b))` with `z = 1` on matching pairs and `-1`
+  otherwise, summed over captions and averaged over images; a learned bias `b`.
+
+Captions become token ids with Keras' own `TextVectorization` (lower-cased, split on
+whitespace, the vocabulary kept in the model's config), so a saved model encodes new
+prompts (zero-shot classification) after reload on any backend.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vitnorm.layers.encoder_block import EncoderBlock
+from keras_vitnorm.layers.normalization import make_norm
+from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_int
+
+CONTRASTIVE_LOSSES = ("softmax", "sigmoid")
+
+
+def softmax_contrastive_loss(logits):
+    """Mean of the image-to-text and text-to-image cross-entropies; `logits[i, j]` scores image i, caption j."""
+    logits = ops.cast(logits, "float32")
+    labels = ops.arange(ops.shape(logits)[0])
+    image_to_text = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    text_to_image = keras.losses.sparse_categorical_crossentropy(labels, ops.transpose(logits), from_logits=True)
+    return 0.5 * (ops.mean(image_to_text) + ops.mean(text_to_image))
+
+
+def sigmoid_contrastive_loss(logits):
+    """SigLIP's loss: `-sum_j log sigmoid(z_ij * logits_ij)`, averaged over images i."""
+    logits = ops.cast(logits, "float32")
+    signs = 2.0 * ops.eye(ops.shape(logits)[0]) - 1.0
+    return -ops.mean(ops.sum(ops.log_sigmoid(signs * logits), axis=1))
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class TextEncoder(keras.layers.Layer):
+    """A small pre-LN transformer over token ids, mean-pooled over the non-padding tokens.
+
+    Token embedding plus a learned position embedding, `depth` of this project's
+    `EncoderBlock`s (pre-LN LayerNorm), a final LayerNorm, then the mean of the tokens
+    whose id is not `0` (padding). Attention runs over every position; the padding
+    positions carry only their position embedding.
+
+    Args:
+        vocabulary_size: int, token ids in `[0, vocabulary_size)`; `0` is padding.
+        max_length: int, tokens per caption.
+        width, depth, num_heads, mlp_dim: the transformer's size.
+    """
+
+    def __init__(self, vocabulary_size, max_length, width=128, depth=2, num_heads=4, mlp_dim=512, **kwargs):
+        super().__init__(**kwargs)
+        for name, value in (("vocabulary_size", vocabulary_size), ("max_length", max_length), ("width", width),
+                            ("depth", depth), ("num_heads", num_heads), ("mlp_dim", mlp_dim)):
+            check_positive_int(name, value)
+        self.vocabulary_size = vocabulary_size
+        self.max_length = max_length
+        self.width = width
+        self.depth = depth
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+
+    def build(self, input_shape):
+        self.token_embedding = keras.layers.Embedding(
+            self.vocabulary_size, self.width, embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="token_embedding", dtype=self.dtype_policy)
+        self.token_embedding.build(input_shape)
+        self.position_embedding = self.add_weight(
+            name="position_embedding", shape=(1, self.max_length, self.width),
+            initializer=keras.initializers.RandomNormal(stddev=1 / math.sqrt(self.width)))
+        self.blocks = [
+            EncoderBlock(self.num_heads, self.mlp_dim, self.depth, name=f"block_{i}", dtype=self.dtype_policy)
+            for i in range(self.depth)
+        ]
+        shape = (input_shape[0], self.max_length, self.width)
+        for block in self.blocks:
+            block.build(shape)
+        self.final_norm = make_norm("layernorm", 1e-6, name="final_norm", dtype=self.dtype_policy)
+        self.final_norm.build(shape)
+
+    def call(self, tokens, training=None):
+        tokens = ops.convert_to_tensor(tokens, "int32")
+        if tokens.shape[-1] != self.max_length:
+            raise ValueError(f"TextEncoder expects {self.max_length} tokens per caption, got shape {tokens.shape}.")
+        x = self.token_embedding(tokens) + ops.cast(self.position_embedding, self.compute_dtype)
+        for block in self.blocks:
+            x = block(x, training=training)
+        x = self.final_norm(x, training=training)
+        present = ops.cast(ops.not_equal(tokens, 0), x.dtype)[..., None]
+        return ops.sum(x * present, axis=1) / ops.maximum(ops.sum(present, axis=1), 1.0)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.width)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"vocabulary_size": self.vocabulary_size, "max_length": self.max_length,
+                       "width": self.width, "depth": self.depth, "num_heads": self.num_heads,
+                       "mlp_dim": self.mlp_dim})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class LiT(keras.Model):
+    """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
+
+    `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):
+    the i-th caption describes the i-th image. The model's output is the batch's
+    similarity logits `(images, captions)`, float32.
+
+    Args:
+        vit: a `ViT` (any preset, checkpoint or config); its pooled features
+            (`vit.backbone()`) are the image representation, its head is unused.
+        vocabulary: list of str, the tokens of a `TextVectorization` vocabulary
+            (`""` and `"[UNK]"` first, as `get_vocabulary()` returns it).
+        max_length: int, default 16, tokens per caption.
+        embed_dim: int, default 128, the shared embedding's size.
+        freeze_image_tower: bool, default `True` (LiT's setup): the ViT's weights do
+            not train, and its BatchNorm statistics (if any) stay fixed.
+        loss: `"softmax"` (default) or `"sigmoid"`.
+        text_width, text_depth, text_heads, text_mlp_dim: the text tower's size.
+        temperature: float, default 10 (LiT's and SigLIP's initial `t`), learned as `log t`.
+        bias: float, default -10, the sigmoid loss's initial bias.
+
+    Example:
+    >>> vit = ViT.from_preset("runs/b16_dpn/preset")
+    >>> vocabulary = caption_vocabulary(train_captions)
+    >>> model = LiT(vit, vocabulary)
+    >>> model.compile(keras.optimizers.AdamW(1e-3))
+    >>> model.fit({"images": images, "tokens": model.tokenize(captions)}, batch_size=64)
+    """
+
+    def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True, loss="softmax",
+                 text_width=128, text_depth=2, text_heads=4, text_mlp_dim=512, temperature=10.0, bias=-10.0,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(vit, ViT):
+            raise ValueError(f"LiT needs a keras_vitnorm ViT as its image tower, got {type(vit).__name__}.")
+        check_choice("loss", loss, CONTRASTIVE_LOSSES)
+        check_positive_int("embed_dim", embed_dim)
+        if not isinstance(freeze_image_tower, bool):
+            raise ValueError(f"freeze_image_tower must be True or False, got {freeze_image_tower!r}.")
+        vocabulary = list(vocabulary)
+        if len(vocabulary) < 3 or vocabulary[:2] != ["", "[UNK]"]:
+            raise ValueError(
+                "vocabulary must be a TextVectorization vocabulary: '' and '[UNK]' first, then at least one "
+                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions)."
+            )
+        if not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperature must be a number > 0, got {temperature!r}.")
+        self.vit_config = vit.get_config()
+        self.vocabulary = vocabulary
+        self.max_length = max_length
+        self.embed_dim = embed_dim
+        self.freeze_image_tower = freeze_image_tower
+        self.loss_name = loss
+        self.temperature_init = float(temperature)
+        self.bias_init = float(bias)
+        self.text_settings = {"width": text_width, "depth": text_depth, "num_heads": text_heads,
+                              "mlp_dim": text_mlp_dim}
+        self.image_encoder = vit.backbone()
+        self.image_encoder.trainable = not freeze_image_tower
+        self.image_projection = keras.layers.Dense(embed_dim, name="image_projection")
+        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder", **self.text_settings)
+        self.text_projection = keras.layers.Dense(embed_dim, name="text_projection")
+        self.log_temperature = self.add_weight(
+            name="log_temperature", shape=(), initializer=keras.initializers.Constant(math.log(temperature)))
+        self.logit_bias = None
+        if loss == "sigmoid":
+            self.logit_bias = self.add_weight(name="logit_bias", shape=(),
+                                              initializer=keras.initializers.Constant(bias))
+        self._tokenizer = None
+
+    def tokenize(self, captions):
+        """Token ids `(len(captions), max_length)` int32 NumPy of a list of strings."""
+        captions = list(captions)
+        if not captions:
+            raise ValueError("tokenize got no captions: pass a non-empty list of strings.")
+        if not all(isinstance(c, str) for c in captions):
+            raise ValueError("tokenize takes a list of strings.")
+        if self._tokenizer is None:
+            self._tokenizer = keras.layers.TextVectorization(
+                standardize="lower_and_strip_punctuation", output_sequence_length=self.max_length,
+                vocabulary=self.vocabulary[2:])
+        return np.asarray(keras.ops.convert_to_numpy(self._tokenizer(captions)), "int32")
+
+    def encode_images(self, images, training=None):
+        """Unit-length image embeddings `(batch, embed_dim)`, float32."""
+        features = self.image_encoder(images, training=training and not self.freeze_image_tower)["pooled"]
+        return _normalize(self.image_projection(features))
+
+    def encode_text(self, tokens, training=None):
+        """Unit-length caption embeddings `(batch, embed_dim)` of token ids, float32."""
+        shape = (0,) if tokens is None else tokens.shape if hasattr(tokens, "shape") else np.shape(tokens)
+        if shape[0] == 0:  # a static size; None inside a traced graph
+            raise ValueError("encode_text got an empty batch: pass at least one caption's token ids.")
+        return _normalize(self.text_projection(self.text_encoder(tokens, training=training)))
+
+    def call(self, inputs, training=None):
+        if not isinstance(inputs, dict) or set(inputs) != {"images", "tokens"}:
+            keys = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
+            raise ValueError(f"LiT takes a dict with 'images' and 'tokens', got {keys}.")
+        images = self.encode_images(inputs["images"], training=training)
+        texts = self.encode_text(inputs["tokens"], training=training)
+        logits = ops.matmul(images, ops.transpose(texts)) * ops.exp(ops.cast(self.log_temperature, "float32"))
+        if self.logit_bias is not None:
+            logits = logits + ops.cast(self.logit_bias, "float32")
+        return logits
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if y_pred is None:
+            y_pred = self(x, training=training)
+        loss = sigmoid_contrastive_loss(y_pred) if self.loss_name == "sigmoid" else softmax_contrastive_loss(y_pred)
+        return loss + ops.cast(sum(self.losses), "float32") if self.losses else loss
+
+    def zero_shot_classifier(self, class_names, templates):
+        """`(classes, embed_dim)` class embeddings: each class's prompt embeddings averaged, renormalized.
+
+        Args:
+            class_names: list of str.
+            templates: list of str with a `{}` for the class name (`"a photo of a {}."`).
+        """
+        if not class_names or not templates:
+            raise ValueError("zero_shot_classifier needs at least one class name and one template.")
+        bad = [t for t in templates if "{}" not in t]
+        if bad:
+            raise ValueError(f"Every template needs a '{{}}' for the class name; {bad[0]!r} has none.")
+        rows = []
+        for name in class_names:
+            tokens = self.tokenize([t.format(name) for t in templates])
+            rows.append(ops.mean(self.encode_text(tokens), axis=0))
+        return _normalize(ops.stack(rows))
+
+    def zero_shot_predict(self, images, classifier, batch_size=64):
+        """The class index of each image under `classifier` (from `zero_shot_classifier`), int32 NumPy."""
+        predictions = []
+        for start in range(0, len(images), batch_size):
+            embeddings = self.encode_images(images[start:start + batch_size])
+            predictions.append(ops.convert_to_numpy(ops.argmax(ops.matmul(embeddings, ops.transpose(classifier)), -1)))
+        return np.concatenate(predictions).astype("int32")
+
+    def get_config(self):
+        return {
+            "vit": self.vit_config, "vocabulary": self.vocabulary, "max_length": self.max_length,
+            "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower, "loss": self.loss_name,
+            "text_width": self.text_settings["width"], "text_depth": self.text_settings["depth"],
+            "text_heads": self.text_settings["num_heads"], "text_mlp_dim": self.text_settings["mlp_dim"],
+            "temperature": self.temperature_init, "bias": self.bias_init, "name": self.name,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        return cls(ViT.from_config(config.pop("vit")), **config)
+
+
+def caption_vocabulary(captions, max_tokens=None):
+    """The `TextVectorization` vocabulary of `captions` (`""`, `"[UNK]"`, then by frequency)."""
+    captions = list(captions)
+    if not captions:
+        raise ValueError("caption_vocabulary got no captions.")
+    layer = keras.layers.TextVectorization(max_tokens=max_tokens, standardize="lower_and_strip_punctuation")
+    layer.adapt(captions)
+    return [str(token) for token in layer.get_vocabulary()]
+
+
+def _normalize(x):
+    x = ops.cast(x, "float32")
+    return x / ops.sqrt(ops.maximum(ops.sum(ops.square(x), axis=-1, keepdims=True), 1e-12))

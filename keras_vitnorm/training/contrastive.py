@@ -1,0 +1,174 @@
+"""LiT training through `model.fit`: `keras-vitnorm lit` and its API.
+
+A classification dataset becomes image-caption pairs: each training image gets a
+caption from `TRAIN_TEMPLATES` with its class name (a template drawn per image with
+the run's seed). The text tower learns from these; zero-shot classification is then
+scored on the test split with `HELD_OUT_TEMPLATES`, prompts the text tower never saw
+in training, as LiT scores ImageNet zero-shot with prompts of its own. With
+class-name captions, two images of one class in a batch share a caption: the
+softmax loss counts the other as a negative, which a dataset of free-form captions
+avoids; the sigmoid loss is hurt the same way.
+
+A run writes, each atomically, `lit.keras` (the model, vocabulary included) and
+`metrics.json` (settings, per-epoch losses, zero-shot test accuracy with the
+held-out and with the training templates).
+"""
+
+import dataclasses
+import os
+import time
+
+import keras
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.models.contrastive import LiT
+from keras_vitnorm.models.contrastive import caption_vocabulary
+from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.validation import check_positive_float
+from keras_vitnorm.validation import check_positive_int
+
+MODEL_FILE = "lit.keras"
+METRICS_FILE = "metrics.json"
+TRAIN_TEMPLATES = (
+    "a photo of a {}.",
+    "a picture of the {}.",
+    "an image showing a {}.",
+    "a small photo of a {}.",
+    "the {} in a photo.",
+)
+HELD_OUT_TEMPLATES = (
+    "a low resolution photo of the {}.",
+    "a cropped photo of a {}.",
+    "this is a {}.",
+)
+#: Class names of scikit-learn's digits as words, for its captions.
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@dataclasses.dataclass
+class LiTConfig:
+    """What `train_lit` trains; see `keras_vitnorm.models.contrastive.LiT` for the model's arguments.
+
+    `preset` is the image tower (a preset directory or checkpoint for LiT's setup);
+    `image_size` resizes the dataset's images and resamples the tower's position
+    embedding if it differs; `train_examples` limits the training split.
+    """
+
+    dataset: str = "digits"
+    preset: str = "ti16"
+    image_size: int = 32
+    model: dict = dataclasses.field(default_factory=dict)
+    freeze_image_tower: bool = True
+    loss: str = "softmax"
+    embed_dim: int = 128
+    max_length: int = 16
+    text_width: int = 128
+    text_depth: int = 2
+    text_heads: int = 4
+    text_mlp_dim: int = 512
+    train_examples: int = None
+    epochs: int = 10
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("image_size", "epochs", "batch_size", "embed_dim", "max_length"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_float("learning_rate", self.learning_rate)
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be at least 2 for a contrastive loss, got {self.batch_size}.")
+
+
+def class_names_for(data):
+    """Words for a dataset's classes: digits' numerals as words, folder and tfds names as given."""
+    if data.name == "digits":
+        return list(DIGIT_NAMES)
+    return [name.replace("_", " ") for name in data.class_names]
+
+
+def captions_for(labels, class_names, templates, seed):
+    """One caption per label: a template drawn with `seed`, filled with the class name."""
+    choice = np.random.default_rng(seed).integers(0, len(templates), len(labels))
+    return [templates[t].format(class_names[int(label)]) for t, label in zip(choice, labels)]
+
+
+def split_arrays(data, split, image_size, channels):
+    """`(images float32 in [-1, 1], labels int)` of a split, in order."""
+    images, labels = [], []
+    for x, y in data_lib.eval_dataset(data, getattr(data, split), (image_size, image_size), channels, 256):
+        images.append(keras.ops.convert_to_numpy(x))
+        labels.append(np.argmax(keras.ops.convert_to_numpy(y), -1))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def build_lit(config, vocabulary):
+    """The `LiT` model of `config`: the image tower from its preset, a fresh text tower."""
+    overrides = {key: value for key, value in config.model.items() if key != "image_size"}
+    vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
+    return LiT(vit, vocabulary, max_length=config.max_length, embed_dim=config.embed_dim,
+               freeze_image_tower=config.freeze_image_tower, loss=config.loss, text_width=config.text_width,
+               text_depth=config.text_depth, text_heads=config.text_heads, text_mlp_dim=config.text_mlp_dim)
+
+
+def zero_shot_accuracy(model, images, labels, class_names, templates):
+    """Share of `images` whose zero-shot class under `templates` is their label."""
+    classifier = model.zero_shot_classifier(class_names, list(templates))
+    return float(np.mean(model.zero_shot_predict(images, classifier) == labels))
+
+
+def train_lit(config, output_dir=None, overwrite=False, verbose=1):
+    """Trains the text tower (and the image tower if not frozen); returns the metrics dict.
+
+    Args:
+        config: a `LiTConfig`.
+        output_dir: where `lit.keras` and `metrics.json` go (None: nothing saved).
+        overwrite: replace a finished run in `output_dir`; without it that is an error.
+        verbose: Keras' `fit` verbosity.
+    """
+    if output_dir and os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir!r} already holds a finished LiT run ({METRICS_FILE}). Pass overwrite=True "
+            "(--overwrite) to replace it, or choose another directory."
+        )
+    data = data_lib.load_dataset(config.dataset, train_examples=config.train_examples)
+    names = class_names_for(data)
+    keras.utils.set_random_seed(config.seed)
+    # The vocabulary holds the training templates' words and the class names only: the
+    # held-out templates' other words are unknown tokens to the text tower.
+    model = build_lit(config, caption_vocabulary([t.format(n) for t in TRAIN_TEMPLATES for n in names]))
+    channels = model.vit_config["num_channels"]
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
+        split_arrays(data, split, config.image_size, channels) for split in ("train", "validation", "test"))
+    train_captions = captions_for(y_train, names, TRAIN_TEMPLATES, config.seed)
+    steps = config.epochs * max(1, len(x_train) // config.batch_size)
+    model.compile(optimizer=adamw(model, steps, config.learning_rate, warmup_steps=config.warmup_steps,
+                                  weight_decay=config.weight_decay))
+    val_captions = captions_for(y_val, names, TRAIN_TEMPLATES, config.seed + 1)
+    started = time.time()
+    history = model.fit(
+        {"images": x_train, "tokens": model.tokenize(train_captions)}, batch_size=config.batch_size,
+        epochs=config.epochs, shuffle=True, verbose=verbose,
+        validation_data=({"images": x_val, "tokens": model.tokenize(val_captions)},),
+    )
+    metrics = {
+        "status": "completed",
+        "config": dataclasses.asdict(config),
+        "dataset": data.describe(),
+        "zero_shot_test_accuracy": zero_shot_accuracy(model, x_test, y_test, names, HELD_OUT_TEMPLATES),
+        "zero_shot_test_accuracy_train_templates": zero_shot_accuracy(model, x_test, y_test, names,
+                                                                      TRAIN_TEMPLATES),
+        "history": {key: [float(v) for v in values] for key, values in history.history.items()},
+        "train_seconds": round(time.time() - started, 2),
+        "backend": keras.backend.backend(),
+    }
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+        durable.write_file(os.path.join(output_dir, MODEL_FILE), model.save)
+        durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
+    return metrics
