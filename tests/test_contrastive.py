@@ -13,6 +13,8 @@ from keras_vitnorm.models.contrastive import TextEncoder
 from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.contrastive import sigmoid_contrastive_loss
 from keras_vitnorm.models.contrastive import softmax_contrastive_loss
+from keras_vitnorm.training import contrastive as contrastive_training
+from test_training import write_image_folder
 
 TOWER = dict(image_size=16, patch_size=4, width=32, depth=1, num_heads=4, mlp_dim=64, num_classes=3)
 TEXT = dict(max_length=8, embed_dim=16, text_width=32, text_depth=1, text_heads=4, text_mlp_dim=64)
@@ -134,7 +136,7 @@ def test_bad_input_is_named():
 def test_lit_command_trains_seeds_and_reports_zero_shot_accuracy(tmp_path, capsys):
     argv = ["lit", "--output-dir", str(tmp_path), "--image-size", "16", "--set", "patch_size=4", "--set", "width=32",
             "--set", "depth=1", "--set", "num_heads=4", "--set", "mlp_dim=64", "--embed-dim", "16",
-            "--text-width", "32", "--text-depth", "1", "--text-mlp-dim", "64", "--train-examples", "200",
+            "--text-width", "32", "--text-depth", "1", "--text-mlp-dim", "64", "--train-examples", "100",
             "--epochs", "1", "--batch-size", "32", "--warmup-steps", "0", "--seeds", "0", "1", "--verbose", "0"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -146,3 +148,24 @@ def test_lit_command_trains_seeds_and_reports_zero_shot_accuracy(tmp_path, capsy
     assert "seed 0: finished earlier" in capsys.readouterr().out
     assert cli.main(["lit", "--output-dir", str(tmp_path / "b"), "--batch-size", "1"]) == 2
     assert "batch_size must be at least 2" in capsys.readouterr().err
+
+
+def test_validation_batches_mix_classes(tmp_path, monkeypatch):
+    # A validation batch of one class has no negatives to tell apart: its loss says nothing.
+    captioned = []
+    original = contrastive_training.captions_for
+
+    def recording(labels, *args):
+        captioned.append(np.asarray(labels))
+        return original(labels, *args)
+
+    monkeypatch.setattr(contrastive_training, "captions_for", recording)
+    write_image_folder(tmp_path / "data", per_class=80)
+    config = contrastive_training.LiTConfig(
+        dataset=f"folder:{tmp_path / 'data'}", image_size=16, model=dict(patch_size=4, width=32, depth=1, num_heads=4, mlp_dim=64), embed_dim=16,
+        text_width=32, text_depth=1, text_mlp_dim=64, train_examples=40, epochs=1, batch_size=4,
+        warmup_steps=0)
+    contrastive_training.train_lit(config, verbose=0)
+    validation_labels = captioned[1]
+    batches = [validation_labels[i:i + 4] for i in range(0, len(validation_labels), 4)]
+    assert all(len(np.unique(batch)) > 1 for batch in batches if len(batch) > 1)

@@ -184,6 +184,15 @@ class LiT(keras.Model):
             self.logit_bias = self.add_weight(name="logit_bias", shape=(),
                                               initializer=keras.initializers.Constant(bias))
         self._tokenizer = None
+        # Built here, whole, so that a saved model reloads into the same variables.
+        self.image_projection.build((None, self.vit_config["width"]))
+        self.text_encoder.build((None, max_length))
+        self.text_projection.build((None, text_width))
+        self.built = True
+
+    def build(self, input_shape=None):
+        """Nothing left to build: every variable is made in the constructor."""
+        self.built = True
 
     def tokenize(self, captions):
         """Token ids `(len(captions), max_length)` int32 NumPy of a list of strings."""

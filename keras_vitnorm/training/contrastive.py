@@ -149,6 +149,10 @@ def train_lit(config, output_dir=None, overwrite=False, verbose=1):
     steps = config.epochs * max(1, len(x_train) // config.batch_size)
     model.compile(optimizer=adamw(model, steps, config.learning_rate, warmup_steps=config.warmup_steps,
                                   weight_decay=config.weight_decay))
+    # Validation batches are fixed slices: shuffled once (seed 0), a batch holds a mix of
+    # classes, as a training batch does (a batch of one class has no negatives to tell apart).
+    order = np.random.default_rng(0).permutation(len(x_val))
+    x_val, y_val = x_val[order], y_val[order]
     val_captions = captions_for(y_val, names, TRAIN_TEMPLATES, config.seed + 1)
     started = time.time()
     history = model.fit(
