@@ -9,17 +9,17 @@ import json
 import sys
 from dataclasses import replace as dataclasses_replace
 
-from keras_vitnorm.layers.encoder_block import BLOCK_STYLES
-from keras_vitnorm.layers.encoder_block import PLACEMENTS
-from keras_vitnorm.layers.normalization import NORM_TYPES
-from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
-from keras_vitnorm.layers.patch_stem import STEM_TYPES
-from keras_vitnorm.models.weights import RESAMPLE_METHODS
-from keras_vitnorm.training.config import OPTIMIZERS
-from keras_vitnorm.training.config import PRECISIONS
-from keras_vitnorm.training.data import CROP_MODES
-from keras_vitnorm.study.variants import VARIANT_GROUPS
-from keras_vitnorm.training.recipes import RECIPE_NAMES
+from keras_vitnorm.choices import BLOCK_STYLES
+from keras_vitnorm.choices import CROP_MODES
+from keras_vitnorm.choices import NORM_TYPES
+from keras_vitnorm.choices import OPTIMIZERS
+from keras_vitnorm.choices import PLACEMENTS
+from keras_vitnorm.choices import PRECISIONS
+from keras_vitnorm.choices import RECIPE_NAMES
+from keras_vitnorm.choices import RESAMPLE_METHODS
+from keras_vitnorm.choices import STEM_NORM_TYPES
+from keras_vitnorm.choices import STEM_TYPES
+from keras_vitnorm.choices import VARIANT_GROUP_NAMES
 
 ABLATE_EXAMPLES = """examples:
   keras-vitnorm ablate --groups placements stems --seeds 0 1 2 --output-dir studies/digits
@@ -99,6 +99,10 @@ MODEL_FLAGS = (
     ("--pooling", "pooling", str, ("cls", "gap"), "class token or mean of tokens"),
     ("--layer-scale", "layer_scale", float, None, "LayerScale init value"),
 )
+
+
+#: Added to each --verbose help: the console command hides the frameworks' log lines.
+LOGS_NOTE = "; 2 also lets TensorFlow's, XLA's and Abseil's own log lines through"
 
 
 def _model_flag_help(key, choices, text):
@@ -193,7 +197,6 @@ def add_training_arguments(parser):
     augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
 
 
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-vitnorm",
@@ -229,7 +232,7 @@ def build_parser():
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch")
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
 
     ablate = commands.add_parser(
         "ablate",
@@ -242,14 +245,15 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     study = ablate.add_argument_group("study")
-    study.add_argument("--groups", nargs="+", required=True, choices=tuple(VARIANT_GROUPS),
+    study.add_argument("--groups", nargs="+", required=True, choices=VARIANT_GROUP_NAMES,
                        help="variant groups to run")
     study.add_argument("--variants", nargs="+", default=[], metavar="GROUP:NAME",
                        help="run only these variants (the group's baseline is always run)")
     study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
     study.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines")
+                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
+                       + LOGS_NOTE)
     study.add_argument("--take-over-lock", action="store_true",
                        help="take over a study (and its runs) whose lock was left by a process "
                        "that no longer runs")
@@ -270,6 +274,8 @@ def build_parser():
     evaluate.add_argument("--data-dir")
     evaluate.add_argument("--manual-dir")
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
+    evaluate.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                          help="0 no progress bar, 1 progress bar (default), 2 one line" + LOGS_NOTE)
 
     convert = commands.add_parser(
         "convert",
@@ -288,6 +294,8 @@ def build_parser():
     convert.add_argument("destination", help="preset directory to write")
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a preset already in DESTINATION")
+    convert.add_argument("--verbose", type=int, choices=(1, 2), default=1,
+                         help="1 the conversion report (default), 2 also the frameworks' log lines")
     convert.add_argument("--num-classes", dest="model_num_classes", type=int,
                          help="classes of a new head (0 = features only)")
     convert.add_argument("--resample", choices=RESAMPLE_METHODS, default="bilinear",
@@ -324,7 +332,8 @@ def build_parser():
     sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     sweep.add_argument("--output-dir", dest="sweep_dir", required=True, help="sweep directory")
     sweep.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines")
+                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
+                       + LOGS_NOTE)
     sweep.add_argument("--take-over-lock", action="store_true",
                        help="take over a sweep whose lock was left by a process that no longer runs")
     sweep.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
@@ -369,7 +378,8 @@ def build_parser():
     run = lit.add_argument_group("run")
     run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
     run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
-    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
 
     segment = commands.add_parser(
         "segment",
@@ -406,7 +416,7 @@ def build_parser():
     run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
     run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch")
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
     return parser
 
 
@@ -436,12 +446,25 @@ def _fail(parser, command, message, code=2):
     return code
 
 
-def main(argv=None):
+def main(argv=None, hide_framework_logs=False):
     """Runs the command line; returns the exit status (0 success, 2 bad arguments, bad
     input files or a run directory in use, 3 diverged, 4 a file could not be written
-    (full disk, permissions; the last checkpoint is intact), 130 interrupted)."""
+    (full disk, permissions; the last checkpoint is intact), 130 interrupted).
+
+    With `hide_framework_logs` (the console command), the frameworks' own log lines
+    are kept off stderr unless `--verbose 2` (`keras_vitnorm.framework_logs`).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hide_framework_logs and args.verbose < 2:
+        from keras_vitnorm import framework_logs
+
+        with framework_logs.hidden():
+            return _run(parser, args)
+    return _run(parser, args)
+
+
+def _run(parser, args):
     if args.command == "train":
         return _train(parser, args)
     if args.command == "ablate":
@@ -667,7 +690,7 @@ def _evaluate(parser, args):
     try:
         result = evaluate(args.path, args.dataset, args.split, args.batch_size,
                           args.val_fraction, args.data_dir, args.manual_dir,
-                          verbose=0 if args.json else 1)
+                          verbose=0 if args.json else args.verbose)
     except (ValueError, OSError) as error:
         return _fail(parser, "evaluate", str(error))
     if args.json:
@@ -694,7 +717,7 @@ def console():
         from keras_vitnorm.host_memory import retain_freed_memory
 
         retain_freed_memory()
-    sys.exit(main(argv))
+    sys.exit(main(argv, hide_framework_logs=True))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ keras-hub reference is keras-hub's own `ViTImageClassifier`.
 
 import json
 import os
+import re
+import shutil
 import sys
 
 import keras
@@ -20,6 +22,7 @@ from keras_vitnorm import ViT
 from keras_vitnorm import cli
 from keras_vitnorm.models import load_checkpoint
 from keras_vitnorm.convert import read_checkpoint
+from keras_vitnorm.training import TrainConfig
 from test_model import big_vision_resample  # big_vision's resample_posemb (scipy zoom)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tools"))
@@ -114,7 +117,7 @@ def test_big_vision_npz_matches(reference, images, tmp_path, naming):
     assert_parity(model, images, expected)
 
 
-def test_keras_hub_preset_matches_keras_hub(tmp_path, images):
+def test_keras_hub_preset_matches_keras_hub(tmp_path, images, monkeypatch):
     keras_hub = pytest.importorskip("keras_hub", reason="the reference is keras-hub's ViT")
     backbone = keras_hub.models.ViTBackbone(
         image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=3, hidden_dim=192,
@@ -128,6 +131,14 @@ def test_keras_hub_preset_matches_keras_hub(tmp_path, images):
     model, report = load_checkpoint(str(tmp_path / "hub"))
     assert report.format == "keras_hub" and model.get_config()["num_classes"] == 10
     assert_parity(model, images, expected)
+    # The same preset by its Kaggle handle, from kagglehub's cache as kagglehub lays it out.
+    pytest.importorskip("kagglehub", reason="kaggle:// handles go through kagglehub")
+    cache = tmp_path / "kagglehub"
+    version_dir = cache / "models" / "keras" / "vit" / "keras" / "tiny_test" / "1"
+    shutil.copytree(tmp_path / "hub", version_dir)
+    (version_dir.parent / "1.complete").write_text("")
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(cache))
+    assert_parity(ViT.from_preset("kaggle://keras/vit/keras/tiny_test/1"), images, expected)
     features = keras.ops.convert_to_numpy(backbone(images))[:, 0]
     backbone_dir = str(tmp_path / "backbone")
     backbone.save_to_preset(backbone_dir)
@@ -248,6 +259,70 @@ def test_wrong_or_incomplete_checkpoints_name_the_key(reference, tmp_path):
     (tmp_path / "weights.txt").write_text("nope")
     with pytest.raises(ValueError, match="Unsupported checkpoint file"):
         read_checkpoint(str(tmp_path / "weights.txt"))
+
+
+# ------------------------------------------------------------------------- hub handles
+
+
+def hf_cache_entry(cache, repo_id, files):
+    """Lays `files` ({name: source path}) out as huggingface_hub caches a repository's main."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, source in files.items():
+        shutil.copy(source, snapshot / name)
+
+
+@pytest.fixture
+def hf_offline_cache(tmp_path, monkeypatch):
+    """huggingface_hub in its offline mode over an empty cache in tmp_path."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf_cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hf_handles_load_transformers_and_timm_repositories(reference, images, tmp_path, capsys,
+                                                           hf_offline_cache):
+    from safetensors.numpy import save_file
+
+    hf_cache_entry(hf_offline_cache, "google/vit-tiny-test", {
+        "config.json": os.path.join(reference["dir"], "config.json"),
+        "model.safetensors": os.path.join(reference["dir"], "model.safetensors")})
+    save_file(to_timm(reference["state"]), str(tmp_path / "timm.safetensors"))
+    (tmp_path / "timm.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224",
+                                                    "num_classes": 10, "global_pool": "token"}))
+    hf_cache_entry(hf_offline_cache, "timm/vit_tiny_patch16_224.test", {
+        "config.json": tmp_path / "timm.json", "model.safetensors": tmp_path / "timm.safetensors"})
+
+    assert_parity(ViT.from_preset("hf://google/vit-tiny-test"), images, reference["logits"])
+    model, report = load_checkpoint("hf-hub:timm/vit_tiny_patch16_224.test")
+    assert report.format == "timm"
+    assert_parity(model, images, reference["logits"])
+    assert_parity(ViT.from_preset("hf://timm/vit_tiny_patch16_224.test@main"), images, reference["logits"])
+    destination = str(tmp_path / "converted")
+    assert cli.main(["convert", "hf://google/vit-tiny-test", destination]) == 0
+    assert_parity(ViT.from_preset(destination), images, reference["logits"])
+    settings = TrainConfig.from_recipe("finetune_384", preset="hf://google/vit-tiny-test")
+    assert settings.model == {"image_size": 384}  # a trained model: the recipe's architecture is not applied
+
+
+def test_bad_or_unavailable_hub_handles_are_named(hf_offline_cache, capsys):
+    with pytest.raises(OSError, match="Could not get 'hf://nobody/missing' from the Hugging Face Hub"):
+        ViT.from_preset("hf://nobody/missing")
+    for handle in ("hf://just-a-name", "hf://a/b/c", "hf://a/b@", "kaggle://keras/vit", "hf-hub:"):
+        with pytest.raises(ValueError, match=f"Hub handle '{re.escape(handle)}' is malformed"):
+            load_checkpoint(handle)
+    assert cli.main(["convert", "hf://nobody/missing", "out"]) == 2
+    assert "hf://nobody/missing" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="or a hub handle, hf://<owner>/<repo>"):
+        ViT.from_preset("no_such_preset")
 
 
 # ------------------------------------------------------------------- command and export

@@ -32,6 +32,8 @@ import os
 
 import numpy as np
 
+from keras_vitnorm import hub
+
 from keras_vitnorm.convert import big_vision
 from keras_vitnorm.convert import huggingface
 from keras_vitnorm.convert import keras_hub
@@ -59,17 +61,23 @@ def read_checkpoint(path, num_heads=None):
 
     Args:
         path: a Hugging Face model directory (`config.json` + `model.safetensors` or
-            `pytorch_model.bin`), a keras-hub preset directory, or a `.safetensors` /
+            `pytorch_model.bin`), a timm model directory from the Hub, a keras-hub
+            preset directory, or a `.safetensors` /
             `.pth` / `.bin` state dict (timm or Hugging Face) or `.npz` (big_vision or
-            AugReg) file.
+            AugReg) file, or a hub handle (`keras_vitnorm.hub`: `hf://<owner>/<repo>`,
+            `kaggle://...`) naming one of these.
         num_heads: int; the head count for state dicts that do not record it and have
             a non-standard width.
     """
     path = os.fspath(path)
+    if hub.is_handle(path):
+        path = hub.resolve(path)
     if os.path.isdir(path):
         if keras_hub.is_keras_hub_directory(path):
             backbone, classifier = keras_hub.read_directory(path)
             return keras_hub.convert(backbone, classifier, source=path)
+        if timm.is_timm_directory(path):
+            return timm.convert(timm.read_directory(path), source=path, num_heads=num_heads)
         if os.path.isfile(os.path.join(path, "config.json")):
             state, hf_config = huggingface.read_directory(path)
             return huggingface.convert(state, hf_config, source=path)

@@ -55,8 +55,8 @@ def read_directory(directory):
     if "model_type" not in hf_config:
         raise ValueError(
             f"{config_path} names no model format: it is not a keras_vitnorm preset "
-            "('class_name': 'ViT' and 'config'), a Hugging Face model ('model_type') or a "
-            "keras-hub preset ('module': 'keras_hub...')."
+            "('class_name': 'ViT' and 'config'), a Hugging Face model ('model_type'), a timm "
+            "model ('architecture') or a keras-hub preset ('module': 'keras_hub...')."
         )
     if hf_config.get("model_type") != "vit":
         raise ValueError(

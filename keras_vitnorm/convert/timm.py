@@ -1,7 +1,8 @@
 """timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
 
 Reads `.safetensors` (what the Hugging Face Hub serves for timm models) or `.pth`
-files. The layout is timm's plain ViT: `patch_embed.proj`, `cls_token`, `pos_embed`
+files, or a timm model directory as the Hub serves it (`config.json` naming the
+`architecture`, next to `model.safetensors` or `pytorch_model.bin`). The layout is timm's plain ViT: `patch_embed.proj`, `cls_token`, `pos_embed`
 (class token included), `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 /
 mlp.fc2`, `norm`, `head`. timm's fused `qkv` has the same column order as this
 project's (q, k, v, each head-major). LayerNorm epsilon 1e-6, exact GELU.
@@ -12,6 +13,8 @@ Variants with parts a plain ViT lacks (LayerScale `ls1`, register tokens,
 `fc_norm`, QK-norm, a pre-logits layer) are refused with the key that shows it.
 """
 
+import os
+
 import numpy as np
 
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
@@ -20,6 +23,8 @@ from keras_vitnorm.convert._common import KeyReader
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
+from keras_vitnorm.convert._common import read_json
+from keras_vitnorm.convert._common import read_tensor_file
 from keras_vitnorm.convert._common import to_numpy
 from keras_vitnorm.convert._common import torch_conv_to_dense
 from keras_vitnorm.convert._common import vit_config
@@ -34,6 +39,28 @@ _UNSUPPORTED = {
     "attn_pool.": "attention pooling",
     "norm_pre.": "a pre-encoder norm",
 }
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def is_timm_directory(directory):
+    """Whether `directory` is a timm model as the Hub serves it (config.json with `architecture`)."""
+    config = os.path.join(directory, "config.json")
+    return os.path.isfile(config) and "architecture" in read_json(config)
+
+
+def read_directory(directory):
+    """The state dict of a timm model directory."""
+    for name in WEIGHT_FILES:
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            return read_tensor_file(path)
+    architecture = read_json(os.path.join(directory, "config.json"))["architecture"]
+    raise ValueError(
+        f"{directory!r} is a timm {architecture!r} model without weights: neither of "
+        f"{', '.join(WEIGHT_FILES)} is there."
+    )
 
 
 def is_timm_state(tensors):

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vitnorm.choices import NORM_TYPES
+from keras_vitnorm.choices import QK_NORM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
@@ -11,16 +13,10 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import scale_variable
-from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
 from keras_vitnorm.ops import qkv_projection
 from keras_vitnorm.ops import split_heads
-
-#: Norm types offered for QK-norm: each normalizes one head's query or key vector
-#: of one token on its own. BatchNorm (statistics over batch and tokens, shared by
-#: the heads) and GroupNorm (over tokens and channel groups) would not.
-QK_NORM_TYPES = ("layernorm", "rmsnorm", "dyt", "identity")
 
 
 def check_qk_norm(norm):

@@ -5,6 +5,9 @@ import math
 import keras
 from keras import ops
 
+from keras_vitnorm.choices import BLOCK_STYLES
+from keras_vitnorm.choices import NORM_TYPES
+from keras_vitnorm.choices import PLACEMENTS
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
@@ -13,14 +16,8 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
-from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import residual_fence
-
-#: Every value accepted by `attn_norm` and `mlp_norm`.
-PLACEMENTS = ("pre", "post", "pre_post", "none")
-#: Every value accepted by `block_style`.
-BLOCK_STYLES = ("standard", "normformer", "sub_ln", "deepnorm")
 
 
 def default_placements(block_style):

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
@@ -9,7 +10,6 @@ from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
-from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 
 

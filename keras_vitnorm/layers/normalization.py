@@ -15,15 +15,13 @@ their statistics in float32 under mixed precision. RMSNorm, DyT and the stem's
 import keras
 from keras import ops
 
+from keras_vitnorm.choices import NORM_TYPES
+from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
-#: Every value accepted by the `norm` argument of blocks and models.
-NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
-#: Every value accepted by `stem_norm` (the block norms plus `affine`).
-STEM_NORM_TYPES = NORM_TYPES + ("affine",)
 
 #: Keras `BatchNormalization` momentum matching PyTorch's 0.1 (pycls, timm).
 BATCHNORM_MOMENTUM = 0.9

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vitnorm.choices import STEM_NORM_TYPES
+from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
@@ -13,18 +15,8 @@ from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
-from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.normalization import make_norm
 
-#: Every value accepted by `stem`.
-STEM_TYPES = (
-    "patch",
-    "dual_patchnorm",
-    "pre_patchnorm",
-    "post_patchnorm",
-    "post_posemb",
-    "conv",
-)
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
 _USES_POST_NORM = ("dual_patchnorm", "post_patchnorm")
 # pycls (Xiao et al.) BatchNorm epsilon for the convolutional stem.

@@ -2,6 +2,8 @@
 
 import difflib
 
+from keras_vitnorm import hub
+
 _SIZES = {
     "ti": {"width": 192, "depth": 12, "mlp_dim": 768, "num_heads": 3},
     "s": {"width": 384, "depth": 12, "mlp_dim": 1536, "num_heads": 6},
@@ -55,6 +57,7 @@ def preset_config(name):
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(
             f"Unknown preset {name!r}, and no preset directory exists at that path.{hint} "
-            f"Built-in presets: {', '.join(sorted(PRESETS))}."
+            f"Built-in presets: {', '.join(sorted(PRESETS))}; or a hub handle, "
+            f"{hub.HANDLE_FORMS}."
         )
     return dict(PRESETS[name]["config"])

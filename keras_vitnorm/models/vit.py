@@ -5,10 +5,10 @@ import inspect
 import keras
 import numpy as np
 
-from keras_vitnorm.layers import BLOCK_STYLES
-from keras_vitnorm.layers import NORM_TYPES
-from keras_vitnorm.layers import STEM_NORM_TYPES
-from keras_vitnorm.layers import STEM_TYPES
+from keras_vitnorm.choices import BLOCK_STYLES
+from keras_vitnorm.choices import NORM_TYPES
+from keras_vitnorm.choices import STEM_NORM_TYPES
+from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.layers import EncoderBlock
 from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.layers import make_norm

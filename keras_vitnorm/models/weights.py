@@ -16,6 +16,7 @@ import numpy as np
 import scipy.ndimage
 from keras import ops
 
+from keras_vitnorm.choices import RESAMPLE_METHODS
 from keras_vitnorm.convert import read_checkpoint
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.validation import check_choice
@@ -35,10 +36,6 @@ def check_overrides(model_class, overrides):
 
 def _more(items):
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
-
-
-#: Every value accepted by `resample`: how a position embedding moves to a new grid.
-RESAMPLE_METHODS = ("bilinear", "bicubic")
 
 
 def resample_position_embedding(
@@ -132,9 +129,6 @@ def resample_for_model(model, array, method="bilinear"):
             f"{target}: only a square grid of the same width can be."
         )
     return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
-
-
-
 
 
 @dataclasses.dataclass

@@ -5,15 +5,20 @@ import json
 import math
 import os
 
+from keras_vitnorm import hub
+from keras_vitnorm.choices import CROP_MODES
+from keras_vitnorm.choices import OPTIMIZERS
+from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.models.presets import preset_config
-from keras_vitnorm.training.data import CROP_MODES
 from keras_vitnorm.training.data import Augmentation
 from keras_vitnorm.training.data import parse_dataset
 from keras_vitnorm.training.recipes import get_recipe
 
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-OPTIMIZERS = ("adamw", "sgd")
+
+def names_trained_model(preset):
+    """Whether `preset` names a trained model (a directory, a checkpoint, a hub handle)."""
+    return isinstance(preset, str) and (os.path.exists(preset) or hub.is_handle(preset))
 
 
 def setting_changes(saved, current):
@@ -150,7 +155,7 @@ class TrainConfig:
             values.pop("epochs", None)
         preset = overrides.get("preset", values.get("preset"))
         recipe_model = values.get("model", {})
-        if isinstance(preset, str) and os.path.exists(preset):
+        if names_trained_model(preset):
             recipe_model = checkpoint_model  # a saved model or checkpoint keeps its own architecture
         model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
@@ -165,7 +170,7 @@ class TrainConfig:
                 f"The {self.recipe!r} recipe fine-tunes a trained model: pass --preset with a "
                 "preset directory or a checkpoint (docs/checkpoints.md)."
             )
-        if not isinstance(self.preset, str) or not os.path.exists(self.preset):
+        if not names_trained_model(self.preset):
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)

@@ -33,9 +33,10 @@ import os
 import keras
 import numpy as np
 
+from keras_vitnorm.choices import CROP_MODES
+
 DATASET_CHOICES = ("digits", "tfds:<name>", "folder:<path>")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
-CROP_MODES = ("none", "pad", "zoom")
 # Fraction held out as the test split when a source has none (folders without test/).
 TEST_FRACTION = 0.2
 

@@ -43,6 +43,7 @@ from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import distribution
 from keras_vitnorm import durable
 from keras_vitnorm.training import run_files
+from keras_vitnorm.training.config import names_trained_model
 from keras_vitnorm.training.config import setting_changes
 
 
@@ -161,7 +162,7 @@ def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
 
 def _model_overrides(config, data):
     overrides = {"num_classes": data.num_classes, **config.model}
-    if not os.path.exists(config.preset):
+    if not names_trained_model(config.preset):
         # A built-in preset takes the dataset's channels; a saved model keeps its own
         # (the pipeline converts grayscale and RGB to what the model expects).
         overrides.setdefault("num_channels", data.channels)

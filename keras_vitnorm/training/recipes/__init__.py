@@ -10,7 +10,7 @@ Each module's docstring gives the command that runs it and where its numbers com
 
 import importlib
 
-RECIPE_NAMES = ("small", "augreg_i1k", "finetune_384", "vtab_1k")
+from keras_vitnorm.choices import RECIPE_NAMES
 
 
 def get_recipe(name):

@@ -1,0 +1,117 @@
+"""The console command: help without a backend, the frameworks' log lines kept off stderr."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+
+from keras_vitnorm import choices
+from keras_vitnorm import framework_logs
+from keras_vitnorm.study.variants import VARIANT_GROUPS
+from test_training import ROOT
+from test_training import TINY
+from test_training import run_python
+
+COMMANDS = ("train", "ablate", "evaluate", "convert", "segment", "vtab", "lit")
+BACKEND_MODULES = ("keras", "tensorflow", "jax", "torch", "numpy")
+
+# Lines as TensorFlow 2.21 and XLA print them, and lines the command's user must see.
+FRAMEWORK_LINES = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+    b"I0000 00:00:1795581447.820093   27210 port.cc:153] oneDNN custom operations are on.\n",
+    b"E0000 00:00:1795581462.656604   27210 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
+    b"W0000 00:00:1795573457.706328   29858 cache_dataset_ops.cc:912] The calling iterator did not\n",
+    b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow "
+    b"with the appropriate compiler flags.\n",
+    b"WARNING:absl:You are saving your model as an HDF5 file\n",
+)
+USER_LINES = (
+    b"keras-vitnorm train: error: Unknown preset 'nope'\n",
+    b"Traceback (most recent call last):\n",
+    b"F0000 00:00:1795581462.656604   27210 stream.cc:10] Check failed: device lost\n",
+    b"UserWarning: a warning of this project\n",
+)
+
+
+def test_the_cli_vocabulary_is_the_library_vocabulary():
+    assert choices.VARIANT_GROUP_NAMES == tuple(VARIANT_GROUPS)
+
+
+def test_help_of_every_command_imports_no_backend():
+    code = f"""
+        import sys
+        from keras_vitnorm import cli
+        for command in {COMMANDS!r}:
+            try:
+                cli.main([command, "--help"])
+            except SystemExit as exit:
+                assert exit.code == 0, command
+        print(sorted(m for m in {BACKEND_MODULES!r} if m in sys.modules))
+    """
+    result = run_python(code, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert "--verbose" in result.stdout and "Abseil's own log lines" in result.stdout
+
+
+def test_framework_log_lines_are_recognized():
+    assert all(framework_logs.is_framework_log(line) for line in FRAMEWORK_LINES)
+    assert not any(framework_logs.is_framework_log(line) for line in USER_LINES)
+
+
+def test_hidden_drops_framework_lines_written_to_fd_2_and_passes_the_rest_in_order():
+    code = f"""
+        import os, sys
+        from keras_vitnorm import framework_logs
+        lines = {[*FRAMEWORK_LINES, *USER_LINES]!r}
+        with framework_logs.hidden():
+            for line in lines:
+                os.write(2, line)  # as the C++ libraries write
+            print("python's own stderr", file=sys.stderr)
+        print("after the block", file=sys.stderr)
+    """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                            timeout=60)
+    expected = b"".join(USER_LINES) + b"python's own stderr\nafter the block\n"
+    assert result.returncode == 0 and result.stderr == expected
+
+
+def test_console_train_prints_no_framework_log_line(tmp_path):
+    flags = [f"--set={key}={value}" for key, value in TINY.items() if key != "image_size"]
+    command = [sys.executable, "-m", "keras_vitnorm", "train", "--steps", "2", "--batch-size", "16",
+               "--warmup-steps", "0", "--image-size", "16", "--no-tensorboard", *flags]
+    environment = {**os.environ, "KERAS_BACKEND": keras.backend.backend()}
+    quiet = subprocess.run([*command, "--output-dir", str(tmp_path / "a"), "--verbose", "0"], cwd=ROOT,
+                           env=environment, capture_output=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr.decode()
+    assert quiet.stderr.splitlines() == [], quiet.stderr.decode()
+    assert (tmp_path / "a" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("import_keras_first", [True, False])
+def test_import_is_lazy_and_registers_the_models_when_keras_is_loaded(tmp_path, import_keras_first):
+    path = tmp_path / "model.keras"
+    code = f"""
+        import sys
+        {"import keras" if import_keras_first else ""}
+        import keras_vitnorm
+        if {import_keras_first}:
+            keras_vitnorm.ViT(**{TINY!r}, num_classes=3).save({str(path)!r})
+            import subprocess  # a fresh process: nothing of keras_vitnorm touched but the import
+            check = "import keras, keras_vitnorm; keras.saving.load_model({str(path)!r}); print('loaded')"
+            print(subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout)
+        else:
+            print("keras" in sys.modules, keras_vitnorm.__version__, sorted(keras_vitnorm.__all__)[:2])
+            print(keras_vitnorm.ViT.__name__, "keras" in sys.modules)
+    """
+    result = run_python(code, timeout=300)
+    assert result.returncode == 0, result.stderr
+    if import_keras_first:
+        assert "loaded" in result.stdout
+    else:
+        first, second = result.stdout.strip().splitlines()[-2:]
+        assert first.startswith("False 0.")
+        assert second == "ViT True"
