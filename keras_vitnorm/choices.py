@@ -28,6 +28,8 @@ RECIPE_NAMES = ("small", "augreg_i1k", "finetune_384", "vtab_1k")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 #: Optimizers of the training recipes.
 OPTIMIZERS = ("adamw", "sgd")
+#: `distribute`: data-parallel, or data-parallel with the kernels sharded too (JAX).
+DISTRIBUTIONS = ("data", "fsdp")
 #: Random-crop augmentation modes.
 CROP_MODES = ("none", "pad", "zoom")
 

@@ -11,6 +11,7 @@ from dataclasses import replace as dataclasses_replace
 
 from keras_vitnorm.choices import BLOCK_STYLES
 from keras_vitnorm.choices import CROP_MODES
+from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PLACEMENTS
@@ -227,8 +228,10 @@ def build_parser():
     run.add_argument("--backup-every", type=int,
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int, help="tf.data shuffle buffer size")
-    run.add_argument("--distribute", action="store_true", default=None,
-                     help="data-parallel over all local devices (JAX or TensorFlow backend)")
+    run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
+                     help="data: data-parallel over all local devices (JAX, TensorFlow; the "
+                     "default when the flag is given alone); fsdp: also shard every block kernel "
+                     "and its optimizer state over them (JAX)")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,

@@ -499,6 +499,57 @@ def test_data_parallel_matches_single_device_after_one_step(tmp_path):
     assert report["weight_diff"] < 1e-5
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel is JAX-only")
+def test_fsdp_shards_the_kernels_and_matches_single_device_over_three_steps(tmp_path):
+    code = f"""
+        import json, jax, numpy as np
+        from keras_vitnorm import ViT
+        from keras_vitnorm.training import TrainConfig, train
+        from keras_vitnorm.training.distribution import distribution_scope
+        scope, replicas = distribution_scope("fsdp")
+        with scope:
+            model = ViT(**{TINY!r}, num_classes=10)
+        specs = {{v.path: [str(a) for a in v.value.sharding.spec] for v in model.weights}}
+        results = {{}}
+        for distribute in (False, "fsdp"):
+            config = TrainConfig.from_recipe(
+                "small", model={TINY!r}, steps=3, batch_size=16, warmup_steps=0,
+                learning_rate=1e-2, crop="none", label_smoothing=0.0, tensorboard=False,
+                distribute=distribute, output_dir={str(tmp_path)!r} + f"/{{distribute}}")
+            metrics = train(config, verbose=0)
+            results[distribute] = (metrics, np.load({str(tmp_path)!r} + f"/{{distribute}}/preset/model.weights.npz"))
+        (m0, w0), (m1, w1) = results[False], results["fsdp"]
+        print(json.dumps({{
+            "replicas": [replicas, m1["replicas"]], "specs": specs,
+            "val_loss": [m0["val_loss"], m1["val_loss"]],
+            "weight_diff": max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files),
+        }}))
+    """
+    result = run_python(code, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["replicas"] == [4, 4]
+    specs = report["specs"]
+    for path in ("block_0/attention/qkv/kernel", "block_0/attention/out/kernel", "block_0/mlp/fc1/kernel",
+                 "block_0/mlp/fc2/kernel", "head/kernel"):
+        assert specs[path][0] == "batch", (path, specs[path])
+    assert "batch" not in specs["stem/position_embedding"] and "batch" not in specs["block_0/mlp/fc1/bias"]
+    single, sharded = report["val_loss"]
+    assert sharded == pytest.approx(single, rel=1e-5, abs=1e-6)
+    assert report["weight_diff"] < 1e-5
+
+
+def test_distribute_values_are_checked_and_fsdp_is_jax_only(tmp_path, capsys):
+    with pytest.raises(ValueError, match="distribute='zero3'. Valid values: 'data', 'fsdp'"):
+        tiny_config(tmp_path, distribute="zero3")
+    status, err = cli_error(capsys, "train", "--distribute", "zero3")
+    assert status == 2 and "invalid choice: 'zero3'" in err
+    if BACKEND != "jax":
+        with pytest.raises(ValueError, match="distribute='fsdp' is available on the JAX backend only"):
+            train(tiny_config(tmp_path, steps=2, distribute="fsdp"), verbose=0)
+        assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is the TensorFlow backend's")
 def test_mirrored_strategy_matches_single_device_after_one_step(tmp_path):
     code = f"""

@@ -7,6 +7,7 @@ import os
 
 from keras_vitnorm import hub
 from keras_vitnorm.choices import CROP_MODES
+from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.validation import check_choice
@@ -77,8 +78,11 @@ class TrainConfig:
         output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
         backup_every: steps between mid-epoch backups (`None`: end of epoch only).
         shuffle_buffer: tf.data shuffle buffer (examples).
-        distribute: bool, data-parallel over all local devices (JAX:
-            `keras.distribution.DataParallel`; TensorFlow: `tf.distribute.MirroredStrategy`).
+        distribute: `False` (default) for one device; `"data"` (or `True`) data-parallel over
+            all local devices (JAX: `keras.distribution.DataParallel`; TensorFlow:
+            `tf.distribute.MirroredStrategy`); `"fsdp"` (JAX) data-parallel with every
+            block kernel sharded over the devices too (`keras.distribution.ModelParallel`,
+            `keras_vitnorm.training.distribution.FSDP_LAYOUT`).
         tensorboard: bool, write TensorBoard logs.
         grad_norm_every: steps between per-layer gradient-norm records on a fixed
             batch of validation images (`grad_norms.csv`); `None` = off.
@@ -123,7 +127,7 @@ class TrainConfig:
     output_dir: str = None
     backup_every: int = None
     shuffle_buffer: int = 50_000
-    distribute: bool = False
+    distribute: object = False
     tensorboard: bool = True
     grad_norm_every: int = None
 
@@ -174,6 +178,8 @@ class TrainConfig:
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)
+        if self.distribute not in (None, False, True):
+            check_choice("distribute", self.distribute, DISTRIBUTIONS)
         if self.optimizer is not None:
             check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.momentum is not None:

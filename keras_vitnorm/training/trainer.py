@@ -335,7 +335,8 @@ def _plan(config, data):
         validate_config({**ViT.default_config(), **preset_config(config.preset), **overrides})
     scope, replicas = contextlib.nullcontext(), 1
     if config.distribute:
-        scope, replicas = distribution.data_parallel_scope()
+        scope, replicas = distribution.distribution_scope(
+            "data" if config.distribute is True else config.distribute)
         if config.batch_size % replicas:
             raise ValueError(
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "
