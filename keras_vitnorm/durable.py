@@ -36,7 +36,7 @@ def fault_point(stage):
     if _fault_counts[stage] != int(nth or 1):
         return
     if fail_write:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), stage)
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected at {stage})")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -113,6 +113,13 @@ def write_directory(path, write, stage=None):
     An existing `path` is replaced: it is renamed aside, the new directory renamed in,
     then the old one deleted. A kill between the two renames leaves `path` missing with
     both complete copies beside it; `recover_directory` puts the right one back.
+
+    Args:
+        path: destination directory.
+        write: callable taking the temporary directory's path and writing it whole.
+        stage: optional `fault_point` name; `<stage>` strikes once the temporary
+            directory is complete, `<stage>:replacing` after an existing `path` was
+            renamed aside.
     """
     parent = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(os.path.normpath(path))
@@ -126,6 +133,8 @@ def write_directory(path, write, stage=None):
         if os.path.exists(path):
             shutil.rmtree(old, ignore_errors=True)
             os.rename(path, old)
+            if stage:
+                fault_point(f"{stage}:replacing")
         os.rename(temporary, path)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)

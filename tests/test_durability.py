@@ -10,6 +10,7 @@ an uninterrupted run of the same seed.
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,11 +66,11 @@ def reference(tmp_path_factory):
     }
 
 
-def killed_at(stage, run_dir, extra=""):
-    """Trains `run_dir` in a child process that kills itself at `stage`."""
+def killed_at(stage, run_dir, extra="", **overrides):
+    """Trains `run_dir` (RUN with `overrides`) in a child process that kills itself at `stage`."""
     code = f"""
         from keras_vitnorm.training import TrainConfig, train
-        config = TrainConfig.from_recipe("small", **{dict(RUN, output_dir=str(run_dir))!r})
+        config = TrainConfig.from_recipe("small", **{dict(RUN, output_dir=str(run_dir), **overrides)!r})
         {extra}
         train(config, verbose=0)
     """
@@ -121,6 +122,19 @@ def test_killed_at_any_writing_stage_resumes_to_the_uninterrupted_weights(tmp_pa
         evaluate(str(run_dir))
     train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
     assert_same_as_reference(run_dir, reference)
+
+
+def test_killed_while_a_checkpoint_of_the_same_step_is_replaced_resumes(tmp_path, reference):
+    """With a backup every 2 steps in epochs of 4, the epoch-end checkpoint replaces the
+    backup of the same step: killed between moving the old one aside and renaming the
+    new one in, the run still resumes from that step, not from step 0."""
+    run_dir = tmp_path / "run"
+    killed_at("checkpoint:state:replacing@1", run_dir, backup_every=2)
+    assert not list((run_dir / "backup").glob("step-*"))  # neither copy is in place
+    train(run_config(run_dir, backup_every=2), resume=True, take_over_lock=True, verbose=0)
+    assert_same_as_reference(run_dir, reference)
+    log = json.loads((run_dir / "metrics.json").read_text())
+    assert log["resumed_from_step"] == 4
 
 
 def test_killed_after_the_results_are_written_keeps_them(tmp_path, reference):
@@ -207,7 +221,7 @@ def test_a_failed_write_is_one_clear_error_and_the_last_checkpoint_stays_usable(
     run_dir = tmp_path / "run"
     monkeypatch.setenv(durable.FAULT_ENV, "enospc:checkpoint:weights@2")
     monkeypatch.setattr(durable, "_fault_counts", {})
-    with pytest.raises(StorageError, match=r"Could not write .*\.step-000000004.*No space left on "
+    with pytest.raises(StorageError, match=r"Could not write .*backup/step-000000004.*No space left on "
                        r"device.*The checkpoint .*step-000000003 \(step 3\) is intact.*--resume"):
         train(run_config(run_dir), verbose=0)
     assert not (run_dir / "run.lock").exists()  # released on the error
@@ -216,16 +230,20 @@ def test_a_failed_write_is_one_clear_error_and_the_last_checkpoint_stays_usable(
     assert_same_as_reference(run_dir, reference)
 
 
+def tiny_train_argv(run_dir):
+    return ["keras-vitnorm", "train", "--steps", "4", "--batch-size", "32", "--warmup-steps", "1",
+            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
+            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
+            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"]),
+            "--no-tensorboard", "--verbose", "0", "--output-dir", str(run_dir)]
+
+
 def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
     """The operating system refuses files over 64 KiB (RLIMIT_FSIZE, set in the child
     itself): the first checkpoint cannot be written. The command ends with its message,
     not a traceback or a crash."""
     run_dir = tmp_path / "run"
-    argv = ["keras-vitnorm", "train", "--steps", "4", "--batch-size", "32", "--warmup-steps", "1",
-            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
-            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
-            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"]),
-            "--no-tensorboard", "--verbose", "0", "--output-dir", str(run_dir)]
+    argv = tiny_train_argv(run_dir)
     child = run_python(f"""
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
@@ -238,6 +256,62 @@ def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
     assert "Could not write" in child.stderr and "File too large" in child.stderr
     assert "Traceback" not in child.stderr
     assert (run_dir / "train_config.json").exists() and not (run_dir / "run.lock").exists()
+
+
+def test_a_directory_without_write_permission_ends_with_a_message_and_exit_status_4(tmp_path):
+    """A run directory inside a directory the user may not write (the child drops root's
+    rights first, as root writes anywhere)."""
+    parent = tmp_path / "read_only"
+    parent.mkdir()
+    parent.chmod(0o555)
+    tmp_path.chmod(0o755)
+    run_dir = parent / "run"
+    child = run_python(f"""
+        import os, sys
+        from keras_vitnorm.cli import console
+        # Imported while the interpreter's own files (under root's home) are readable.
+        import keras_vitnorm.training.trainer, sklearn.datasets, tensorflow
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        sys.argv = {tiny_train_argv(run_dir)!r}
+        console()
+    """, env={"HOME": str(tmp_path)})
+    assert child.returncode == 4, child.stderr[-3000:]
+    named = re.search(r"Could not write (\S+): .*Permission denied.*Nothing was written", child.stderr)
+    assert named and str(run_dir).startswith(named.group(1)), child.stderr[-3000:]
+    assert "Traceback" not in child.stderr
+    assert not run_dir.exists()
+
+
+class FailingWrite(keras.callbacks.Callback):
+    """Fails at the second epoch end the way a full disk fails a log's write."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise self.error
+
+
+@pytest.mark.parametrize("error, named", [
+    (OSError(errno.ENOSPC, "No space left on device", "LOG"), "LOG"),
+    # TensorFlow's summary writer raises its own error type, with the reason in its text.
+    (RuntimeError("tensorboard/events.out: No space left on device"), "RUN"),
+])
+def test_a_failed_log_write_is_one_clear_error_and_the_run_resumes(tmp_path, reference, error, named):
+    run_dir = tmp_path / "run"
+    if isinstance(error, OSError):
+        error.filename = str(run_dir / "log.csv")
+    named = {"LOG": run_dir / "log.csv", "RUN": run_dir}[named]
+    with pytest.raises(StorageError, match=rf"Could not write {named}: .*No space left on device.*"
+                       r"last checkpoint .*backup.*is intact.*--resume"):
+        train(run_config(run_dir), callbacks=[FailingWrite(error)], verbose=0)
+    assert not (run_dir / "run.lock").exists()
+    train(run_config(run_dir), resume=True, verbose=0)
+    assert_same_as_reference(run_dir, reference)
 
 
 # ----------------------------------------------------------------------------- damaged files
@@ -369,10 +443,13 @@ def reference_study(tmp_path_factory):
     return study_results(study_dir), study_dir
 
 
-@pytest.mark.parametrize("stage", ["checkpoint:weights@4", "results@1", "preset@2"])
+@pytest.mark.parametrize("stage", ["checkpoint:weights@4", "final:evaluated@2", "preset@2",
+                                   "metrics@1", "analysis@1", "results@1"])
 def test_a_killed_study_reruns_to_the_uninterrupted_results(tmp_path, reference_study, stage):
-    """Stage counts run over the study: the 4th checkpoint is in the second run (each run
-    saves at steps 3 and 6), the 2nd preset is the second run's."""
+    """Every kind of file the study writes, killed before it is in place: a run's
+    checkpoint, final evaluation, preset and metrics, the run's analysis and the study's
+    results table. Stage counts run over the study: the 4th checkpoint is in the second
+    run (each run saves at steps 3 and 6), the 2nd preset is the second run's."""
     expected, reference_dir = reference_study
     study_dir = tmp_path / "s"
     child = run_python(

@@ -76,7 +76,8 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
     plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
                            what="study directory"):
-        return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock)
+        with run_files.storage_errors(output_dir, "Finished runs are intact; rerun to continue."):
+            return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock)
 
 
 def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
@@ -362,7 +363,7 @@ def run_analysis(run_dir, probe_images=None):
                   "similarity": [float(v) for v in stream["similarity"]]}
     analysis = {"stem_scale": stem_scale, "residual_stream": stream,
                 "probe_images": None if probe_images is None else len(probe_images)}
-    durable.write_json(path, analysis)
+    durable.write_json(path, analysis, stage="analysis")
     return analysis
 
 

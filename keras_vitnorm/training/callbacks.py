@@ -149,10 +149,15 @@ class RunCheckpoint(keras.callbacks.Callback):
     def latest(directory):
         """`(path, state)` of the newest complete checkpoint in `directory`, or `None`.
 
-        Leftovers of an interrupted save (temporary directories) are removed.
+        Leftovers of an interrupted save are removed, and a checkpoint that was being
+        replaced by one of the same step is put back (`durable.recover_directory`).
         """
         if not os.path.isdir(directory):
             return None
+        for name in os.listdir(directory):
+            if name.startswith(".step-") and name.endswith(".old"):
+                # A replacement of the same step cut off: the old copy goes back.
+                durable.recover_directory(os.path.join(directory, name[1:-len(".old")]))
         for leftover in glob.glob(os.path.join(directory, ".step-*")):
             shutil.rmtree(leftover, ignore_errors=True)
         found = []
@@ -217,22 +222,22 @@ class RunCheckpoint(keras.callbacks.Callback):
         step = _step(self.model)
         state = {"epoch": self._epoch, "batch": self._batches_done, "step": step}
         final = os.path.join(self.directory, f"step-{step:09d}")
-        temporary = os.path.join(self.directory, f".step-{step:09d}")
         previous = RunCheckpoint.latest(self.directory)
         safe = (f"The checkpoint {previous[0]} (step {previous[1]['step']}) is intact."
                 if previous else "No earlier checkpoint exists.")
-        with run_files.storage_errors(temporary, safe):
-            os.makedirs(self.directory, exist_ok=True)
-            shutil.rmtree(temporary, ignore_errors=True)
+
+        def write(temporary):
             os.makedirs(temporary)
             durable.fault_point("checkpoint:begin")
             save_training_state(self.model, os.path.join(temporary, ARRAYS_FILE), self._random_state)
             durable.fault_point("checkpoint:weights")
             durable.write_json(os.path.join(temporary, STATE_FILE), state)
-            durable.fault_point("checkpoint:state")
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.rename(temporary, final)
+
+        with run_files.storage_errors(final, safe):
+            os.makedirs(self.directory, exist_ok=True)
+            # A checkpoint of the same step (an epoch end right after a backup) is
+            # replaced as a whole too: a kill in between leaves one of the two in place.
+            durable.write_directory(final, write, stage="checkpoint:state")
         durable.fault_point("checkpoint:renamed")
         for name in os.listdir(self.directory):
             match = _STEP_DIRECTORY.match(name)

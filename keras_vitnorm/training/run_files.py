@@ -36,19 +36,21 @@ def storage_errors(path, safe):
     """Turns a storage failure while writing `path` into a `StorageError`.
 
     Args:
-        path: the file or directory being written.
+        path: the file or directory being written (the message names the error's own
+            file instead where it has one).
         safe: str, what is still intact (e.g. the last good checkpoint), for the message.
     """
     try:
         yield
     except StorageError:
         raise
-    except Exception as error:  # h5py raises its own types for a failed write
+    except Exception as error:  # h5py and TensorFlow raise their own types for a failed write
         if not _storage_error(error):
             raise
+        where = getattr(error, "filename", None) or path
         raise StorageError(
             getattr(error, "errno", None) or errno.EIO,
-            f"Could not write {path}: {error}. {safe} Free space (or fix the permissions) "
+            f"Could not write {where}: {error}. {safe} Free space (or fix the permissions) "
             "and continue with --resume.",
         ) from error
 
@@ -127,10 +129,12 @@ class RunLock:
             return {}
 
     def acquire(self):
-        os.makedirs(self.directory, exist_ok=True)
+        with storage_errors(self.path, "Nothing was written."):
+            os.makedirs(self.directory, exist_ok=True)
         for _ in range(2):
             try:
-                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with storage_errors(self.path, "Nothing was written."):
+                    descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 self._handle_existing()
                 continue
@@ -153,11 +157,15 @@ class RunLock:
                 "Wait for it to finish, or stop it first; two processes must not write one run."
             )
         if not self.take_over:
-            state = "no longer runs" if here else "cannot be checked from this host"
+            if not holder:
+                state = (f"an empty or unreadable lock file {self.path}, left by a process "
+                         "killed while it took the lock (or one taking it at this moment)")
+            else:
+                state = (f"a lock from {who}, a process that "
+                         + ("no longer runs" if here else "cannot be checked from this host"))
             raise LockedError(
-                f"The {self.what} {self.directory} has a lock from {who}, a process that "
-                f"{state}. If that process is gone, take the directory over with "
-                "--take-over-lock (Python: take_over_lock=True)."
+                f"The {self.what} {self.directory} has {state}. If that process is gone, take "
+                "the directory over with --take-over-lock (Python: take_over_lock=True)."
             )
         os.remove(self.path)
 

@@ -394,7 +394,10 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         if not data_lib.resumes_exactly(_augmentation(config)) and resume:
             say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
                 "the resumed run sees other (equally distributed) draws of them.")
-        with _dtype_policy(config.mixed_precision), plan.scope, data_lib.unreadable_images_named(data):
+        # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
+        safe = f"The run's last checkpoint (in {os.path.join(output_dir, 'backup')}), if any, is intact."
+        with (_dtype_policy(config.mixed_precision), plan.scope,
+              data_lib.unreadable_images_named(data), run_files.storage_errors(output_dir, safe)):
             return _Run(config, data, output_dir, plan, say).execute(resume, callbacks, verbose)
 
 
