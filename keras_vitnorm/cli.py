@@ -198,6 +198,17 @@ def add_training_arguments(parser):
     augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
 
 
+def _add_seed_run_arguments(parser):
+    """The run options of the commands that train one run directory per seed."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
+    run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
+    run.add_argument("--take-over-lock", action="store_true",
+                     help="take over a run directory whose lock was left by a process that no longer runs")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-vitnorm",
@@ -378,11 +389,7 @@ def build_parser():
     schedule.add_argument("--warmup-steps", type=int, default=50)
     schedule.add_argument("--weight-decay", type=float, default=0.05)
     schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
-    run = lit.add_argument_group("run")
-    run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
-    run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
-    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+    _add_seed_run_arguments(lit)
 
     segment = commands.add_parser(
         "segment",
@@ -415,11 +422,7 @@ def build_parser():
     schedule.add_argument("--weight-decay", type=float, default=0.05)
     schedule.add_argument("--mixed-precision", choices=PRECISIONS, default="float32")
     schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
-    run = segment.add_argument_group("run")
-    run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
-    run.add_argument("--overwrite", action="store_true", help="replace finished runs (default: skip them)")
-    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+    _add_seed_run_arguments(segment)
     return parser
 
 
@@ -486,6 +489,8 @@ def _run(parser, args):
 def _convert(parser, args):
     import os
 
+    from keras_vitnorm.convert import is_checkpoint
+    from keras_vitnorm.models import ViT
     from keras_vitnorm.models import load_checkpoint
     from keras_vitnorm.models.preset_io import CONFIG_FILE
 
@@ -497,13 +502,21 @@ def _convert(parser, args):
         return _fail(parser, "convert", f"{args.destination!r} already holds a preset "
                      f"({CONFIG_FILE}); pass --overwrite to replace it.")
     try:
-        model, report = load_checkpoint(
-            args.source, num_heads=num_heads, resample=args.resample, **overrides
-        )
+        if os.path.isdir(args.source) and not is_checkpoint(args.source):
+            # A keras_vitnorm preset: re-saved with the overrides (a new size or head).
+            if num_heads is not None:
+                raise ValueError(f"--num-heads does not apply: {args.source!r} is a "
+                                 "keras_vitnorm preset, which records its head count.")
+            model, report = ViT.from_preset(args.source, resample=args.resample, **overrides), None
+        else:
+            model, report = load_checkpoint(
+                args.source, num_heads=num_heads, resample=args.resample, **overrides
+            )
         model.save_to_preset(args.destination, overwrite=args.overwrite)
     except (ValueError, OSError) as error:
         return _fail(parser, "convert", str(error))
-    print(report)
+    if report is not None:
+        print(report)
     print(f"Wrote {args.destination} ({model.count_params():,} parameters); load it with "
           f"ViT.from_preset({args.destination!r}).")
     return 0
@@ -610,6 +623,8 @@ def _seeds_with_ci(parser, command, args, run, score, describe):
 
     from keras_vitnorm import durable
     from keras_vitnorm.study.runner import confidence_interval
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
 
     scores = []
     try:
@@ -623,7 +638,9 @@ def _seeds_with_ci(parser, command, args, run, score, describe):
                 metrics = run(seed, run_dir)
             scores.append(metrics[score])
             print(f"seed {seed}: {describe(metrics)}")
-    except (ValueError, FileExistsError) as error:
+    except StorageError as error:
+        return _fail(parser, command, str(error), code=4)
+    except (ValueError, FileExistsError, LockedError) as error:
         return _fail(parser, command, str(error))
     except KeyboardInterrupt:
         return _fail(parser, command, "interrupted; finished seeds are kept and the same "
@@ -652,7 +669,7 @@ def _lit(parser, args):
     return _seeds_with_ci(
         parser, "lit", args,
         lambda seed, run_dir: train_lit(dataclasses_replace(config, seed=seed), run_dir, overwrite=args.overwrite,
-                                        verbose=args.verbose),
+                                        verbose=args.verbose, take_over_lock=args.take_over_lock),
         "zero_shot_test_accuracy",
         lambda m: (f"zero-shot test accuracy {m['zero_shot_test_accuracy']:.4f} (held-out templates), "
                    f"{m['zero_shot_test_accuracy_train_templates']:.4f} (training templates)"),
@@ -681,7 +698,8 @@ def _segment(parser, args):
     return _seeds_with_ci(
         parser, "segment", args,
         lambda seed, run_dir: train_segmenter(dataclasses_replace(config, seed=seed), run_dir,
-                                              overwrite=args.overwrite, verbose=args.verbose, data=data),
+                                              overwrite=args.overwrite, verbose=args.verbose, data=data,
+                                              take_over_lock=args.take_over_lock),
         "test_mean_iou",
         lambda m: f"test mean IoU {m['test_mean_iou']:.4f}, pixel accuracy {m['test_pixel_accuracy']:.4f}",
     )

@@ -212,6 +212,17 @@ def test_a_second_process_cannot_write_a_running_run_and_a_stale_lock_is_taken_o
     assert_same_as_reference(run_dir, reference)
 
 
+@pytest.mark.parametrize("command", ["segment", "lit"])
+def test_segment_and_lit_runs_have_one_writer(tmp_path, capsys, command):
+    from keras_vitnorm.training.run_files import RunLock
+
+    with RunLock(str(tmp_path / "out" / "seed_0")):
+        assert cli.main([command, "--output-dir", str(tmp_path / "out"), "--epochs", "1",
+                         "--verbose", "0"]) == 2
+    assert "is in use by another process" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "seed_0" / "metrics.json").exists()
+
+
 # ----------------------------------------------------------------------------- storage
 
 
@@ -348,6 +359,46 @@ def test_a_damaged_config_is_named(preset_dir, text, message):
     with pytest.raises(ValueError, match=message) as error:
         ViT.from_preset(str(preset_dir))
     assert str(preset_dir / "config.json") in str(error.value)
+
+
+def rewrite_weights(preset_dir, change):
+    path = preset_dir / "model.weights.npz"
+    with np.load(path) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    change(arrays)
+    np.savez(path, **arrays)
+
+
+def test_a_weight_missing_from_a_preset_is_an_error_naming_it(preset_dir):
+    rewrite_weights(preset_dir, lambda arrays: arrays.pop("block_0/mlp/fc1/kernel"))
+    with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*missing from the weights: "
+                                         r"'block_0/mlp/fc1/kernel"):
+        ViT.from_preset(str(preset_dir))
+
+
+def test_a_weight_of_the_wrong_shape_or_a_bad_config_value_names_the_preset(preset_dir):
+    rewrite_weights(preset_dir, lambda arrays: arrays.update(
+        {"block_0/mlp/fc1/kernel": np.zeros((32, 65), "float32")}))
+    with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*block_0/mlp/fc1/kernel.* "
+                                         r"has shape \(32, 65\)"):
+        ViT.from_preset(str(preset_dir))
+    saved = json.loads((preset_dir / "config.json").read_text())
+    saved["config"]["norm_epsilon"] = -1.0
+    (preset_dir / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*norm_epsilon"):
+        ViT.from_preset(str(preset_dir))
+
+
+def test_convert_re_saves_a_preset_with_overrides(preset_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["convert", str(preset_dir), str(out), "--image-size", "24"]) == 0, capsys.readouterr().err
+    model = ViT.from_preset(str(out))
+    assert model.get_config()["image_size"] == 24
+    assert "resampled" in capsys.readouterr().out
+    from keras_vitnorm.convert import read_checkpoint
+
+    with pytest.raises(ValueError, match="is a keras_vitnorm preset, not a foreign checkpoint"):
+        read_checkpoint(str(preset_dir / "config.json").rsplit("/", 1)[0] + "/")
 
 
 def test_convert_exits_2_on_a_damaged_checkpoint(tmp_path, capsys):

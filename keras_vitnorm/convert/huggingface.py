@@ -52,6 +52,11 @@ def read_directory(directory):
     """`(state dict, config dict)` of a saved transformers model directory."""
     config_path = os.path.join(directory, "config.json")
     hf_config = read_json(config_path)
+    if hf_config.get("class_name") == "ViT":
+        raise ValueError(
+            f"{directory!r} is a keras_vitnorm preset, not a foreign checkpoint: load it with "
+            "ViT.from_preset (keras-vitnorm convert re-saves it with overrides)."
+        )
     if "model_type" not in hf_config:
         raise ValueError(
             f"{config_path} names no model format: it is not a keras_vitnorm preset "

@@ -110,9 +110,14 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     check_known_keys(config, (*cls.CONFIG_KEYS, "name", "dtype", "trainable"),
                      f"key in {os.path.join(preset, CONFIG_FILE)}")
     checkpoint = Checkpoint("keras_vitnorm", preset, config, arrays, {k: k for k in arrays})
-    model, report = weights_lib.build_from_checkpoint(
-        checkpoint, model_class=cls, resample=resample, **overrides
-    )
+    try:
+        # Without overrides the file must hold exactly the model's weights: a weight
+        # missing from a damaged archive is an error, not a fresh initialization.
+        model, report = weights_lib.build_from_checkpoint(
+            checkpoint, model_class=cls, resample=resample, strict=not overrides, **overrides
+        )
+    except ValueError as error:
+        raise ValueError(f"Preset {preset!r}: {error}") from error
     if report.resampled or report.converted or report.new or report.dropped:
         print(report)
     return model

@@ -203,8 +203,10 @@ def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", mo
     return model, report
 
 
-def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", **overrides):
-    """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides."""
+def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", strict=False,
+                          **overrides):
+    """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides (`strict`: see
+    `transfer`)."""
     if model_class is None:
         from keras_vitnorm.models.vit import ViT as model_class
     defaults = {"qkv_bias": True, "pooling": "cls", "num_channels": 3}
@@ -220,7 +222,7 @@ def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", **o
             )
     check_overrides(model_class, overrides)
     model = model_class.from_config({**checkpoint.config, **overrides})
-    report = transfer(model, checkpoint, resample)
+    report = transfer(model, checkpoint, resample, strict)
     return model, report
 
 
@@ -307,8 +309,8 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             )
         else:
             raise ValueError(
-                f"Checkpoint key {source!r} has shape {tuple(array.shape)} (as {path!r}); the "
-                f"model expects {expected}."
+                f"Checkpoint key {source!r} of {checkpoint.source} has shape "
+                f"{tuple(array.shape)} (as {path!r}); the model expects {expected}."
             )
     for path in arrays:
         if _is_block_norm(path) and not block_norms_fit:

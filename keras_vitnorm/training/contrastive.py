@@ -15,23 +15,22 @@ held-out and with the training templates).
 """
 
 import dataclasses
-import os
 import time
 
 import keras
 import numpy as np
 
-from keras_vitnorm import durable
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import run_files
 from keras_vitnorm.training.trainer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
 MODEL_FILE = "lit.keras"
-METRICS_FILE = "metrics.json"
+METRICS_FILE = run_files.METRICS_FILE
 TRAIN_TEMPLATES = (
     "a photo of a {}.",
     "a picture of the {}.",
@@ -122,20 +121,24 @@ def zero_shot_accuracy(model, images, labels, class_names, templates):
     return float(np.mean(model.zero_shot_predict(images, classifier) == labels))
 
 
-def train_lit(config, output_dir=None, overwrite=False, verbose=1):
+def train_lit(config, output_dir=None, overwrite=False, verbose=1, take_over_lock=False):
     """Trains the text tower (and the image tower if not frozen); returns the metrics dict.
 
     Args:
         config: a `LiTConfig`.
-        output_dir: where `lit.keras` and `metrics.json` go (None: nothing saved).
+        output_dir: where `lit.keras` and `metrics.json` go (None: nothing saved),
+            locked while the run trains (`run_files.results_run`).
         overwrite: replace a finished run in `output_dir`; without it that is an error.
         verbose: Keras' `fit` verbosity.
+        take_over_lock: take over `output_dir` from a process that no longer runs.
     """
-    if output_dir and os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir!r} already holds a finished LiT run ({METRICS_FILE}). Pass overwrite=True "
-            "(--overwrite) to replace it, or choose another directory."
-        )
+    with run_files.results_run(output_dir, "LiT run", overwrite, take_over_lock) as save:
+        metrics, model = _train_lit(config, verbose)
+        save(model, MODEL_FILE, metrics)
+    return metrics
+
+
+def _train_lit(config, verbose):
     data = data_lib.load_dataset(config.dataset, train_examples=config.train_examples)
     names = class_names_for(data)
     keras.utils.set_random_seed(config.seed)
@@ -171,8 +174,4 @@ def train_lit(config, output_dir=None, overwrite=False, verbose=1):
         "train_seconds": round(time.time() - started, 2),
         "backend": keras.backend.backend(),
     }
-    if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-        durable.write_file(os.path.join(output_dir, MODEL_FILE), model.save)
-        durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
-    return metrics
+    return metrics, model

@@ -3,6 +3,8 @@
 - `RunLock`: one process owns a run (or study) directory at a time.
 - `StorageError`: a full disk or a refused write becomes one message that names the
   file and what is still safe.
+- `results_run`: the lock and the final writes of a run that saves its results once,
+  at its end (segmentation, LiT).
 
 The atomic writes and fault points themselves are in `keras_vitnorm.durable`.
 """
@@ -181,3 +183,40 @@ class RunLock:
     def __exit__(self, *exc):
         self.release()
         return False
+
+
+METRICS_FILE = "metrics.json"
+
+
+@contextlib.contextmanager
+def results_run(output_dir, what, overwrite=False, take_over_lock=False):
+    """Owns `output_dir` for a run that writes its model and metrics once, at its end.
+
+    Yields `save(model, model_file, metrics)`, which writes `<output_dir>/<model_file>`
+    (`model.save`) and then `metrics.json`, each atomically; with `output_dir=None`
+    nothing is locked or saved.
+
+    Raises:
+        FileExistsError: `output_dir` holds a finished run and `overwrite` is False.
+        LockedError: another process owns `output_dir`.
+        StorageError: a file could not be written.
+    """
+    from keras_vitnorm import durable
+
+    def save(model, model_file, metrics):
+        if output_dir is None:
+            return
+        with storage_errors(output_dir, "Nothing of this run was kept."):
+            durable.write_file(os.path.join(output_dir, model_file), model.save)
+            durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
+
+    if output_dir is None:
+        yield save
+        return
+    if os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir!r} already holds a finished {what} ({METRICS_FILE}). Pass "
+            "overwrite=True (--overwrite) to replace it, or choose another directory."
+        )
+    with RunLock(output_dir, take_over=take_over_lock):
+        yield save

@@ -10,13 +10,11 @@ directory is never replaced unless asked.
 """
 
 import dataclasses
-import os
 import time
 
 import keras
 import numpy as np
 
-from keras_vitnorm import durable
 from keras_vitnorm.models.segmenter import PixelAccuracy
 from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
@@ -24,12 +22,13 @@ from keras_vitnorm.models.segmenter import segmentation_loss
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.segmentation_data import model_inputs
+from keras_vitnorm.training import run_files
 from keras_vitnorm.training.trainer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
 MODEL_FILE = "segmenter.keras"
-METRICS_FILE = "metrics.json"
+METRICS_FILE = run_files.METRICS_FILE
 
 
 @dataclasses.dataclass
@@ -84,21 +83,26 @@ def build_segmenter(config, num_classes):
         keras.config.set_dtype_policy(previous)
 
 
-def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=None):
+def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=None,
+                    take_over_lock=False):
     """Trains, evaluates on the test split and saves a segmenter; returns the metrics dict.
 
     Args:
         config: a `SegmentationConfig`.
-        output_dir: where `segmenter.keras` and `metrics.json` go (None: nothing saved).
+        output_dir: where `segmenter.keras` and `metrics.json` go (None: nothing saved),
+            locked while the run trains (`run_files.results_run`).
         overwrite: replace a finished run in `output_dir`; without it that is an error.
         verbose: Keras' `fit` verbosity (1 shows a progress bar).
         data: an already loaded `SegmentationData` (the seeds of one sweep share it).
+        take_over_lock: take over `output_dir` from a process that no longer runs.
     """
-    if output_dir and os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir!r} already holds a finished segmentation run ({METRICS_FILE}). Pass "
-            "overwrite=True (--overwrite) to replace it, or choose another directory."
-        )
+    with run_files.results_run(output_dir, "segmentation run", overwrite, take_over_lock) as save:
+        metrics, model = _train_segmenter(config, verbose, data)
+        save(model, MODEL_FILE, metrics)
+    return metrics
+
+
+def _train_segmenter(config, verbose, data):
     data = data or load_segmentation_data(config.dataset, config.image_size, config.num_classes, config.scenes)
     keras.utils.set_random_seed(config.seed)
     model = build_segmenter(config, data.num_classes)
@@ -131,11 +135,7 @@ def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=No
         "train_seconds": round(train_seconds, 2),
         "backend": keras.backend.backend(),
     }
-    if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-        durable.write_file(os.path.join(output_dir, MODEL_FILE), model.save)
-        durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
-    return metrics
+    return metrics, model
 
 
 def per_class_iou(model, images, masks, num_classes, ignore_class):
