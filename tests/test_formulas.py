@@ -332,6 +332,27 @@ def test_every_projection_starts_at_big_visions_xavier_uniform_scale(width, num_
         assert 0 < np.std(bias) < 3e-6, name  # N(0, 1e-6)
 
 
+def test_conv_stem_starts_as_pycls_builds_it():
+    """3x3 convs at PyTorch's Conv2d default, U(+-1/sqrt(fan_in)); the final 1x1 conv
+    N(0, sqrt(2/width)) (pycls's ViTStemConv)."""
+    from keras_vitnorm.layers import PatchStem
+
+    keras.utils.set_random_seed(3)
+    width = 256
+    stem = PatchStem(patch_size=8, width=width, stem="conv")
+    stem.build((None, 64, 64, 3))
+    convs = [layer for layer in stem.conv_layers if layer.name.startswith("conv") and
+             layer.name[4:].isdigit()]
+    assert len(convs) == 3
+    for layer in convs:
+        kernel = keras.ops.convert_to_numpy(layer.kernel)
+        limit = 1.0 / math.sqrt(np.prod(kernel.shape[:3]))
+        assert limit * 0.95 < np.abs(kernel).max() <= limit, layer.name
+        assert np.std(kernel) == pytest.approx(limit / math.sqrt(3), rel=0.1), layer.name
+    projection = keras.ops.convert_to_numpy(stem.projection.kernel)
+    assert np.std(projection) == pytest.approx(math.sqrt(2.0 / width), rel=0.05)
+
+
 # --- Init scaling of DeepNorm and Sub-LN ---------------------------------------------
 
 INIT_WIDTH, INIT_DEPTH = 128, 12

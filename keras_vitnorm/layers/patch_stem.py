@@ -192,7 +192,10 @@ class PatchStem(keras.layers.Layer):
                         3,
                         strides=2,
                         use_bias=False,
-                        kernel_initializer="he_normal",
+                        # PyTorch's Conv2d default (kaiming_uniform, a=sqrt(5)), which
+                        # pycls's stem keeps: U(+-1/sqrt(fan_in)).
+                        kernel_initializer=keras.initializers.VarianceScaling(
+                            1.0 / 3.0, "fan_in", "uniform"),
                         name=f"conv{i}",
                         dtype=self.dtype_policy,
                         weight_standardization=self.weight_standardization,
