@@ -163,7 +163,7 @@ def main(argv=None):
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--overrides", default="{}",
-                        help="JSON ViT overrides, e.g. '{\"norm\": \"rmsnorm\"}' (rms_normalization needs it)")
+                        help="JSON ViT overrides, e.g. '{\"norm\": \"rmsnorm\"}'")
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the two forms; the median is reported")
     parser.add_argument("--steps", type=int, default=2, help="steps per form per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count())

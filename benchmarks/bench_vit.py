@@ -1,7 +1,7 @@
 """Throughput of keras_vitnorm's ViT on every Keras backend, side by side with the
 reference PyTorch ViT (Hugging Face transformers, eager) and keras-hub's ViT.
 
-    python benchmarks/bench_vit.py --preset s16 --batch-size 16            # the issue's setup
+    python benchmarks/bench_vit.py --preset s16 --batch-size 16            # docs/performance.md's CPU setup
     python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 --steps 2 --repeats 1
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16
@@ -95,10 +95,9 @@ def matmul_rate(threads, backends=(), size=2048, repeats=5):
     NumPy and PyTorch (if present) are timed here, with PyTorch at `threads`
     threads; each of `backends` other than `torch` (JAX, TensorFlow) in a child
     process with its benchmark worker's environment. The libraries' CPU matmul
-    kernels differ (on an AMD EPYC host, MKL behind NumPy's and PyTorch's wheels
-    reached 195 GFLOP/s and XLA 446), so the machine's rate is the best of them:
-    a model cannot use more, whichever library runs it. A library that fails to
-    run is left out.
+    kernels differ (docs/performance.md lists them for its host), so the machine's
+    rate is the best of them: a model cannot use more, whichever library runs it.
+    A library that fails to run is left out.
     """
     matrix = np.random.default_rng(0).standard_normal((size, size)).astype("float32")
     rates = {"numpy": _rate(lambda m: m @ m, matrix, size, repeats)}

@@ -38,8 +38,10 @@ from keras_vitnorm.convert import big_vision
 from keras_vitnorm.convert import huggingface
 from keras_vitnorm.convert import keras_hub
 from keras_vitnorm.convert import timm
+from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import read_json
+from keras_vitnorm.convert._common import read_npz
 from keras_vitnorm.convert._common import read_tensor_file
 
 FORMATS = ("huggingface", "big_vision", "timm", "keras_hub")

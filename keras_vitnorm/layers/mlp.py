@@ -69,25 +69,21 @@ class MLP(keras.layers.Layer):
     def build(self, input_shape):
         width = input_shape[-1]
         hidden_shape = (*input_shape[:-1], self.hidden_dim)
-        bias_init = keras.initializers.RandomNormal(stddev=1e-6)
-        self.fc1 = FusedDense(
-            self.hidden_dim,
-            kernel_initializer="glorot_uniform",
-            bias_initializer=bias_init,
-            name="fc1",
-            dtype=self.dtype_policy,
-            weight_standardization=self.weight_standardization,
-        )
-        self.fc1.build(input_shape)
-        self.fc2 = FusedDense(
-            width,
-            kernel_initializer="glorot_uniform",
-            bias_initializer=bias_init,
-            name="fc2",
-            dtype=self.dtype_policy,
-            weight_standardization=self.weight_standardization,
-        )
-        self.fc2.build(hidden_shape)
+
+        def dense(units, name, shape):  # big_vision's MLP: Xavier-uniform, bias N(0, 1e-6)
+            layer = FusedDense(
+                units,
+                kernel_initializer="glorot_uniform",
+                bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+                name=name,
+                dtype=self.dtype_policy,
+                weight_standardization=self.weight_standardization,
+            )
+            layer.build(shape)
+            return layer
+
+        self.fc1 = dense(self.hidden_dim, "fc1", input_shape)
+        self.fc2 = dense(width, "fc2", hidden_shape)
         if self.init_scale != 1.0:
             for variable in (self.fc1.kernel, self.fc1.bias, self.fc2.kernel, self.fc2.bias):
                 scale_variable(variable, self.init_scale)

@@ -18,14 +18,13 @@ from keras_vitnorm import durable
 from keras_vitnorm import hub
 from keras_vitnorm.convert import Checkpoint
 from keras_vitnorm.convert import is_checkpoint
-from keras_vitnorm.convert._common import read_json
-from keras_vitnorm.convert._common import read_npz
+from keras_vitnorm.convert import read_json
+from keras_vitnorm.convert import read_npz
 from keras_vitnorm.models import weights as weights_lib
 from keras_vitnorm.models.presets import PRESETS
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.ops import backend_name
 from keras_vitnorm.validation import check_choice
-from keras_vitnorm.validation import check_known_keys
 from keras_vitnorm.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -107,8 +106,7 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     if not os.path.isdir(preset):
         preset_config(preset)  # raises the "unknown preset" error with suggestions
     config, arrays = read_preset_directory(preset)
-    check_known_keys(config, (*cls.CONFIG_KEYS, "name", "dtype", "trainable"),
-                     f"key in {os.path.join(preset, CONFIG_FILE)}")
+    weights_lib.check_overrides(cls, config, f"key in {os.path.join(preset, CONFIG_FILE)}")
     checkpoint = Checkpoint("keras_vitnorm", preset, config, arrays, {k: k for k in arrays})
     try:
         # Without overrides the file must hold exactly the model's weights: a weight

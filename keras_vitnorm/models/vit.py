@@ -22,7 +22,7 @@ from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.encoder_block import check_weight_standardization
 from keras_vitnorm.layers.encoder_block import resolve_placements
 from keras_vitnorm.convert import Checkpoint
-from keras_vitnorm.convert._common import POSITION_EMBEDDING
+from keras_vitnorm.convert import POSITION_EMBEDDING
 from keras_vitnorm.models import preset_io
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets

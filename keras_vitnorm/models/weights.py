@@ -18,7 +18,7 @@ from keras import ops
 
 from keras_vitnorm.choices import RESAMPLE_METHODS
 from keras_vitnorm.convert import read_checkpoint
-from keras_vitnorm.convert._common import POSITION_EMBEDDING
+from keras_vitnorm.convert import POSITION_EMBEDDING
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_known_keys
 
@@ -29,9 +29,10 @@ ARCHITECTURE_KEYS = (
 HEAD_PREFIX = "head/"
 
 
-def check_overrides(model_class, overrides):
-    """Raises a `ValueError` naming an override that is not a config key of `model_class`."""
-    check_known_keys(overrides, (*model_class.CONFIG_KEYS, "name", "dtype", "trainable"), "override")
+def check_overrides(model_class, overrides, what="override"):
+    """Raises a `ValueError` naming a key of `overrides` (a dict of config values, each
+    called `what` in the message) that is not a config key of `model_class`."""
+    check_known_keys(overrides, (*model_class.CONFIG_KEYS, "name", "dtype", "trainable"), what)
 
 
 def _more(items):

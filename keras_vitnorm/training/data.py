@@ -329,22 +329,39 @@ def _digits(val_fraction):
     )
 
 
-def _tfds(name, val_fraction, data_dir, manual_dir):
+def prepared_tfds_builder(name, features, task, data_dir=None, manual_dir=None):
+    """`(builder, split names)` of the tensorflow-datasets dataset `name`, prepared.
+
+    Args:
+        name: the dataset's tfds name.
+        features: the feature names the task needs, e.g. `("image", "label")`.
+        task: what needs them, for the error message (e.g. "classification").
+        data_dir, manual_dir: tfds' data and manual-download folders.
+    """
     import tensorflow_datasets as tfds
 
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # tfds raises DatasetNotFoundError with its own list
         raise ValueError(f"Unknown tensorflow-datasets dataset {name!r}: {error}") from None
-    features = builder.info.features
-    if "image" not in features or "label" not in features:
+    have = builder.info.features
+    if any(feature not in have for feature in features):
         raise ValueError(
-            f"tfds:{name} has features {sorted(features.keys())}; keras-vitnorm trains on "
-            "datasets with an 'image' and a 'label' feature."
+            f"tfds:{name} has features {sorted(have.keys())}: it is not a {task} dataset "
+            "(one with " + " and ".join(repr(f) for f in features) + " features)."
         )
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     builder.download_and_prepare(download_config=download_config)
-    available = set(builder.info.splits.keys()) or {"train", "test"}
+    # Mocked and some prepared builders record no splits: train and test are the common pair.
+    return builder, set(builder.info.splits.keys()) or {"train", "test"}
+
+
+def _tfds(name, val_fraction, data_dir, manual_dir):
+    import tensorflow_datasets as tfds
+
+    builder, available = prepared_tfds_builder(name, ("image", "label"), "classification",
+                                               data_dir, manual_dir)
+    features = builder.info.features
     percent = round(100 * val_fraction)
     if "test" in available:
         test_split = "test"

@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from keras_vitnorm.training.data import IMAGE_EXTENSIONS
+from keras_vitnorm.training.data import prepared_tfds_builder
 from keras_vitnorm.validation import did_you_mean
 
 DATASET_CHOICES = ("digit_scenes", "tfds:<name>", "folder:<path>")
@@ -150,19 +151,8 @@ def _resize(images, masks, image_size):
 def _tfds_splits(dataset_name, image_size):
     import tensorflow_datasets as tfds
 
-    try:
-        builder = tfds.builder(dataset_name)
-    except Exception as error:  # tfds raises DatasetNotFoundError with its own list
-        raise ValueError(f"Unknown tensorflow-datasets dataset {dataset_name!r}: {error}") from None
-    features = builder.info.features
-    if "image" not in features or "segmentation_mask" not in features:
-        raise ValueError(
-            f"tfds:{dataset_name} has no 'image' and 'segmentation_mask' features (it has "
-            f"{', '.join(features)}): it is not a segmentation dataset."
-        )
-    builder.download_and_prepare()
-    # Mocked and some prepared builders record no splits: train and test are the common pair.
-    available = set(builder.info.splits.keys()) or {"train", "test"}
+    builder, available = prepared_tfds_builder(dataset_name, ("image", "segmentation_mask"),
+                                               "segmentation")
     splits = []
     for names in (("train",), ("validation", "val"), ("test",)):
         name = next((n for n in names if n in available), None)
