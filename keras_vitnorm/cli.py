@@ -240,9 +240,10 @@ def build_parser():
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int, help="tf.data shuffle buffer size")
     run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
-                     help="data: data-parallel over all local devices (JAX, TensorFlow; the "
-                     "default when the flag is given alone); fsdp: also shard every block kernel "
-                     "and its optimizer state over them (JAX)")
+                     help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
+                     "the processes torchrun started (PyTorch); the default when the flag is "
+                     "given alone. fsdp: also shard every block kernel and its optimizer state "
+                     "over the devices (JAX)")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,

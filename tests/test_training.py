@@ -12,6 +12,7 @@ import pytest
 
 from keras_vitnorm import ViT
 from keras_vitnorm import cli
+from keras_vitnorm import durable
 from keras_vitnorm.training import TrainConfig
 from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm.training import evaluate
@@ -588,8 +589,62 @@ def test_mirrored_strategy_matches_single_device_after_one_step(tmp_path):
     assert report["weight_diff"] <= 2 * 1e-2 + 1e-6
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="checks the torch backend's refusal")
-def test_distribute_on_torch_is_refused_with_a_reason(tmp_path):
-    with pytest.raises(ValueError, match="no DistributedDataParallel support"):
+@pytest.mark.skipif(BACKEND != "torch", reason="torchrun processes are the torch backend's")
+def test_distribute_on_torch_outside_torchrun_says_how_to_start_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="one process per device: start it with torchrun"):
         train(tiny_config(tmp_path, steps=2, distribute=True), verbose=0)
     assert not (tmp_path / "run").exists()
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torchrun processes are the torch backend's")
+def test_two_torchrun_processes_train_as_one_process_on_the_same_global_batch(tmp_path):
+    """torchrun with 2 CPU processes (gloo), each on half of every batch of 32, killed
+    and resumed: the same weights and validation loss as one process, to float32
+    rounding; only the first process writes the run (log, checkpoints, preset, metrics)."""
+    argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
+            "--warmup-steps", "1", "--lr", "3e-3", "--flip", "--no-tensorboard", "--verbose", "0",
+            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
+            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
+            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"])]
+    single = run_python(f"""
+        from keras_vitnorm.cli import main
+        raise SystemExit(main({argv + ["--output-dir", str(tmp_path / "one")]!r}))
+    """)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    def torchrun(*extra, env=()):
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--master-port", str(free_port()), "-m", "keras_vitnorm", *argv, "--distribute",
+             "--output-dir", str(tmp_path / "two"), *extra],
+            cwd=ROOT, env={**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1", **dict(env)},
+            capture_output=True, text=True, timeout=600,
+        )
+
+    # Killed after the first checkpoint, then resumed: the first process restores it
+    # and hands the weights, optimizer state and position to the other.
+    killed = torchrun(env={durable.FAULT_ENV: "checkpoint:renamed@1"})
+    assert killed.returncode != 0 and (tmp_path / "two" / "backup" / "step-000000003").is_dir()
+    two = torchrun("--resume", "--take-over-lock")
+    assert two.returncode == 0, two.stderr[-3000:]
+    one_metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    two_metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert two_metrics["replicas"] == 2 and two_metrics["steps"] == 6
+    assert two_metrics["resumed_from_step"] == 3
+    assert two_metrics["val_loss"] == pytest.approx(one_metrics["val_loss"], rel=1e-5)
+    w1 = np.load(tmp_path / "one" / "preset" / "model.weights.npz")
+    w2 = np.load(tmp_path / "two" / "preset" / "model.weights.npz")
+    assert sorted(w1.files) == sorted(w2.files)
+    for key in w1.files:
+        np.testing.assert_allclose(w2[key], w1[key], atol=2e-5, err_msg=key)
+    assert len((tmp_path / "two" / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs
+    assert not (tmp_path / "two" / "run.lock").exists()

@@ -22,6 +22,11 @@ def _step(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+def training_variables_of(model):
+    """The variables of `training_variables(model)`, without their owners."""
+    return [variable for _, variable in training_variables(model)]
+
+
 def training_variables(model):
     """Every variable whose value decides the next training step, in a fixed order.
 
@@ -285,10 +290,14 @@ class StopOnNaN(keras.callbacks.Callback):
     optimizer steps, the NaN step included), `self.epoch` and `self.batch` (1-based),
     and raises `LossIsNaN` at once, so nothing is saved after the loss went bad. The
     trainer catches it and reports the divergence.
+
+    With `agree` (a function every training process calls each step, True where any
+    process's flag is), the processes of a distributed run stop together.
     """
 
-    def __init__(self):
+    def __init__(self, agree=None):
         super().__init__()
+        self.agree = agree
         self.step = None
         self.epoch = None
         self.batch = None
@@ -300,7 +309,10 @@ class StopOnNaN(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is None or math.isfinite(float(loss)):
+        bad = loss is not None and not math.isfinite(float(loss))
+        if self.agree is not None:
+            bad = self.agree(bad)
+        if not bad:
             return
         self.step = _step(self.model)
         self.epoch = self._epoch + 1

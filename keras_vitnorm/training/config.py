@@ -80,7 +80,9 @@ class TrainConfig:
         shuffle_buffer: tf.data shuffle buffer (examples).
         distribute: `False` (default) for one device; `"data"` (or `True`) data-parallel over
             all local devices (JAX: `keras.distribution.DataParallel`; TensorFlow:
-            `tf.distribute.MirroredStrategy`); `"fsdp"` (JAX) data-parallel with every
+            `tf.distribute.MirroredStrategy`) or over the processes `torchrun` started
+            (PyTorch: gradients averaged over them each step,
+            `keras_vitnorm.training.distribution`); `"fsdp"` (JAX) data-parallel with every
             block kernel sharded over the devices too (`keras.distribution.ModelParallel`,
             `keras_vitnorm.training.distribution.FSDP_LAYOUT`).
         tensorboard: bool, write TensorBoard logs.

@@ -597,8 +597,13 @@ def train_stream(
     start_step=0,
     end_step=None,
     shuffle_buffer=50_000,
+    share=(0, 1),
 ):
     """Augmented training batches for steps `start_step` up to `end_step`.
+
+    With `share=(index, count)`, the batches hold only this process's share of each
+    global batch of `batch_size`: its `index`-th slice of `batch_size // count`
+    examples, augmented as in the whole batch (MixUp and CutMix mix within the share).
 
     Pass `p` over the training split is shuffled with the seed `seed + p`, so the
     batches are the same sequence whatever step the stream starts from: a resumed run
@@ -634,6 +639,11 @@ def train_stream(
     keyed = _keyed_augmentation(augmentation, image_size, channels, seed)
     stateful = _stateful_augmentation(augmentation, channels, seed)
 
+    index, count = share
+    local_batch = batch_size // count
+    if count > 1:
+        stream = stream.filter(lambda position, _: position % batch_size // local_batch == index)
+
     def prepare(position, example):
         raw, label = example
         image = _to_model_image(data.decode(raw), image_size, channels)
@@ -650,7 +660,7 @@ def train_stream(
     # timing. Run it in order, so a seed gives the same augmented stream every time.
     if stateful:
         stream = stream.map(augment)
-    stream = stream.batch(batch_size, drop_remainder=True)
+    stream = stream.batch(local_batch, drop_remainder=True)
     random_batches = bool(augmentation.mixup or augmentation.cutmix)
     stream = stream.map(_batch_augmentation(augmentation, seed),
                         num_parallel_calls=None if random_batches else tf.data.AUTOTUNE)

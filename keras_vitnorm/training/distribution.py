@@ -14,6 +14,15 @@
 With `KERAS_DISTRIBUTION_NUM_PROCESSES` > 1 (several hosts, or several processes on
 one), JAX's layouts span every process's devices after
 `keras.distribution.initialize()`.
+
+PyTorch (`"data"`): one process per device, started by `torchrun`, each training on
+its share of every global batch; each step's gradients are averaged over the
+processes (`average_gradients`) before the optimizer applies them, which is the
+update DistributedDataParallel computes. DDP's own wrapper is not used because
+Keras' `fit` calls the model itself, so DDP's reducer, which starts from the
+wrapper's forward pass, would never run; the average is one `all_reduce` of all
+gradients, after the backward pass instead of overlapped with it. The first process
+writes the run's files; the others train and read nothing but what it broadcasts.
 """
 
 import os
@@ -66,9 +75,85 @@ def distribution_scope(kind="data"):
         devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
         strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in devices])
         return strategy.scope(), strategy.num_replicas_in_sync
-    raise ValueError(
-        f"distribute=True is not available on the {backend!r} backend: Keras' model.fit "
-        "has no DistributedDataParallel support. Use KERAS_BACKEND=jax "
-        "(keras.distribution.DataParallel) or tensorflow (tf.distribute.MirroredStrategy); "
-        "docs/training.md explains the options."
-    )
+    import contextlib
+
+    return contextlib.nullcontext(), torch_processes()[1]
+
+
+def torch_processes():
+    """`(rank, world size)` of this process among those `torchrun` started, with the
+    process group initialized (gloo on CPUs, NCCL on GPUs, one GPU per process)."""
+    import torch
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ:
+        raise ValueError(
+            "distribute='data' on the torch backend trains one process per device: start it "
+            "with torchrun, e.g. `torchrun --nproc-per-node 8 -m keras_vitnorm train "
+            "--distribute ...` (docs/training.md, 'Scaling out')."
+        )
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def process_share():
+    """`(index, count)`: which share of each global batch this process trains on.
+
+    `(rank, world size)` under torchrun with its process group running; else `(0, 1)`
+    (JAX and TensorFlow split the global batch over their devices themselves).
+    """
+    if keras.backend.backend() == "torch":
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def average_gradients(optimizer):
+    """Makes `optimizer.apply` average each step's gradients over the torch processes
+    first (one `all_reduce` of all of them), so every process applies the same update."""
+    import torch
+    import torch.distributed as dist
+
+    apply, world = optimizer.apply, dist.get_world_size()
+
+    def apply_averaged(grads, trainable_variables=None):
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= world
+        grads = [part.view_as(g) for part, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
+        return apply(grads, trainable_variables)
+
+    optimizer.apply = apply_averaged
+
+
+def broadcast_variables(variables):
+    """Gives every torch process the first process's values of `variables`."""
+    import torch.distributed as dist
+
+    for variable in variables:
+        dist.broadcast(variable.value.data, src=0)
+
+
+def from_first_process(value):
+    """The first torch process's `value` (any picklable object), on every process."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_process(flag):
+    """Whether `flag` holds on any torch process (every process must call this)."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # NCCL reduces GPU tensors only
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

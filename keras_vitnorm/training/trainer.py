@@ -319,6 +319,12 @@ class _Plan:
     overrides: dict
     replicas: int
     scope: object
+    share: tuple = (0, 1)  # (index, count) of this process's share of each batch
+
+    @property
+    def lead(self):
+        """Whether this process writes the run's files (the first of several, or the only one)."""
+        return self.share[0] == 0
 
 
 def _plan(config, data):
@@ -342,7 +348,8 @@ def _plan(config, data):
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "
                 f"use a multiple of {replicas}."
             )
-    return _Plan(steps_per_epoch, total_steps, overrides, replicas, scope)
+    return _Plan(steps_per_epoch, total_steps, overrides, replicas, scope,
+                 distribution.process_share())
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
@@ -385,8 +392,12 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         val_examples=config.val_examples,
     )
     plan = _plan(config, data)
-    with run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock):
-        _prepare_output_dir(config, output_dir, resume, overwrite)
+    if not plan.lead:  # another process of a torch run: its first process owns the files
+        say = lambda *args, **kwargs: None  # noqa: E731
+    lock = (run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock) if plan.lead
+            else contextlib.nullcontext())
+    with lock:
+        _first_process_then_all(plan, lambda: _prepare_output_dir(config, output_dir, resume, overwrite))
         keras.utils.set_random_seed(config.seed)
         say(data.describe())
         if plan.replicas > 1:
@@ -399,6 +410,23 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         with (_dtype_policy(config.mixed_precision), plan.scope,
               data_lib.unreadable_images_named(data), run_files.storage_errors(output_dir, safe)):
             return _Run(config, data, output_dir, plan, say).execute(resume, callbacks, verbose)
+
+
+def _first_process_then_all(plan, work):
+    """Runs `work()` on the first process; its error, if any, is raised on every process."""
+    if plan.share[1] == 1:
+        return work()
+    error = None
+    if plan.lead:
+        try:
+            work()
+        except (ValueError, OSError) as caught:
+            error = caught
+    message = distribution.from_first_process(None if error is None else str(error))
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ValueError(f"The first process stopped: {message}")
 
 
 def _augmentation(config):
@@ -430,6 +458,8 @@ class _Run:
         self.image_size = _image_size(model)
         self.channels = model.get_config()["num_channels"]
         _compile(model, make_optimizer(config, plan.total_steps, model), config.label_smoothing)
+        if plan.share[1] > 1:
+            distribution.average_gradients(model.optimizer)
         self.say(
             f"Model {config.preset} ({model.count_params():,} parameters, {self.image_size[0]}x"
             f"{self.image_size[1]}x{self.channels}); {plan.total_steps} steps of batch "
@@ -438,7 +468,14 @@ class _Run:
         self.checkpoint = callbacks_lib.RunCheckpoint(
             self.backup_dir, save_freq=config.backup_every or "epoch"
         )
-        start_epoch, batches_done, start_step = self._restore(model) if resume else (0, 0, 0)
+        start = (0, 0, 0)
+        if resume and plan.lead:
+            start = self._restore(model)
+        if plan.share[1] > 1:  # every process starts where the first one restored
+            start = distribution.from_first_process(start)
+            model.optimizer.build(model.trainable_variables)
+            distribution.broadcast_variables(callbacks_lib.training_variables_of(model))
+        start_epoch, batches_done, start_step = start
         eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
         self.val_data = data_lib.eval_dataset(
             self.data, self.data.validation, self.image_size, self.channels, eval_batch
@@ -499,7 +536,11 @@ class _Run:
         previous_best = max(
             (row.get("val_accuracy", -1.0) for row in _read_log(self.log_path)), default=None
         )
-        nan_stop = callbacks_lib.StopOnNaN()
+        nan_stop = callbacks_lib.StopOnNaN(
+            agree=distribution.any_process if self.plan.share[1] > 1 else None)
+        checkpoint = self.checkpoint
+        if not self.plan.lead:  # the first process writes the logs and checkpoints
+            return [nan_stop, *extra_callbacks], nan_stop, checkpoint
         recorders = []
         if config.grad_norm_every:
             probe = data_lib.eval_dataset(
@@ -513,7 +554,6 @@ class _Run:
                 )
             )
         log = keras.callbacks.CSVLogger(self.log_path, append=True)
-        checkpoint = self.checkpoint
         checkpoint.flush = [recorder.flush for recorder in recorders]
         # Order matters: the NaN stop acts before anything saves; records and the log
         # row of a step are written before the checkpoint of that step.
@@ -555,6 +595,7 @@ class _Run:
                 start_step=initial_epoch * plan.steps_per_epoch + offset,
                 end_step=plan.total_steps,
                 shuffle_buffer=config.shuffle_buffer,
+                share=plan.share,
             )
             checkpoint.batch_offset = nan_stop.batch_offset = offset
             try:
@@ -566,7 +607,7 @@ class _Run:
                     validation_data=self.val_data,
                     shuffle=False,  # the stream is shuffled by pass, reproducibly
                     callbacks=callbacks,
-                    verbose=verbose,
+                    verbose=verbose if plan.lead else 0,
                 )
             except callbacks_lib.LossIsNaN:
                 break
@@ -581,10 +622,11 @@ class _Run:
                "(ViT.from_preset)." if os.path.exists(last)
                else "No checkpoint was written before it.")
         )
-        durable.write_json(
-            os.path.join(self.output_dir, METRICS_FILE),
-            {"status": "diverged", "diverged_at_step": nan_stop.step, **record},
-        )
+        if self.plan.lead:
+            durable.write_json(
+                os.path.join(self.output_dir, METRICS_FILE),
+                {"status": "diverged", "diverged_at_step": nan_stop.step, **record},
+            )
         raise TrainingDiverged(message, nan_stop.step)
 
     def _finish(self, model, record, seconds):
@@ -596,11 +638,8 @@ class _Run:
         val = model.evaluate(self.val_data, return_dict=True, verbose=0)
         test = model.evaluate(self.test_data, return_dict=True, verbose=0)
         durable.fault_point("final:evaluated")
-        log = _read_log(self.log_path)
+        log = _read_log(self.log_path) if self.plan.lead else []
         best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
-        safe = f"The checkpoint in {self.backup_dir} is intact."
-        with run_files.storage_errors(self.preset_dir, safe):
-            durable.write_directory(self.preset_dir, model.save_to_preset, stage="preset")
         metrics = {
             "status": "completed",
             "val_accuracy": float(val["accuracy"]),
@@ -613,6 +652,11 @@ class _Run:
             "test_examples": self.data.test.size,
             **record,
         }
+        if not self.plan.lead:  # the first process writes the results
+            return metrics
+        safe = f"The checkpoint in {self.backup_dir} is intact."
+        with run_files.storage_errors(self.preset_dir, safe):
+            durable.write_directory(self.preset_dir, model.save_to_preset, stage="preset")
         metrics_path = os.path.join(self.output_dir, METRICS_FILE)
         with run_files.storage_errors(metrics_path, safe):
             durable.write_json(metrics_path, metrics, stage="metrics")
