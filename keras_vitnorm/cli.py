@@ -152,6 +152,10 @@ def add_training_arguments(parser):
                            help=_model_flag_help(key, choices, text))
     model.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
                        help="normalize queries and keys per head")
+    model.add_argument("--weight-standardization", dest="model_weight_standardization",
+                       action="store_true", default=None,
+                       help="standardize every stem and block kernel per output unit in the "
+                       "forward pass (Qiao et al. 2019)")
     model.add_argument("--set", dest="model_set", action="append", type=_parse_setting,
                        default=[], metavar="KEY=VALUE",
                        help="any other ViT config value, e.g. --set final_norm=false "

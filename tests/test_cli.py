@@ -40,6 +40,18 @@ def test_the_cli_vocabulary_is_the_library_vocabulary():
     assert choices.VARIANT_GROUP_NAMES == tuple(VARIANT_GROUPS)
 
 
+def test_model_switches_reach_the_train_config():
+    from keras_vitnorm.cli import build_parser
+    from keras_vitnorm.cli import train_config_from_args
+
+    args = build_parser().parse_args(["train", "--weight-standardization", "--qk-norm", "--norm", "dyt"])
+    model = train_config_from_args(args).model
+    assert {k: model[k] for k in ("weight_standardization", "qk_norm", "norm")} == {
+        "weight_standardization": True, "qk_norm": True, "norm": "dyt"}
+    assert "weight_standardization" not in train_config_from_args(
+        build_parser().parse_args(["train"])).model
+
+
 def test_help_of_every_command_imports_no_backend():
     code = f"""
         import sys

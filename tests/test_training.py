@@ -551,6 +551,48 @@ def test_distribute_values_are_checked_and_fsdp_is_jax_only(tmp_path, capsys):
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.initialize is JAX's")
+def test_two_jax_processes_train_as_one_process_and_resume(tmp_path):
+    """2 local processes (keras.distribution.initialize, one CPU device each), both
+    killed in the final evaluation and resumed: the first restores the last checkpoint
+    and shares it; weights and validation loss are one process's, to float32 rounding."""
+    argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
+            "--warmup-steps", "1", "--lr", "3e-3", "--flip", "--no-tensorboard", "--verbose", "0",
+            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
+            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
+            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"])]
+    single = run_python(f"""
+        from keras_vitnorm.cli import main
+        raise SystemExit(main({argv + ["--output-dir", str(tmp_path / "one")]!r}))
+    """)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    def two_processes(*extra, env=()):
+        port = str(free_port())
+        children = [subprocess.Popen(
+            [sys.executable, "-m", "keras_vitnorm", *argv, "--distribute",
+             "--output-dir", str(tmp_path / "two"), *extra],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "KERAS_BACKEND": "jax", "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+                 **dict(env)}) for index in range(2)]
+        return [(child.wait(timeout=600), child.stderr.read()) for child in children]
+
+    killed = two_processes(env={durable.FAULT_ENV: "final:evaluated"})
+    assert [code for code, _ in killed] == [-9, -9], killed[0][1][-3000:]
+    resumed = two_processes("--resume", "--take-over-lock")
+    assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
+    one_metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    two_metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert two_metrics["replicas"] == 2 and two_metrics["resumed_from_step"] == 6
+    assert two_metrics["val_loss"] == pytest.approx(one_metrics["val_loss"], rel=1e-5)
+    assert two_metrics["test_accuracy"] == one_metrics["test_accuracy"]
+    w1 = np.load(tmp_path / "one" / "preset" / "model.weights.npz")
+    w2 = np.load(tmp_path / "two" / "preset" / "model.weights.npz")
+    for key in w1.files:
+        np.testing.assert_allclose(w2[key], w1[key], atol=2e-5, err_msg=key)
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is the TensorFlow backend's")
 def test_mirrored_strategy_matches_single_device_after_one_step(tmp_path):
     code = f"""

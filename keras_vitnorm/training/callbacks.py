@@ -83,6 +83,16 @@ def load_training_state(model, path):
     Returns:
         The saved PyTorch random state, or `None`.
     """
+    values, random_state = read_training_state(model, path)
+    for variable, value in zip(training_variables_of(model), values):
+        variable.assign(value)
+    return random_state
+
+
+def read_training_state(model, path):
+    """`(values, PyTorch random state or None)` of the archive written by
+    `save_training_state`, checked against a compiled `model`'s
+    `training_variables` (whose optimizer it builds); nothing is assigned."""
     model.optimizer.build(model.trainable_variables)
     targets = training_variables(model)
     with np.load(path, allow_pickle=False) as archive:
@@ -102,10 +112,8 @@ def load_training_state(model, path):
                 f"{path}: variable {index} ({names[index]}) has shape {array.shape}, but "
                 f"{owner} variable {variable.path} has shape {tuple(variable.shape)}."
             )
-        values.append((variable, array))
-    for variable, array in values:
-        variable.assign(array)
-    return random_state
+        values.append(array)
+    return values, random_state
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -186,16 +194,25 @@ class RunCheckpoint(keras.callbacks.Callback):
                 return path, state
         return None
 
-    def restore(self, model, path):
-        """Loads a checkpoint's variables into a compiled `model` (and its random state)."""
+    def restore(self, model, path, assign=True):
+        """Loads a checkpoint's variables into a compiled `model` (and its random state).
+
+        With `assign=False` the values are returned instead, in `training_variables`
+        order (the processes of a distributed run assign them together).
+        """
         arrays = os.path.join(path, ARRAYS_FILE)
         try:
-            self._random_state = load_training_state(model, arrays)
+            values, self._random_state = read_training_state(model, arrays)
         except Exception as error:
             raise ValueError(
                 f"Checkpoint {arrays} cannot be loaded into this run ({error}). Delete the "
                 f"checkpoint directory {path} to resume from the one before it."
             ) from error
+        if not assign:
+            return values
+        for variable, value in zip(training_variables_of(model), values):
+            variable.assign(value)
+        return None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -275,6 +292,20 @@ class PresetCheckpoint(keras.callbacks.Callback):
         with run_files.storage_errors(self.path, "The run's checkpoint is unaffected."):
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             durable.write_directory(self.path, self.model.save_to_preset, stage=self.stage)
+
+
+class ScaleLog(keras.callbacks.Callback):
+    """Multiplies the epoch log `key` by `factor` for the callbacks after it (a padded
+    validation split's loss, `data.eval_dataset(pad=True)`)."""
+
+    def __init__(self, key, factor):
+        super().__init__()
+        self.key = key
+        self.factor = factor
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self.key in logs and self.factor != 1.0:
+            logs[self.key] = logs[self.key] * self.factor
 
 
 class LossIsNaN(RuntimeError):

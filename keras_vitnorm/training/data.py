@@ -571,8 +571,15 @@ def _to_model_range(image):
     return image / 127.5 - 1.0
 
 
-def eval_dataset(data, split, image_size, channels, batch_size):
-    """Batched `(images, one-hot labels)` of a split, in order, no augmentation."""
+def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
+
+    With `pad`, the split is padded with blank examples to whole batches and each
+    batch carries sample weights (1 for the split's examples, 0 for the blanks):
+    `(images, labels, weights)`. Every batch is then full, which JAX's processes need
+    to split each batch among themselves; the accuracy is the split's own, and a
+    loss averaged over the batches is the split's times `padded_size(...) / size`.
+    """
     tf = _tf()
     image_size = tuple(image_size)
 
@@ -581,10 +588,20 @@ def eval_dataset(data, split, image_size, channels, batch_size):
         return _to_model_range(image), tf.one_hot(label, data.num_classes)
 
     dataset = split.source.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    if pad:
+        blanks = padded_size(split.size, batch_size) - split.size
+        blank = (tf.zeros((*image_size, channels)), tf.zeros((data.num_classes,)))
+        dataset = dataset.map(lambda x, y: (x, y, 1.0)).concatenate(
+            tf.data.Dataset.from_tensors((*blank, 0.0)).repeat(blanks))
     dataset = dataset.batch(batch_size)
     if split.size * math.prod(image_size) * channels * 4 < 2**30:
         dataset = dataset.cache()
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def padded_size(size, batch_size):
+    """`size` rounded up to whole batches of `batch_size` (`eval_dataset(pad=True)`)."""
+    return -(-size // batch_size) * batch_size
 
 
 def train_stream(

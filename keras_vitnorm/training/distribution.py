@@ -12,8 +12,9 @@
   device is in docs/training.md).
 
 With `KERAS_DISTRIBUTION_NUM_PROCESSES` > 1 (several hosts, or several processes on
-one), JAX's layouts span every process's devices after
-`keras.distribution.initialize()`.
+one), JAX's data-parallel layout spans every process's devices after
+`keras.distribution.initialize()`, and Keras feeds each process its share of every
+batch.
 
 PyTorch (`"data"`): one process per device, started by `torchrun`, each training on
 its share of every global batch; each step's gradients are averaged over the
@@ -21,8 +22,11 @@ processes (`average_gradients`) before the optimizer applies them, which is the
 update DistributedDataParallel computes. DDP's own wrapper is not used because
 Keras' `fit` calls the model itself, so DDP's reducer, which starts from the
 wrapper's forward pass, would never run; the average is one `all_reduce` of all
-gradients, after the backward pass instead of overlapped with it. The first process
-writes the run's files; the others train and read nothing but what it broadcasts.
+gradients, after the backward pass instead of overlapped with it.
+
+With several processes (either backend) the first one writes the run's files; the
+others train and read nothing but what it sends them (`from_first_process`,
+`share_variables`).
 """
 
 import os
@@ -52,7 +56,14 @@ def distribution_scope(kind="data"):
     check_choice("distribute", kind, DISTRIBUTIONS)
     backend = keras.backend.backend()
     if backend == "jax":
-        if int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
+        processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))
+        if processes > 1:
+            if kind == "fsdp":
+                raise ValueError(
+                    "distribute='fsdp' shards the weights over the devices of one process; "
+                    f"with KERAS_DISTRIBUTION_NUM_PROCESSES={processes} use distribute='data' "
+                    "(each process would hold only part of the weights it saves)."
+                )
             keras.distribution.initialize()
         devices = keras.distribution.list_devices()
         if kind == "data":
@@ -99,6 +110,19 @@ def torch_processes():
     return dist.get_rank(), dist.get_world_size()
 
 
+def process_index_and_count():
+    """`(index, count)` of this process among the training processes: torchrun's
+    rank and world size, or JAX's process index and count; `(0, 1)` for one process."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return process_share()
+    if backend == "jax":
+        import jax
+
+        return jax.process_index(), jax.process_count()
+    return 0, 1
+
+
 def process_share():
     """`(index, count)`: which share of each global batch this process trains on.
 
@@ -131,29 +155,58 @@ def average_gradients(optimizer):
     optimizer.apply = apply_averaged
 
 
-def broadcast_variables(variables):
-    """Gives every torch process the first process's values of `variables`."""
-    import torch.distributed as dist
+def share_variables(variables, values=None):
+    """Gives every training process the first process's `values` of `variables` (its
+    current ones where `values` is None). Every process calls this, with its own
+    variables in the same order; every process assigns (on JAX an assignment is a
+    step of all processes)."""
+    lead = process_index_and_count()[0] == 0
+    if keras.backend.backend() == "torch":
+        import torch.distributed as dist
 
-    for variable in variables:
-        dist.broadcast(variable.value.data, src=0)
+        for index, variable in enumerate(variables):
+            if lead and values is not None:
+                variable.assign(values[index])
+            dist.broadcast(variable.value.data, src=0)
+        return
+    if lead and values is None:
+        values = [keras.ops.convert_to_numpy(v) for v in variables]
+    values = from_first_process(values if lead else None)
+    for variable, value in zip(variables, values):
+        variable.assign(value)
 
 
 def from_first_process(value):
-    """The first torch process's `value` (any picklable object), on every process."""
-    import torch.distributed as dist
+    """The first training process's `value` (any picklable object), on every process."""
+    if keras.backend.backend() == "torch":
+        import torch.distributed as dist
 
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    import pickle
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(value), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(data.size)))
+    buffer = np.zeros(size, np.uint8)
+    buffer[: min(size, data.size)] = data[:size]
+    return pickle.loads(np.asarray(multihost_utils.broadcast_one_to_all(buffer)).tobytes())
 
 
 def any_process(flag):
-    """Whether `flag` holds on any torch process (every process must call this)."""
-    import torch
-    import torch.distributed as dist
+    """Whether `flag` holds on any training process (every process must call this)."""
+    if keras.backend.backend() == "torch":
+        import torch
+        import torch.distributed as dist
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # NCCL reduces GPU tensors only
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # NCCL reduces GPU tensors only
+        value = torch.tensor([1.0 if flag else 0.0], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))

@@ -301,7 +301,8 @@ def _compile(model, optimizer, label_smoothing):
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        # Weighted, so that the blank examples of a padded split do not count.
+        weighted_metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
     )
 
 
@@ -319,12 +320,19 @@ class _Plan:
     overrides: dict
     replicas: int
     scope: object
-    share: tuple = (0, 1)  # (index, count) of this process's share of each batch
+    share: tuple = (0, 1)  # (index, count) of this process's share of each batch it reads
+    process: tuple = (0, 1)  # (index, count) of this process among the training processes
+
+    @property
+    def processes_split_batches(self):
+        """Whether the backend splits each batch among several processes (JAX's), so
+        that every batch, evaluation ones too, must be full."""
+        return self.process[1] > 1 and self.share[1] == 1
 
     @property
     def lead(self):
         """Whether this process writes the run's files (the first of several, or the only one)."""
-        return self.share[0] == 0
+        return self.process[0] == 0
 
 
 def _plan(config, data):
@@ -349,7 +357,7 @@ def _plan(config, data):
                 f"use a multiple of {replicas}."
             )
     return _Plan(steps_per_epoch, total_steps, overrides, replicas, scope,
-                 distribution.process_share())
+                 distribution.process_share(), distribution.process_index_and_count())
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
@@ -414,7 +422,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
 
 def _first_process_then_all(plan, work):
     """Runs `work()` on the first process; its error, if any, is raised on every process."""
-    if plan.share[1] == 1:
+    if plan.process[1] == 1:
         return work()
     error = None
     if plan.lead:
@@ -458,7 +466,7 @@ class _Run:
         self.image_size = _image_size(model)
         self.channels = model.get_config()["num_channels"]
         _compile(model, make_optimizer(config, plan.total_steps, model), config.label_smoothing)
-        if plan.share[1] > 1:
+        if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
             distribution.average_gradients(model.optimizer)
         self.say(
             f"Model {config.preset} ({model.count_params():,} parameters, {self.image_size[0]}x"
@@ -468,21 +476,30 @@ class _Run:
         self.checkpoint = callbacks_lib.RunCheckpoint(
             self.backup_dir, save_freq=config.backup_every or "epoch"
         )
-        start = (0, 0, 0)
-        if resume and plan.lead:
-            start = self._restore(model)
-        if plan.share[1] > 1:  # every process starts where the first one restored
-            start = distribution.from_first_process(start)
+        start, restored = (0, 0, 0), None
+        several = plan.process[1] > 1
+        if several:
+            # With several processes, every one creates and assigns variables at once
+            # (on JAX each is a step of all processes): the optimizer's first.
             model.optimizer.build(model.trainable_variables)
-            distribution.broadcast_variables(callbacks_lib.training_variables_of(model))
+        if resume and plan.lead:
+            start, restored = self._restore(model, assign=not several)
+        if several:  # every process starts where the first one restored
+            start = distribution.from_first_process(start)
+            # A fresh JAX start needs nothing: JAX checks that the processes create
+            # their variables with the same values.
+            if resume or keras.backend.backend() == "torch":
+                distribution.share_variables(callbacks_lib.training_variables_of(model), restored)
         start_epoch, batches_done, start_step = start
         eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
-        self.val_data = data_lib.eval_dataset(
-            self.data, self.data.validation, self.image_size, self.channels, eval_batch
-        )
-        self.test_data = data_lib.eval_dataset(
-            self.data, self.data.test, self.image_size, self.channels, eval_batch
-        )
+        pad = plan.processes_split_batches
+        self.val_data, self.test_data = (
+            data_lib.eval_dataset(self.data, split, self.image_size, self.channels, eval_batch, pad)
+            for split in (self.data.validation, self.data.test))
+        # A padded split's mean loss counts the blanks (weight 0): scaled back to its own.
+        self.loss_scale = {
+            role: data_lib.padded_size(split.size, eval_batch) / split.size if pad else 1.0
+            for role, split in (("validation", self.data.validation), ("test", self.data.test))}
         began = time.perf_counter()
         nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
         seconds = time.perf_counter() - began
@@ -502,12 +519,14 @@ class _Run:
             self._diverged(nan_stop, record)
         return self._finish(model, record, seconds)
 
-    def _restore(self, model):
-        """Loads the last checkpoint; returns `(epoch, batches done in it, step)`."""
+    def _restore(self, model, assign=True):
+        """Loads the last checkpoint; returns `((epoch, batches done in it, step), values)`:
+        the checkpoint's variable values if `assign` is False (else `None`)."""
         for directory in (self.preset_dir, *self.model_checkpoints.values()):
             durable.recover_directory(directory)
         found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
         epoch, batch, step = 0, 0, 0
+        values = None
         if found:
             path, state = found
             epoch, batch, step = state["epoch"], state["batch"], state["step"]
@@ -516,7 +535,7 @@ class _Run:
                     f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
                     f"not fit {self.plan.steps_per_epoch} steps per epoch."
                 )
-            self.checkpoint.restore(model, path)
+            values = self.checkpoint.restore(model, path, assign=assign)
             if batch >= self.plan.steps_per_epoch:
                 epoch, batch = epoch + 1, 0
             where = ("all steps done: final evaluation" if step >= self.plan.total_steps
@@ -529,7 +548,7 @@ class _Run:
                 os.remove(self.grad_norms_path)
         else:
             _truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
-        return epoch, batch, step
+        return (epoch, batch, step), values
 
     def _callbacks(self, extra_callbacks):
         config = self.config
@@ -537,10 +556,9 @@ class _Run:
             (row.get("val_accuracy", -1.0) for row in _read_log(self.log_path)), default=None
         )
         nan_stop = callbacks_lib.StopOnNaN(
-            agree=distribution.any_process if self.plan.share[1] > 1 else None)
+            agree=distribution.any_process if self.plan.process[1] > 1 else None)
+        scale = callbacks_lib.ScaleLog("val_loss", self.loss_scale["validation"])
         checkpoint = self.checkpoint
-        if not self.plan.lead:  # the first process writes the logs and checkpoints
-            return [nan_stop, *extra_callbacks], nan_stop, checkpoint
         recorders = []
         if config.grad_norm_every:
             probe = data_lib.eval_dataset(
@@ -550,15 +568,20 @@ class _Run:
             recorders.append(
                 GradientNormRecorder(
                     np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
-                    path=self.grad_norms_path,
+                    # Every process computes the records (a step of JAX's processes runs
+                    # on all of them); the first one writes them.
+                    path=self.grad_norms_path if self.plan.lead else None,
                 )
             )
+        if not self.plan.lead:  # the first process writes the logs and checkpoints
+            return [nan_stop, scale, *recorders, *extra_callbacks], nan_stop, checkpoint
         log = keras.callbacks.CSVLogger(self.log_path, append=True)
         checkpoint.flush = [recorder.flush for recorder in recorders]
         # Order matters: the NaN stop acts before anything saves; records and the log
         # row of a step are written before the checkpoint of that step.
         callbacks = [
             nan_stop,
+            scale,
             *recorders,
             log,
             callbacks_lib.PresetCheckpoint(
@@ -637,6 +660,8 @@ class _Run:
         """
         val = model.evaluate(self.val_data, return_dict=True, verbose=0)
         test = model.evaluate(self.test_data, return_dict=True, verbose=0)
+        val["loss"] *= self.loss_scale["validation"]
+        test["loss"] *= self.loss_scale["test"]
         durable.fault_point("final:evaluated")
         log = _read_log(self.log_path) if self.plan.lead else []
         best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
