@@ -1,7 +1,7 @@
 """Training-step time of each block norm and stem, as a ratio to pre-LN LayerNorm.
 
     python benchmarks/bench_variants.py --model s16 --batch-size 8
-    python benchmarks/bench_variants.py --model study --batch-size 128 --mixed-precision mixed_bfloat16
+    python benchmarks/bench_variants.py --model study --batch-size 64
 
 Every variant changes one thing against the baseline (pre-LN LayerNorm blocks, plain
 patch stem): the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
@@ -13,7 +13,7 @@ step time divided by the baseline's step time in the same round, with the range 
 rounds; so drift of the machine between rounds cancels.
 
 `--model s16` is ViT-S/16 at 224 px; `--model study` the converged CIFAR-10 study's
-ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 256). Results are printed as a
+ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512). Results are printed as a
 markdown table and, with `--json`, written to a file.
 """
 
@@ -31,7 +31,7 @@ KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 MODELS = {
     "s16": dict(image_size=224, patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536,
                 num_classes=1000),
-    "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=256,
+    "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512,
                   num_classes=10),
 }
 #: variant -> ViT config changes against the baseline (first).
