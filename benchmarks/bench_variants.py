@@ -1,7 +1,7 @@
 """Training-step time of each block norm and stem, as a ratio to pre-LN LayerNorm.
 
     python benchmarks/bench_variants.py --model s16 --batch-size 8
-    python benchmarks/bench_variants.py --model study --batch-size 64
+    python benchmarks/bench_variants.py --model study --batch-size 128
 
 Every variant changes one thing against the baseline (pre-LN LayerNorm blocks, plain
 patch stem): the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
