@@ -551,21 +551,55 @@ def test_distribute_values_are_checked_and_fsdp_is_jax_only(tmp_path, capsys):
         assert not (tmp_path / "run").exists()
 
 
+#: A short run of the tiny model on digits that several processes split: 6 steps of 32.
+SPLIT_RUN_ARGV = [
+    "train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32", "--warmup-steps", "1",
+    "--lr", "3e-3", "--flip", "--no-tensorboard", "--verbose", "0",
+    "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
+    "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
+    "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"])]
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_in_one_process(run_dir):
+    single = run_python(f"""
+        from keras_vitnorm.cli import main
+        raise SystemExit(main({SPLIT_RUN_ARGV + ["--output-dir", str(run_dir)]!r}))
+    """)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+
+def assert_same_run(one, two):
+    """Run `two` (several processes) ended as run `one` (one process) did, to float32
+    rounding: the same steps, validation loss, test accuracy and weights. Returns
+    `two`'s metrics."""
+    one_metrics = json.loads((one / "metrics.json").read_text())
+    two_metrics = json.loads((two / "metrics.json").read_text())
+    assert two_metrics["steps"] == one_metrics["steps"] == 6
+    assert two_metrics["val_loss"] == pytest.approx(one_metrics["val_loss"], rel=1e-5)
+    assert two_metrics["test_accuracy"] == one_metrics["test_accuracy"]
+    w1 = np.load(one / "preset" / "model.weights.npz")
+    w2 = np.load(two / "preset" / "model.weights.npz")
+    assert sorted(w1.files) == sorted(w2.files)
+    for key in w1.files:
+        np.testing.assert_allclose(w2[key], w1[key], atol=2e-5, err_msg=key)
+    return two_metrics
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.initialize is JAX's")
 def test_two_jax_processes_train_as_one_process_and_resume(tmp_path):
     """2 local processes (keras.distribution.initialize, one CPU device each), both
     killed in the final evaluation and resumed: the first restores the last checkpoint
     and shares it; weights and validation loss are one process's, to float32 rounding."""
-    argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
-            "--warmup-steps", "1", "--lr", "3e-3", "--flip", "--no-tensorboard", "--verbose", "0",
-            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
-            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
-            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"])]
-    single = run_python(f"""
-        from keras_vitnorm.cli import main
-        raise SystemExit(main({argv + ["--output-dir", str(tmp_path / "one")]!r}))
-    """)
-    assert single.returncode == 0, single.stderr[-3000:]
+    argv = SPLIT_RUN_ARGV
+    train_in_one_process(tmp_path / "one")
 
     def two_processes(*extra, env=()):
         port = str(free_port())
@@ -582,15 +616,8 @@ def test_two_jax_processes_train_as_one_process_and_resume(tmp_path):
     assert [code for code, _ in killed] == [-9, -9], killed[0][1][-3000:]
     resumed = two_processes("--resume", "--take-over-lock")
     assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
-    one_metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
-    two_metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    two_metrics = assert_same_run(tmp_path / "one", tmp_path / "two")
     assert two_metrics["replicas"] == 2 and two_metrics["resumed_from_step"] == 6
-    assert two_metrics["val_loss"] == pytest.approx(one_metrics["val_loss"], rel=1e-5)
-    assert two_metrics["test_accuracy"] == one_metrics["test_accuracy"]
-    w1 = np.load(tmp_path / "one" / "preset" / "model.weights.npz")
-    w2 = np.load(tmp_path / "two" / "preset" / "model.weights.npz")
-    for key in w1.files:
-        np.testing.assert_allclose(w2[key], w1[key], atol=2e-5, err_msg=key)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is the TensorFlow backend's")
@@ -639,29 +666,13 @@ def test_distribute_on_torch_outside_torchrun_says_how_to_start_it(tmp_path, mon
     assert not (tmp_path / "run").exists()
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(BACKEND != "torch", reason="torchrun processes are the torch backend's")
 def test_two_torchrun_processes_train_as_one_process_on_the_same_global_batch(tmp_path):
     """torchrun with 2 CPU processes (gloo), each on half of every batch of 32, killed
     and resumed: the same weights and validation loss as one process, to float32
     rounding; only the first process writes the run (log, checkpoints, preset, metrics)."""
-    argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
-            "--warmup-steps", "1", "--lr", "3e-3", "--flip", "--no-tensorboard", "--verbose", "0",
-            "--image-size", str(TINY["image_size"]), "--patch-size", str(TINY["patch_size"]),
-            "--width", str(TINY["width"]), "--depth", str(TINY["depth"]),
-            "--num-heads", str(TINY["num_heads"]), "--mlp-dim", str(TINY["mlp_dim"])]
-    single = run_python(f"""
-        from keras_vitnorm.cli import main
-        raise SystemExit(main({argv + ["--output-dir", str(tmp_path / "one")]!r}))
-    """)
-    assert single.returncode == 0, single.stderr[-3000:]
+    argv = SPLIT_RUN_ARGV
+    train_in_one_process(tmp_path / "one")
 
     def torchrun(*extra, env=()):
         return subprocess.run(
@@ -678,15 +689,7 @@ def test_two_torchrun_processes_train_as_one_process_on_the_same_global_batch(tm
     assert killed.returncode != 0 and (tmp_path / "two" / "backup" / "step-000000003").is_dir()
     two = torchrun("--resume", "--take-over-lock")
     assert two.returncode == 0, two.stderr[-3000:]
-    one_metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
-    two_metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
-    assert two_metrics["replicas"] == 2 and two_metrics["steps"] == 6
-    assert two_metrics["resumed_from_step"] == 3
-    assert two_metrics["val_loss"] == pytest.approx(one_metrics["val_loss"], rel=1e-5)
-    w1 = np.load(tmp_path / "one" / "preset" / "model.weights.npz")
-    w2 = np.load(tmp_path / "two" / "preset" / "model.weights.npz")
-    assert sorted(w1.files) == sorted(w2.files)
-    for key in w1.files:
-        np.testing.assert_allclose(w2[key], w1[key], atol=2e-5, err_msg=key)
+    two_metrics = assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert two_metrics["replicas"] == 2 and two_metrics["resumed_from_step"] == 3
     assert len((tmp_path / "two" / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs
     assert not (tmp_path / "two" / "run.lock").exists()
