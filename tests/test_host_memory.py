@@ -69,7 +69,7 @@ def test_only_the_training_commands_change_the_allocator(monkeypatch, command, a
 
     calls = []
     monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(cli, "main", lambda argv: 0)
+    monkeypatch.setattr(cli, "main", lambda argv, **options: 0)
     monkeypatch.setattr(sys, "argv", ["keras-vitnorm", command, "--help"])
     with pytest.raises(SystemExit):
         cli.console()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suite once per Keras backend (jax, tensorflow, torch) and fails if
 # any run fails (pytest's "no tests collected", exit 5, counts as a failure).
-# Extra arguments go to pytest, e.g. `bash tools/test_backends.sh -k parity`.
+# Extra arguments go to pytest, e.g. `bash tools/test_backends.sh -k parity`. Tests run in
+# PYTEST_WORKERS processes (pytest-xdist; default 2, the cores of the CI machine; 0 runs
+# them in this process).
 set -u
 cd "$(dirname "$0")/.."
 status=0
@@ -9,7 +11,7 @@ summary=""
 for backend in jax tensorflow torch; do
     echo "=== KERAS_BACKEND=$backend ==="
     start=$SECONDS
-    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@"
+    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" "$@"
     code=$?
     summary+="$backend: exit $code in $((SECONDS - start)) s"$'\n'
     [ $code -ne 0 ] && status=1

@@ -432,6 +432,6 @@ class ViT(keras.Model):
                 f"Weight {POSITION_EMBEDDING!r} has shape {tuple(np.shape(embedding))}; the model "
                 f"expects {expected} (resample_position_embedding=False)."
             )
-        checkpoint = Checkpoint("weights by path", "arrays", self.get_config(), dict(arrays),
+        checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(), dict(arrays),
                                 {path: path for path in arrays})
         weights.transfer(self, checkpoint, resample, strict=True)

@@ -309,9 +309,10 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
                 f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})"
             )
         else:
+            renamed = f" (as {path!r})" if source != path else ""
             raise ValueError(
                 f"Checkpoint key {source!r} of {checkpoint.source} has shape "
-                f"{tuple(array.shape)} (as {path!r}); the model expects {expected}."
+                f"{tuple(array.shape)}{renamed}; the model expects {expected}."
             )
     for path in arrays:
         if _is_block_norm(path) and not block_norms_fit:
