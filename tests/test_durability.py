@@ -10,6 +10,7 @@ an uninterrupted run of the same seed.
 import errno
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -284,13 +285,31 @@ def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
     assert (run_dir / "train_config.json").exists() and not (run_dir / "run.lock").exists()
 
 
-def test_a_directory_without_write_permission_ends_with_a_message_and_exit_status_4(tmp_path):
+@pytest.fixture
+def traversable_dir():
+    """A fresh folder that every user may enter (pytest's own temporary folders are
+    private to their owner, so a process that dropped root's rights could not reach
+    anything inside them)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="keras_vitnorm_")
+    os.chmod(path, 0o755)
+    yield pathlib.Path(path)
+    for root, folders, _ in os.walk(path):
+        for folder in folders:
+            os.chmod(os.path.join(root, folder), 0o755)
+    shutil.rmtree(path)
+
+
+def test_a_directory_without_write_permission_ends_with_a_message_and_exit_status_4(
+        traversable_dir):
     """A run directory inside a directory the user may not write (the child drops root's
     rights first, as root writes anywhere)."""
+    tmp_path = traversable_dir
     parent = tmp_path / "read_only"
     parent.mkdir()
     parent.chmod(0o555)
-    tmp_path.chmod(0o755)
     run_dir = parent / "run"
     child = run_python(f"""
         import os, sys
@@ -305,7 +324,7 @@ def test_a_directory_without_write_permission_ends_with_a_message_and_exit_statu
     """, env={"HOME": str(tmp_path)})
     assert child.returncode == 4, child.stderr[-3000:]
     named = re.search(r"Could not write (\S+): .*Permission denied.*Nothing was written", child.stderr)
-    assert named and str(run_dir).startswith(named.group(1)), child.stderr[-3000:]
+    assert named and named.group(1) == str(run_dir), child.stderr[-3000:]
     assert "Traceback" not in child.stderr
     assert not run_dir.exists()
 
@@ -389,6 +408,10 @@ def test_a_weight_missing_from_a_preset_is_an_error_naming_it(preset_dir):
     with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*missing from the weights: "
                                          r"'block_0/mlp/fc1/kernel"):
         ViT.from_preset(str(preset_dir))
+    # An override equal to the preset's own value (training always passes num_classes)
+    # changes no weight, so loading stays strict.
+    with pytest.raises(ValueError, match="missing from the weights: 'block_0/mlp/fc1/kernel"):
+        ViT.from_preset(str(preset_dir), num_classes=3)  # the preset_dir model's own
 
 
 def test_a_weight_of_the_wrong_shape_or_a_bad_config_value_names_the_preset(preset_dir):
@@ -477,6 +500,57 @@ def test_storage_errors_are_recognized_from_their_errno():
     with pytest.raises(KeyError):
         with storage_errors("x", "safe"):
             raise KeyError("not a storage error")
+
+
+def test_a_refused_read_elsewhere_is_not_reported_as_a_failed_write(tmp_path):
+    from keras_vitnorm.training.run_files import storage_errors
+
+    run_dir = tmp_path / "run"
+    elsewhere = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "preset"))
+    with pytest.raises(PermissionError) as raised:
+        with storage_errors(str(run_dir), "safe"):
+            raise elsewhere
+    assert raised.value is elsewhere
+    for inside in (run_dir / "log.csv", tmp_path):  # a file of the run, a folder above it
+        with pytest.raises(StorageError, match=f"Could not write {re.escape(str(inside))}"):
+            with storage_errors(str(run_dir), "safe"):
+                raise PermissionError(errno.EACCES, "Permission denied", str(inside))
+
+
+def test_a_failed_lock_write_leaves_no_empty_lock(tmp_path, monkeypatch):
+    from keras_vitnorm.training import run_files
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(run_files.json, "dump", full_disk)
+    with pytest.raises(StorageError, match="Could not write .*run.lock"):
+        run_files.RunLock(str(tmp_path), "run.lock").acquire()
+    assert not (tmp_path / "run.lock").exists()
+
+
+@pytest.mark.parametrize("lead", [True, False])
+def test_an_error_of_the_first_process_stops_every_process(monkeypatch, lead):
+    """The first process's error (a taken lock, a damaged checkpoint) reaches the others
+    through the broadcast every process joins, so none of them waits for it."""
+    from keras_vitnorm.training import distribution
+    from keras_vitnorm.training import trainer
+
+    plan = trainer._Plan(1, 1, {}, 1, None, process=(0 if lead else 1, 2))
+    sent = []
+    first_process_says = "The run directory /r is in use by another process"
+    monkeypatch.setattr(distribution, "from_first_process",
+                        lambda value: sent.append(value) or first_process_says)
+
+    def work():
+        raise LockedError(first_process_says)
+
+    expected = LockedError if lead else ValueError
+    with pytest.raises(expected, match="in use by another process"):
+        trainer._first_process_then_all(plan, work)
+    assert sent == [first_process_says if lead else None]
+    monkeypatch.setattr(distribution, "from_first_process", lambda value: None)
+    assert trainer._first_process_then_all(plan, lambda: "restored") == ("restored" if lead else None)
 
 
 # ----------------------------------------------------------------------------- the study runner

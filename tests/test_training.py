@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -568,6 +569,22 @@ def free_port():
         return s.getsockname()[1]
 
 
+def finish_together(children, timeout=600):
+    """`[(exit code, stderr), ...]` of `children` (stderr piped); all are killed if they
+    have not ended within `timeout` seconds together."""
+    deadline = time.monotonic() + timeout
+    try:
+        # communicate() drains each pipe, so a child's full pipe cannot block it.
+        errors = [child.communicate(timeout=max(1.0, deadline - time.monotonic()))[1]
+                  for child in children]
+        return [(child.returncode, error) for child, error in zip(children, errors)]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
 def train_in_one_process(run_dir):
     single = run_python(f"""
         from keras_vitnorm.cli import main
@@ -610,7 +627,7 @@ def test_two_jax_processes_train_as_one_process_and_resume(tmp_path):
             env={**os.environ, "KERAS_BACKEND": "jax", "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
                  "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
                  **dict(env)}) for index in range(2)]
-        return [(child.wait(timeout=600), child.stderr.read()) for child in children]
+        return finish_together(children)
 
     killed = two_processes(env={durable.FAULT_ENV: "final:evaluated"})
     assert [code for code, _ in killed] == [-9, -9], killed[0][1][-3000:]

@@ -32,6 +32,9 @@ WEIGHTS_FILE = "model.weights.npz"
 METADATA_FILE = "metadata.json"
 
 
+_UNSET = object()
+
+
 def weights_by_path(model):
     """Returns `{path: variable}` for every weight of `model`."""
     return {variable.path: variable for variable in model.weights}
@@ -108,11 +111,13 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     config, arrays = read_preset_directory(preset)
     weights_lib.check_overrides(cls, config, f"key in {os.path.join(preset, CONFIG_FILE)}")
     checkpoint = Checkpoint("keras_vitnorm", preset, config, arrays, {k: k for k in arrays})
+    # Unless an override changes the model, the file must hold exactly the model's
+    # weights: a weight missing from a damaged archive is an error, not a fresh
+    # initialization. (Training passes num_classes always; an equal one changes nothing.)
+    changes = {key: value for key, value in overrides.items() if config.get(key, _UNSET) != value}
     try:
-        # Without overrides the file must hold exactly the model's weights: a weight
-        # missing from a damaged archive is an error, not a fresh initialization.
         model, report = weights_lib.build_from_checkpoint(
-            checkpoint, model_class=cls, resample=resample, strict=not overrides, **overrides
+            checkpoint, model_class=cls, resample=resample, strict=not changes, **overrides
         )
     except ValueError as error:
         raise ValueError(f"Preset {preset!r}: {error}") from error

@@ -146,10 +146,16 @@ def average_gradients(optimizer):
     apply, world = optimizer.apply, dist.get_world_size()
 
     def apply_averaged(grads, trainable_variables=None):
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        # A variable without a gradient (None) joins as zeros and stays None for Keras.
+        # (Keras' torch trainer passes the variables with their gradients.)
+        present = [g is not None for g in grads]
+        dense = [g if g is not None else torch.zeros_like(v.value)
+                 for g, v in zip(grads, trainable_variables)]
+        flat = torch.cat([g.reshape(-1) for g in dense])
         dist.all_reduce(flat)
         flat /= world
-        grads = [part.view_as(g) for part, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
+        parts = torch.split(flat, [g.numel() for g in dense])
+        grads = [part.view_as(g) if kept else None for part, g, kept in zip(parts, dense, present)]
         return apply(grads, trainable_variables)
 
     optimizer.apply = apply_averaged
@@ -169,15 +175,18 @@ def share_variables(variables, values=None):
                 variable.assign(values[index])
             dist.broadcast(variable.value.data, src=0)
         return
-    if lead and values is None:
-        values = [keras.ops.convert_to_numpy(v) for v in variables]
-    values = from_first_process(values if lead else None)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    from jax.experimental import multihost_utils
+
+    # One variable at a time: every process offers an array of the variable's shape
+    # (its own value), and the first process's is the one that arrives.
+    for index, variable in enumerate(variables):
+        value = values[index] if lead and values is not None else variable
+        variable.assign(multihost_utils.broadcast_one_to_all(keras.ops.convert_to_numpy(value)))
 
 
 def from_first_process(value):
-    """The first training process's `value` (any picklable object), on every process."""
+    """The first training process's `value` (a small picklable object: a step, a
+    message; arrays go through `share_variables`), on every process."""
     if keras.backend.backend() == "torch":
         import torch.distributed as dist
 

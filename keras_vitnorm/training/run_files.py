@@ -33,6 +33,14 @@ def _storage_error(error):
                                            "permission denied", "read-only file system"))
 
 
+def _related(file, path):
+    """Whether `file` is `path`, lies inside it or is a folder above it."""
+    if not isinstance(file, (str, bytes, os.PathLike)):
+        return True
+    file, path = os.path.abspath(os.fsdecode(file)), os.path.abspath(path)
+    return os.path.commonpath([file, path]) in (file, path)
+
+
 @contextlib.contextmanager
 def storage_errors(path, safe):
     """Turns a storage failure while writing `path` into a `StorageError`.
@@ -47,9 +55,10 @@ def storage_errors(path, safe):
     except StorageError:
         raise
     except Exception as error:  # h5py and TensorFlow raise their own types for a failed write
-        if not _storage_error(error):
-            raise
-        where = getattr(error, "filename", None) or path
+        named = getattr(error, "filename", None)
+        if not _storage_error(error) or (named and not _related(named, path)):
+            raise  # not a write of `path` (e.g. an unreadable preset elsewhere): as it is
+        where = named or path
         raise StorageError(
             getattr(error, "errno", None) or errno.EIO,
             f"Could not write {where}: {error}. {safe} Free space (or fix the permissions) "
@@ -140,8 +149,13 @@ class RunLock:
             except FileExistsError:
                 self._handle_existing()
                 continue
-            with os.fdopen(descriptor, "w") as f:
-                json.dump(self._record(), f)
+            try:
+                with storage_errors(self.path, "Nothing was written."), \
+                        os.fdopen(descriptor, "w") as f:
+                    json.dump(self._record(), f)
+            except BaseException:  # an empty lock would refuse the next run
+                os.remove(self.path)
+                raise
             self._held = True
             return self
         raise LockedError(f"Could not take the lock {self.path}: another process took it first.")

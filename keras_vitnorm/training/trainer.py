@@ -402,10 +402,12 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
     plan = _plan(config, data)
     if not plan.lead:  # another process of a torch run: its first process owns the files
         say = lambda *args, **kwargs: None  # noqa: E731
-    lock = (run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock) if plan.lead
-            else contextlib.nullcontext())
-    with lock:
-        _first_process_then_all(plan, lambda: _prepare_output_dir(config, output_dir, resume, overwrite))
+    with contextlib.ExitStack() as held:
+        def claim_output_dir():  # the first process locks and prepares the run directory
+            held.enter_context(run_files.RunLock(output_dir, LOCK_FILE, take_over=take_over_lock))
+            _prepare_output_dir(config, output_dir, resume, overwrite)
+
+        _first_process_then_all(plan, claim_output_dir)
         keras.utils.set_random_seed(config.seed)
         say(data.describe())
         if plan.replicas > 1:
@@ -421,20 +423,23 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
 
 
 def _first_process_then_all(plan, work):
-    """Runs `work()` on the first process; its error, if any, is raised on every process."""
+    """Runs `work()` on the first process and returns its result there (`None` on the
+    others); its error, if any, is raised on every process, so that none of them waits
+    for a first process that has stopped."""
     if plan.process[1] == 1:
         return work()
-    error = None
+    result = error = None
     if plan.lead:
         try:
-            work()
-        except (ValueError, OSError) as caught:
+            result = work()
+        except (ValueError, OSError, RuntimeError) as caught:  # LockedError is a RuntimeError
             error = caught
     message = distribution.from_first_process(None if error is None else str(error))
     if error is not None:
         raise error
     if message is not None:
         raise ValueError(f"The first process stopped: {message}")
+    return result
 
 
 def _augmentation(config):
@@ -482,12 +487,13 @@ class _Run:
             # With several processes, every one creates and assigns variables at once
             # (on JAX each is a step of all processes): the optimizer's first.
             model.optimizer.build(model.trainable_variables)
-        if resume and plan.lead:
-            start, restored = self._restore(model, assign=not several)
+        if resume:
+            start, restored = _first_process_then_all(
+                plan, lambda: self._restore(model, assign=not several)) or (start, restored)
         if several:  # every process starts where the first one restored
             start = distribution.from_first_process(start)
-            # A fresh JAX start needs nothing: JAX checks that the processes create
-            # their variables with the same values.
+            # A fresh JAX start needs nothing: every process seeded the same
+            # (set_random_seed above), so they create their variables equal.
             if resume or keras.backend.backend() == "torch":
                 distribution.share_variables(callbacks_lib.training_variables_of(model), restored)
         start_epoch, batches_done, start_step = start
