@@ -32,6 +32,9 @@ OPTIMIZERS = ("adamw", "sgd")
 DISTRIBUTIONS = ("data", "fsdp")
 #: Random-crop augmentation modes.
 CROP_MODES = ("none", "pad", "zoom")
+#: `input_pipeline`: tf.data, or Keras' PyDataset without TensorFlow (digits and
+#: folders); `auto` is tf.data where TensorFlow is installed.
+INPUT_PIPELINES = ("auto", "tf.data", "python")
 
 #: The study's variant groups (keras_vitnorm/study/variants.py defines their variants).
 VARIANT_GROUP_NAMES = (

@@ -12,6 +12,7 @@ from dataclasses import replace as dataclasses_replace
 from keras_vitnorm.choices import BLOCK_STYLES
 from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import DISTRIBUTIONS
+from keras_vitnorm.choices import INPUT_PIPELINES
 from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PLACEMENTS
@@ -145,6 +146,9 @@ def add_training_arguments(parser):
     what.add_argument("--data-dir", help="tensorflow-datasets data directory")
     what.add_argument("--manual-dir", help="folder of manually downloaded archives "
                       "(imagenet2012)")
+    what.add_argument("--input-pipeline", choices=INPUT_PIPELINES, default=None,
+                      help="tf.data, or python (Keras' PyDataset: digits and folders without "
+                      "TensorFlow); auto (default): tf.data where TensorFlow is installed")
 
     model = parser.add_argument_group("model overrides (on top of the preset)")
     for flag, key, kind, choices, text in MODEL_FLAGS:
@@ -242,7 +246,8 @@ def build_parser():
                      "no longer runs")
     run.add_argument("--backup-every", type=int,
                      help="steps between mid-epoch backups (default: each epoch end)")
-    run.add_argument("--shuffle-buffer", type=int, help="tf.data shuffle buffer size")
+    run.add_argument("--shuffle-buffer", type=int,
+                     help="tf.data shuffle buffer size (the python pipeline shuffles whole passes)")
     run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
                      help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
                      "the processes torchrun started (PyTorch); the default when the flag is "

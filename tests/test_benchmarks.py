@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 import bench_ab  # noqa: E402
+import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
@@ -76,6 +77,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_tensorflow, ["--steps", "0"]),
     (profile_tensorflow, ["--mode", "speed"]),
     (profile_tensorflow, ["--image-size", "-3"]),
+    (bench_input, ["--batches", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -371,3 +373,17 @@ def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
     result["seconds"]["rmsnorm"] = [1.0, 4.0]  # faster in round 1 only, as its baseline drifted
     ratio, low, high, _ = bench_variants.summarize(result)["rmsnorm"]
     assert (low, high) == (0.5, 1.0) and ratio == 0.75
+
+
+def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
+    import importlib.util
+
+    bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
+                      "--batches", "2", "--rounds", "1"])
+    table = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    expected = ["python input", "training step (study model)"]
+    if importlib.util.find_spec("tensorflow"):
+        expected.append("tf.data input")
+    assert sorted(set(rows) - {"what"}) == sorted(expected)
+    assert rows["training step (study model)"].endswith("| 1.0x |")

@@ -116,7 +116,8 @@ def _probe_images(base, count=64):
         return None  # the preset's own size: left to the caller
     size = (size, size) if isinstance(size, int) else tuple(size)
     data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
-                                 skip_bad_images=bool(base.skip_bad_images))
+                                 skip_bad_images=bool(base.skip_bad_images),
+                                 pipeline=base.input_pipeline)
     channels = base.model.get("num_channels", data.channels)
     batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
     return np.asarray(batch[0])
@@ -242,7 +243,8 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
     size = (size, size) if isinstance(size, int) else tuple(size)
     data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
                                  train_examples=train_count,
-                                 skip_bad_images=bool(base.skip_bad_images))
+                                 skip_bad_images=bool(base.skip_bad_images),
+                                 pipeline=base.input_pipeline)
     channels = base.model.get("num_channels", data.channels)
 
     def arrays(split):

@@ -8,6 +8,7 @@ import os
 from keras_vitnorm import hub
 from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import DISTRIBUTIONS
+from keras_vitnorm.choices import INPUT_PIPELINES
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.validation import check_choice
@@ -77,7 +78,11 @@ class TrainConfig:
         seed: int, seeds weights, data order and augmentation.
         output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
         backup_every: steps between mid-epoch backups (`None`: end of epoch only).
-        shuffle_buffer: tf.data shuffle buffer (examples).
+        shuffle_buffer: tf.data shuffle buffer (examples); the pipeline without
+            TensorFlow shuffles each pass whole.
+        input_pipeline: `"auto"` (default: tf.data where TensorFlow is installed),
+            `"tf.data"` or `"python"` (Keras' PyDataset, no TensorFlow; digits and
+            folders), see `keras_vitnorm.training.data.load_dataset`.
         distribute: `False` (default) for one device; `"data"` (or `True`) data-parallel over
             all local devices (JAX: `keras.distribution.DataParallel`; TensorFlow:
             `tf.distribute.MirroredStrategy`) or over the processes `torchrun` started
@@ -129,6 +134,7 @@ class TrainConfig:
     output_dir: str = None
     backup_every: int = None
     shuffle_buffer: int = 50_000
+    input_pipeline: str = "auto"
     distribute: object = False
     tensorboard: bool = True
     grad_norm_every: int = None
@@ -180,6 +186,7 @@ class TrainConfig:
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)
+        check_choice("input_pipeline", self.input_pipeline, INPUT_PIPELINES)
         if self.distribute not in (None, False, True):
             check_choice("distribute", self.distribute, DISTRIBUTIONS)
         if self.optimizer is not None:

@@ -15,12 +15,14 @@ model selection and the per-epoch numbers) and test (scored once, at the end). W
 source has no validation or test split, one is carved off the training split with a
 fixed seed (0), the same for every run, so runs with different seeds are comparable.
 
-The pipeline is tf.data under every Keras backend (Keras documents tf.data as an input
-pipeline for JAX and PyTorch too), so this module imports TensorFlow under every
-backend; model and layer code uses `keras.ops` and `keras_vitnorm.ops` only. Augmentations are Keras core preprocessing layers, which run
-inside tf.data on any backend, except the crops and flips, which are keyed by each
-example's position so that a resumed run sees exactly the augmented batches the
-uninterrupted run would have (`_keyed_augmentation`).
+Two input pipelines give the same batches in the same form. tf.data (Keras documents
+it as an input pipeline for JAX and PyTorch too) reads every source and is the default
+where TensorFlow is installed. Without TensorFlow, digits and folders are read by
+`keras_vitnorm.training.python_data`, a `keras.utils.PyDataset` (`pipeline` of
+`load_dataset`). Augmentations are Keras core preprocessing layers, except the crops
+and flips, which are keyed by each example's position so that a resumed run sees
+exactly the augmented batches the uninterrupted run would have
+(`_keyed_augmentation`).
 
 Images enter the model as float32 in [-1, 1] (big_vision's `value_range(-1, 1)`).
 """
@@ -34,6 +36,8 @@ import keras
 import numpy as np
 
 from keras_vitnorm.choices import CROP_MODES
+from keras_vitnorm.choices import INPUT_PIPELINES
+from keras_vitnorm.validation import check_choice
 
 DATASET_CHOICES = ("digits", "tfds:<name>", "folder:<path>")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -41,17 +45,28 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_FRACTION = 0.2
 
 
-@dataclasses.dataclass
 class Split:
-    """One split: a tf.data.Dataset of `(raw, label)` pairs and its size.
+    """One split: its `(raw, label)` pairs and its size.
 
     `raw` is whatever the source stores (a uint8 image, encoded image bytes or a file
     path); `Dataset.decode` turns it into a uint8 `(height, width, channels)` image.
+    A tfds split is a tf.data.Dataset (`source`); a digits or folder split holds
+    NumPy arrays `arrays = (raws, labels)`, and its `source` is made from them when the
+    tf.data pipeline asks for it, so the pipeline without TensorFlow
+    (`keras_vitnorm.training.python_data`) never imports TensorFlow.
     """
 
-    name: str
-    source: object
-    size: int
+    def __init__(self, name, source=None, size=None, arrays=None):
+        if (source is None) == (arrays is None):
+            raise ValueError("A Split has either a tf.data source or arrays.")
+        self.name, self._source, self.arrays = name, source, arrays
+        self.size = len(arrays[1]) if size is None else size
+
+    @property
+    def source(self):
+        if self._source is None:
+            self._source = _tf().data.Dataset.from_tensor_slices(self.arrays)
+        return self._source
 
 
 @dataclasses.dataclass
@@ -68,6 +83,7 @@ class Dataset:
     decode: object
     files: list = None
     skipped: list = None
+    pipeline: str = "tf.data"
 
     def describe(self):
         text = (
@@ -165,8 +181,9 @@ def _tf():
         import tensorflow as tf
     except ImportError:
         raise ImportError(
-            "The training input pipeline is tf.data, which needs TensorFlow under every "
-            "Keras backend: pip install 'keras-vitnorm[tensorflow]' (or tensorflow)."
+            "The tf.data input pipeline (tfds datasets, input_pipeline='tf.data') needs "
+            "TensorFlow: pip install 'keras-vitnorm[tensorflow]' (or tensorflow). Digits and "
+            "folder datasets also train without it (input_pipeline='python')."
         ) from None
     return tf
 
@@ -190,7 +207,7 @@ def parse_dataset(spec):
 
 
 def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None,
-                 skip_bad_images=False, val_examples=None):
+                 skip_bad_images=False, val_examples=None, pipeline="auto"):
     """Loads the train, validation and test splits of a dataset.
 
     Args:
@@ -213,6 +230,11 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
             (VTAB-1k's `train800` and `val200`): for tfds the next `val_examples`
             after the first `train_examples`; for digits and folders a
             class-stratified draw of both with seed 0, split stratified.
+        pipeline: `"auto"` (default), `"tf.data"` or `"python"`: the input pipeline
+            that `train_stream` and `eval_dataset` build. `"python"` is Keras'
+            `PyDataset` without TensorFlow (`keras_vitnorm.training.python_data`), for
+            digits and folders; `"auto"` is tf.data where TensorFlow is installed and
+            `"python"` elsewhere. tfds datasets need tf.data.
 
     Returns:
         A `Dataset`.
@@ -223,6 +245,7 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     kind, argument = parse_dataset(spec)
+    pipeline = resolve_pipeline(pipeline, spec)
     if kind == "digits":
         data = _digits(val_fraction)
     elif kind == "tfds":
@@ -240,7 +263,27 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         data.train, data.validation = _split_off(pool, val_examples, stratified=kind != "tfds")
     elif train_examples is not None:
         data.train = _train_subset(data.train, train_examples, stratified=kind != "tfds", name=spec)
+    data.pipeline = pipeline
     return data
+
+
+def resolve_pipeline(pipeline, spec):
+    """The input pipeline, `"tf.data"` or `"python"`, that `pipeline` names for the
+    dataset `spec` (see `load_dataset`); raises if it cannot read it."""
+    import importlib.util
+
+    check_choice("input_pipeline", pipeline, INPUT_PIPELINES)
+    tfds = parse_dataset(spec)[0] == "tfds"
+    if pipeline == "auto":
+        pipeline = "tf.data" if tfds or importlib.util.find_spec("tensorflow") else "python"
+    if pipeline == "python" and tfds:
+        raise ValueError(
+            f"input_pipeline='python' reads digits and folder datasets; {spec} is read by "
+            "tensorflow-datasets through tf.data (input_pipeline='tf.data' or 'auto')."
+        )
+    if pipeline == "tf.data":
+        _tf()  # says how to install TensorFlow, or to use input_pipeline='python'
+    return pipeline
 
 
 def _split_off(split, count, stratified):
@@ -250,13 +293,11 @@ def _split_off(split, count, stratified):
     if not stratified:
         return (Split(f"first {keep} of {split.name}", split.source.take(keep), keep),
                 Split(f"next {count} of {split.name}", split.source.skip(keep).take(count), count))
-    tf = _tf()
-    raws, labels = zip(*split.source.as_numpy_iterator())
-    raws, labels = np.stack(raws), np.array(labels, "int64")
+    raws, labels = split.arrays
     kept, held_out = _stratified_split(labels, count / split.size)
-    return (Split(f"{len(kept)} of {split.name}", tf.data.Dataset.from_tensor_slices((raws[kept], labels[kept])), len(kept)),
+    return (Split(f"{len(kept)} of {split.name}", arrays=(raws[kept], labels[kept])),
             Split(f"{len(held_out)} of {split.name}, held out",
-                  tf.data.Dataset.from_tensor_slices((raws[held_out], labels[held_out])), len(held_out)))
+                  arrays=(raws[held_out], labels[held_out])))
 
 
 def _train_subset(split, count, stratified, name):
@@ -269,12 +310,7 @@ def _train_subset(split, count, stratified, name):
     description = f"{count} of {split.name}"
     if not stratified:
         return Split(description, split.source.take(count), count)
-    tf = _tf()
-    raws, labels = [], []
-    for raw, label in split.source.as_numpy_iterator():  # paths or small arrays
-        raws.append(raw)
-        labels.append(label)
-    raws, labels = np.stack(raws), np.array(labels, "int64")
+    raws, labels = split.arrays
     if count < len(labels):
         from sklearn.model_selection import train_test_split
 
@@ -285,7 +321,7 @@ def _train_subset(split, count, stratified, name):
             kept, _ = train_test_split(indices, train_size=count, random_state=0)
         kept = np.sort(kept)
         raws, labels = raws[kept], labels[kept]
-    return Split(description + ", stratified", tf.data.Dataset.from_tensor_slices((raws, labels)), count)
+    return Split(description + ", stratified", arrays=(raws, labels))
 
 
 def _stratified_split(labels, fraction, seed=0):
@@ -305,7 +341,6 @@ def _stratified_split(labels, fraction, seed=0):
 def _digits(val_fraction):
     from sklearn.datasets import load_digits
 
-    tf = _tf()
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
     labels = digits.target.astype("int64")
@@ -314,8 +349,7 @@ def _digits(val_fraction):
     train, val = rest[train_pos], rest[val_pos]
 
     def split(name, index):
-        source = tf.data.Dataset.from_tensor_slices((images[index], labels[index]))
-        return Split(name, source, len(index))
+        return Split(name, arrays=(images[index], labels[index]))
 
     return Dataset(
         name="digits",
@@ -455,8 +489,19 @@ def _check_folder_images(splits, skip_bad_images):
     return kept, bad
 
 
+def _channels_of(path):
+    """1 for a grayscale image file (with or without alpha), else 3 (read by Pillow)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+    except (OSError, ValueError, SyntaxError) as error:
+        raise unreadable_file_error([(str(path), f"does not decode ({error})")]) from None
+    return 1 if mode in ("1", "L", "LA", "La", "I", "I;16", "F") else 3
+
+
 def _folder(path, val_fraction, skip_bad_images=False):
-    tf = _tf()
     if not os.path.isdir(path):
         raise ValueError(f"dataset folder {path!r} does not exist or is not a directory.")
     train_root = os.path.join(path, "train")
@@ -494,15 +539,14 @@ def _folder(path, val_fraction, skip_bad_images=False):
         if not len(split_paths):
             raise ValueError(f"dataset folder {path!r}: the split {name} has no readable images left.")
 
-    first = tf.io.decode_image(tf.io.read_file(train[0][0]), expand_animations=False)
-    channels = 1 if first.shape[-1] in (1, 2) else 3
+    channels = _channels_of(train[0][0])
 
     def split(paths_labels_name):
         split_paths, split_labels, name = paths_labels_name
-        source = tf.data.Dataset.from_tensor_slices((split_paths, split_labels))
-        return Split(name, source, len(split_paths))
+        return Split(name, arrays=(split_paths, split_labels))
 
     def decode(raw):
+        tf = _tf()
         image = tf.io.decode_image(tf.io.read_file(raw), channels=channels, expand_animations=False)
         image.set_shape([None, None, channels])
         return image
@@ -580,6 +624,10 @@ def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
     to split each batch among themselves; the accuracy is the split's own, and a
     loss averaged over the batches is the split's times `padded_size(...) / size`.
     """
+    if data.pipeline == "python":
+        from keras_vitnorm.training import python_data
+
+        return python_data.EvalBatches(data, split, image_size, channels, batch_size, pad)
     tf = _tf()
     image_size = tuple(image_size)
 
@@ -629,12 +677,19 @@ def train_stream(
     example; a batch may span the end of one pass and the start of the next. Crops and
     flips are keyed by the example's position, so the augmented batches are the same too
     (`resumes_exactly` says when that holds for the whole augmentation).
+    With `data.pipeline == "python"` the same stream is a `keras.utils.PyDataset`
+    (`keras_vitnorm.training.python_data.TrainBatches`), each pass fully shuffled.
     """
+    end_step = end_step if end_step is not None else start_step + 1_000_000
+    if data.pipeline == "python":
+        from keras_vitnorm.training import python_data
+
+        return python_data.TrainBatches(data, image_size, channels, batch_size, seed,
+                                        augmentation, start_step, end_step, share)
     tf = _tf()
     image_size = tuple(image_size)
     size = data.train.size
     first_pass, offset = divmod(start_step * batch_size, size)
-    end_step = end_step if end_step is not None else start_step + 1_000_000
     last_pass = (end_step * batch_size - 1) // size
     source = data.train.source
     if size <= 200_000:

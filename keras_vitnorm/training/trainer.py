@@ -24,6 +24,7 @@ import contextlib
 import csv
 import dataclasses
 import datetime
+import importlib.util
 import io
 import math
 import os
@@ -397,7 +398,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
     data = data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-        val_examples=config.val_examples,
+        val_examples=config.val_examples, pipeline=config.input_pipeline,
     )
     plan = _plan(config, data)
     if not plan.lead:  # another process of a torch run: its first process owns the files
@@ -600,7 +601,10 @@ class _Run:
             checkpoint,
             *extra_callbacks,
         ]
-        if config.tensorboard:
+        if config.tensorboard and importlib.util.find_spec("tensorflow") is None:
+            self.say("No TensorBoard logs: keras.callbacks.TensorBoard needs TensorFlow, which "
+                     "is not installed; log.csv has every epoch (--no-tensorboard drops this note).")
+        elif config.tensorboard:
             callbacks.append(
                 keras.callbacks.TensorBoard(os.path.join(self.output_dir, "tensorboard"),
                                             write_graph=False)

@@ -1,0 +1,92 @@
+"""Images per second of the input pipelines against the model's training step.
+
+    KERAS_BACKEND=jax python benchmarks/bench_input.py --dataset folder:/data/cifar10
+    KERAS_BACKEND=torch python benchmarks/bench_input.py --dataset digits --image-size 32
+
+Under the running Keras backend, times (1) reading `--batches` training batches of
+`--batch-size` from each input pipeline that can read the dataset (`python`, Keras'
+PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed), with the
+CIFAR augmentation (pad-4 crops and flips), one batch after another in this process
+as `fit` reads them; and (2) the training step (`train_on_batch`: forward, backward,
+AdamW) of the study's model (32 px, patch 4, width 128, depth 6) on one batch. Each
+is the median over `--rounds` rounds. The input is not the bottleneck while a
+pipeline's images per second stay well above the step's: the table gives the ratio.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+from _common import check_positive_ints
+from _common import compile_like_fit
+
+MODEL = dict(patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="digits", help="digits or folder:<path>")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batches", type=int, default=20, help="batches read per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds"))
+
+    import importlib.util
+
+    import keras
+    import numpy as np
+
+    from keras_vitnorm import ViT
+    from keras_vitnorm.training import data as data_lib
+
+    size = (args.image_size, args.image_size)
+    augmentation = data_lib.Augmentation(crop="pad", crop_padding=4, flip=True)
+    pipelines = ["python"] + (["tf.data"] if importlib.util.find_spec("tensorflow") else [])
+    rows = []
+    for pipeline in pipelines:
+        data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
+        channels = data.channels
+        times = []
+        for round_index in range(args.rounds):
+            start = round_index * args.batches
+            stream = data_lib.train_stream(data, size, channels, args.batch_size, 0, augmentation,
+                                           start_step=start, end_step=start + args.batches)
+            began = time.perf_counter()
+            if pipeline == "python":
+                for index in range(args.batches):
+                    stream[index]
+            else:
+                for _ in stream:
+                    pass
+            times.append(time.perf_counter() - began)
+        rows.append((f"{pipeline} input", args.batch_size * args.batches / statistics.median(times)))
+
+    keras.utils.set_random_seed(0)
+    model = compile_like_fit(ViT(image_size=args.image_size, num_channels=channels, num_classes=10,
+                                 **MODEL))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (args.batch_size, *size, channels)).astype("float32")
+    y = rng.integers(0, 10, (args.batch_size,))
+    for _ in range(2):
+        model.train_on_batch(x, y)  # compile and warm up
+    steps = []
+    for _ in range(args.rounds):
+        began = time.perf_counter()
+        for _ in range(3):
+            model.train_on_batch(x, y)
+        steps.append((time.perf_counter() - began) / 3)
+    step_rate = args.batch_size / statistics.median(steps)
+
+    print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
+          f"{args.batch_size}, {os.cpu_count()} CPU cores; median of {args.rounds} rounds\n")
+    print("| what | images/s | vs the training step |\n|---|---|---|")
+    for name, rate in rows:
+        print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")
+    print(f"| training step (study model) | {step_rate:,.0f} | 1.0x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`.
+
+`keras.utils.PyDataset` is the loader Keras' `fit` accepts on every backend, so a JAX
+or PyTorch user trains on the bundled digits or on a folder of images without
+installing TensorFlow. It gives the batches `keras_vitnorm.training.data` describes:
+
+- Images are decoded with Pillow (the folder's files) and resized with the
+  half-pixel bilinear interpolation of `tf.image.resize` (written out in NumPy below,
+  because Pillow's bilinear filter smooths when it shrinks and TensorFlow's does not),
+  so an evaluation batch is the tf.data pipeline's, to float32 rounding (within one
+  grey level where a colour file is read as grayscale: TensorFlow's decoders and
+  Pillow weight the channels differently).
+- Each pass over the training split is a permutation drawn with the seed
+  `(seed, pass)`; crops and flips are drawn with the seed `(seed, position in the
+  stream)`. A stream started at any step is the uninterrupted stream from that step,
+  so a resumed run is exact, as with tf.data. (The draws are NumPy's, not
+  TensorFlow's: a seed gives other batches here than under tf.data.)
+- RandAugment, MixUp and CutMix are the same Keras layers as under tf.data, applied
+  to each batch with the backend's ops.
+
+One process reads the batches in the training loop (no worker threads): decoding a
+batch of CIFAR-sized JPEGs takes milliseconds against a training step of hundreds
+(`benchmarks/bench_input.py` measures both).
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_vitnorm.training import data as data_lib
+
+
+def load_image(path, channels):
+    """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow.
+
+    Raises:
+        ValueError: naming the file, if Pillow cannot decode it.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if channels == 1 else "RGB")
+            array = np.asarray(image, np.uint8)
+    except (OSError, ValueError, SyntaxError) as error:  # Pillow's errors for a damaged file
+        raise data_lib.unreadable_file_error(
+            [(str(path), f"does not decode ({type(error).__name__}: {error})")]) from None
+    return array.reshape(*array.shape[:2], channels)
+
+
+def resize_bilinear(image, size):
+    """`image` `(h, w, c)` resized to `size` as `tf.image.resize(..., "bilinear")` does
+    (half-pixel centres, no smoothing when shrinking), in float32."""
+    image = np.asarray(image, np.float32)
+    height, width = image.shape[:2]
+    if (height, width) == tuple(size):
+        return image
+
+    def taps(out_size, in_size):
+        # Source coordinate of each output pixel centre, clamped to the image.
+        x = (np.arange(out_size, dtype=np.float32) + 0.5) * (in_size / out_size) - 0.5
+        x = np.clip(x, 0.0, in_size - 1)
+        low = np.floor(x).astype(np.int64)
+        high = np.minimum(low + 1, in_size - 1)
+        return low, high, (x - low).astype(np.float32)
+
+    top, bottom, dy = taps(size[0], height)
+    left, right, dx = taps(size[1], width)
+    rows = image[top] * (1 - dy)[:, None, None] + image[bottom] * dy[:, None, None]
+    return rows[:, left] * (1 - dx)[None, :, None] + rows[:, right] * dx[None, :, None]
+
+
+def _sample_bilinear(image, ys, xs):
+    """`image` sampled at the grid `ys x xs` (pixel coordinates) bilinearly; points
+    outside the image are 0, as `tf.image.crop_and_resize` gives them."""
+    height, width = image.shape[:2]
+
+    def taps(x, size):
+        low = np.floor(x).astype(np.int64)
+        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), (x - low).astype(np.float32)
+
+    top, bottom, dy = taps(ys, height)
+    left, right, dx = taps(xs, width)
+    rows = image[top] * (1 - dy)[:, None, None] + image[bottom] * dy[:, None, None]
+    out = rows[:, left] * (1 - dx)[None, :, None] + rows[:, right] * dx[None, :, None]
+    inside = ((ys >= 0) & (ys <= height - 1))[:, None] & ((xs >= 0) & (xs <= width - 1))[None, :]
+    return out * inside[..., None]
+
+
+def keyed_crop_and_flip(image, augmentation, image_size, rng):
+    """The crop and flip of one example, drawn from `rng` (seeded by its position).
+
+    The transformations of `data._keyed_augmentation`: `pad` zero-pads by
+    `crop_padding` and takes a random `image_size` window; `zoom` zooms in about the
+    centre by a random factor in `[1 - zoom, 1]` per axis (bilinear, as
+    `tf.image.crop_and_resize` samples); `flip` mirrors half of the images.
+    """
+    height, width = image_size
+    crop_draws, flip_draw = rng.random(2), rng.random()
+    if augmentation.crop == "pad":
+        pad = augmentation.crop_padding
+        image = np.pad(image, [(pad, pad), (pad, pad), (0, 0)])
+        top = min(int(crop_draws[0] * (2 * pad + 1)), 2 * pad)
+        left = min(int(crop_draws[1] * (2 * pad + 1)), 2 * pad)
+        image = image[top:top + height, left:left + width]
+    elif augmentation.crop == "zoom":
+        scale = 1.0 - augmentation.zoom + augmentation.zoom * crop_draws
+        start, end = 0.5 - scale / 2, 0.5 + scale / 2
+        # crop_and_resize's sampling grid: box corners on the first and last pixel centres.
+        ys = (start[0] + np.arange(height) * (end[0] - start[0]) / max(height - 1, 1)) * (height - 1)
+        xs = (start[1] + np.arange(width) * (end[1] - start[1]) / max(width - 1, 1)) * (width - 1)
+        image = _sample_bilinear(image, ys, xs)
+    if augmentation.flip and flip_draw < 0.5:
+        image = image[:, ::-1]
+    return image
+
+
+class _Images:
+    """Reads example `i` of a split as a float32 model-size image in [0, 255]."""
+
+    def __init__(self, data, split, image_size, channels):
+        self.raws, self.labels = split.arrays
+        self.folder = data.files is not None
+        self.image_size = tuple(image_size)
+        self.channels = channels
+
+    def __call__(self, index):
+        raw = self.raws[index]
+        image = load_image(raw, self.channels) if self.folder else np.asarray(raw)
+        if image.shape[-1] != self.channels:  # digits (1 channel) for an RGB model
+            image = np.repeat(image, self.channels, axis=-1)
+        return np.clip(resize_bilinear(image, self.image_size), 0.0, 255.0)
+
+    def one_hot(self, indices, num_classes):
+        return np.eye(num_classes, dtype=np.float32)[self.labels[indices]]
+
+
+class EvalBatches(keras.utils.PyDataset):
+    """Batched `(images, one-hot labels[, weights])` of a split, in order
+    (`data.eval_dataset`). Decoded images are kept in memory under 1 GiB."""
+
+    def __init__(self, data, split, image_size, channels, batch_size, pad=False):
+        super().__init__()
+        self.read = _Images(data, split, image_size, channels)
+        self.num_classes = data.num_classes
+        self.size, self.batch_size, self.pad = split.size, batch_size, pad
+        self.keep = split.size * math.prod(image_size) * channels * 4 < 2**30
+        self.cache = {}
+
+    @property
+    def num_batches(self):
+        return math.ceil(self.size / self.batch_size)
+
+    def __len__(self):
+        return self.num_batches
+
+    def __getitem__(self, index):
+        if index in self.cache:
+            return self.cache[index]
+        indices = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.size))
+        images = np.stack([self.read(i) for i in indices]) / np.float32(127.5) - 1.0
+        labels = self.read.one_hot(indices, self.num_classes)
+        batch = (images.astype(np.float32), labels)
+        if self.pad:  # whole batches of blanks with weight 0 (data.eval_dataset)
+            blanks = self.batch_size - len(indices)
+            weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
+            batch = tuple(np.concatenate([part, np.zeros((blanks, *part.shape[1:]), part.dtype)])
+                          for part in batch) + (weights,)
+        if self.keep:
+            self.cache[index] = batch
+        return batch
+
+
+class TrainBatches(keras.utils.PyDataset):
+    """Augmented training batches of steps `start_step` up to `end_step`
+    (`data.train_stream`)."""
+
+    def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
+                 start_step, end_step, share=(0, 1)):
+        super().__init__()
+        self.read = _Images(data, data.train, image_size, channels)
+        self.num_classes = data.num_classes
+        self.size = data.train.size
+        self.image_size = tuple(image_size)
+        self.batch_size, self.seed, self.augmentation = batch_size, seed, augmentation
+        self.start_step, self.end_step = start_step, end_step
+        index, count = share
+        local = batch_size // count
+        self.share = slice(index * local, (index + 1) * local)
+        self.orders = {}
+        self.stateful = data_lib._stateful_augmentation(augmentation, channels, seed)
+        self.batch_augment = _batch_augmentation(augmentation, seed)
+
+    @property
+    def num_batches(self):
+        return self.end_step - self.start_step
+
+    def __len__(self):
+        return self.num_batches
+
+    def _order(self, pass_index):
+        if pass_index not in self.orders:
+            self.orders = {k: v for k, v in self.orders.items() if k >= pass_index - 1}
+            rng = np.random.default_rng([self.seed, pass_index])
+            self.orders[pass_index] = rng.permutation(self.size)
+        return self.orders[pass_index]
+
+    def example(self, position):
+        """The augmented image and the example index at `position` in the stream."""
+        pass_index, offset = divmod(int(position), self.size)
+        index = self._order(pass_index)[offset]
+        rng = np.random.default_rng([self.seed, int(position)])
+        image = keyed_crop_and_flip(self.read(index), self.augmentation, self.image_size, rng)
+        return image, index
+
+    def __getitem__(self, step_index):
+        step = self.start_step + step_index
+        positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size)[self.share]
+        images, indices = zip(*(self.example(p) for p in positions))
+        images = np.stack(images).astype(np.float32)
+        for layer in self.stateful:
+            images = keras.ops.convert_to_numpy(layer(images))
+        return self.batch_augment(images, self.read.one_hot(np.array(indices), self.num_classes))
+
+
+def _batch_augmentation(augmentation, seed):
+    """MixUp and CutMix as Keras layers on a batch, then the model's [-1, 1] range."""
+    mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
+    cutmix = keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix else None
+    choose = np.random.default_rng([seed, 1])
+
+    def augment(images, labels):
+        layer = mixup or cutmix
+        if mixup and cutmix:  # one of them per batch, with probability 1/2 (as timm does)
+            layer = mixup if choose.random() < 0.5 else cutmix
+        if layer is not None:
+            out = layer({"images": images, "labels": labels})
+            images, labels = (keras.ops.convert_to_numpy(out[k]) for k in ("images", "labels"))
+        return (images / np.float32(127.5) - 1.0).astype(np.float32), labels.astype(np.float32)
+
+    return augment

@@ -1,0 +1,130 @@
+"""The input pipeline without TensorFlow (keras.utils.PyDataset): the same evaluation
+batches as tf.data, exact resumes, shares of a batch, and a run with TensorFlow
+unimportable."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import python_data
+from test_training import BACKEND
+from test_training import TINY
+from test_training import run_python
+from test_training import write_image_folder
+
+
+def batches(dataset):
+    return [[np.asarray(part) for part in batch] for batch in dataset]
+
+
+@pytest.mark.parametrize("spec, size, channels, levels", [
+    ("digits", (20, 12), 3, 0), ("folder", (9, 16), 3, 0), ("folder", (12, 12), 1, 1)])
+def test_evaluation_batches_are_the_tf_data_ones(tmp_path, spec, size, channels, levels):
+    """Digits resized up (8x8 to 20x12, gray to RGB), PNG files resized down and kept:
+    the same to float32 rounding; colour files read as grayscale within `levels` grey
+    levels (libpng, inside TensorFlow's decoder, and Pillow weight the channels
+    differently)."""
+    if spec == "folder":
+        write_image_folder(tmp_path / "images")
+        spec = f"folder:{tmp_path / 'images'}"
+    tf_data = data_lib.load_dataset(spec, pipeline="tf.data")
+    python = data_lib.load_dataset(spec, pipeline="python")
+    for split in ("validation", "test"):
+        want = batches(data_lib.eval_dataset(tf_data, getattr(tf_data, split), size, channels, 16,
+                                             pad=True))
+        got = batches(data_lib.eval_dataset(python, getattr(python, split), size, channels, 16,
+                                            pad=True))
+        assert len(got) == len(want) == data_lib.padded_size(python.validation.size if split ==
+                                                             "validation" else python.test.size,
+                                                             16) // 16
+        for got_batch, want_batch in zip(got, want):
+            for got_part, want_part in zip(got_batch, want_batch):
+                assert got_part.shape == want_part.shape and got_part.dtype == want_part.dtype
+                np.testing.assert_allclose(got_part, want_part, atol=2e-6 + levels / 127.5)
+
+
+def test_train_batches_resume_exactly_split_into_shares_and_permute_each_pass():
+    data = data_lib.load_dataset("digits", pipeline="python")
+    augmentation = data_lib.Augmentation(crop="pad", crop_padding=2, flip=True)
+    stream = data_lib.train_stream(data, (12, 12), 1, 64, 3, augmentation, 0, 50)
+    assert isinstance(stream, python_data.TrainBatches) and len(stream) == 50
+    later = data_lib.train_stream(data, (12, 12), 1, 64, 3, augmentation, 7, 50)
+    for step in (7, 8, 30):
+        for whole, resumed in zip(stream[step], later[step - 7]):
+            np.testing.assert_array_equal(whole, resumed)
+    halves = [data_lib.train_stream(data, (12, 12), 1, 64, 3, augmentation, 0, 50, share=(i, 2))[5]
+              for i in range(2)]
+    for part in range(2):
+        np.testing.assert_array_equal(np.concatenate([h[part] for h in halves]), stream[5][part])
+    size = data.train.size
+    first_pass = [stream.example(p)[1] for p in range(size)]
+    second_pass = [stream.example(p)[1] for p in range(size, 2 * size)]
+    assert sorted(first_pass) == sorted(second_pass) == list(range(size))
+    assert first_pass != second_pass
+    images, labels = stream[0]
+    assert images.shape == (64, 12, 12, 1) and images.dtype == np.float32
+    assert images.min() >= -1.0 and images.max() <= 1.0
+    np.testing.assert_array_equal(labels.sum(axis=1), 1.0)
+
+
+def test_keyed_crops_and_flips_are_the_tf_transformations():
+    image = np.arange(6 * 6 * 1, dtype=np.float32).reshape(6, 6, 1)
+    rng = np.random.default_rng(0)
+    pad = data_lib.Augmentation(crop="pad", crop_padding=2)
+    padded = np.pad(image, [(2, 2), (2, 2), (0, 0)])
+    windows = {padded[i:i + 6, j:j + 6].tobytes() for i in range(5) for j in range(5)}
+    crops = [python_data.keyed_crop_and_flip(image, pad, (6, 6), rng) for _ in range(200)]
+    assert all(c.tobytes() in windows for c in crops)
+    assert len({c.tobytes() for c in crops}) == 25  # every offset is drawn
+    flips = [python_data.keyed_crop_and_flip(image, data_lib.Augmentation(flip=True), (6, 6), rng)
+             for _ in range(200)]
+    mirrored = sum(np.array_equal(f, image[:, ::-1]) for f in flips)
+    assert mirrored + sum(np.array_equal(f, image) for f in flips) == 200 and 60 < mirrored < 140
+    # zoom=0 keeps the whole image (crop_and_resize of the full box is the image itself).
+    same = python_data.keyed_crop_and_flip(image, data_lib.Augmentation(crop="zoom", zoom=0.0),
+                                           (6, 6), rng)
+    np.testing.assert_allclose(same, image, atol=1e-5)
+
+
+def test_pipeline_choice_is_checked():
+    with pytest.raises(ValueError, match="input_pipeline='python' reads digits and folder.*tfds:mnist"):
+        data_lib.load_dataset("tfds:mnist", pipeline="python")
+    with pytest.raises(ValueError, match="input_pipeline.*'tfdata'.*'tf.data'"):
+        data_lib.load_dataset("digits", pipeline="tfdata")
+
+
+def test_a_damaged_image_is_named_by_the_python_pipeline(tmp_path):
+    root = tmp_path / "images"
+    write_image_folder(root)
+    damaged = root / "dog" / "3.png"
+    data = data_lib.load_dataset(f"folder:{root}", pipeline="python")
+    damaged.write_bytes(damaged.read_bytes()[:40] + b"\x00" * 200 + damaged.read_bytes()[-12:])
+    with pytest.raises(ValueError, match=f"{damaged} does not decode"):
+        batches(data_lib.eval_dataset(data, data.train, (12, 12), 3, 64))
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="the TensorFlow backend is TensorFlow")
+def test_training_runs_with_tensorflow_unimportable(tmp_path):
+    """The README's command in small, with `import tensorflow` failing as it does where
+    TensorFlow is not installed: the python pipeline trains, evaluates and saves."""
+    run_dir = tmp_path / "run"
+    argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
+            "--warmup-steps", "1", "--crop", "pad", "--flip", "--verbose", "2",
+            "--output-dir", str(run_dir), *(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items())]
+    child = run_python(f"""
+        import sys
+        sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError
+        from keras_vitnorm.cli import main
+        code = main({argv!r})
+        assert not any(name.startswith("tensorflow") and sys.modules[name] is not None
+                       for name in sys.modules), "TensorFlow was imported"
+        raise SystemExit(code)
+    """)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "No TensorBoard logs" in child.stdout
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["steps"] == 6
+    settings = json.loads((run_dir / "train_config.json").read_text())
+    assert settings["input_pipeline"] == "auto"
