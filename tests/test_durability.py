@@ -621,3 +621,19 @@ def test_two_studies_cannot_share_a_directory(tmp_path):
     with RunLock(str(tmp_path / "s"), "study.lock", what="study directory"):
         with pytest.raises(LockedError, match="study directory .* in use by another process"):
             run_tiny_study(tmp_path / "s")
+
+
+def test_a_run_that_finished_while_this_one_waited_for_its_lock_is_kept(tmp_path, monkeypatch):
+    from keras_vitnorm.training import run_files
+
+    acquire = run_files.RunLock.acquire
+
+    def another_process_finishes_first(self):
+        (tmp_path / "metrics.json").write_text('{"status": "completed"}')
+        return acquire(self)
+
+    monkeypatch.setattr(run_files.RunLock, "acquire", another_process_finishes_first)
+    with pytest.raises(FileExistsError, match="already holds a finished segmenter"):
+        with run_files.results_run(str(tmp_path), "segmenter"):
+            pass
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"status": "completed"}

@@ -227,10 +227,11 @@ def results_run(output_dir, what, overwrite=False, take_over_lock=False):
     if output_dir is None:
         yield save
         return
-    if os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir!r} already holds a finished {what} ({METRICS_FILE}). Pass "
-            "overwrite=True (--overwrite) to replace it, or choose another directory."
-        )
     with RunLock(output_dir, take_over=take_over_lock):
+        # Checked under the lock: a run that finished while this one waited counts.
+        if os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
+            raise FileExistsError(
+                f"{output_dir!r} already holds a finished {what} ({METRICS_FILE}). Pass "
+                "overwrite=True (--overwrite) to replace it, or choose another directory."
+            )
         yield save
