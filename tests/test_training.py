@@ -710,3 +710,30 @@ def test_two_torchrun_processes_train_as_one_process_on_the_same_global_batch(tm
     assert two_metrics["replicas"] == 2 and two_metrics["resumed_from_step"] == 3
     assert len((tmp_path / "two" / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs
     assert not (tmp_path / "two" / "run.lock").exists()
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torchrun runs the PyTorch backend")
+def test_two_torchrun_processes_with_dropout_resume_to_the_uninterrupted_run(tmp_path):
+    """Dropout draws from each process's PyTorch generator: a resumed run gives every
+    process the restored state, so its weights are the uninterrupted run's."""
+    argv = [*SPLIT_RUN_ARGV, "--set", "dropout=0.2"]
+
+    def torchrun(run_dir, *extra, env=()):
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--master-port", str(free_port()), "-m", "keras_vitnorm", *argv, "--distribute",
+             "--output-dir", str(run_dir), *extra],
+            cwd=ROOT, env={**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1", **dict(env)},
+            capture_output=True, text=True, timeout=600,
+        )
+
+    whole = torchrun(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = torchrun(tmp_path / "resumed", env={durable.FAULT_ENV: "checkpoint:renamed@1"})
+    assert killed.returncode != 0
+    resumed = torchrun(tmp_path / "resumed", "--resume", "--take-over-lock")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    w1 = np.load(tmp_path / "whole" / "preset" / "model.weights.npz")
+    w2 = np.load(tmp_path / "resumed" / "preset" / "model.weights.npz")
+    for key in w1.files:
+        np.testing.assert_array_equal(w2[key], w1[key], err_msg=key)

@@ -53,7 +53,7 @@ def _global_random_state():
     return torch.get_rng_state().numpy()
 
 
-def _set_global_random_state(state):
+def set_global_random_state(state):
     import torch
 
     torch.set_rng_state(torch.from_numpy(np.array(state, dtype="uint8")))
@@ -214,13 +214,18 @@ class RunCheckpoint(keras.callbacks.Callback):
             variable.assign(value)
         return None
 
+    @property
+    def random_state(self):
+        """PyTorch's global random state of the restored or last saved step (else None)."""
+        return self._random_state
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._batches_done = self.batch_offset
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._random_state is not None:
-            _set_global_random_state(self._random_state)
+            set_global_random_state(self._random_state)
 
     def on_train_batch_end(self, batch, logs=None):
         self._random_state = _global_random_state()

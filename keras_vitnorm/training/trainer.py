@@ -497,6 +497,12 @@ class _Run:
             # (set_random_seed above), so they create their variables equal.
             if resume or keras.backend.backend() == "torch":
                 distribution.share_variables(callbacks_lib.training_variables_of(model), restored)
+            if resume and keras.backend.backend() == "torch":
+                # Every process draws its dropout masks from PyTorch's global generator,
+                # whose state is the same on all of them at every step: the restored one.
+                state = distribution.from_first_process(self.checkpoint.random_state)
+                if state is not None and not plan.lead:
+                    callbacks_lib.set_global_random_state(state)
         start_epoch, batches_done, start_step = start
         eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
         pad = plan.processes_split_batches
