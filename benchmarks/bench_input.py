@@ -62,7 +62,8 @@ def main(argv=None):
                 for _ in stream:
                     pass
             times.append(time.perf_counter() - began)
-        rows.append((f"{pipeline} input", args.batch_size * args.batches / statistics.median(times)))
+        rate = args.batch_size * args.batches / statistics.median(times)
+        rows.append((f"{pipeline} input", rate))
 
     keras.utils.set_random_seed(0)
     model = compile_like_fit(ViT(image_size=args.image_size, num_channels=channels, num_classes=10,

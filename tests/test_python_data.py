@@ -89,7 +89,7 @@ def test_keyed_crops_and_flips_are_the_tf_transformations():
 
 
 def test_pipeline_choice_is_checked():
-    with pytest.raises(ValueError, match="input_pipeline='python' reads digits and folder.*tfds:mnist"):
+    with pytest.raises(ValueError, match="'python' reads digits and folder.*tfds:mnist"):
         data_lib.load_dataset("tfds:mnist", pipeline="python")
     with pytest.raises(ValueError, match="input_pipeline.*'tfdata'.*'tf.data'"):
         data_lib.load_dataset("digits", pipeline="tfdata")
@@ -112,7 +112,8 @@ def test_training_runs_with_tensorflow_unimportable(tmp_path):
     run_dir = tmp_path / "run"
     argv = ["train", "--steps", "6", "--steps-per-epoch", "3", "--batch-size", "32",
             "--warmup-steps", "1", "--crop", "pad", "--flip", "--verbose", "2",
-            "--output-dir", str(run_dir), *(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items())]
+            "--output-dir", str(run_dir),
+            *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
     child = run_python(f"""
         import sys
         sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError

@@ -1,4 +1,4 @@
-"""Datasets and the tf.data input pipeline used by `keras-vitnorm train` and `evaluate`.
+"""Datasets and their input pipelines for `keras-vitnorm train` and `evaluate`.
 
 Three sources, named by a string:
 
@@ -37,6 +37,9 @@ import numpy as np
 
 from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import INPUT_PIPELINES
+from keras_vitnorm.training.image_files import check_image_file
+from keras_vitnorm.training.image_files import list_bad_files
+from keras_vitnorm.training.image_files import unreadable_file_error
 from keras_vitnorm.validation import check_choice
 
 DATASET_CHOICES = ("digits", "tfds:<name>", "folder:<path>")
@@ -93,62 +96,8 @@ class Dataset:
             f"({self.test.name})"
         )
         if self.skipped:
-            text += f"; skipped {len(self.skipped)} unreadable image(s): " + _list_bad(self.skipped)
+            text += f"; skipped {len(self.skipped)} unreadable image(s): " + list_bad_files(self.skipped)
         return text
-
-
-#: Leading bytes of the image formats a folder may hold, and how each file must end.
-_SIGNATURES = (
-    (b"\xff\xd8\xff", "JPEG"),
-    (b"\x89PNG\r\n\x1a\n", "PNG"),
-    (b"GIF87a", "GIF"),
-    (b"GIF89a", "GIF"),
-    (b"BM", "BMP"),
-)
-
-
-def check_image_file(path):
-    """Why the file at `path` is not a whole image, or `None` if it looks whole.
-
-    A structural check that reads a few bytes at each end instead of decoding: the file
-    must start with a JPEG, PNG, GIF or BMP signature and end as that format ends (a
-    JPEG with its end-of-image marker, a PNG with its `IEND` chunk, a GIF with its
-    trailer, a BMP at the size its header records), which catches truncated files and
-    other files named like images.
-    """
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(16)
-            f.seek(max(0, size - 32))
-            tail = f.read()
-    except OSError as error:
-        return f"cannot be read ({error.strerror or error})"
-    if size == 0:
-        return "is empty"
-    kind = next((name for signature, name in _SIGNATURES if head.startswith(signature)), None)
-    if kind is None:
-        return f"is not a JPEG, PNG, GIF or BMP image (it starts with {head[:8]!r})"
-    whole = {
-        "JPEG": b"\xff\xd9" in tail,
-        "PNG": b"IEND" in tail,
-        "GIF": tail.rstrip(b"\x00").endswith(b"\x3b"),
-        "BMP": len(head) >= 6 and int.from_bytes(head[2:6], "little") <= size,
-    }[kind]
-    return None if whole else f"is a truncated {kind} (its end is missing)"
-
-
-def _list_bad(bad, shown=5):
-    listed = "; ".join(f"{path} {why}" for path, why in bad[:shown])
-    return listed + (f"; and {len(bad) - shown} more" if len(bad) > shown else "")
-
-
-def unreadable_file_error(bad):
-    """The `ValueError` for unreadable images `[(path, why), ...]` of a folder dataset."""
-    return ValueError(
-        f"{len(bad)} file(s) of the dataset folder cannot be used as images: {_list_bad(bad)}. "
-        "Remove or replace them, or pass --skip-bad-images to train without them."
-    )
 
 
 @contextlib.contextmanager
@@ -684,8 +633,9 @@ def train_stream(
     if data.pipeline == "python":
         from keras_vitnorm.training import python_data
 
-        return python_data.TrainBatches(data, image_size, channels, batch_size, seed,
-                                        augmentation, start_step, end_step, share)
+        return python_data.TrainBatches(
+            data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
+            share, stateful=_stateful_augmentation(augmentation, channels, seed))
     tf = _tf()
     image_size = tuple(image_size)
     size = data.train.size

@@ -28,7 +28,7 @@ import math
 import keras
 import numpy as np
 
-from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training.image_files import unreadable_file_error
 
 
 def load_image(path, channels):
@@ -44,7 +44,7 @@ def load_image(path, channels):
             image = image.convert("L" if channels == 1 else "RGB")
             array = np.asarray(image, np.uint8)
     except (OSError, ValueError, SyntaxError) as error:  # Pillow's errors for a damaged file
-        raise data_lib.unreadable_file_error(
+        raise unreadable_file_error(
             [(str(path), f"does not decode ({type(error).__name__}: {error})")]) from None
     return array.reshape(*array.shape[:2], channels)
 
@@ -78,7 +78,8 @@ def _sample_bilinear(image, ys, xs):
 
     def taps(x, size):
         low = np.floor(x).astype(np.int64)
-        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), (x - low).astype(np.float32)
+        weight = (x - low).astype(np.float32)
+        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight
 
     top, bottom, dy = taps(ys, height)
     left, right, dx = taps(xs, width)
@@ -91,7 +92,7 @@ def _sample_bilinear(image, ys, xs):
 def keyed_crop_and_flip(image, augmentation, image_size, rng):
     """The crop and flip of one example, drawn from `rng` (seeded by its position).
 
-    The transformations of `data._keyed_augmentation`: `pad` zero-pads by
+    The transformations of `keras_vitnorm.training.data._keyed_augmentation`: `pad` zero-pads by
     `crop_padding` and takes a random `image_size` window; `zoom` zooms in about the
     centre by a random factor in `[1 - zoom, 1]` per axis (bilinear, as
     `tf.image.crop_and_resize` samples); `flip` mirrors half of the images.
@@ -108,8 +109,9 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
         scale = 1.0 - augmentation.zoom + augmentation.zoom * crop_draws
         start, end = 0.5 - scale / 2, 0.5 + scale / 2
         # crop_and_resize's sampling grid: box corners on the first and last pixel centres.
-        ys = (start[0] + np.arange(height) * (end[0] - start[0]) / max(height - 1, 1)) * (height - 1)
-        xs = (start[1] + np.arange(width) * (end[1] - start[1]) / max(width - 1, 1)) * (width - 1)
+        steps = np.arange(height) / max(height - 1, 1), np.arange(width) / max(width - 1, 1)
+        ys = (start[0] + steps[0] * (end[0] - start[0])) * (height - 1)
+        xs = (start[1] + steps[1] * (end[1] - start[1])) * (width - 1)
         image = _sample_bilinear(image, ys, xs)
     if augmentation.flip and flip_draw < 0.5:
         image = image[:, ::-1]
@@ -177,7 +179,7 @@ class TrainBatches(keras.utils.PyDataset):
     (`data.train_stream`)."""
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
-                 start_step, end_step, share=(0, 1)):
+                 start_step, end_step, share=(0, 1), stateful=()):
         super().__init__()
         self.read = _Images(data, data.train, image_size, channels)
         self.num_classes = data.num_classes
@@ -189,7 +191,7 @@ class TrainBatches(keras.utils.PyDataset):
         local = batch_size // count
         self.share = slice(index * local, (index + 1) * local)
         self.orders = {}
-        self.stateful = data_lib._stateful_augmentation(augmentation, channels, seed)
+        self.stateful = stateful  # RandAugment, if asked for (a Keras layer)
         self.batch_augment = _batch_augmentation(augmentation, seed)
 
     @property
@@ -227,7 +229,8 @@ class TrainBatches(keras.utils.PyDataset):
 def _batch_augmentation(augmentation, seed):
     """MixUp and CutMix as Keras layers on a batch, then the model's [-1, 1] range."""
     mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
-    cutmix = keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix else None
+    cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix
+              else None)
     choose = np.random.default_rng([seed, 1])
 
     def augment(images, labels):
