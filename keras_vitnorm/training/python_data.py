@@ -57,18 +57,12 @@ def resize_bilinear(image, size):
     if (height, width) == tuple(size):
         return image
 
-    def taps(out_size, in_size):
+    def centres(out_size, in_size):
         # Source coordinate of each output pixel centre, clamped to the image.
         x = (np.arange(out_size, dtype=np.float32) + 0.5) * (in_size / out_size) - 0.5
-        x = np.clip(x, 0.0, in_size - 1)
-        low = np.floor(x).astype(np.int64)
-        high = np.minimum(low + 1, in_size - 1)
-        return low, high, (x - low).astype(np.float32)
+        return np.clip(x, 0.0, in_size - 1)
 
-    top, bottom, dy = taps(size[0], height)
-    left, right, dx = taps(size[1], width)
-    rows = image[top] * (1 - dy)[:, None, None] + image[bottom] * dy[:, None, None]
-    return rows[:, left] * (1 - dx)[None, :, None] + rows[:, right] * dx[None, :, None]
+    return _sample_bilinear(image, centres(size[0], height), centres(size[1], width))
 
 
 def _sample_bilinear(image, ys, xs):
