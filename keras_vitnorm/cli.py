@@ -281,6 +281,12 @@ def build_parser():
     study.add_argument("--take-over-lock", action="store_true",
                        help="take over a study (and its runs) whose lock was left by a process "
                        "that no longer runs")
+    study.add_argument("--parallel", type=int, default=1, metavar="N",
+                       help="train N runs at once, each in its own process with its output in "
+                       "<output-dir>/logs/ (default 1: one after another)")
+    study.add_argument("--threads-per-run", type=int, metavar="K",
+                       help="compute threads of each parallel run (default: the CPU cores "
+                       "shared out over --parallel)")
     add_training_arguments(ablate)
 
     evaluate = commands.add_parser(
@@ -463,7 +469,8 @@ def _fail(parser, command, message, code=2):
 
 
 def main(argv=None, hide_framework_logs=False):
-    """Runs the command line; returns the exit status (0 success, 2 bad arguments, bad
+    """Runs the command line; returns the exit status (0 success, 1 a run of a parallel
+    study failed (its log is named), 2 bad arguments, bad
     input files or a run directory in use, 3 diverged, 4 a file could not be written
     (full disk, permissions; the last checkpoint is intact), 130 interrupted).
 
@@ -534,6 +541,8 @@ def _convert(parser, args):
 
 def _ablate(parser, args):
     from keras_vitnorm.study import markdown_table
+    from keras_vitnorm.study.workers import STORAGE_EXIT_CODE
+    from keras_vitnorm.study.workers import RunsFailed
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError
     from keras_vitnorm.study import run_study
@@ -556,7 +565,12 @@ def _ablate(parser, args):
         if config.grad_norm_every is None:
             config.grad_norm_every = 25
         rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
-                         take_over_lock=args.take_over_lock)
+                         take_over_lock=args.take_over_lock, parallel=args.parallel,
+                         threads_per_run=args.threads_per_run)
+    except RunsFailed as error:
+        codes = {code for _, code in error.failures}
+        return _fail(parser, "ablate", str(error),
+                     code=STORAGE_EXIT_CODE if codes == {STORAGE_EXIT_CODE} else 1)
     except StorageError as error:
         return _fail(parser, "ablate", str(error), code=4)
     except (ValueError, FileExistsError, LockedError) as error:

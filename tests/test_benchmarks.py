@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
+import bench_parallel  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import profile_tensorflow  # noqa: E402
@@ -78,6 +79,8 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_tensorflow, ["--mode", "speed"]),
     (profile_tensorflow, ["--image-size", "-3"]),
     (bench_input, ["--batches", "0"]),
+    (bench_parallel, ["--processes", "0"]),
+    (bench_parallel, ["--model", "b16"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -387,3 +390,16 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
     assert rows["training step (study model)"].endswith("| 1.0x |")
+
+
+def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path):
+    args = argparse.Namespace(model="study", batch_size=2, steps=1, warmup=1,
+                              mixed_precision="float32", barrier=str(tmp_path), barrier_count=1)
+    assert bench_parallel.worker(args)["images_per_second"] > 0
+    assert len(os.listdir(tmp_path)) == 1  # it announced itself before timing
+    table = bench_parallel.markdown(
+        {"jax": {"single": [100.0, 110.0], "parallel": [120.0, 99.0]}, "torch": {"error": "boom"}},
+        argparse.Namespace(model="study", batch_size=128, mixed_precision="float32", processes=2,
+                           rounds=2, steps=20))
+    assert "| jax | 105 | 110 | 1.05 (0.90 to 1.20) |" in table
+    assert "| torch | failed: boom | | |" in table

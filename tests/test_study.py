@@ -213,6 +213,168 @@ def test_ablate_cli_errors(capsys, tmp_path, argv, message):
     assert message in capsys.readouterr().err
 
 
+# ----------------------------------------------------------------------------- parallel runs
+
+
+class FakeChild:
+    """A stand-in for a worker process: finishes with `code` after `polls` polls."""
+
+    running = []
+
+    def __init__(self, job, code, polls):
+        self.job, self.code, self.polls, self.terminated = job, code, polls, False
+        FakeChild.running.append(self)
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls > 0:
+            return None
+        if self in FakeChild.running:
+            FakeChild.running.remove(self)
+        return self.code
+
+    def terminate(self):
+        self.terminated = True
+
+    def wait(self):
+        return self.code
+
+
+def fake_jobs(count):
+    return [{"group": "g", "name": f"v{i}", "seed": 0, "log": f"/nonexistent/v{i}.log"}
+            for i in range(count)]
+
+
+def test_train_in_workers_keeps_to_the_limit_and_stops_launching_after_a_failure():
+    from keras_vitnorm.study import workers
+
+    FakeChild.running = []
+    started, most, finished = [], [0], []
+
+    def start(job):
+        started.append(job["name"])
+        child = FakeChild(job, 0, polls=1 + len(started) % 3)
+        most[0] = max(most[0], len(FakeChild.running))
+        return child
+
+    workers.train_in_workers(fake_jobs(7), 3, start, finished.append, poll_seconds=0, say=None)
+    assert started == [f"v{i}" for i in range(7)]
+    assert most[0] == 3
+    assert sorted(job["name"] for job in finished) == started
+
+    # v1 fails: v0 and v2 (already running) finish, nothing more starts, and the error
+    # names the failed run and its log.
+    FakeChild.running, started, finished = [], [], []
+
+    def start_failing(job):
+        started.append(job["name"])
+        return FakeChild(job, 4 if job["name"] == "v1" else 0, polls=1 if job["name"] == "v1" else 3)
+
+    with pytest.raises(workers.RunsFailed, match=r"\[g\] v1 seed 0: exit status 4; no log "
+                       r"\(log: /nonexistent/v1.log\)") as error:
+        workers.train_in_workers(fake_jobs(6), 3, start_failing, finished.append, poll_seconds=0,
+                                 say=None)
+    assert started == ["v0", "v1", "v2"]
+    assert [job["name"] for job in finished] == ["v0", "v2"]
+    assert [(job["name"], code) for job, code in error.value.failures] == [("v1", 4)]
+
+
+def test_train_in_workers_stops_its_children_when_interrupted():
+    from keras_vitnorm.study import workers
+
+    FakeChild.running = []
+    children = []
+
+    def start(job):
+        children.append(FakeChild(job, 0, polls=2 if not children else 10**6))
+        return children[-1]
+
+    def interrupt(job):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        workers.train_in_workers(fake_jobs(4), 2, start, on_finish=interrupt, poll_seconds=0,
+                                 say=None)
+    assert len(children) == 2 and children[1].terminated
+
+
+def test_thread_environment_sizes_every_backends_pool():
+    from keras_vitnorm.study import workers
+
+    env = workers.thread_environment(1, {"XLA_FLAGS": "--xla_dump_to=/tmp/x", "KEEP": "1"})
+    assert env["OMP_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert env["XLA_FLAGS"] == ("--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false "
+                                "intra_op_parallelism_threads=1")
+    assert env["KEEP"] == "1"
+    assert "multi_thread_eigen=true intra_op_parallelism_threads=3" in (
+        workers.thread_environment(3, {})["XLA_FLAGS"])
+    for bad in (0, -2, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"positive integer, got {bad!r}"):
+            workers.thread_environment(bad, {})
+
+
+def test_a_parallel_study_trains_each_run_in_a_worker_with_its_threads(tmp_path):
+    from keras_vitnorm.study import workers
+
+    config = base_config()
+    config.grad_norm_every = None
+    subset = {"stems": ["conv"], "norm_types": ["rmsnorm"]}
+    study = tmp_path / "parallel"
+    rows = run_study(config, ["stems", "norm_types"], [0], str(study), subset, verbose=0,
+                     parallel=2, threads_per_run=1)
+    assert [(r["group"], r["variant"], r["status"]) for r in rows] == [
+        ("stems", "patch", "completed"), ("stems", "conv", "completed"),
+        ("norm_types", "layernorm", "completed"), ("norm_types", "rmsnorm", "completed")]
+    # The shared baseline trained once; each trained run has its job file and its log.
+    assert rows[2]["run_dir"] == rows[0]["run_dir"]
+    logs = sorted(name for name in os.listdir(study / "logs") if name.endswith(".log"))
+    assert logs == ["norm_types-rmsnorm-seed_0.log", "stems-conv-seed_0.log",
+                    "stems-patch-seed_0.log"]
+    job = runner.durable.read_json(str(study / "logs" / "stems-conv-seed_0.job.json"))
+    assert job["run_dir"] == str(study / "stems" / "conv" / "seed_0")
+    assert "| rmsnorm | 1 |" in (study / "norm_types.md").read_text()
+    # The same runs trained one after another here give the same results.
+    sequential = run_study(config, ["stems", "norm_types"], [0], str(tmp_path / "sequential"),
+                           subset, verbose=0)
+    for here, there in zip(sequential, rows):
+        assert here["test_accuracy"] == pytest.approx(there["test_accuracy"], abs=0.02)
+    assert workers.default_threads_per_run(10**6) == 1
+
+
+def test_a_failed_worker_is_named_with_its_log(tmp_path, capsys):
+    study = tmp_path / "s"
+    # A run directory taken by a live process (this one) makes the worker fail.
+    locked = study / "stems" / "patch" / "seed_0"
+    locked.mkdir(parents=True)
+    from keras_vitnorm.training import run_files
+
+    with run_files.RunLock(str(locked), "run.lock", what="run directory"):
+        status = cli.main(["ablate", "--groups", "stems", "--variants", "stems:conv", "--seeds", "0",
+                           "--output-dir", str(study), "--parallel", "2", "--threads-per-run", "1",
+                           "--image-size", "16", "--patch-size", "4", "--width", "32", "--depth",
+                           "1", "--num-heads", "2", "--mlp-dim", "64", "--steps", "2",
+                           "--batch-size", "32", "--warmup-steps", "1", "--verbose", "0"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "[stems] patch seed 0: exit status 2;" in err
+    assert str(study / "logs" / "stems-patch-seed_0.log") in err
+    # The other run finished and is kept.
+    assert runner.durable.read_json(str(study / "stems" / "conv" / "seed_0" / "metrics.json"))[
+        "status"] == "completed"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parallel", "0"], "parallel must be a positive integer (runs at once), got 0"),
+    (["--parallel", "2", "--threads-per-run", "0"], "positive integer, got 0"),
+    (["--threads-per-run", "2"], "threads_per_run (--threads-per-run) applies to parallel runs"),
+])
+def test_parallel_cli_errors(capsys, tmp_path, argv, message):
+    status = cli.main(["ablate", "--groups", "stems", "--output-dir", str(tmp_path / "s"), *argv])
+    assert status == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
 # ----------------------------------------------------------------------------- factor groups
 
 

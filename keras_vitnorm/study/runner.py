@@ -9,6 +9,9 @@ Layout of a study directory:
                                              to the study directory)
     <study>/<group>.md                       the paper-style table of the group
     <study>/figures/*.png                    matplotlib figures
+    <study>/logs/<group>-<variant>-seed_<s>.log, .job.json   the output and settings of
+                                             each run trained in a worker process
+                                             (`parallel` > 1)
 
 A run whose `metrics.json` says `completed` or `diverged` is not trained again when the
 study is restarted; an interrupted run is resumed from its backup. A variant whose
@@ -35,6 +38,7 @@ import shutil
 import numpy as np
 
 from keras_vitnorm.study import factors
+from keras_vitnorm.study import workers
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
@@ -54,7 +58,8 @@ def _read_metrics(run_dir):
     return durable.read_json(os.path.join(run_dir, "metrics.json"))
 
 
-def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False):
+def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
+              parallel=1, threads_per_run=None):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -67,23 +72,37 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
         take_over_lock: bool. Take over the study directory (and its runs) if their
             locks were left by a process that no longer runs.
+        parallel: int, runs trained at once, each in its own process
+            (`keras_vitnorm.study.workers`); 1 trains them one after another here.
+        threads_per_run: compute threads of each parallel run; default the CPU
+            cores shared out over `parallel`.
 
     The study directory is locked (`study.lock`) while this runs, and each run's
     directory by `train`; every table is written atomically.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
+    if threads_per_run is not None:
+        if parallel == 1:
+            raise ValueError("threads_per_run (--threads-per-run) applies to parallel runs: "
+                             "set parallel (--parallel) above 1, or leave it out.")
+        workers.thread_environment(threads_per_run)  # checks the value before anything runs
+    elif parallel > 1:
+        threads_per_run = workers.default_threads_per_run(parallel)
     plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
                            what="study directory"):
         with run_files.storage_errors(output_dir, "Finished runs are intact; rerun to continue."):
-            return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock)
+            return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock,
+                               parallel, threads_per_run)
 
 
-def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
+def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel, threads_per_run):
     _check_study_config(base, output_dir)
     probe_images = _probe_images(base)
-    rows = []
+    jobs = []  # (group, variant, config, run directory), in the plan's order
     trained = {}  # effective settings -> run directory, to share identical runs
     for group, group_variants in plan:
         for name, (model, settings) in group_variants.items():
@@ -98,13 +117,49 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock):
                 elif verbose:
                     print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
                 config.output_dir = run_dir
-                rows.append(run_one(config, group, name, run_dir, verbose, take_over_lock,
-                                     probe_images))
-                write_results(rows, output_dir)  # kept current, so a long study can be read early
+                jobs.append((group, name, config, run_dir))
+
+    def finished_rows():
+        return [run_one(config, group, name, run_dir, 0, take_over_lock, probe_images)
+                for group, name, config, run_dir in jobs if _finished(run_dir)]
+
+    if parallel > 1:
+        _train_in_parallel(jobs, output_dir, parallel, threads_per_run, verbose, take_over_lock,
+                           on_finish=lambda job: write_results(finished_rows(), output_dir))
+    rows = []
+    for group, name, config, run_dir in jobs:
+        rows.append(run_one(config, group, name, run_dir, verbose, take_over_lock, probe_images))
+        write_results(rows, output_dir)  # kept current, so a long study can be read early
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
     if any(group == "dpn_factors" for group, _ in plan):
         dpn_mechanism(base, output_dir)
     return rows
+
+
+def _finished(run_dir):
+    metrics = _read_metrics(run_dir)
+    return metrics is not None and metrics.get("status") in ("completed", "diverged")
+
+
+def _train_in_parallel(jobs, output_dir, parallel, threads, verbose, take_over_lock, on_finish):
+    """Trains the unfinished runs of `jobs` (each shared run once) in worker processes."""
+    log_dir = os.path.join(output_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    work, seen = [], set()
+    for group, name, config, run_dir in jobs:
+        if run_dir in seen or _finished(run_dir):
+            continue
+        seen.add(run_dir)
+        stem = os.path.join(log_dir, workers.job_file_stem(group, name, config.seed))
+        job = {"group": group, "name": name, "seed": config.seed, "run_dir": run_dir,
+               "config": config.to_dict(), "take_over_lock": take_over_lock, "verbose": 2,
+               "file": stem + ".job.json", "log": stem + ".log"}
+        durable.write_json(job["file"], job)
+        work.append(job)
+    if work and verbose:
+        print(f"{len(work)} run(s) to train, {parallel} at a time with {threads} thread(s) each")
+    workers.train_in_workers(work, parallel, lambda job: workers.start_child(job, threads),
+                             on_finish=on_finish, say=print if verbose else None)
 
 
 def _probe_images(base, count=64):

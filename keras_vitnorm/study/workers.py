@@ -1,0 +1,163 @@
+"""Training a study's runs in several processes at once (`ablate --parallel N`).
+
+On a CPU, N single-threaded trainings side by side finish more runs per hour than one
+training that uses N threads: a small ViT's matrices are too small to keep several
+threads busy (docs/performance.md, "Several runs at once"). Each run trains in a child
+process, `python -m keras_vitnorm.study.workers <job.json>`, whose thread pools are sized
+by environment variables that PyTorch, TensorFlow and XLA read when they start
+(`thread_environment`). The child's output goes to `<study>/logs/<run>.log`.
+
+A child that fails stops new launches; the running ones finish, and the error names
+every failed run and its log. Each run is resumable on its own, so rerunning the study
+continues where it stopped. Interrupting the parent stops its children.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+#: Exit status of a child whose run could not write a file (as the CLI's).
+STORAGE_EXIT_CODE = 4
+
+
+class RunsFailed(RuntimeError):
+    """One or more runs of a parallel study ended with an error; `.failures` lists
+    `(job, exit status)`."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        lines = [f"{len(failures)} run(s) failed; finished runs are kept, rerun to continue:"]
+        for job, code in failures:
+            lines.append(f"  [{job['group']}] {job['name']} seed {job['seed']}: exit status "
+                         f"{code}; {_last_line(job['log'])} (log: {job['log']})")
+        super().__init__("\n".join(lines))
+
+
+def _last_line(path):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "empty log"
+
+
+def thread_environment(threads, environ=None):
+    """A copy of `environ` (default `os.environ`) in which PyTorch, TensorFlow and JAX
+    each use `threads` compute threads.
+
+    PyTorch's and oneDNN's pools follow `OMP_NUM_THREADS`; TensorFlow's follow
+    `TF_NUM_INTRAOP_THREADS` (one inter-op thread: a training step is one graph);
+    XLA's CPU backend (JAX, and TensorFlow's XLA-compiled steps) follows its
+    `intra_op_parallelism_threads` flag, with its Eigen thread pool off for one thread.
+    """
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads per run must be a positive integer, got {threads!r}.")
+    env = dict(os.environ if environ is None else environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    env["TF_NUM_INTEROP_THREADS"] = "1"
+    xla = (f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+           f"intra_op_parallelism_threads={threads}")
+    env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {xla}" if env.get("XLA_FLAGS") else xla
+    return env
+
+
+def default_threads_per_run(parallel):
+    """The CPU cores this process may use, shared out over `parallel` runs (at least 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // parallel)
+
+
+def job_file_stem(group, name, seed):
+    return f"{group}-{name}-seed_{seed}"
+
+
+def start_child(job, threads):
+    """Starts the child process that trains `job`; its output goes to `job['log']`."""
+    with open(job["log"], "a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "keras_vitnorm.study.workers", job["file"]],
+            stdout=log, stderr=subprocess.STDOUT, env=thread_environment(threads),
+        )
+
+
+def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, say=print):
+    """Trains `jobs` with at most `parallel` children at a time, in the order given.
+
+    Args:
+        jobs: list of dicts with at least `group`, `name`, `seed` and `log`.
+        parallel: int >= 1, children at once.
+        start: `start(job)` -> a started process (`poll()`, `terminate()`, `wait()`).
+        on_finish: called with each job whose child exited with status 0.
+        poll_seconds: how often the children are checked.
+        say: where progress lines go (`None`: nowhere).
+
+    Raises:
+        RunsFailed: after the running children have finished, if any child failed.
+            No child is started once one has failed.
+    """
+    pending, running, failures, done = list(jobs), [], [], 0
+    try:
+        while running or (pending and not failures):
+            while pending and not failures and len(running) < parallel:
+                job = pending.pop(0)
+                if say:
+                    say(f"[{job['group']}] {job['name']} seed {job['seed']}: training in a "
+                        f"worker process (log: {job['log']})")
+                running.append((job, start(job)))
+            time.sleep(poll_seconds)
+            still_running = []
+            for job, process in running:
+                code = process.poll()
+                if code is None:
+                    still_running.append((job, process))
+                elif code == 0:
+                    done += 1
+                    if say:
+                        say(f"[{job['group']}] {job['name']} seed {job['seed']}: finished "
+                            f"({done} of {len(jobs)})")
+                    if on_finish:
+                        on_finish(job)
+                else:
+                    failures.append((job, code))
+            running = still_running
+    finally:
+        for _, process in running:  # only left here by an exception in the parent
+            process.terminate()
+        for _, process in running:
+            process.wait()
+    if failures:
+        raise RunsFailed(failures)
+
+
+def main(argv=None):
+    """Child entry point: trains the run a job file describes; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m keras_vitnorm.study.workers JOB_FILE", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        job = json.load(f)
+    from keras_vitnorm.study.runner import run_one
+    from keras_vitnorm.training import TrainConfig
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
+
+    config = TrainConfig(**job["config"])
+    try:
+        run_one(config, job["group"], job["name"], job["run_dir"], job["verbose"],
+                take_over_lock=job["take_over_lock"], analyze=False)
+    except StorageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return STORAGE_EXIT_CODE
+    except (ValueError, LockedError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
