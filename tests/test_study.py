@@ -121,8 +121,8 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
     assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
     assert "| patch (seed 0) |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
-    for name in ("stems_gains", "stems_loss", "stems_gradient_norms", "stems_stem_scales",
-                 "stems_residual_stream"):
+    for name in ("stems_gains", "stems_loss", "stems_accuracy", "stems_gradient_norms",
+                 "stems_stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
@@ -499,3 +499,27 @@ def keras_numpy(x):
     import keras
 
     return keras.ops.convert_to_numpy(x)
+
+
+def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
+    from keras_vitnorm.study import factors
+
+    def run(variant, seed, curve, status="completed"):
+        run_dir = tmp_path / f"{variant}{seed}"
+        run_dir.mkdir()
+        lines = ["epoch,accuracy,loss,val_accuracy,val_loss"]
+        lines += [f"{i},0.5,1.0,{value},1.0" for i, value in enumerate(curve)]
+        (run_dir / "log.csv").write_text("\n".join(lines) + "\n")
+        return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
+
+    rows = [run("a", 0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75]),
+            run("a", 1, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.77, 0.9]),  # cut to 8 epochs
+            run("b", 0, [0.1, 0.2, 0.3]),  # too short to judge
+            run("c", 0, [0.5] * 8, status="diverged")]
+    table = factors.convergence_table(rows)
+    # half: epoch 4 (40%); three quarters: epoch 6 (60%); end: 75% and 77%; added 15 and 17.
+    differences = np.array([0.75, 0.77]) - 0.6
+    mean, ci = confidence_interval(differences)
+    assert f"| a | 2 | 8 | 40.00 | 60.00 | 76.00 | {100 * mean:.2f} ± {100 * ci:.2f} |" in table
+    assert "| b |" not in table and "| c |" not in table
+    assert factors.convergence_table(rows[2:]) == ""

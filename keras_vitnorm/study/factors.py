@@ -1,5 +1,5 @@
 """Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
-and training stability by depth.
+training stability by depth, and how flat each variant's validation curve is at the end.
 
 Both read the rows `run_study` returns (or `results.csv`) and the factor levels that
 `keras_vitnorm.study.variants.variant_factors` records for each variant.
@@ -141,5 +141,31 @@ def residual_stream_table(streams):
         lines.append(
             f"| {label} | {rms[0]:.2f} | {rms[len(rms) // 2]:.2f} | {rms[-1]:.2f} "
             f"| {np.mean(similarity):.3f} | {np.mean(similarity[-3:]):.3f} |"
+        )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def convergence_table(rows):
+    """Markdown: per variant, the mean validation accuracy at half, three quarters and
+    the end of training, and what the last quarter added (points): how flat each
+    variant's validation curve is when training stops. `""` when no variant of `rows`
+    logged four or more epochs."""
+    from keras_vitnorm.study.figures import validation_curves
+
+    lines = [
+        "| variant | runs | epochs | val. accuracy at 1/2 (%) | at 3/4 (%) | at the end (%) "
+        "| last quarter added (points, mean ± 95% CI) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        curves = 100 * validation_curves(rows, variant)
+        if curves.shape[1] < 4:
+            continue
+        epochs = curves.shape[1]
+        half, three_quarters = curves[:, epochs // 2 - 1], curves[:, (3 * epochs) // 4 - 1]
+        added = _mean_ci(list((curves[:, -1] - three_quarters) / 100))
+        lines.append(
+            f"| {variant} | {len(curves)} | {epochs} | {half.mean():.2f} | "
+            f"{three_quarters.mean():.2f} | {curves[:, -1].mean():.2f} | {added} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""

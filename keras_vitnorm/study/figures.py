@@ -3,6 +3,7 @@
 - `plot_gains`: accuracy gain of each variant over the group's baseline with 95% CIs
   (the Dual PatchNorm paper's Figure 1 style).
 - `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
+- `plot_accuracy_curves`: validation accuracy per epoch, mean and 95% CI over seeds.
 - `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
   several runs, e.g. plain ViT vs DPN (Figure 2 style).
 - `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
@@ -86,6 +87,47 @@ def plot_loss_curves(rows, title, path):
     axes.set_xlabel("epoch")
     axes.set_ylabel("loss (solid: train, dashed: validation)")
     axes.set_yscale("log")
+    axes.set_title(title)
+    axes.legend(fontsize=7, ncol=2)
+    return _save(figure, path)
+
+
+def validation_curves(rows, variant):
+    """Validation accuracy per epoch of each finished run of `variant`, cut to the
+    shortest run's length: an `(runs, epochs)` array (empty when none has a log)."""
+    curves = []
+    for row in rows:
+        log = os.path.join(row["run_dir"], "log.csv")
+        if row["variant"] == variant and row["status"] == "completed" and os.path.exists(log):
+            curve = [float(r["val_accuracy"]) for r in _read_csv(log) if r.get("val_accuracy")]
+            if curve:
+                curves.append(curve)
+    if not curves:
+        return np.zeros((0, 0))
+    length = min(map(len, curves))
+    return np.array([curve[:length] for curve in curves])
+
+
+def plot_accuracy_curves(rows, title, path):
+    """Validation accuracy per epoch of each variant: mean over seeds, with the 95%
+    Student-t interval of the mean shaded where there are two or more seeds."""
+    from scipy import stats
+
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        curves = 100 * validation_curves(rows, variant)
+        if not curves.size:
+            continue
+        epochs = np.arange(1, curves.shape[1] + 1)
+        mean = curves.mean(axis=0)
+        color = f"C{index % 10}"
+        axes.plot(epochs, mean, color=color, label=f"{variant} ({len(curves)} runs)")
+        if len(curves) > 1:
+            half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
+            axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("validation accuracy (%)")
     axes.set_title(title)
     axes.legend(fontsize=7, ncol=2)
     return _save(figure, path)

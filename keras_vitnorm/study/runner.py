@@ -199,7 +199,8 @@ def _check_study_config(base, output_dir):
 def make_figures(rows, figure_dir, probe_images=None):
     """Writes every figure (and the tables computed with them) the results allow.
 
-    Per group: gains (`<group>_gains.png`) and loss curves (`<group>_loss.png`). For
+    Per group: gains (`<group>_gains.png`), loss curves (`<group>_loss.png`) and
+    validation accuracy curves with CIs (`<group>_accuracy.png`). For
     each group of `STEM_PAIRS` with gradient-norm records of both stems:
     `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
     `<group>_stem_scales.png` (its first seed). For `depth_stability`: gradient norms
@@ -223,6 +224,9 @@ def make_figures(rows, figure_dir, probe_images=None):
         paths.append(figures.plot_loss_curves(
             group_rows, f"{group}: loss per epoch (mean over seeds)",
             os.path.join(figure_dir, f"{group}_loss.png")))
+        paths.append(figures.plot_accuracy_curves(
+            group_rows, f"{group}: validation accuracy per epoch (mean, 95% CI over seeds)",
+            os.path.join(figure_dir, f"{group}_accuracy.png")))
         if probe_images is not None:
             paths.extend(_residual_stream_outputs(group, group_rows, probe_images, figure_dir))
     for group, pair in STEM_PAIRS.items():
@@ -542,8 +546,9 @@ def gradient_norm_table(rows):
 
 
 def write_results(rows, output_dir):
-    """Writes `results.csv`, one markdown table per group and, where the groups ran:
-    `gradient_norms.md` (stem runs that recorded gradient norms),
+    """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
+    for groups trained four or more epochs (`factors.convergence_table`) and, where
+    the groups ran: `gradient_norms.md` (stem runs that recorded gradient norms),
     `dpn_factors_differences.md` (DPN against the plain stem per factor level) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
     os.makedirs(output_dir, exist_ok=True)
@@ -556,10 +561,11 @@ def write_results(rows, output_dir):
         writer.writerow(record)
     durable.write_text(os.path.join(output_dir, "results.csv"), buffer.getvalue(), stage="results")
     for group in dict.fromkeys(row["group"] for row in rows):
-        durable.write_text(
-            os.path.join(output_dir, f"{group}.md"),
-            markdown_table(summarize([r for r in rows if r["group"] == group])),
-        )
+        group_rows = [r for r in rows if r["group"] == group]
+        durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summarize(group_rows)))
+        convergence = factors.convergence_table(group_rows)
+        if convergence:
+            durable.write_text(os.path.join(output_dir, f"{group}_convergence.md"), convergence)
     for name, table in (
         ("gradient_norms.md", gradient_norm_table(rows)),
         ("dpn_factors_differences.md", factors.dpn_factor_table(rows)),
