@@ -403,6 +403,25 @@ def test_new_groups_hold_the_asked_variants_and_each_builds():
             assert ViT(**config).count_params() > 0, (group, name)
 
 
+def test_depth_drop_path_runs_without_drop_path_are_the_depth_stability_runs(tmp_path):
+    """Without stochastic depth, the deepest warm-up runs of `depth_drop_path` have the
+    settings of `depth_stability`'s, so a study running both trains them once."""
+    config = base_config()
+    config.grad_norm_every = None
+    trained = []
+    keys = {}
+    for group in ("depth_stability", "depth_drop_path"):
+        for name, (model, settings) in get_variants(group).items():
+            variant = runner.dataclasses.replace(config, **settings, model={**config.model, **model})
+            key = runner._settings_key(variant)
+            if key not in keys:
+                keys[key] = (group, name)
+                trained.append((group, name))
+    shared = [name for group, name in keys.values() if group == "depth_drop_path"]
+    assert sorted(shared) == ["deepnorm-depth_24-drop_path_0.1", "post_ln-depth_24-drop_path_0.1",
+                              "pre_ln-depth_24-drop_path_0.1"]
+
+
 def test_welch_interval_matches_scipy():
     from scipy import stats
 

@@ -84,12 +84,16 @@ def _depth_stability():
 
 
 def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
-    """The deepest models with and without stochastic depth (representation collapse)."""
+    """The deepest models with and without stochastic depth (representation collapse).
+
+    The runs without it leave `drop_path` unset, as `depth_stability`'s do, so a study
+    running both groups trains them once.
+    """
     variants, factors = {}, {}
     for placement, model in _DEPTH_PLACEMENTS.items():
         for drop_path in (0.0, rate):
             name = f"{placement}-depth_{depth}" + (f"-drop_path_{rate}" if drop_path else "")
-            variants[name] = ({**model, "depth": depth}, {"drop_path": drop_path})
+            variants[name] = ({**model, "depth": depth}, {"drop_path": drop_path} if drop_path else {})
             factors[name] = {"placement": placement, "depth": depth, "drop_path": drop_path}
     return variants, factors
 
