@@ -460,6 +460,21 @@ def test_dpn_factor_table_gives_each_level_its_difference():
     assert "+0.67 ± " in line and not line.endswith(" * |")
 
 
+def test_against_dpn_table_is_the_papers_table_6_format():
+    from keras_vitnorm.study.factors import against_dpn_table
+
+    rows = [factor_row("dpn-p4-n10000", s, a) for s, a in enumerate([0.60, 0.62, 0.61])]
+    rows += [factor_row("pre_patchnorm-p4-n10000", s, a) for s, a in enumerate([0.57, 0.58, 0.59])]
+    rows += [factor_row("patch-p4-n10000", s, a) for s, a in enumerate([0.63, 0.60, 0.65])]
+    rows += [factor_row("patch-p4-n2500", s, a) for s, a in enumerate([0.5, 0.5, 0.5])]  # no DPN
+    table = against_dpn_table(rows)
+    lines = table.splitlines()[2:]
+    assert [line.split(" | ")[2] for line in lines] == ["pre_patchnorm", "patch"]
+    assert lines[0].startswith("| 4 | 10,000 | pre_patchnorm | 3 | -3.00 ± ")
+    assert lines[0].endswith(" * |") and lines[1].startswith("| 4 | 10,000 | patch | 3 | +1.67 ± ")
+    assert against_dpn_table(rows[-3:]) == ""
+
+
 def test_depth_table_counts_trained_diverged_and_stalled_runs():
     from keras_vitnorm.study.factors import depth_table
 

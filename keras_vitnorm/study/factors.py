@@ -93,6 +93,30 @@ def dpn_factor_table(rows, group="dpn_factors"):
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
+def against_dpn_table(rows, group="dpn_factors"):
+    """Markdown in the paper's Table 6 format: at each level where Dual PatchNorm ran,
+    every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where
+    it excludes 0). Negative: the stem is worse than DPN."""
+    levels = sorted({
+        (f["patch_size"], f["train_examples"])
+        for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
+        if f
+    })
+    lines = [
+        "| patch size | training images | stem | runs | change against DPN, points (Welch 95% CI) |",
+        "|---|---|---|---|---|",
+    ]
+    for patch, size in levels:
+        dpn = _accuracies(rows, group, stem="dpn", patch_size=patch, train_examples=size)
+        if not dpn:
+            continue
+        for stem in ("pre_patchnorm", "post_patchnorm", "patch"):
+            other = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            if other:
+                lines.append(f"| {patch} | {size:,} | {stem} | {len(other)} | {_difference(other, dpn)} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def depth_table(rows, group="depth_stability"):
     """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
     which steps) or stalled (test accuracy below `STALL_ACCURACY`), and the accuracy

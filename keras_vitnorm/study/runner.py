@@ -549,7 +549,9 @@ def write_results(rows, output_dir):
     """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
     for groups trained four or more epochs (`factors.convergence_table`) and, where
     the groups ran: `gradient_norms.md` (stem runs that recorded gradient norms),
-    `dpn_factors_differences.md` (DPN against the plain stem per factor level) and
+    `dpn_factors_differences.md` (DPN against the plain stem per factor level),
+    `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
+    format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
     os.makedirs(output_dir, exist_ok=True)
     buffer = io.StringIO()
@@ -569,6 +571,7 @@ def write_results(rows, output_dir):
     for name, table in (
         ("gradient_norms.md", gradient_norm_table(rows)),
         ("dpn_factors_differences.md", factors.dpn_factor_table(rows)),
+        ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
         ("depth_stability_summary.md", factors.depth_table(rows)),
     ):
         if table:
