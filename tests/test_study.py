@@ -557,3 +557,44 @@ def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
     assert f"| a | 2 | 8 | 40.00 | 60.00 | 76.00 | {100 * mean:.2f} ± {100 * ci:.2f} |" in table
     assert "| b |" not in table and "| c |" not in table
     assert factors.convergence_table(rows[2:]) == ""
+
+
+def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
+    """recipes/cifar10_study.sh: each of its three commands parses into a valid study
+    (a stand-in interpreter records the settings instead of training)."""
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls.jsonl"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import dataclasses, json, sys\n"
+        "from keras_vitnorm.cli import build_parser, train_config_from_args\n"
+        "assert sys.argv[1:3] == ['-m', 'keras_vitnorm'], sys.argv\n"
+        "args = build_parser().parse_args(sys.argv[3:])\n"
+        "args.preset, args.output_dir = 'ti16', None\n"
+        "config = train_config_from_args(args)\n"
+        f"with open({str(calls)!r}, 'a') as f:\n"
+        "    f.write(json.dumps({'groups': args.groups, 'dir': args.study_dir, 'parallel': args.parallel,\n"
+        "                        'config': dataclasses.asdict(config)}) + '\\n')\n")
+    stand_in.chmod(0o755)
+    recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
+    done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out")],
+                          env={**os.environ, "PYTHON": str(stand_in)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    studies = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
+    assert [s["groups"] for s in studies] == [
+        ["depth_stability", "depth_drop_path"], ["dpn_factors"], ["converged"]]
+    assert [s["dir"] for s in studies] == [str(tmp_path / "out" / n) for n in ("depth", "factors", "converged")]
+    for study in studies:
+        config = study["config"]
+        assert config["dataset"] == f"folder:{tmp_path / 'cifar'}" and config["batch_size"] == 32
+        assert config["mixed_precision"] == "mixed_bfloat16" and study["parallel"] == 2
+        # Every run's warm-up ends before its schedule does (the smallest training set
+        # of dpn_factors has 2,500 images, so its length is given in steps).
+        steps = config["steps"] or config["epochs"] * 45000 // 32
+        assert config["warmup_steps"] < steps
+    assert studies[2]["config"]["model"]["patch_size"] == 4 and studies[2]["config"]["epochs"] == 50
+    bad = subprocess.run(["bash", recipe], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
