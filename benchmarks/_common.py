@@ -27,6 +27,15 @@ def compile_like_fit(model, jit_compile="auto"):
     return model
 
 
+def synthetic_batch(config, batch_size):
+    """A fixed batch for `config` (a ViT config dict): images uniform in [-1, 1] and integer labels."""
+    rng = np.random.default_rng(0)
+    size = config["image_size"]
+    x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
+    y = rng.integers(0, config["num_classes"], (batch_size,))
+    return x, y
+
+
 def keras_backend_device():
     """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
     import keras

@@ -26,6 +26,7 @@ import time
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import run_worker
+from _common import synthetic_batch
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 MODELS = {
@@ -47,16 +48,12 @@ VARIANTS = {
 
 def worker(args):
     import keras
-    import numpy as np
 
     from keras_vitnorm import ViT
 
     keras.config.set_dtype_policy(args.mixed_precision)
     config = MODELS[args.model]
-    rng = np.random.default_rng(0)
-    size = config["image_size"]
-    x = rng.uniform(-1, 1, (args.batch_size, size, size, 3)).astype("float32")
-    y = rng.integers(0, config["num_classes"], (args.batch_size,))
+    x, y = synthetic_batch(config, args.batch_size)
     steps = {}
     for name, change in VARIANTS.items():
         keras.utils.set_random_seed(0)
