@@ -646,7 +646,7 @@ def _seeds_with_ci(parser, command, args, run, score, describe):
     import os
 
     from keras_vitnorm import durable
-    from keras_vitnorm.study.runner import confidence_interval
+    from keras_vitnorm.study.stats import confidence_interval
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError
 

@@ -12,6 +12,7 @@ from keras_vitnorm.study import get_variants
 from keras_vitnorm.study import markdown_table
 from keras_vitnorm.study import run_study
 from keras_vitnorm.study import runner
+from keras_vitnorm.study import runs
 from keras_vitnorm.study import summarize
 from keras_vitnorm.training import TrainConfig
 
@@ -93,13 +94,13 @@ def test_variant_groups_and_subsets():
 def count_trainings(monkeypatch):
     """Makes the runner record each run it trains; returns the (growing) list."""
     trained = []
-    original = runner.train
+    original = runs.train
 
     def counting(config, **kwargs):
         trained.append(config.output_dir)
         return original(config, **kwargs)
 
-    monkeypatch.setattr(runner, "train", counting)
+    monkeypatch.setattr(runs, "train", counting)
     return trained
 
 
@@ -154,11 +155,11 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert not any(part in ("preset", "checkpoints", "backup") for path in copied
                    for part in path.split(os.sep))
     dpn_run = os.path.join("stems", "dual_patchnorm", "seed_0")
-    assert {os.path.join(dpn_run, name) for name in runner.RUN_RESULT_FILES} <= copied
-    analysis = runner.run_analysis(os.path.join(exported, dpn_run))
+    assert {os.path.join(dpn_run, name) for name in runs.RUN_RESULT_FILES} <= copied
+    analysis = runs.run_analysis(os.path.join(exported, dpn_run))
     np.testing.assert_array_equal(
         analysis["stem_scale"], stem_scale_map(ViT.from_preset(os.path.join(study, dpn_run, "preset"))))
-    assert runner.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
+    assert runs.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
     shutil.rmtree(os.path.join(exported, "figures"))
     trained.clear()
     redrawn = run_study(base_config(), ["stems"], [0, 1], exported, subset, verbose=0)
@@ -425,7 +426,7 @@ def test_depth_drop_path_runs_without_drop_path_are_the_depth_stability_runs(tmp
 def test_welch_interval_matches_scipy():
     from scipy import stats
 
-    from keras_vitnorm.study.factors import difference_interval
+    from keras_vitnorm.study.stats import difference_interval
 
     a, b = [0.71, 0.74, 0.70], [0.65, 0.69, 0.66, 0.64]
     difference, half = difference_interval(a, b)

@@ -10,7 +10,7 @@ import pytest
 from keras_vitnorm import ViT
 from keras_vitnorm import cli
 from keras_vitnorm.study import vtab
-from keras_vitnorm.study.runner import confidence_interval
+from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.training import TrainConfig
 from keras_vitnorm.training import load_dataset
 

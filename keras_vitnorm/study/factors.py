@@ -9,31 +9,13 @@ import math
 
 import numpy as np
 
+from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.variants import variant_factors
 
 #: A completed run whose test accuracy stays below this is counted as stalled
 #: (chance is 1 / classes: 0.1 on CIFAR-10).
 STALL_ACCURACY = 0.2
-
-
-def difference_interval(treated, control, level=0.95):
-    """Mean of `treated` minus mean of `control`, and the half-width of its Welch CI.
-
-    The Welch-Satterthwaite interval does not assume equal variances. With fewer than
-    two values on a side the half-width is `nan`.
-    """
-    from scipy import stats
-
-    treated, control = np.asarray(treated, "float64"), np.asarray(control, "float64")
-    difference = float(np.mean(treated) - np.mean(control))
-    if len(treated) < 2 or len(control) < 2:
-        return difference, math.nan
-    va, vb = np.var(treated, ddof=1) / len(treated), np.var(control, ddof=1) / len(control)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return difference, 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(treated) - 1) + vb**2 / (len(control) - 1))
-    return difference, float(stats.t.ppf(0.5 + level / 2, df)) * se
 
 
 def _accuracies(rows, group, **levels):
@@ -49,8 +31,6 @@ def _accuracies(rows, group, **levels):
 
 
 def _mean_ci(values):
-    from keras_vitnorm.study.runner import confidence_interval
-
     if not values:
         return "n/a"
     mean, ci = confidence_interval(values)

@@ -39,23 +39,22 @@ import numpy as np
 
 from keras_vitnorm.study import factors
 from keras_vitnorm.study import workers
+from keras_vitnorm.study.runs import RUN_RESULT_FILES
+from keras_vitnorm.study.runs import read_metrics
+from keras_vitnorm.study.runs import run_analysis
+from keras_vitnorm.study.runs import run_one
+from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
-from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm import durable
 from keras_vitnorm.training import run_files
-from keras_vitnorm.training import train
 from keras_vitnorm.training.config import setting_changes
 
 RESULT_FIELDS = (
     "group", "variant", "seed", "status", "test_accuracy", "val_accuracy",
     "diverged_at_step", "steps", "train_seconds", "run_dir",
 )
-
-
-def _read_metrics(run_dir):
-    return durable.read_json(os.path.join(run_dir, "metrics.json"))
 
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
@@ -137,7 +136,7 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
 
 
 def _finished(run_dir):
-    metrics = _read_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     return metrics is not None and metrics.get("status") in ("completed", "diverged")
 
 
@@ -348,86 +347,6 @@ def _settings_key(config):
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None, analyze=True):
-    """Trains (or resumes, or skips if finished) one run; returns its results row.
-
-    `analyze` computes a finished run's `analysis.json` (the study's figures read it).
-    """
-    seed = config.seed
-    metrics = _read_metrics(run_dir)
-    if metrics is None or metrics.get("status") not in ("completed", "diverged"):
-        config.validate()
-        resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
-        if verbose:
-            print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
-        try:
-            train(config, resume=resume, verbose=verbose if verbose > 1 else 0,
-                  take_over_lock=take_over_lock)
-        except TrainingDiverged:
-            pass
-        metrics = _read_metrics(run_dir)
-    elif verbose:
-        print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
-    if metrics["status"] == "completed" and analyze:
-        run_analysis(run_dir, probe_images)
-    return {
-        "group": group,
-        "variant": name,
-        "seed": seed,
-        "status": metrics["status"],
-        "test_accuracy": metrics.get("test_accuracy"),
-        "val_accuracy": metrics.get("val_accuracy"),
-        "diverged_at_step": metrics.get("diverged_at_step"),
-        "steps": metrics.get("steps"),
-        "train_seconds": metrics.get("train_seconds_this_run"),
-        "run_dir": run_dir,
-    }
-
-
-ANALYSIS_FILE = "analysis.json"
-#: What `export_study` copies of a finished run: no weights, checkpoints or locks.
-RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.csv", ANALYSIS_FILE)
-
-
-def run_analysis(run_dir, probe_images=None):
-    """What the study's figures read of a finished run's trained model, kept in
-    `<run_dir>/analysis.json` so they can be redrawn where the weights are not kept.
-
-    Returns:
-        `{"stem_scale": (P, P, C) nested list or None, "residual_stream":
-        keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
-        "probe_images": count or None}`: read from the file if it holds what is
-        asked (a residual stream on as many images when `probe_images` is given),
-        else computed from `<run_dir>/preset` and written. `None` for a run with
-        neither.
-    """
-    path = os.path.join(run_dir, ANALYSIS_FILE)
-    cached = durable.read_json(path)
-    if cached is not None and (probe_images is None or cached.get("probe_images") == len(probe_images)):
-        return cached
-    preset = os.path.join(run_dir, "preset")
-    if not os.path.isdir(preset):
-        return cached
-    from keras_vitnorm.analysis.probes import residual_stream
-    from keras_vitnorm.analysis.probes import stem_scale_map
-    from keras_vitnorm.models import ViT
-
-    model = ViT.from_preset(preset)
-    try:
-        stem_scale = stem_scale_map(model).tolist()
-    except ValueError:  # raised exactly when the stem has no learned first-norm scale
-        stem_scale = None
-    stream = None
-    if probe_images is not None:
-        stream = residual_stream(model, probe_images)
-        stream = {"names": list(stream["names"]), "rms": [float(v) for v in stream["rms"]],
-                  "similarity": [float(v) for v in stream["similarity"]]}
-    analysis = {"stem_scale": stem_scale, "residual_stream": stream,
-                "probe_images": None if probe_images is None else len(probe_images)}
-    durable.write_json(path, analysis, stage="analysis")
-    return analysis
-
-
 def export_study(study_dir, destination):
     """Copies a study's results, without weights, into `destination`.
 
@@ -466,7 +385,7 @@ def export_study(study_dir, destination):
                 if name.endswith((".png", ".md")):
                     copy(os.path.join(relative_root, name))
             continue
-        metrics = _read_metrics(root) if "metrics.json" in files else None
+        metrics = read_metrics(root) if "metrics.json" in files else None
         if metrics and metrics.get("status") in ("completed", "diverged"):
             for name in RUN_RESULT_FILES:
                 if name in files:
@@ -576,21 +495,6 @@ def write_results(rows, output_dir):
     ):
         if table:
             durable.write_text(os.path.join(output_dir, name), table)
-
-
-def confidence_interval(values, level=0.95):
-    """Mean and half-width of the Student-t confidence interval of the mean.
-
-    One value gives a half-width of `nan` (no spread to estimate).
-    """
-    from scipy import stats
-
-    values = np.asarray(values, "float64")
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return mean, math.nan
-    sem = float(np.std(values, ddof=1)) / math.sqrt(len(values))
-    return mean, float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * sem
 
 
 def summarize(rows, metric="test_accuracy"):

@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from keras_vitnorm import durable
-from keras_vitnorm.study.runner import confidence_interval
+from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.runner import run_one
 from keras_vitnorm.training import run_files
 

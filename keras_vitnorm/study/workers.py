@@ -141,7 +141,7 @@ def main(argv=None):
         return 2
     with open(argv[0]) as f:
         job = json.load(f)
-    from keras_vitnorm.study.runner import run_one
+    from keras_vitnorm.study.runs import run_one
     from keras_vitnorm.training import TrainConfig
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError

@@ -1,0 +1,97 @@
+"""One run of a study: train it, resume it or skip it, and keep what its trained
+model gives the study's figures.
+
+`run_one` is what both the study's own process and its worker processes
+(`keras_vitnorm.study.workers`) call for each (variant, seed).
+"""
+
+import os
+
+from keras_vitnorm import durable
+from keras_vitnorm.training import TrainingDiverged
+from keras_vitnorm.training import train
+
+
+def read_metrics(run_dir):
+    """A run's `metrics.json`, or `None` before its first save."""
+    return durable.read_json(os.path.join(run_dir, "metrics.json"))
+
+
+def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None, analyze=True):
+    """Trains (or resumes, or skips if finished) one run; returns its results row.
+
+    `analyze` computes a finished run's `analysis.json` (the study's figures read it).
+    """
+    seed = config.seed
+    metrics = read_metrics(run_dir)
+    if metrics is None or metrics.get("status") not in ("completed", "diverged"):
+        config.validate()
+        resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
+        if verbose:
+            print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
+        try:
+            train(config, resume=resume, verbose=verbose if verbose > 1 else 0,
+                  take_over_lock=take_over_lock)
+        except TrainingDiverged:
+            pass
+        metrics = read_metrics(run_dir)
+    elif verbose:
+        print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
+    if metrics["status"] == "completed" and analyze:
+        run_analysis(run_dir, probe_images)
+    return {
+        "group": group,
+        "variant": name,
+        "seed": seed,
+        "status": metrics["status"],
+        "test_accuracy": metrics.get("test_accuracy"),
+        "val_accuracy": metrics.get("val_accuracy"),
+        "diverged_at_step": metrics.get("diverged_at_step"),
+        "steps": metrics.get("steps"),
+        "train_seconds": metrics.get("train_seconds_this_run"),
+        "run_dir": run_dir,
+    }
+
+
+ANALYSIS_FILE = "analysis.json"
+#: What `export_study` copies of a finished run: no weights, checkpoints or locks.
+RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.csv", ANALYSIS_FILE)
+
+
+def run_analysis(run_dir, probe_images=None):
+    """What the study's figures read of a finished run's trained model, kept in
+    `<run_dir>/analysis.json` so they can be redrawn where the weights are not kept.
+
+    Returns:
+        `{"stem_scale": (P, P, C) nested list or None, "residual_stream":
+        keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
+        "probe_images": count or None}`: read from the file if it holds what is
+        asked (a residual stream on as many images when `probe_images` is given),
+        else computed from `<run_dir>/preset` and written. `None` for a run with
+        neither.
+    """
+    path = os.path.join(run_dir, ANALYSIS_FILE)
+    cached = durable.read_json(path)
+    if cached is not None and (probe_images is None or cached.get("probe_images") == len(probe_images)):
+        return cached
+    preset = os.path.join(run_dir, "preset")
+    if not os.path.isdir(preset):
+        return cached
+    from keras_vitnorm.analysis.probes import residual_stream
+    from keras_vitnorm.analysis.probes import stem_scale_map
+    from keras_vitnorm.models import ViT
+
+    model = ViT.from_preset(preset)
+    try:
+        stem_scale = stem_scale_map(model).tolist()
+    except ValueError:  # raised exactly when the stem has no learned first-norm scale
+        stem_scale = None
+    stream = None
+    if probe_images is not None:
+        stream = residual_stream(model, probe_images)
+        stream = {"names": list(stream["names"]), "rms": [float(v) for v in stream["rms"]],
+                  "similarity": [float(v) for v in stream["similarity"]]}
+    analysis = {"stem_scale": stem_scale, "residual_stream": stream,
+                "probe_images": None if probe_images is None else len(probe_images)}
+    durable.write_json(path, analysis, stage="analysis")
+    return analysis
