@@ -491,6 +491,42 @@ def test_depth_table_counts_trained_diverged_and_stalled_runs():
     assert "| pre_ln | 24 | yes | 1 | 1 | 0 | 0 | 60.00 |" in table
 
 
+def write_grad_norms(path, records):
+    """A `grad_norms.csv` from `{step: {layer: norm}}`."""
+    lines = ["step,group,norm"] + [f"{step},{layer},{norm}" for step, layers in records.items()
+                                   for layer, norm in layers.items()]
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "grad_norms.csv"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_depth_table_gives_the_first_to_last_block_gradient_ratio(tmp_path):
+    from keras_vitnorm.study.factors import depth_table
+    from keras_vitnorm.study.factors import first_to_last_block_gradient
+
+    zero = {"block_0/mlp/fc1": 0.0, "block_2/mlp/fc1": 0.0, "head": 1.0}  # step 0: only the head
+    # block 0: sqrt(3^2 + 4^2) = 5; block 2 (the last): 0.5, then 50 -> ratios 10 and 0.1, 1
+    records = {0: zero,
+               50: {"block_0/attention/qkv": 3.0, "block_0/mlp/fc1": 4.0, "block_1/mlp/fc1": 9.0,
+                    "block_2/mlp/fc1": 0.5, "stem/projection": 7.0, "head": 2.0},
+               100: {"block_0/mlp/fc1": 5.0, "block_2/mlp/fc1": 50.0},
+               150: {"block_0/mlp/fc1": 2.0, "block_2/mlp/fc1": 2.0}}
+    write_grad_norms(tmp_path / "a", records)
+    assert first_to_last_block_gradient(tmp_path / "a" / "grad_norms.csv") == pytest.approx(1.0)
+    write_grad_norms(tmp_path / "b", {50: {"block_0/mlp/fc1": 1.0, "block_5/mlp/fc1": 1e4}})
+    write_grad_norms(tmp_path / "c", {50: {"block_0/mlp/fc1": 1.0, "block_5/mlp/fc1": 1e2}})
+    assert first_to_last_block_gradient(tmp_path / "b" / "grad_norms.csv") == pytest.approx(1e-4)
+
+    group = "depth_stability"
+    rows = [dict(factor_row("post_ln-depth_24", 0, 0.1, group), run_dir=str(tmp_path / "b")),
+            dict(factor_row("post_ln-depth_24", 1, 0.1, group), run_dir=str(tmp_path / "c")),
+            dict(factor_row("pre_ln-depth_24", 0, 0.6, group), run_dir=str(tmp_path / "missing"))]
+    table = depth_table(rows)
+    # geometric mean of 1e-4 and 1e-2, and their range; a run without the file gives n/a
+    assert "| post_ln | 24 | yes | 2 | 0 | 0 | 2 | n/a | 0.001 (0.0001 to 0.01) |" in table
+    assert "| pre_ln | 24 | yes | 1 | 1 | 0 | 0 | 60.00 | n/a |" in table
+
+
 def test_patch_norm_analysis_is_the_model_stems_view():
     from keras_vitnorm.analysis import patch_norm
     from keras_vitnorm.layers import patchify

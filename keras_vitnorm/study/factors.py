@@ -5,7 +5,10 @@ Both read the rows `run_study` returns (or `results.csv`) and the factor levels 
 `keras_vitnorm.study.variants.variant_factors` records for each variant.
 """
 
+import csv
 import math
+import os
+import re
 
 import numpy as np
 
@@ -97,10 +100,48 @@ def against_dpn_table(rows, group="dpn_factors"):
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
+_BLOCK = re.compile(r"block_(\d+)/")
+
+
+def first_to_last_block_gradient(grad_norms_csv):
+    """Median over the records of a run's `grad_norms.csv` (step 0 left out) of the
+    first block's gradient norm over the last block's.
+
+    A block's norm is the root sum of squares of its recorded layers' norms. Far below
+    1, the gradient vanishes on its way down to the input; above 1, it grows. `nan`
+    for a file with no record of two or more blocks.
+    """
+    records = {}
+    with open(grad_norms_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            match = _BLOCK.match(row["group"])
+            if match and int(row["step"]) > 0:
+                blocks = records.setdefault(int(row["step"]), {})
+                index = int(match[1])
+                blocks[index] = blocks.get(index, 0.0) + float(row["norm"]) ** 2
+    ratios = [math.sqrt(blocks[0] / blocks[max(blocks)]) for blocks in records.values()
+              if len(blocks) > 1 and 0 in blocks and blocks[max(blocks)] > 0]
+    return float(np.median(ratios)) if ratios else math.nan
+
+
+def _gradient_ratio_cell(runs):
+    """Geometric mean and range over `runs` of `first_to_last_block_gradient`."""
+    paths = [os.path.join(r["run_dir"], "grad_norms.csv") for r in runs
+             if r["status"] == "completed" and r.get("run_dir")]
+    ratios = [first_to_last_block_gradient(path) for path in paths if os.path.exists(path)]
+    ratios = [r for r in ratios if r > 0]
+    if not ratios:
+        return "n/a"
+    mean = math.exp(float(np.mean(np.log(ratios))))
+    return f"{mean:.3g} ({min(ratios):.3g} to {max(ratios):.3g})" if len(ratios) > 1 else f"{mean:.3g}"
+
+
 def depth_table(rows, group="depth_stability"):
     """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
-    which steps) or stalled (test accuracy below `STALL_ACCURACY`), and the accuracy
-    of those that trained."""
+    which steps) or stalled (test accuracy below `STALL_ACCURACY`), the accuracy of
+    those that trained, and the first block's gradient norm over the last block's
+    (`first_to_last_block_gradient`; geometric mean and range over the completed runs
+    that recorded gradient norms)."""
     cells = {}
     for row in rows:
         if row["group"] != group:
@@ -110,8 +151,8 @@ def depth_table(rows, group="depth_stability"):
         cells.setdefault(key, []).append(row)
     lines = [
         "| placement | depth | warm-up | runs | trained | diverged (steps) | stalled "
-        "| test accuracy of trained runs (%) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| test accuracy of trained runs (%) | first / last block gradient norm |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (placement, depth, warmup), runs in cells.items():
         diverged = [r for r in runs if r["status"] == "diverged"]
@@ -122,7 +163,7 @@ def depth_table(rows, group="depth_stability"):
         lines.append(
             f"| {placement} | {depth} | {'yes' if warmup else 'no'} | {len(runs)} | {len(trained)} "
             f"| {len(diverged)}{f' ({steps})' if steps else ''} | {len(stalled)} "
-            f"| {_mean_ci(trained)} |"
+            f"| {_mean_ci(trained)} | {_gradient_ratio_cell(runs)} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
