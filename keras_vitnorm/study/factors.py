@@ -133,7 +133,9 @@ def _gradient_ratio_cell(runs):
     if not ratios:
         return "n/a"
     mean = math.exp(float(np.mean(np.log(ratios))))
-    return f"{mean:.3g} ({min(ratios):.3g} to {max(ratios):.3g})" if len(ratios) > 1 else f"{mean:.3g}"
+    if len(ratios) == 1:
+        return f"{mean:.3g}"
+    return f"{mean:.3g} ({min(ratios):.3g} to {max(ratios):.3g})"
 
 
 def depth_table(rows, group="depth_stability"):
