@@ -525,6 +525,8 @@ def test_depth_table_gives_the_first_to_last_block_gradient_ratio(tmp_path):
     # geometric mean of 1e-4 and 1e-2, and their range; a run without the file gives n/a
     assert "| post_ln | 24 | yes | 2 | 0 | 0 | 2 | n/a | 0.001 (0.0001 to 0.01) |" in table
     assert "| pre_ln | 24 | yes | 1 | 1 | 0 | 0 | 60.00 | n/a |" in table
+    write_grad_norms(tmp_path / "b", {50: {"block_0/mlp/fc1": 0.0, "block_5/mlp/fc1": 1e4}})
+    assert "| 0 (0 to 0.01) |" in depth_table(rows)  # a gradient that underflowed to 0
 
 
 def test_patch_norm_analysis_is_the_model_stems_view():

@@ -129,10 +129,11 @@ def _gradient_ratio_cell(runs):
     paths = [os.path.join(r["run_dir"], "grad_norms.csv") for r in runs
              if r["status"] == "completed" and r.get("run_dir")]
     ratios = [first_to_last_block_gradient(path) for path in paths if os.path.exists(path)]
-    ratios = [r for r in ratios if r > 0]
+    ratios = [r for r in ratios if not math.isnan(r)]
     if not ratios:
         return "n/a"
-    mean = math.exp(float(np.mean(np.log(ratios))))
+    # a first block whose gradient underflowed to 0 makes the geometric mean 0
+    mean = 0.0 if min(ratios) == 0 else math.exp(float(np.mean(np.log(ratios))))
     if len(ratios) == 1:
         return f"{mean:.3g}"
     return f"{mean:.3g} ({min(ratios):.3g} to {max(ratios):.3g})"
