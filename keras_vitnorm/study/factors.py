@@ -5,13 +5,13 @@ Both read the rows `run_study` returns (or `results.csv`) and the factor levels 
 `keras_vitnorm.study.variants.variant_factors` records for each variant.
 """
 
-import csv
 import math
 import os
 import re
 
 import numpy as np
 
+from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.variants import variant_factors
@@ -111,16 +111,15 @@ def first_to_last_block_gradient(grad_norms_csv):
     1, the gradient vanishes on its way down to the input; above 1, it grows. `nan`
     for a file with no record of two or more blocks.
     """
-    records = {}
-    with open(grad_norms_csv, newline="") as f:
-        for row in csv.DictReader(f):
-            match = _BLOCK.match(row["group"])
-            if match and int(row["step"]) > 0:
-                blocks = records.setdefault(int(row["step"]), {})
-                index = int(match[1])
-                blocks[index] = blocks.get(index, 0.0) + float(row["norm"]) ** 2
-    ratios = [math.sqrt(blocks[0] / blocks[max(blocks)]) for blocks in records.values()
-              if len(blocks) > 1 and 0 in blocks and blocks[max(blocks)] > 0]
+    ratios = []
+    for layers in read_grad_norms(grad_norms_csv).values():
+        blocks = {}  # block index -> sum of its layers' squared norms
+        for layer, norm in layers.items():
+            match = _BLOCK.match(layer)
+            if match:
+                blocks[int(match[1])] = blocks.get(int(match[1]), 0.0) + norm**2
+        if len(blocks) > 1 and 0 in blocks and blocks[max(blocks)] > 0:
+            ratios.append(math.sqrt(blocks[0] / blocks[max(blocks)]))
     return float(np.median(ratios)) if ratios else math.nan
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from keras_vitnorm.study import factors
 from keras_vitnorm.study import workers
 from keras_vitnorm.study.runs import RUN_RESULT_FILES
+from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.runs import run_analysis
 from keras_vitnorm.study.runs import run_one
@@ -410,14 +411,8 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
     `largest` (share of records in which the patch embedding has the largest norm
     of all those layers).
     """
-    steps = {}
-    with open(grad_norms_csv, newline="") as f:
-        for row in csv.DictReader(f):
-            if int(row["step"]) == 0:
-                continue
-            steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
     to_max, to_median, largest = [], [], []
-    for layers in steps.values():
+    for layers in read_grad_norms(grad_norms_csv).values():
         blocks = [v for k, v in layers.items() if _BLOCK_LAYER.fullmatch(k)]
         if PATCH_EMBEDDING_LAYER not in layers or not blocks:
             continue

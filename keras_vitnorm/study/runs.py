@@ -5,6 +5,7 @@ model gives the study's figures.
 (`keras_vitnorm.study.workers`) call for each (variant, seed).
 """
 
+import csv
 import os
 
 from keras_vitnorm import durable
@@ -15,6 +16,17 @@ from keras_vitnorm.training import train
 def read_metrics(run_dir):
     """A run's `metrics.json`, or `None` before its first save."""
     return durable.read_json(os.path.join(run_dir, "metrics.json"))
+
+
+def read_grad_norms(grad_norms_csv):
+    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, the step-0 record left out
+    (with the zero-initialized head every gradient but the head's is zero there)."""
+    steps = {}
+    with open(grad_norms_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            if int(row["step"]) > 0:
+                steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
+    return steps
 
 
 def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None, analyze=True):
