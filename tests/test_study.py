@@ -491,6 +491,26 @@ def test_depth_table_counts_trained_diverged_and_stalled_runs():
     assert "| pre_ln | 24 | yes | 1 | 1 | 0 | 0 | 60.00 |" in table
 
 
+def test_depth_table_gives_the_step_each_stalled_run_peaked_at(tmp_path):
+    from keras_vitnorm import durable
+    from keras_vitnorm.study.factors import depth_table
+
+    group = "depth_stability"
+    rows = []
+    for seed, best_epoch in enumerate([1, 3]):
+        run_dir = tmp_path / f"seed_{seed}"
+        run_dir.mkdir()
+        durable.write_json(str(run_dir / "metrics.json"), {"status": "completed", "best_epoch": best_epoch})
+        durable.write_json(str(run_dir / "train_config.json"), {"steps_per_epoch": 500})
+        rows.append(dict(factor_row("post_ln-depth_12", seed, 0.12, group), run_dir=str(run_dir)))
+    rows.append(dict(factor_row("post_ln-depth_12", 2, 0.1, group), run_dir=str(tmp_path / "none")))
+    rows.append(dict(factor_row("pre_ln-depth_12", 0, 0.6, group), run_dir=str(tmp_path / "none")))
+    table = depth_table(rows)
+    # a stalled run without metrics is counted but gives no step
+    assert "| post_ln | 12 | yes | 3 | 0 | 0 | 3 (500, 1500) | n/a |" in table
+    assert "| pre_ln | 12 | yes | 1 | 1 | 0 | 0 | 60.00 |" in table
+
+
 def write_grad_norms(path, records):
     """A `grad_norms.csv` from `{step: {layer: norm}}`."""
     lines = ["step,group,norm"] + [f"{step},{layer},{norm}" for step, layers in records.items()

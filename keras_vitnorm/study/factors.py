@@ -11,7 +11,9 @@ import re
 
 import numpy as np
 
+from keras_vitnorm import durable
 from keras_vitnorm.study.runs import read_grad_norms
+from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.variants import variant_factors
@@ -138,9 +140,29 @@ def _gradient_ratio_cell(runs):
     return f"{mean:.3g} ({min(ratios):.3g} to {max(ratios):.3g})"
 
 
+def peak_step(run_dir):
+    """The training step at the end of the epoch of a run's best validation accuracy
+    (where a stalled run stopped learning), or `None` when the run records no best
+    epoch or no fixed epoch length."""
+    metrics = read_metrics(run_dir) or {}
+    config = durable.read_json(os.path.join(run_dir, "train_config.json")) or {}
+    if not metrics.get("best_epoch") or not config.get("steps_per_epoch"):
+        return None
+    return metrics["best_epoch"] * config["steps_per_epoch"]
+
+
+def _stalled_cell(stalled):
+    """How many runs stalled and, where known, the step each one's validation accuracy
+    peaked at."""
+    steps = [peak_step(r["run_dir"]) for r in stalled if r.get("run_dir")]
+    steps = [str(s) for s in steps if s is not None]
+    return f"{len(stalled)} ({', '.join(steps)})" if steps else str(len(stalled))
+
+
 def depth_table(rows, group="depth_stability"):
     """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
-    which steps) or stalled (test accuracy below `STALL_ACCURACY`), the accuracy of
+    which steps) or stalled (test accuracy below `STALL_ACCURACY`; with the step at which
+    each one's validation accuracy peaked, `peak_step`), the accuracy of
     those that trained, and the first block's gradient norm over the last block's
     (`first_to_last_block_gradient`; geometric mean and range over the completed runs
     that recorded gradient norms)."""
@@ -152,7 +174,8 @@ def depth_table(rows, group="depth_stability"):
         key = (factors["placement"], factors["depth"], factors["warmup"])
         cells.setdefault(key, []).append(row)
     lines = [
-        "| placement | depth | warm-up | runs | trained | diverged (steps) | stalled "
+        "| placement | depth | warm-up | runs | trained | diverged (steps) "
+        "| stalled (steps of best val. accuracy) "
         "| test accuracy of trained runs (%) | first / last block gradient norm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -164,7 +187,7 @@ def depth_table(rows, group="depth_stability"):
         steps = ", ".join(str(r["diverged_at_step"]) for r in diverged)
         lines.append(
             f"| {placement} | {depth} | {'yes' if warmup else 'no'} | {len(runs)} | {len(trained)} "
-            f"| {len(diverged)}{f' ({steps})' if steps else ''} | {len(stalled)} "
+            f"| {len(diverged)}{f' ({steps})' if steps else ''} | {_stalled_cell(stalled)} "
             f"| {_mean_ci(trained)} | {_gradient_ratio_cell(runs)} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
