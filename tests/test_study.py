@@ -121,7 +121,8 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert os.path.exists(os.path.join(study, "results.csv"))
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
     assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
-    assert "| patch (seed 0) |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
+    # the residual-stream table is over every finished seed of a variant
+    assert "| patch | 2 |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
     for name in ("stems_gains", "stems_loss", "stems_accuracy", "stems_gradient_norms",
                  "stems_stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
@@ -509,6 +510,36 @@ def test_depth_table_gives_the_step_each_stalled_run_peaked_at(tmp_path):
     # a stalled run without metrics is counted but gives no step
     assert "| post_ln | 12 | yes | 3 | 0 | 0 | 3 (500, 1500) | n/a |" in table
     assert "| pre_ln | 12 | yes | 1 | 1 | 0 | 0 | 60.00 |" in table
+
+
+def test_residual_stream_table_is_the_mean_and_ci_over_runs():
+    from keras_vitnorm.study.factors import residual_stream_table
+
+    def stream(rms, similarity):
+        return {"names": ["stem", "block_0", "block_1"], "rms": rms, "similarity": similarity}
+
+    streams = {"post_ln-depth_2": [stream([1.0, 2.0, 3.0], [0.5, 0.7]), stream([3.0, 4.0, 5.0], [0.7, 0.9])],
+               "pre_ln-depth_2": [stream([1.0, 1.5, 2.0], [0.9, 0.9])], "empty": []}
+    lines = residual_stream_table(streams).splitlines()[2:]
+    # two runs: mean 2 and t(0.975, 1) * std / sqrt(2) = 12.71 for the stem's RMS 1 and 3
+    assert lines[0].startswith("| post_ln-depth_2 | 2 | 2.00 ± 12.71 | 3.00 ± 12.71 | 4.00 ± 12.71 | 0.700 ± 1.271 |")
+    assert lines[1] == "| pre_ln-depth_2 | 1 | 1.00 | 1.50 | 2.00 | 0.900 | 0.900 |"
+    assert len(lines) == 2 and residual_stream_table({}) == ""
+
+
+def test_residual_stream_figure_puts_models_of_different_depths_on_one_axis(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from keras_vitnorm.study.figures import plot_residual_stream
+
+    def stream(depth, scale):
+        names = ["stem"] + [f"block_{i}" for i in range(depth)]
+        return {"names": names, "rms": [scale] * (depth + 1), "similarity": [0.5] * depth}
+
+    path = plot_residual_stream({"depth 2": [stream(2, 1.0), stream(2, 3.0)], "depth 30": [stream(30, 1.0)]},
+                                "title", str(tmp_path / "stream.png"))
+    figure = plt.imread(path)
+    assert figure.ndim == 3 and figure.shape[1] > figure.shape[0]
 
 
 def write_grad_norms(path, records):

@@ -35,11 +35,12 @@ def _accuracies(rows, group, **levels):
     return found
 
 
-def _mean_ci(values):
+def _mean_ci(values, scale=100, digits=2):
+    """`mean ± 95% CI` of `values` times `scale` (percent by default)."""
     if not values:
         return "n/a"
     mean, ci = confidence_interval(values)
-    return f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
+    return f"{scale * mean:.{digits}f}" + ("" if math.isnan(ci) else f" ± {scale * ci:.{digits}f}")
 
 
 def _difference(treated, control):
@@ -194,24 +195,31 @@ def depth_table(rows, group="depth_stability"):
 
 
 def residual_stream_table(streams):
-    """Markdown: per model, the residual stream's RMS after the stem, the middle block
-    and the last block, and the mean consecutive-block similarity (over all blocks and
-    over the last three: near 1, blocks stop changing the representation).
+    """Markdown: per model, over its runs (mean ± 95% CI), the residual stream's RMS
+    after the stem, the middle block and the last block, and the mean consecutive-block
+    cosine similarity over all blocks and over the last three (near 1, blocks stop
+    changing the representation: collapse).
 
     Args:
-        streams: `{label: keras_vitnorm.analysis.residual_stream(...) result}`.
+        streams: `{label: [keras_vitnorm.analysis.residual_stream(...) result per run]}`.
     """
     lines = [
-        "| model | RMS after stem | RMS at middle block | RMS after last block "
+        "| model | runs | RMS after stem | RMS at middle block | RMS after last block "
         "| consecutive-block similarity, mean | last 3 blocks, mean |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
-    for label, stream in streams.items():
-        rms, similarity = stream["rms"], stream["similarity"]
-        lines.append(
-            f"| {label} | {rms[0]:.2f} | {rms[len(rms) // 2]:.2f} | {rms[-1]:.2f} "
-            f"| {np.mean(similarity):.3f} | {np.mean(similarity[-3:]):.3f} |"
-        )
+    for label, runs in streams.items():
+        if not runs:
+            continue
+        rms = [stream["rms"] for stream in runs]
+        similarity = [stream["similarity"] for stream in runs]
+        cells = [
+            [r[0] for r in rms], [r[len(r) // 2] for r in rms], [r[-1] for r in rms],
+            [float(np.mean(s)) for s in similarity], [float(np.mean(s[-3:])) for s in similarity],
+        ]
+        digits = (2, 2, 2, 3, 3)
+        lines.append(f"| {label} | {len(runs)} | "
+                     + " | ".join(_mean_ci(c, 1, d) for c, d in zip(cells, digits)) + " |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

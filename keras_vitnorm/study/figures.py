@@ -197,26 +197,34 @@ def plot_stem_scales(scale, title, path):
 
 
 def plot_residual_stream(streams, title, path):
-    """Residual-stream RMS and consecutive-stage cosine similarity by depth.
+    """Residual-stream RMS and consecutive-stage cosine similarity by depth, each the
+    mean over a model's runs.
 
-    `streams` maps labels to `keras_vitnorm.analysis.residual_stream` results.
+    `streams` maps labels to lists of `keras_vitnorm.analysis.residual_stream` results
+    (one per run); models of different depths share the axes, stage by stage.
     """
     plt = _pyplot()
     figure, (rms_axes, similarity_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = None
-    for label, stream in streams.items():
-        names = stream["names"]
-        rms_axes.plot(range(len(names)), stream["rms"], marker="o", label=label)
-        similarity_axes.plot(range(1, len(names)), stream["similarity"], marker="o", label=label)
+    names = []
+    for label, runs in streams.items():
+        if not runs:
+            continue
+        names = max(names, runs[0]["names"], key=len)
+        rms = np.mean([stream["rms"] for stream in runs], axis=0)
+        similarity = np.mean([stream["similarity"] for stream in runs], axis=0)
+        label = f"{label} ({len(runs)} runs)" if len(runs) > 1 else label
+        rms_axes.plot(range(len(rms)), rms, marker="o", markersize=3, label=label)
+        similarity_axes.plot(range(1, len(rms)), similarity, marker="o", markersize=3, label=label)
     if names:
+        step = max(1, len(names) // 13)  # at most about 13 labelled stages
         for axes in (rms_axes, similarity_axes):
-            axes.set_xticks(range(len(names)))
-            axes.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+            axes.set_xticks(range(0, len(names), step))
+            axes.set_xticklabels(names[::step], rotation=45, ha="right", fontsize=8)
     rms_axes.set_ylabel("token RMS after the stage")
     rms_axes.set_yscale("log")
     similarity_axes.set_ylabel("cosine similarity with the previous stage")
-    if streams:
-        similarity_axes.legend(fontsize=7)
+    if names:
+        similarity_axes.legend(fontsize=6)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     return _save(figure, path)

@@ -207,7 +207,7 @@ def make_figures(rows, figure_dir, probe_images=None):
     by depth of the deepest models with warm-up (`depth_gradient_norms.png`). With
     `probe_images`, per group `<group>_residual_stream.png` and, beside the figures,
     `<group>_residual_stream.md`: the residual-stream RMS and consecutive-block
-    similarity of each variant's first finished run on those images.
+    similarity of each variant's finished runs on those images (mean over seeds).
 
     Returns:
         The paths written.
@@ -271,17 +271,17 @@ def _residual_stream_outputs(group, rows, images, figure_dir):
     from keras_vitnorm.study import figures
 
     streams = {}
-    for name in dict.fromkeys(row["variant"] for row in rows):
-        run = next((r for r in rows if r["variant"] == name and r["status"] == "completed"), None)
-        analysis = run_analysis(run["run_dir"], images) if run else None
+    for run in rows:
+        analysis = run_analysis(run["run_dir"], images) if run["status"] == "completed" else None
         if analysis and analysis.get("residual_stream"):
-            streams[f"{name} (seed {run['seed']})"] = analysis["residual_stream"]
+            streams.setdefault(run["variant"], []).append(analysis["residual_stream"])
     if not streams:
         return []
     table = os.path.join(figure_dir, f"{group}_residual_stream.md")
     durable.write_text(table, factors.residual_stream_table(streams))
     return [figures.plot_residual_stream(
-        streams, f"{group}: residual stream of trained models ({len(images)} validation images)",
+        streams, f"{group}: residual stream of trained models, mean over seeds "
+                 f"({len(images)} validation images)",
         os.path.join(figure_dir, f"{group}_residual_stream.png")), table]
 
 
