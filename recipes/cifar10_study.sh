@@ -5,6 +5,8 @@
 #
 #   <out>/depth      depth_stability + depth_drop_path: pre-LN, post-LN and DeepNorm
 #                    at depths 6, 12, 24 (patch 8), 1,500 steps, with and without warm-up
+#   <out>/depth_no_clip  the depth-24 models without warm-up and without gradient
+#                    clipping: which of them diverge, and at which step
 #   <out>/factors    dpn_factors: plain stem against Dual PatchNorm by training-set size
 #                    and patch size, 3,000 steps, and what DPN's first norm removes
 #   <out>/converged  converged: the seven variants at patch 4, 50 epochs
@@ -29,6 +31,11 @@ common=(--dataset "folder:$data" --image-size 32 --width 128 --num-heads 4 --mlp
 "$python" -m keras_vitnorm ablate --groups depth_stability depth_drop_path --patch-size 8 \
     --steps 1500 --steps-per-epoch 500 --warmup-steps 200 --grad-norm-every 50 \
     "${common[@]}" --output-dir "$out/depth"
+"$python" -m keras_vitnorm ablate --groups depth_stability --patch-size 8 \
+    --variants depth_stability:pre_ln-depth_24-no_warmup depth_stability:post_ln-depth_24-no_warmup \
+    depth_stability:deepnorm-depth_24-no_warmup --grad-clip 0 \
+    --steps 1500 --steps-per-epoch 500 --warmup-steps 200 --grad-norm-every 50 \
+    "${common[@]}" --output-dir "$out/depth_no_clip"
 "$python" -m keras_vitnorm ablate --groups dpn_factors --patch-size 4 \
     --steps 3000 --steps-per-epoch 500 --warmup-steps 100 --grad-norm-every 100 \
     "${common[@]}" --output-dir "$out/factors"

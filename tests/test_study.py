@@ -650,7 +650,7 @@ def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
 
 
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
-    """recipes/cifar10_study.sh: each of its three commands parses into a valid study
+    """recipes/cifar10_study.sh: each of its four commands parses into a valid study
     (a stand-in interpreter records the settings instead of training)."""
     import subprocess
     import sys
@@ -667,6 +667,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         "config = train_config_from_args(args)\n"
         f"with open({str(calls)!r}, 'a') as f:\n"
         "    f.write(json.dumps({'groups': args.groups, 'dir': args.study_dir, 'parallel': args.parallel,\n"
+        "                        'variants': args.variants,\n"
         "                        'config': dataclasses.asdict(config)}) + '\\n')\n")
     stand_in.chmod(0o755)
     recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
@@ -675,8 +676,15 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert done.returncode == 0, done.stderr
     studies = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
     assert [s["groups"] for s in studies] == [
-        ["depth_stability", "depth_drop_path"], ["dpn_factors"], ["converged"]]
-    assert [s["dir"] for s in studies] == [str(tmp_path / "out" / n) for n in ("depth", "factors", "converged")]
+        ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors"], ["converged"]]
+    assert [s["dir"] for s in studies] == [
+        str(tmp_path / "out" / n) for n in ("depth", "depth_no_clip", "factors", "converged")]
+    # the runs without clipping are the deepest models without warm-up, otherwise as in depth
+    no_clip = studies[1]
+    assert no_clip["config"]["grad_clip"] == 0 and studies[0]["config"]["grad_clip"] == 1.0
+    assert no_clip["variants"] == [f"depth_stability:{p}-depth_24-no_warmup" for p in ("pre_ln", "post_ln", "deepnorm")]
+    assert {k: v for k, v in no_clip["config"].items() if k != "grad_clip"} == {
+        k: v for k, v in studies[0]["config"].items() if k != "grad_clip"}
     for study in studies:
         config = study["config"]
         assert config["dataset"] == f"folder:{tmp_path / 'cifar'}" and config["batch_size"] == 32
@@ -685,6 +693,6 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         # of dpn_factors has 2,500 images, so its length is given in steps).
         steps = config["steps"] or config["epochs"] * 45000 // 32
         assert config["warmup_steps"] < steps
-    assert studies[2]["config"]["model"]["patch_size"] == 4 and studies[2]["config"]["epochs"] == 50
+    assert studies[3]["config"]["model"]["patch_size"] == 4 and studies[3]["config"]["epochs"] == 50
     bad = subprocess.run(["bash", recipe], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage:" in bad.stderr
