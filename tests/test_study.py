@@ -114,10 +114,14 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
 
     study = str(tmp_path / "study")
     subset = {"stems": ["dual_patchnorm"]}
+    trained = count_trainings(monkeypatch)
     rows = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=0)
     assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [
         ("patch", 0, "completed"), ("patch", 1, "completed"),
         ("dual_patchnorm", 0, "completed"), ("dual_patchnorm", 1, "completed")]
+    # trained seed by seed, so a study stopped part-way already has every variant
+    assert trained == [os.path.join(study, "stems", v, f"seed_{s}")
+                       for s in (0, 1) for v in ("patch", "dual_patchnorm")]
     assert os.path.exists(os.path.join(study, "results.csv"))
     assert "| dual_patchnorm | 2 |" in open(os.path.join(study, "stems.md")).read()
     assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
@@ -341,6 +345,22 @@ def test_a_parallel_study_trains_each_run_in_a_worker_with_its_threads(tmp_path)
     for here, there in zip(sequential, rows):
         assert here["test_accuracy"] == pytest.approx(there["test_accuracy"], abs=0.02)
     assert workers.default_threads_per_run(10**6) == 1
+
+
+def test_a_parallel_study_hands_its_workers_the_runs_seed_by_seed(tmp_path, monkeypatch):
+    from keras_vitnorm.study import workers
+
+    handed = []
+    # workers that train nothing: the study then trains every run itself, in the same order
+    monkeypatch.setattr(workers, "train_in_workers",
+                        lambda work, *args, **kwargs: handed.extend((j["name"], j["seed"]) for j in work))
+    trained = count_trainings(monkeypatch)
+    config = base_config()
+    config.grad_norm_every, config.steps = None, 2
+    study = tmp_path / "s"
+    run_study(config, ["stems"], [0, 1], str(study), {"stems": ["conv"]}, verbose=0, parallel=2)
+    assert handed == [("patch", 0), ("conv", 0), ("patch", 1), ("conv", 1)]
+    assert trained == [str(study / "stems" / v / f"seed_{s}") for v, s in handed]
 
 
 def test_a_failed_worker_is_named_with_its_log(tmp_path, capsys):

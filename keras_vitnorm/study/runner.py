@@ -77,8 +77,10 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         threads_per_run: compute threads of each parallel run; default the CPU
             cores shared out over `parallel`.
 
-    The study directory is locked (`study.lock`) while this runs, and each run's
-    directory by `train`; every table is written atomically.
+    Runs train seed by seed (every variant's first seed, then every variant's
+    second, ...); the result rows and tables follow the groups' order. The study
+    directory is locked (`study.lock`) while this runs, and each run's directory by
+    `train`; every table is written atomically.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
@@ -123,13 +125,18 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
         return [run_one(config, group, name, run_dir, 0, take_over_lock, probe_images)
                 for group, name, config, run_dir in jobs if _finished(run_dir)]
 
+    # Every variant's first seed trains before any variant's second, so a long study
+    # that is stopped part-way already compares all its variants.
+    order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
     if parallel > 1:
-        _train_in_parallel(jobs, output_dir, parallel, threads_per_run, verbose, take_over_lock,
-                           on_finish=lambda job: write_results(finished_rows(), output_dir))
-    rows = []
-    for group, name, config, run_dir in jobs:
-        rows.append(run_one(config, group, name, run_dir, verbose, take_over_lock, probe_images))
-        write_results(rows, output_dir)  # kept current, so a long study can be read early
+        _train_in_parallel([jobs[i] for i in order], output_dir, parallel, threads_per_run, verbose,
+                           take_over_lock, on_finish=lambda job: write_results(finished_rows(), output_dir))
+    done = {}  # job index -> result row; the tables list them in the plan's order
+    for i in order:
+        group, name, config, run_dir = jobs[i]
+        done[i] = run_one(config, group, name, run_dir, verbose, take_over_lock, probe_images)
+        write_results([done[j] for j in sorted(done)], output_dir)  # kept current, read early
+    rows = [done[i] for i in range(len(jobs))]
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
     if any(group == "dpn_factors" for group, _ in plan):
         dpn_mechanism(base, output_dir)
