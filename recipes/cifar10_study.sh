@@ -9,7 +9,7 @@
 #                    clipping: which of them diverge, and at which step
 #   <out>/factors    dpn_factors: plain stem against Dual PatchNorm by training-set size
 #                    and patch size, 3,000 steps, and what DPN's first norm removes
-#   <out>/converged  converged: the seven variants at patch 4, 50 epochs
+#   <out>/converged  converged: the eight variants at patch 4, 50 epochs
 #
 # Usage: recipes/cifar10_study.sh CIFAR10_DIR OUTPUT_DIR [extra ablate options]
 # CIFAR10_DIR holds train/<class>/*.jpg and test/<class>/*.jpg. Every run resumes:

@@ -406,7 +406,7 @@ def test_new_groups_hold_the_asked_variants_and_each_builds():
     from keras_vitnorm.study.variants import variant_factors
 
     assert list(VARIANT_GROUPS["converged"]) == [
-        "pre_ln", "dual_patchnorm", "post_ln", "conv_stem", "rmsnorm", "dyt", "batchnorm"]
+        "pre_ln", "dual_patchnorm", "post_ln", "deepnorm", "conv_stem", "rmsnorm", "dyt", "batchnorm"]
     depth = VARIANT_GROUPS["depth_stability"]
     assert len(depth) == 3 * 3 * 2
     assert variant_factors("depth_stability", "deepnorm-depth_24-no_warmup") == {

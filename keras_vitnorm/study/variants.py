@@ -133,6 +133,8 @@ VARIANT_GROUPS = {
         "pre_ln": ({}, {}),
         "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
         "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+        # post-LN made trainable at depth (alpha-weighted residual, beta-scaled init)
+        "deepnorm": ({"block_style": "deepnorm"}, {}),
         "conv_stem": ({"stem": "conv"}, {}),
         "rmsnorm": ({"norm": "rmsnorm"}, {}),
         "dyt": ({"norm": "dyt"}, {}),
