@@ -562,6 +562,28 @@ def test_residual_stream_figure_puts_models_of_different_depths_on_one_axis(tmp_
     assert figure.ndim == 3 and figure.shape[1] > figure.shape[0]
 
 
+def test_gradient_norm_figure_aligns_models_with_and_without_a_final_norm(tmp_path):
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from keras_vitnorm.study.figures import aligned_depth_profiles
+    from keras_vitnorm.study.figures import plot_gradient_norms
+
+    pre = {"stem/projection": 1.0, "block_0/mlp/fc1": 0.5, "final_norm": 0.1, "head": 2.0}
+    post = {"stem/projection": 1e-5, "block_0/mlp/fc1": 1e-4, "head": 9.0}
+    write_grad_norms(tmp_path / "pre", {50: pre})
+    write_grad_norms(tmp_path / "post", {50: post})
+    runs = {"pre": str(tmp_path / "pre" / "grad_norms.csv"), "post": str(tmp_path / "post" / "grad_norms.csv")}
+    groups, profiles = aligned_depth_profiles(runs)
+    assert groups == ["patch_embedding", "block_0", "final_norm", "head"]
+    assert profiles["pre"] == pytest.approx([1.0, 0.5, 0.1, 2.0])
+    # the post-LN model has no final norm: its head stays at the head's position
+    assert profiles["post"][:2] == pytest.approx([1e-5, 1e-4]) and math.isnan(profiles["post"][2])
+    assert profiles["post"][3] == pytest.approx(9.0)
+    assert plt.imread(plot_gradient_norms(runs, "title", str(tmp_path / "g.png"))).ndim == 3
+
+
 def write_grad_norms(path, records):
     """A `grad_norms.csv` from `{step: {layer: norm}}`."""
     lines = ["step,group,norm"] + [f"{step},{layer},{norm}" for step, layers in records.items()

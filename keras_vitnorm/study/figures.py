@@ -11,6 +11,7 @@
 """
 
 import csv
+import math
 import os
 import re
 
@@ -133,6 +134,18 @@ def plot_accuracy_curves(rows, title, path):
     return _save(figure, path)
 
 
+def _depth_order(name):
+    """Sort key of a depth group: patch embedding, stem, blocks, final norm, head."""
+    match = re.fullmatch(r"block_(\d+)", name)
+    if name == "patch_embedding":
+        return (0, 0)
+    if name == "stem":
+        return (1, 0)
+    if match:
+        return (2, int(match.group(1)))
+    return (3, 0 if name == "final_norm" else 1)
+
+
 def depth_profile(grad_norms_csv):
     """`(groups, norms)`: gradient norm per depth group, averaged over the records.
 
@@ -146,32 +159,32 @@ def depth_profile(grad_norms_csv):
         group = depth_group(row["group"] + "/weight")
         step = per_step.setdefault(int(row["step"]), {})
         step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
-
-    def order(name):
-        match = re.fullmatch(r"block_(\d+)", name)
-        if name == "patch_embedding":
-            return (0, 0)
-        if name == "stem":
-            return (1, 0)
-        if match:
-            return (2, int(match.group(1)))
-        return (3, 0 if name == "final_norm" else 1)
-
     if len(per_step) > 1:
         per_step.pop(0, None)
-    groups = sorted({g for step in per_step.values() for g in step}, key=order)
+    groups = sorted({g for step in per_step.values() for g in step}, key=_depth_order)
     norms = [float(np.mean([np.sqrt(step.get(g, 0.0)) for step in per_step.values()])) for g in groups]
     return groups, norms
+
+
+def aligned_depth_profiles(runs):
+    """`(groups, {label: norms})`: `depth_profile` of each of `runs` (labels to
+    grad_norms.csv paths) on the union of their groups, `nan` where a run has no such
+    group (a post-LN model has no final norm), so that every position is the same
+    layer for every run."""
+    profiles = {label: dict(zip(*depth_profile(path))) for label, path in runs.items()}
+    groups = sorted({g for profile in profiles.values() for g in profile}, key=_depth_order)
+    return groups, {label: [profile.get(g, math.nan) for g in groups]
+                    for label, profile in profiles.items()}
 
 
 def plot_gradient_norms(runs, title, path):
     """Gradient norm by depth for several runs: `runs` maps labels to grad_norms.csv."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    groups = None
-    for label, csv_path in runs.items():
-        groups, norms = depth_profile(csv_path)
-        axes.plot(range(len(groups)), norms, marker="o", label=label)
+    groups, profiles = aligned_depth_profiles(runs)
+    for label, norms in profiles.items():
+        present = [i for i, norm in enumerate(norms) if not math.isnan(norm)]
+        axes.plot(present, [norms[i] for i in present], marker="o", label=label)
     if groups:
         axes.set_xticks(range(len(groups)))
         axes.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
