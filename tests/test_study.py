@@ -584,6 +584,26 @@ def test_gradient_norm_figure_aligns_models_with_and_without_a_final_norm(tmp_pa
     assert plt.imread(plot_gradient_norms(runs, "title", str(tmp_path / "g.png"))).ndim == 3
 
 
+def test_accuracy_by_depth_gives_each_placement_and_warmup_a_line_over_depth(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from keras_vitnorm.study.figures import accuracy_by_depth
+    from keras_vitnorm.study.figures import plot_accuracy_by_depth
+
+    group = "depth_stability"
+    rows = [factor_row("pre_ln-depth_24", 0, 0.30, group), factor_row("pre_ln-depth_24", 1, 0.34, group),
+            factor_row("pre_ln-depth_6", 0, 0.40, group), factor_row("post_ln-depth_12-no_warmup", 0, 0.1, group),
+            factor_row("post_ln-depth_12-no_warmup", 1, None, group, "diverged", 9),
+            factor_row("patch-p4-n2500", 0, 0.9)]  # another group
+    series = accuracy_by_depth(rows)
+    assert list(series) == [("pre_ln", True), ("post_ln", False)]
+    (depth, mean, _, runs), (deep, deep_mean, deep_ci, deep_runs) = series[("pre_ln", True)]
+    assert (depth, runs, deep, deep_runs) == (6, 1, 24, 2)
+    assert mean == pytest.approx(0.40) and deep_mean == pytest.approx(0.32) and deep_ci > 0
+    assert [(d, n) for d, _, _, n in series[("post_ln", False)]] == [(12, 1)]  # the diverged run is left out
+    assert plt.imread(plot_accuracy_by_depth(rows, "t", str(tmp_path / "d.png"))).ndim == 3
+
+
 def write_grad_norms(path, records):
     """A `grad_norms.csv` from `{step: {layer: norm}}`."""
     lines = ["step,group,norm"] + [f"{step},{layer},{norm}" for step, layers in records.items()

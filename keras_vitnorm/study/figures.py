@@ -19,6 +19,8 @@ import numpy as np
 
 from keras_vitnorm.analysis.probes import depth_group
 from keras_vitnorm import durable
+from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.variants import variant_factors
 
 
 def _pyplot():
@@ -144,6 +146,43 @@ def _depth_order(name):
     if match:
         return (2, int(match.group(1)))
     return (3, 0 if name == "final_norm" else 1)
+
+
+def accuracy_by_depth(rows, group="depth_stability"):
+    """`{(placement, warm-up): [(depth, mean, ci, runs), ...]}` of a depth group's test
+    accuracy (completed runs; a stalled run counts at its accuracy), by depth."""
+    accuracies = {}
+    for row in rows:
+        if row["group"] == group and row["status"] == "completed":
+            factors = variant_factors(group, row["variant"])
+            key = (factors["placement"], factors.get("warmup", True))
+            accuracies.setdefault(key, {}).setdefault(factors["depth"], []).append(float(row["test_accuracy"]))
+    return {key: [(depth, *confidence_interval(values), len(values)) for depth, values in sorted(by_depth.items())]
+            for key, by_depth in accuracies.items()}
+
+
+def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
+    """Test accuracy against depth, a line per placement (solid: with warm-up, dashed:
+    without), with 95% CIs over seeds."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    colors, series = {}, accuracy_by_depth(rows, group)
+    axes.set_xscale("log", base=2)
+    for (placement, warmup), points in series.items():
+        color = colors.setdefault(placement, f"C{len(colors) % 10}")
+        depths = [p[0] for p in points]
+        errors = [100 * p[2] if np.isfinite(p[2]) else 0.0 for p in points]
+        axes.errorbar(depths, [100 * p[1] for p in points], yerr=errors, color=color, marker="o",
+                      capsize=3, linestyle="-" if warmup else "--",
+                      label=f"{placement}, {'with' if warmup else 'no'} warm-up")
+    depths = sorted({point[0] for points in series.values() for point in points})
+    axes.set_xticks(depths, [str(depth) for depth in depths])
+    axes.minorticks_off()
+    axes.set_xlabel("depth (blocks)")
+    axes.set_ylabel("test accuracy (%)")
+    axes.set_title(title)
+    axes.legend(fontsize=7)
+    return _save(figure, path)
 
 
 def depth_profile(grad_norms_csv):

@@ -210,7 +210,8 @@ def make_figures(rows, figure_dir, probe_images=None):
     validation accuracy curves with CIs (`<group>_accuracy.png`). For
     each group of `STEM_PAIRS` with gradient-norm records of both stems:
     `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
-    `<group>_stem_scales.png` (its first seed). For `depth_stability`: gradient norms
+    `<group>_stem_scales.png` (its first seed). For `depth_stability`: test accuracy
+    by depth per placement (`depth_stability_by_depth.png`) and gradient norms
     by depth of the deepest models with warm-up (`depth_gradient_norms.png`). With
     `probe_images`, per group `<group>_residual_stream.png` and, beside the figures,
     `<group>_residual_stream.md`: the residual-stream RMS and consecutive-block
@@ -238,6 +239,10 @@ def make_figures(rows, figure_dir, probe_images=None):
             paths.extend(_residual_stream_outputs(group, group_rows, probe_images, figure_dir))
     for group, pair in STEM_PAIRS.items():
         paths.extend(_stem_figures(rows, group, pair, figure_dir))
+    if any(r["group"] == "depth_stability" for r in rows):
+        paths.append(figures.plot_accuracy_by_depth(
+            rows, "test accuracy by depth (mean, 95% CI over seeds)",
+            os.path.join(figure_dir, "depth_stability_by_depth.png")))
     deepest = [r for r in rows if r["group"] == "depth_stability" and r["status"] == "completed"]
     grad_runs = {}
     for variant in (f"{placement}-depth_{max(DEPTHS)}" for placement in ("pre_ln", "post_ln", "deepnorm")):
