@@ -2,6 +2,7 @@
 
     python benchmarks/bench_variants.py --model s16 --batch-size 8
     python benchmarks/bench_variants.py --model study --batch-size 128
+    python benchmarks/bench_variants.py --model s16 --batch-size 128 --device gpu --backends jax torch
 
 Every variant changes one thing against the baseline (pre-LN LayerNorm blocks, plain
 patch stem): the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
@@ -13,8 +14,10 @@ step time divided by the baseline's step time in the same round, with the range 
 rounds; so drift of the machine between rounds cancels.
 
 `--model s16` is ViT-S/16 at 224 px; `--model study` the converged CIFAR-10 study's
-ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512). Results are printed as a
-markdown table and, with `--json`, written to a file.
+ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512). With `--device gpu` the
+models and the batch are on the GPU (no step times a host-to-device copy); the
+default `cpu` hides any GPU from the workers. Results are printed as a markdown table
+and, with `--json`, written to a file.
 """
 
 import argparse
@@ -25,6 +28,7 @@ import time
 
 from _common import check_positive_ints
 from _common import compile_like_fit
+from _common import require_keras_device
 from _common import run_worker
 from _common import synthetic_batch
 
@@ -51,9 +55,12 @@ def worker(args):
 
     from keras_vitnorm import ViT
 
+    require_keras_device(args.device)
     keras.config.set_dtype_policy(args.mixed_precision)
     config = MODELS[args.model]
     x, y = synthetic_batch(config, args.batch_size)
+    if args.device == "gpu":  # the batch on the GPU, so no step times a host-to-device copy
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     steps = {}
     for name, change in VARIANTS.items():
         keras.utils.set_random_seed(0)
@@ -86,8 +93,9 @@ def summarize(result):
 
 def markdown(results, args):
     backends = list(results)
+    where = "GPU" if args.device == "gpu" else "CPU"
     lines = [
-        f"Training-step time against pre-LN LayerNorm: {args.model}, batch {args.batch_size}, "
+        f"Training-step time against pre-LN LayerNorm: {args.model}, {where}, batch {args.batch_size}, "
         f"{args.mixed_precision}, {args.rounds} rounds of {args.steps} steps (median ratio, range "
         "over rounds; baseline seconds per step in the first row).",
         "",
@@ -117,6 +125,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", nargs="+", choices=KERAS_BACKENDS, default=list(KERAS_BACKENDS))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                        help="where the models and the batch live (cpu hides any GPU from the workers)")
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
     parser.add_argument("--json", help="write the per-round seconds to this file")
@@ -128,11 +138,11 @@ def main(argv=None):
         return 0
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size), "--rounds",
                  str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                 "--mixed-precision", args.mixed_precision]
+                 "--mixed-precision", args.mixed_precision, "--device", args.device]
     results = {}
     for backend in args.backends:
         print(f"{backend}: timing {len(VARIANTS)} variants ...", file=sys.stderr, flush=True)
-        results[backend] = run_worker(__file__, arguments, backend, args.threads)
+        results[backend] = run_worker(__file__, arguments, backend, args.threads, args.device)
     print(markdown(results, args))
     if args.json:
         with open(args.json, "w") as f:

@@ -63,6 +63,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_vit, ["--warmup", "-1"]),
     (bench_variants, ["--rounds", "0"]),
     (bench_variants, ["--model", "b16"]),
+    (bench_variants, ["--device", "tpu"]),
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
@@ -359,7 +360,7 @@ def test_variant_worker_times_every_variant_in_every_round():
     import keras
 
     args = argparse.Namespace(model="study", batch_size=2, rounds=2, steps=1, warmup=1,
-                              mixed_precision="float32")
+                              mixed_precision="float32", device="cpu")
     result = bench_variants.worker(args)
     assert list(result["seconds"]) == list(bench_variants.VARIANTS)
     assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
@@ -367,8 +368,19 @@ def test_variant_worker_times_every_variant_in_every_round():
     ratio, low, high, seconds = summary["layernorm (baseline)"]
     assert ratio == low == high == 1.0 and seconds > 0
     table = bench_variants.markdown({keras.backend.backend(): result}, argparse.Namespace(
-        model="study", batch_size=2, mixed_precision="float32", rounds=2, steps=1))
+        model="study", batch_size=2, mixed_precision="float32", rounds=2, steps=1, device="cpu"))
     assert "| conv stem | " in table and table.count("\n|") == 2 + len(bench_variants.VARIANTS)
+
+
+def test_variant_worker_refuses_a_gpu_run_where_the_backend_has_no_gpu():
+    import _common
+
+    if _common.keras_backend_device() == "gpu":
+        pytest.skip("this backend computes on a GPU here; the check is for one without")
+    args = argparse.Namespace(model="study", batch_size=2, rounds=1, steps=1, warmup=0,
+                              mixed_precision="float32", device="gpu")
+    with pytest.raises(RuntimeError, match="--device gpu"):
+        bench_variants.worker(args)
 
 
 def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
