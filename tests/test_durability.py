@@ -172,9 +172,15 @@ def test_a_checkpoint_is_never_a_mix_of_two_steps(tmp_path):
     names = sorted(os.listdir(run_dir / "backup"))
     assert names[-1] == "step-000000003"  # step 4 never completed
     state = json.loads((run_dir / "backup" / "step-000000003" / "state.json").read_text())
-    assert state == {"epoch": 0, "batch": 3, "step": 3}
+    assert {key: state[key] for key in ("epoch", "batch", "step")} == {"epoch": 0, "batch": 3, "step": 3}
+    # A checkpoint whose state does not record its training time (as written by
+    # earlier versions): the resumed run reports its own time, and the total as unknown.
+    del state["train_seconds"]
+    (run_dir / "backup" / "step-000000003" / "state.json").write_text(json.dumps(state))
     train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
-    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 12
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 12 and metrics["resumed_from_step"] == 3
+    assert metrics["train_seconds"] is None and metrics["train_seconds_this_run"] > 0
 
 
 # ----------------------------------------------------------------------------- one writer

@@ -758,3 +758,14 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert studies[3]["config"]["model"]["patch_size"] == 4 and studies[3]["config"]["epochs"] == 50
     bad = subprocess.run(["bash", recipe], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ({"train_seconds": 90.0, "train_seconds_this_run": 30.0, "resumed_from_step": 8}, 90.0),
+    ({"train_seconds": None, "train_seconds_this_run": 30.0, "resumed_from_step": 8}, None),
+    # metrics.json written before runs recorded the total:
+    ({"train_seconds_this_run": 30.0, "resumed_from_step": 0}, 30.0),
+    ({"train_seconds_this_run": 30.0, "resumed_from_step": 8}, None),
+])
+def test_the_results_row_gives_a_resumed_runs_whole_training_time_or_none(metrics, expected):
+    assert runs.whole_train_seconds(metrics) == expected

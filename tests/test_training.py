@@ -285,7 +285,8 @@ def test_resume_after_kill_finishes_the_planned_steps_without_starting_over(tmp_
     killed = run_python(code)
     assert killed.returncode == -9, killed.stderr[-3000:]
     state = json.loads((output / "backup" / "step-000000016" / "state.json").read_text())
-    assert state == {"epoch": 1, "batch": 6, "step": 16}
+    assert {key: state[key] for key in ("epoch", "batch", "step")} == {"epoch": 1, "batch": 6, "step": 16}
+    assert state["train_seconds"] > 0
     assert not (output / "metrics.json").exists()
 
     class Count(keras.callbacks.Callback):
@@ -304,6 +305,9 @@ def test_resume_after_kill_finishes_the_planned_steps_without_starting_over(tmp_
     metrics = train(config, resume=True, callbacks=[Count()], verbose=0, take_over_lock=True)
     assert Count.steps == 40 - 16
     assert metrics["steps"] == 40 and metrics["resumed_from_step"] == 16
+    # The training time covers the steps of both runs: the killed one's up to its checkpoint.
+    assert metrics["train_seconds"] == pytest.approx(
+        state["train_seconds"] + metrics["train_seconds_this_run"], abs=0.05)
     epochs = [line.split(",")[0] for line in (output / "log.csv").read_text().splitlines()[1:]]
     assert epochs == ["0", "1", "2", "3"]
     with pytest.raises(ValueError, match="already completed"):

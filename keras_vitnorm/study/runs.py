@@ -60,9 +60,20 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
         "val_accuracy": metrics.get("val_accuracy"),
         "diverged_at_step": metrics.get("diverged_at_step"),
         "steps": metrics.get("steps"),
-        "train_seconds": metrics.get("train_seconds_this_run"),
+        "train_seconds": whole_train_seconds(metrics),
         "run_dir": run_dir,
     }
+
+
+def whole_train_seconds(metrics):
+    """A run's training time over all its steps, summed across resumes; `None` where
+    unknown (a run resumed from a checkpoint that did not record it). Runs that never
+    resumed give their one run's time, also where `metrics.json` predates the total."""
+    if "train_seconds" in metrics:
+        return metrics["train_seconds"]
+    if not metrics.get("resumed_from_step"):
+        return metrics.get("train_seconds_this_run")
+    return None
 
 
 ANALYSIS_FILE = "analysis.json"

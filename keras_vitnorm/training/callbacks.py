@@ -6,6 +6,7 @@ import math
 import os
 import re
 import shutil
+import time
 
 import keras
 import numpy as np
@@ -128,7 +129,9 @@ class RunCheckpoint(keras.callbacks.Callback):
     Each checkpoint is a directory holding every variable that decides the next step
     (`state.npz`: weights, BatchNorm statistics, dropout seed states, optimizer state;
     `save_training_state`) and `state.json` (epoch in progress, batches done in it,
-    global step). It is written under a temporary name and renamed into place whole;
+    global step, and `train_seconds`: the training time of the steps up to it, summed
+    over the runs that trained them, so a resumed run reports its whole training
+    time). It is written under a temporary name and renamed into place whole;
     older checkpoints are deleted after that. `latest` finds the newest complete one,
     so a reader sees the previous checkpoint or the new one, never a mix. The trainer
     loads it before training (`restore`) and positions the data stream at its step.
@@ -157,6 +160,11 @@ class RunCheckpoint(keras.callbacks.Callback):
         self._batches_done = 0
         self._since_save = 0
         self._random_state = None
+        #: Training seconds of the steps before this process's `fit` (from the restored
+        #: checkpoint; `None` where that checkpoint did not record them), and the
+        #: `time.perf_counter()` at which this process's training began (the trainer sets it).
+        self.seconds_before = 0.0
+        self.began = None
 
     @staticmethod
     def latest(directory):
@@ -214,6 +222,13 @@ class RunCheckpoint(keras.callbacks.Callback):
             variable.assign(value)
         return None
 
+    def train_seconds(self):
+        """Training seconds of every step so far, this process's and the earlier runs'
+        (`None` if an earlier run's are unknown or training has not begun)."""
+        if self.seconds_before is None or self.began is None:
+            return None
+        return round(self.seconds_before + time.perf_counter() - self.began, 2)
+
     @property
     def random_state(self):
         """PyTorch's global random state of the restored or last saved step (else None)."""
@@ -247,7 +262,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         for flush in self.flush:
             flush()
         step = _step(self.model)
-        state = {"epoch": self._epoch, "batch": self._batches_done, "step": step}
+        state = {"epoch": self._epoch, "batch": self._batches_done, "step": step,
+                 "train_seconds": self.train_seconds()}
         final = os.path.join(self.directory, f"step-{step:09d}")
         previous = RunCheckpoint.latest(self.directory)
         safe = (f"The checkpoint {previous[0]} (step {previous[1]['step']}) is intact."

@@ -513,9 +513,10 @@ class _Run:
         self.loss_scale = {
             role: data_lib.padded_size(split.size, eval_batch) / split.size if pad else 1.0
             for role, split in (("validation", self.data.validation), ("test", self.data.test))}
-        began = time.perf_counter()
+        began = self.checkpoint.began = time.perf_counter()
         nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
         seconds = time.perf_counter() - began
+        total = self.checkpoint.train_seconds()
         record = {
             "backend": keras.backend.backend(),
             "dataset": self.data.name,
@@ -524,6 +525,8 @@ class _Run:
             "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
             "resumed_from_step": start_step,
             "train_seconds_this_run": round(seconds, 2),
+            # Summed over every run that trained this model's steps (None if unknown).
+            "train_seconds": total,
             "replicas": plan.replicas,
             "class_names": self.data.class_names,
             "model_config": {k: v for k, v in model.get_config().items() if k in ViT.CONFIG_KEYS},
@@ -549,6 +552,8 @@ class _Run:
                     f"not fit {self.plan.steps_per_epoch} steps per epoch."
                 )
             values = self.checkpoint.restore(model, path, assign=assign)
+            # Checkpoints written before their state recorded it leave the total unknown.
+            self.checkpoint.seconds_before = state.get("train_seconds")
             if batch >= self.plan.steps_per_epoch:
                 epoch, batch = epoch + 1, 0
             where = ("all steps done: final evaluation" if step >= self.plan.total_steps
