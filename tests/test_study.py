@@ -769,3 +769,35 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
 ])
 def test_the_results_row_gives_a_resumed_runs_whole_training_time_or_none(metrics, expected):
     assert runs.whole_train_seconds(metrics) == expected
+
+
+def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_path):
+    from keras_vitnorm.study import figures
+    from keras_vitnorm.study.factors import stem_differences
+
+    rows = [factor_row("patch-p4-n2500", s, a) for s, a in enumerate([0.50, 0.52, 0.51])]
+    rows += [factor_row("dpn-p4-n2500", s, a) for s, a in enumerate([0.45, 0.46, 0.44])]
+    rows += [factor_row("patch-p8-n10000", s, a) for s, a in enumerate([0.60, 0.61, 0.62])]
+    rows += [factor_row("dpn-p8-n10000", 0, 0.63)]
+    rows += [factor_row("dpn-p4-n40000", 0, 0.7)]  # no plain run at this level
+    rows += [factor_row("pre_ln-depth_6", 0, 0.4, group="depth_stability")]
+    found = stem_differences(rows)
+    assert [(d["patch_size"], d["train_examples"], d["stem"]) for d in found] == [
+        (4, 2500, "dpn"), (8, 10000, "dpn")]
+    assert found[0]["difference"] == pytest.approx(-0.06) and found[0]["ci"] > 0
+    assert found[1]["difference"] == pytest.approx(0.02) and math.isnan(found[1]["ci"])
+    assert (found[1]["runs"], found[1]["plain_runs"]) == (1, 3)
+    assert stem_differences(rows, "depth_stability") == []
+    path = figures.plot_stem_differences(found, "t", str(tmp_path / "d.png"))
+    assert os.path.getsize(path) > 0
+
+
+def test_a_stem_factor_group_gets_a_differences_figure_instead_of_gains(tmp_path):
+    rows = [dict(factor_row(v, s, a), run_dir=str(tmp_path / f"{v}-{s}"))
+            for v, values in (("patch-p4-n2500", [0.50, 0.52]), ("dpn-p4-n2500", [0.45, 0.46]))
+            for s, a in enumerate(values)]
+    rows += [dict(factor_row(v, 0, a, group="converged"), run_dir=str(tmp_path / v))
+             for v, a in (("pre_ln", 0.5), ("dpn", 0.4))]
+    names = {os.path.basename(p) for p in runner.make_figures(rows, str(tmp_path / "figures"))}
+    assert "dpn_factors_differences.png" in names and "dpn_factors_gains.png" not in names
+    assert "converged_gains.png" in names and "converged_differences.png" not in names

@@ -53,14 +53,37 @@ def _difference(treated, control):
     return text
 
 
+def _stem_levels(rows, group):
+    return sorted({
+        (f["patch_size"], f["train_examples"])
+        for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
+        if f and "stem" in f
+    })
+
+
+def stem_differences(rows, group="dpn_factors"):
+    """Per level of patch size and training-set size, each stem variant against the
+    plain stem: a list of dicts with `patch_size`, `train_examples`, `stem`, the
+    `difference` in test accuracy (fraction; treated minus plain), its Welch 95% CI
+    half-width `ci` (NaN with fewer than 2 runs on a side) and the run counts
+    `runs` and `plain_runs`. Levels where either side has no completed run are left out."""
+    found = []
+    for patch, size in _stem_levels(rows, group):
+        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
+        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
+            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            if treated and plain:
+                difference, ci = difference_interval(treated, plain)
+                found.append({"patch_size": patch, "train_examples": size, "stem": stem,
+                              "difference": difference, "ci": ci, "runs": len(treated),
+                              "plain_runs": len(plain)})
+    return found
+
+
 def dpn_factor_table(rows, group="dpn_factors"):
     """Markdown: per level of patch size and training-set size, the plain stem, a
     stem variant and their difference (Welch 95% CI; `*` where it excludes 0)."""
-    levels = sorted({
-        (f["patch_size"], f["train_examples"])
-        for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
-        if f
-    })
+    levels = _stem_levels(rows, group)
     lines = [
         "| patch size | training images | stem | runs | test accuracy (%), mean ± 95% CI "
         "| plain stem (%) | difference, points (Welch 95% CI) |",
@@ -83,11 +106,7 @@ def against_dpn_table(rows, group="dpn_factors"):
     """Markdown in the paper's Table 6 format: at each level where Dual PatchNorm ran,
     every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where
     it excludes 0). Negative: the stem is worse than DPN."""
-    levels = sorted({
-        (f["patch_size"], f["train_examples"])
-        for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
-        if f
-    })
+    levels = _stem_levels(rows, group)
     lines = [
         "| patch size | training images | stem | runs | change against DPN, points (Welch 95% CI) |",
         "|---|---|---|---|---|",

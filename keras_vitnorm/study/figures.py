@@ -62,6 +62,26 @@ def plot_gains(summary, title, path):
     return _save(figure, path)
 
 
+def plot_stem_differences(differences, title, path):
+    """Horizontal bars: each stem's test accuracy minus the plain stem's at the same
+    factor level (points), with Welch 95% CIs (`factors.stem_differences`)."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(differences) + 1.5))
+    names = [f"{d['stem']}, patch {d['patch_size']}, {d['train_examples']:,} images "
+             f"({d['runs']} vs {d['plain_runs']} runs)" for d in differences]
+    values = [100 * d["difference"] for d in differences]
+    errors = [100 * d["ci"] if np.isfinite(d["ci"]) else 0.0 for d in differences]
+    colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
+    axes.barh(names, values, xerr=errors, color=colors, capsize=3)
+    reach = max(abs(v) + e for v, e in zip(values, errors)) * 1.1 or 1.0
+    axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
+    axes.axvline(0, color="black", linewidth=0.8)
+    axes.invert_yaxis()
+    axes.set_xlabel("test accuracy minus the plain stem's at the same level (points)")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
 def _read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))

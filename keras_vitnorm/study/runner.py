@@ -206,7 +206,9 @@ def _check_study_config(base, output_dir):
 def make_figures(rows, figure_dir, probe_images=None):
     """Writes every figure (and the tables computed with them) the results allow.
 
-    Per group: gains (`<group>_gains.png`), loss curves (`<group>_loss.png`) and
+    Per group: gains (`<group>_gains.png`; for a group whose variants vary the stem by
+    factor level, `<group>_differences.png`: each stem against the plain stem at its
+    own level), loss curves (`<group>_loss.png`) and
     validation accuracy curves with CIs (`<group>_accuracy.png`). For
     each group of `STEM_PAIRS` with gradient-norm records of both stems:
     `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
@@ -226,7 +228,14 @@ def make_figures(rows, figure_dir, probe_images=None):
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
         summary = summarize(group_rows)
-        if len(summary) > 1:
+        differences = factors.stem_differences(rows, group)
+        if differences:
+            # A factorial group compares each stem with the plain stem at its own level,
+            # not every variant with the first one.
+            paths.append(figures.plot_stem_differences(
+                differences, f"{group}: each stem against the plain stem\n(mean, Welch 95% CI)",
+                os.path.join(figure_dir, f"{group}_differences.png")))
+        elif len(summary) > 1:
             paths.append(figures.plot_gains(
                 summary, f"{group}: test accuracy gain", os.path.join(figure_dir, f"{group}_gains.png")))
         paths.append(figures.plot_loss_curves(
