@@ -672,6 +672,24 @@ def test_patch_norm_probe_finds_what_the_first_norm_removes():
     assert result["patch_mean_and_std"] > 0.95 and result["pixels"] > 0.95
     assert result["standardized_patches"] < 0.7
     assert result["patch_dim"] == 16 and 0 < result["energy_in_means"] < 1
+    # The floor keeps the removal of each patch's mean: brightness stays unreadable.
+    assert result["floored_patches"] < 0.7
+    assert result["low_contrast"] == 0.0  # unit-variance texture: no near-flat patch
+
+
+def test_the_variance_floor_keeps_near_flat_patches_at_low_contrast():
+    from keras_vitnorm.analysis import patch_norm
+
+    rng = np.random.default_rng(0)
+    flat = 0.3 + 0.01 * rng.normal(size=(1, 8, 8, 3))  # std 0.01: JPEG-noise level
+    textured = rng.uniform(-1, 1, size=(1, 8, 8, 3))
+    patches = patch_norm.patch_vectors(np.concatenate([flat, textured], axis=2), 8)
+    assert patch_norm.low_contrast_share(patches) == 0.5
+    plain = patch_norm.standardize_patches(patches)
+    floored = patch_norm.standardize_patches(patches, patch_norm.VARIANCE_FLOOR)
+    np.testing.assert_allclose(plain.std(-1), 1, atol=0.01)  # noise stretched to full contrast
+    assert floored[0, 0].std() < 0.15 and floored[0, 1].std() > 0.95
+    np.testing.assert_allclose(floored.mean(-1), 0, atol=1e-9)
 
 
 def test_dpn_mechanism_writes_the_probe_table(tmp_path):
@@ -679,6 +697,9 @@ def test_dpn_mechanism_writes_the_probe_table(tmp_path):
     path = runner.dpn_mechanism(base, str(tmp_path), patch_sizes=(4, 8), train_count=300)
     text = open(path).read()
     assert "| 4 | 16 (LN_0 removes 2) |" in text and "| 8 | 64 (LN_0 removes 2) |" in text
+    assert "with variance floor 0.01" in text and "std below 0.1" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 4 |") or line.startswith("| 8 |")]
+    assert all(line.count("|") == 9 for line in rows)  # 8 cells
 
 
 def keras_numpy(x):

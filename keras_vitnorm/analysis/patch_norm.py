@@ -29,6 +29,18 @@ def standardize_patches(patches, epsilon=1e-6):
     return (patches - mean) / np.sqrt(variance + epsilon)
 
 
+#: A variance floor for `standardize_patches`: patches whose standard deviation is
+#: below about 0.1 (pixels in [-1, 1]) are scaled up less than to unit variance, so
+#: near-flat patches do not turn into their noise stretched to full contrast.
+VARIANCE_FLOOR = 1e-2
+
+
+def low_contrast_share(patches, std=0.1):
+    """Share of patch vectors whose standard deviation is below `std`: the patches that
+    `LN_0` scales up the most (10x and more at 0.1, for pixels in [-1, 1])."""
+    return float(np.mean(patches.std(axis=-1) < std))
+
+
 def removed_statistics(patches):
     """`(mean, std)` of each patch vector, each `(batch, patches)`: what `LN_0` removes."""
     return patches.mean(axis=-1), patches.std(axis=-1)
@@ -60,7 +72,12 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
         `pixels`: the images as they are (what the plain stem's embedding sees);
         `standardized_patches`: every patch after `LN_0` (what DPN's embedding sees);
         `patch_mean_and_std`: only the two numbers per patch that `LN_0` removes;
+        `floored_patches`: every patch standardized with `VARIANCE_FLOOR` as epsilon
+            (the mean and most of the contrast removed, low-contrast patches not
+            scaled up to full contrast): tests whether stretching near-flat patches
+            is what costs accuracy;
         `energy_in_means`: `energy_in_patch_means` of the training images;
+        `low_contrast`: `low_contrast_share` of the training images' patches;
         `removed_dims`, `patch_dim`: 2 of `P*P*C` dimensions per patch.
     """
     train = patch_vectors(train_images, patch_size)
@@ -74,7 +91,12 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
             np.stack(removed_statistics(train), -1), train_labels,
             np.stack(removed_statistics(test), -1), test_labels,
         ),
+        "floored_patches": linear_probe_accuracy(
+            standardize_patches(train, VARIANCE_FLOOR), train_labels,
+            standardize_patches(test, VARIANCE_FLOOR), test_labels,
+        ),
         "energy_in_means": energy_in_patch_means(train),
+        "low_contrast": low_contrast_share(train),
         "removed_dims": 2,
         "patch_dim": train.shape[-1],
     }

@@ -310,12 +310,14 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
     """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data.
 
     For each patch size: linear-probe accuracy on the pixels, on the patches after
-    `LN_0`, and on the two numbers per patch that `LN_0` removes (mean and standard
-    deviation), and the share of the patches' energy in their means
-    (`keras_vitnorm.analysis.patch_norm`). Probes train on the first `train_count`
+    `LN_0`, on the same with a variance floor (near-flat patches not stretched to
+    full contrast), and on the two numbers per patch that `LN_0` removes (mean and
+    standard deviation); the share of the patches' energy in their means, and the
+    share of low-contrast patches (`keras_vitnorm.analysis.patch_norm`). Probes train on the first `train_count`
     images of a class-stratified subset of the training split and are scored on the
     validation split.
     """
+    from keras_vitnorm.analysis.patch_norm import VARIANCE_FLOOR
     from keras_vitnorm.analysis.patch_norm import patch_norm_probe
     from keras_vitnorm.training import data as data_lib
 
@@ -341,15 +343,18 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
         f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}.",
         "",
         "| patch size | dims per patch | pixels (plain stem's input) | patches after LN_0 (DPN's input) "
-        "| only the mean and std per patch (what LN_0 removes) | energy in patch means |",
-        "|---|---|---|---|---|---|",
+        f"| after LN_0 with variance floor {VARIANCE_FLOOR:g} "
+        "| only the mean and std per patch (what LN_0 removes) | energy in patch means "
+        "| patches with std below 0.1 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for patch in patch_sizes:
         probe = patch_norm_probe(train_images, train_labels, test_images, test_labels, patch)
         lines.append(
             f"| {patch} | {probe['patch_dim']} (LN_0 removes 2) | {probe['pixels']:.1%} "
-            f"| {probe['standardized_patches']:.1%} | {probe['patch_mean_and_std']:.1%} "
-            f"| {probe['energy_in_means']:.1%} |"
+            f"| {probe['standardized_patches']:.1%} | {probe['floored_patches']:.1%} "
+            f"| {probe['patch_mean_and_std']:.1%} | {probe['energy_in_means']:.1%} "
+            f"| {probe['low_contrast']:.1%} |"
         )
     path = os.path.join(output_dir, "dpn_mechanism.md")
     durable.write_text(path, "\n".join(lines) + "\n")
