@@ -313,9 +313,9 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
     `LN_0`, on the same with a variance floor (near-flat patches not stretched to
     full contrast), and on the two numbers per patch that `LN_0` removes (mean and
     standard deviation); the share of the patches' energy in their means, and the
-    share of low-contrast patches (`keras_vitnorm.analysis.patch_norm`). Probes train on the first `train_count`
-    images of a class-stratified subset of the training split and are scored on the
-    validation split.
+    share of low-contrast patches (`keras_vitnorm.analysis.patch_norm`). Probes
+    train on the first `train_count` images of a class-stratified subset of the
+    training split and are scored on the validation split.
     """
     from keras_vitnorm.analysis.patch_norm import VARIANCE_FLOOR
     from keras_vitnorm.analysis.patch_norm import patch_norm_probe
