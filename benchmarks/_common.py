@@ -63,6 +63,16 @@ def require_keras_device(device):
         raise RuntimeError(f"--device {device}: the {keras.backend.backend()} backend runs on {found} here")
 
 
+def batch_on(device, *arrays):
+    """The arrays as Keras tensors on the GPU for `device="gpu"` (so no timed step
+    includes a host-to-device copy), unchanged for `"cpu"`."""
+    import keras
+
+    if device == "gpu":
+        return tuple(keras.ops.convert_to_tensor(a) for a in arrays)
+    return arrays
+
+
 def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras"):
     """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would.
 
@@ -90,8 +100,7 @@ def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32",
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))
-    if device == "gpu":
-        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
+    x, y = batch_on(device, x, y)
     steps = {}
     if "inference" in modes:
         def predict():

@@ -44,6 +44,7 @@ import statistics
 import sys
 
 import numpy as np
+from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
@@ -85,8 +86,7 @@ def worker_ab(change, modes, config, batch_size, rounds, steps, device="cpu", dt
     size = config["image_size"]
     x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))
-    if device == "gpu":  # the batch on the GPU, so no step times a host-to-device copy
-        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
+    x, y = batch_on(device, x, y)
     forms = {"library": contextlib.nullcontext, "other": lambda: other_form(change)}
     models, outputs = {}, {}
     for form, context in forms.items():

@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 
+from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import require_keras_device
@@ -59,8 +60,7 @@ def worker(args):
     keras.config.set_dtype_policy(args.mixed_precision)
     config = MODELS[args.model]
     x, y = synthetic_batch(config, args.batch_size)
-    if args.device == "gpu":  # the batch on the GPU, so no step times a host-to-device copy
-        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
+    x, y = batch_on(args.device, x, y)
     steps = {}
     for name, change in VARIANTS.items():
         keras.utils.set_random_seed(0)

@@ -61,6 +61,17 @@ def _stem_levels(rows, group):
     })
 
 
+def _against_plain(rows, group):
+    """`(patch, size, stem, treated, plain)` test accuracies for every level and stem
+    variant with a completed run (`plain` may be empty)."""
+    for patch, size in _stem_levels(rows, group):
+        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
+        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
+            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            if treated:
+                yield patch, size, stem, treated, plain
+
+
 def stem_differences(rows, group="dpn_factors"):
     """Per level of patch size and training-set size, each stem variant against the
     plain stem: a list of dicts with `patch_size`, `train_examples`, `stem`, the
@@ -68,37 +79,28 @@ def stem_differences(rows, group="dpn_factors"):
     half-width `ci` (NaN with fewer than 2 runs on a side) and the run counts
     `runs` and `plain_runs`. Levels where either side has no completed run are left out."""
     found = []
-    for patch, size in _stem_levels(rows, group):
-        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
-        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
-            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
-            if treated and plain:
-                difference, ci = difference_interval(treated, plain)
-                found.append({"patch_size": patch, "train_examples": size, "stem": stem,
-                              "difference": difference, "ci": ci, "runs": len(treated),
-                              "plain_runs": len(plain)})
+    for patch, size, stem, treated, plain in _against_plain(rows, group):
+        if plain:
+            difference, ci = difference_interval(treated, plain)
+            found.append({"patch_size": patch, "train_examples": size, "stem": stem,
+                          "difference": difference, "ci": ci, "runs": len(treated),
+                          "plain_runs": len(plain)})
     return found
 
 
 def dpn_factor_table(rows, group="dpn_factors"):
     """Markdown: per level of patch size and training-set size, the plain stem, a
     stem variant and their difference (Welch 95% CI; `*` where it excludes 0)."""
-    levels = _stem_levels(rows, group)
     lines = [
         "| patch size | training images | stem | runs | test accuracy (%), mean ± 95% CI "
         "| plain stem (%) | difference, points (Welch 95% CI) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for patch, size in levels:
-        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
-        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
-            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
-            if not treated:
-                continue
-            lines.append(
-                f"| {patch} | {size:,} | {stem} | {len(treated)} | {_mean_ci(treated)} | "
-                f"{_mean_ci(plain)} | {_difference(treated, plain)} |"
-            )
+    for patch, size, stem, treated, plain in _against_plain(rows, group):
+        lines.append(
+            f"| {patch} | {size:,} | {stem} | {len(treated)} | {_mean_ci(treated)} | "
+            f"{_mean_ci(plain)} | {_difference(treated, plain)} |"
+        )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

@@ -40,23 +40,29 @@ def _save(figure, path):
     return path
 
 
+def _signed_bars(names, values, errors, width=7):
+    """Horizontal bars in points, green at or above 0 and red below, with error bars,
+    the first name on top and a line at 0: `(figure, axes)` for the caller to label."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(width, 0.45 * len(names) + 1.5))
+    colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
+    axes.barh(names, values, xerr=errors, color=colors, capsize=3)
+    axes.axvline(0, color="black", linewidth=0.8)
+    axes.invert_yaxis()
+    return figure, axes
+
+
 def plot_gains(summary, title, path):
     """Horizontal bars: gain (points of accuracy) over the baseline, with 95% CIs."""
-    plt = _pyplot()
     entries = summary[1:]
-    figure, axes = plt.subplots(figsize=(7, 0.45 * len(entries) + 1.5))
-    names = [e["variant"] for e in entries]
     gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
     errors = [100 * e["ci"] if e["ci"] is not None and np.isfinite(e["ci"]) else 0.0 for e in entries]
-    colors = ["tab:green" if g >= 0 else "tab:red" for g in gains]
-    axes.barh(names, gains, xerr=errors, color=colors, capsize=3)
+    figure, axes = _signed_bars([e["variant"] for e in entries], gains, errors)
     for index, entry in enumerate(entries):
         if entry["mean"] is None:
             axes.text(0, index, "  all runs diverged", va="center")
         elif entry["diverged"]:
             axes.text(gains[index], index, f"  {entry['diverged']} diverged", va="center")
-    axes.axvline(0, color="black", linewidth=0.8)
-    axes.invert_yaxis()
     axes.set_xlabel(f"accuracy gain over {summary[0]['variant']} (points)")
     axes.set_title(title)
     return _save(figure, path)
@@ -65,18 +71,13 @@ def plot_gains(summary, title, path):
 def plot_stem_differences(differences, title, path):
     """Horizontal bars: each stem's test accuracy minus the plain stem's at the same
     factor level (points), with Welch 95% CIs (`factors.stem_differences`)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(8, 0.45 * len(differences) + 1.5))
     names = [f"{d['stem']}, patch {d['patch_size']}, {d['train_examples']:,} images "
              f"({d['runs']} vs {d['plain_runs']} runs)" for d in differences]
     values = [100 * d["difference"] for d in differences]
     errors = [100 * d["ci"] if np.isfinite(d["ci"]) else 0.0 for d in differences]
-    colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
-    axes.barh(names, values, xerr=errors, color=colors, capsize=3)
+    figure, axes = _signed_bars(names, values, errors, width=8)
     reach = max(abs(v) + e for v, e in zip(values, errors)) * 1.1 or 1.0
     axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
-    axes.axvline(0, color="black", linewidth=0.8)
-    axes.invert_yaxis()
     axes.set_xlabel("test accuracy minus the plain stem's at the same level (points)")
     axes.set_title(title)
     return _save(figure, path)

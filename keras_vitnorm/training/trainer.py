@@ -516,7 +516,8 @@ class _Run:
         began = self.checkpoint.began = time.perf_counter()
         nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
         seconds = time.perf_counter() - began
-        total = self.checkpoint.train_seconds()
+        before = self.checkpoint.seconds_before
+        total = None if before is None else round(before + seconds, 2)
         record = {
             "backend": keras.backend.backend(),
             "dataset": self.data.name,
