@@ -553,7 +553,7 @@ class _Run:
                     f"not fit {self.plan.steps_per_epoch} steps per epoch."
                 )
             values = self.checkpoint.restore(model, path, assign=assign)
-            # Checkpoints written before their state recorded it leave the total unknown.
+            # A checkpoint whose state has no `train_seconds` leaves the total unknown.
             self.checkpoint.seconds_before = state.get("train_seconds")
             if batch >= self.plan.steps_per_epoch:
                 epoch, batch = epoch + 1, 0
