@@ -69,6 +69,29 @@ def test_train_batches_resume_exactly_split_into_shares_and_permute_each_pass():
     np.testing.assert_array_equal(labels.sum(axis=1), 1.0)
 
 
+def test_a_training_split_is_decoded_once_when_it_fits_in_memory(tmp_path, monkeypatch):
+    """Two passes over a folder read each file once; a split over the memory bound is
+    decoded at every read; the batches are the same either way."""
+    write_image_folder(tmp_path / "images")
+    data = data_lib.load_dataset(f"folder:{tmp_path / 'images'}", pipeline="python")
+    augmentation = data_lib.Augmentation(crop="pad", crop_padding=2, flip=True)
+    reads = []
+    load_image = python_data.load_image
+    monkeypatch.setattr(python_data, "load_image", lambda *a: reads.append(a[0]) or load_image(*a))
+    two_passes = data.train.size  # steps of 2 examples
+    kept = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
+    kept_batches = batches(kept)
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == data.train.size
+    reads.clear()
+    monkeypatch.setattr(python_data, "KEEP_DECODED_BYTES", 12 * 12 * 3 * 4 * data.train.size)
+    decoded = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
+    assert not decoded.read.keep
+    for got, want in zip(batches(decoded), kept_batches):
+        for got_part, want_part in zip(got, want):
+            np.testing.assert_array_equal(got_part, want_part)
+    assert len(reads) == 2 * data.train.size
+
+
 def test_keyed_crops_and_flips_are_the_tf_transformations():
     image = np.arange(6 * 6 * 1, dtype=np.float32).reshape(6, 6, 1)
     rng = np.random.default_rng(0)

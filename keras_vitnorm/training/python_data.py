@@ -95,10 +95,9 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
     crop_draws, flip_draw = rng.random(2), rng.random()
     if augmentation.crop == "pad":
         pad = augmentation.crop_padding
-        image = np.pad(image, [(pad, pad), (pad, pad), (0, 0)])
         top = min(int(crop_draws[0] * (2 * pad + 1)), 2 * pad)
         left = min(int(crop_draws[1] * (2 * pad + 1)), 2 * pad)
-        image = image[top:top + height, left:left + width]
+        image = _window_of_padded(image, pad, top, left, height, width)
     elif augmentation.crop == "zoom":
         scale = 1.0 - augmentation.zoom + augmentation.zoom * crop_draws
         start, end = 0.5 - scale / 2, 0.5 + scale / 2
@@ -112,16 +111,48 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
     return image
 
 
-class _Images:
-    """Reads example `i` of a split as a float32 model-size image in [0, 255]."""
+def _window_of_padded(image, pad, top, left, height, width):
+    """`np.pad(image, pad)[top:top + height, left:left + width]` (zero padding), without
+    building the padded image: a third of the python pipeline's time went to `np.pad`."""
+    window = np.zeros((height, width, image.shape[-1]), image.dtype)
+    rows = slice(max(top - pad, 0), min(top - pad + height, image.shape[0]))
+    cols = slice(max(left - pad, 0), min(left - pad + width, image.shape[1]))
+    window[rows.start - (top - pad):rows.stop - (top - pad),
+           cols.start - (left - pad):cols.stop - (left - pad)] = image[rows, cols]
+    return window
 
-    def __init__(self, data, split, image_size, channels):
+
+#: Decoded images of a split are kept in memory when they take less than this.
+KEEP_DECODED_BYTES = 2**30
+
+
+class _Images:
+    """Reads example `i` of a split as a float32 model-size image in [0, 255].
+
+    A split whose decoded images take less than `KEEP_DECODED_BYTES` is decoded once
+    and kept (as tf.data's `cache()` would): decoding is two thirds of a batch's time
+    (`benchmarks/bench_input.py`), and a CIFAR-sized training split is read 50 times
+    or more.
+    """
+
+    def __init__(self, data, split, image_size, channels, keep_decoded=True):
         self.raws, self.labels = split.arrays
         self.folder = data.files is not None
         self.image_size = tuple(image_size)
         self.channels = channels
+        self.fits = split.size * math.prod(self.image_size) * channels * 4 < KEEP_DECODED_BYTES
+        self.keep = keep_decoded and self.fits
+        self.decoded = {}
 
     def __call__(self, index):
+        if index in self.decoded:
+            return self.decoded[index]
+        image = self._decode(index)
+        if self.keep:
+            self.decoded[index] = image
+        return image
+
+    def _decode(self, index):
         raw = self.raws[index]
         image = load_image(raw, self.channels) if self.folder else np.asarray(raw)
         if image.shape[-1] != self.channels:  # digits (1 channel) for an RGB model
@@ -134,14 +165,14 @@ class _Images:
 
 class EvalBatches(keras.utils.PyDataset):
     """Batched `(images, one-hot labels[, weights])` of a split, in order
-    (`data.eval_dataset`). Decoded images are kept in memory under 1 GiB."""
+    (`data.eval_dataset`). The batches, not the decoded images, are kept in memory when
+    the split's decoded images would be (`_Images`)."""
 
     def __init__(self, data, split, image_size, channels, batch_size, pad=False):
         super().__init__()
-        self.read = _Images(data, split, image_size, channels)
+        self.read = _Images(data, split, image_size, channels, keep_decoded=False)
         self.num_classes = data.num_classes
         self.size, self.batch_size, self.pad = split.size, batch_size, pad
-        self.keep = split.size * math.prod(image_size) * channels * 4 < 2**30
         self.cache = {}
 
     @property
@@ -163,7 +194,7 @@ class EvalBatches(keras.utils.PyDataset):
             weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
             batch = tuple(np.concatenate([part, np.zeros((blanks, *part.shape[1:]), part.dtype)])
                           for part in batch) + (weights,)
-        if self.keep:
+        if self.read.fits:
             self.cache[index] = batch
         return batch
 
