@@ -742,7 +742,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     stand_in = tmp_path / "python"
     stand_in.write_text(
         f"#!{sys.executable}\n"
-        "import dataclasses, json, sys\n"
+        "import dataclasses, json, os, sys\n"
         "from keras_vitnorm.cli import build_parser, train_config_from_args\n"
         "assert sys.argv[1:3] == ['-m', 'keras_vitnorm'], sys.argv\n"
         "args = build_parser().parse_args(sys.argv[3:])\n"
@@ -750,7 +750,8 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         "config = train_config_from_args(args)\n"
         f"with open({str(calls)!r}, 'a') as f:\n"
         "    f.write(json.dumps({'groups': args.groups, 'dir': args.study_dir, 'parallel': args.parallel,\n"
-        "                        'variants': args.variants,\n"
+        "                        'variants': args.variants, 'seeds': args.seeds,\n"
+        "                        'backend': os.environ.get('KERAS_BACKEND'),\n"
         "                        'config': dataclasses.asdict(config)}) + '\\n')\n")
     stand_in.chmod(0o755)
     recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
@@ -770,15 +771,36 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         k: v for k, v in studies[0]["config"].items() if k != "grad_clip"}
     for study in studies:
         config = study["config"]
-        assert config["dataset"] == f"folder:{tmp_path / 'cifar'}" and config["batch_size"] == 32
-        assert config["mixed_precision"] == "mixed_bfloat16" and study["parallel"] == 2
-        # Every run's warm-up ends before its schedule does (the smallest training set
-        # of dpn_factors has 2,500 images, so its length is given in steps).
-        steps = config["steps"] or config["epochs"] * 45000 // 32
-        assert config["warmup_steps"] < steps
-    assert studies[3]["config"]["model"]["patch_size"] == 4 and studies[3]["config"]["epochs"] == 50
+        assert config["dataset"] == f"folder:{tmp_path / 'cifar'}" and study["seeds"] == [0, 1, 2]
+        assert config["mixed_precision"] == "mixed_bfloat16"
+        # Every run's warm-up ends before its schedule does.
+        assert config["warmup_steps"] < config["steps"]
+    for study in studies[:3]:  # on a CPU
+        assert study["backend"] == "tensorflow" and study["parallel"] == 2
+        assert study["config"]["batch_size"] == 32 and study["config"]["learning_rate"] == 5e-4
+    converged = studies[3]  # on a GPU: 80 passes over the 45,000 training images
+    assert converged["backend"] == "jax" and converged["parallel"] == 8
+    config = converged["config"]
+    assert config["model"]["patch_size"] == 4 and config["input_pipeline"] == "python"
+    assert round(config["steps"] * config["batch_size"] / 45000) == 80
+    assert config["steps"] % config["steps_per_epoch"] == 0
+    # STUDIES picks studies; extra options come last and win.
+    calls.unlink()
+    done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out"),
+                           "--seeds", "1", "--parallel", "4"],
+                          env={**os.environ, "PYTHON": str(stand_in), "STUDIES": "converged"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    [picked] = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
+    assert picked["groups"] == ["converged"] and picked["seeds"] == [1] and picked["parallel"] == 4
+    assert {k: v for k, v in picked["config"].items() if k != "seed"} == {
+        k: v for k, v in config.items() if k != "seed"}
     bad = subprocess.run(["bash", recipe], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+    unknown = subprocess.run(["bash", recipe, "a", "b"], env={**os.environ, "STUDIES": "depth converge"},
+                             capture_output=True, text=True)
+    assert unknown.returncode == 2 and "unknown study 'converge'" in unknown.stderr
+    assert "valid: depth depth_no_clip factors converged" in unknown.stderr
 
 
 @pytest.mark.parametrize("metrics, expected", [
