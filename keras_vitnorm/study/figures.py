@@ -75,10 +75,10 @@ def plot_stem_differences(differences, title, path):
              f"({d['runs']} vs {d['plain_runs']} runs)" for d in differences]
     values = [100 * d["difference"] for d in differences]
     errors = [100 * d["ci"] if np.isfinite(d["ci"]) else 0.0 for d in differences]
-    figure, axes = _signed_bars(names, values, errors, width=8)
+    figure, axes = _signed_bars(names, values, errors, width=9)
     reach = max(abs(v) + e for v, e in zip(values, errors)) * 1.1 or 1.0
     axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
-    axes.set_xlabel("test accuracy minus the plain stem's at the same level (points)")
+    axes.set_xlabel("test accuracy minus the plain stem's\nat the same level (points)")
     axes.set_title(title)
     return _save(figure, path)
 
