@@ -397,7 +397,8 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
                       "--batches", "2", "--rounds", "1"])
     table = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
-    expected = ["python input", "training step (study model)"]
+    expected = ["python input, first read", "python input, images kept decoded",
+                "training step (study model)"]
     if importlib.util.find_spec("tensorflow"):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
