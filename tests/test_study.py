@@ -417,7 +417,13 @@ def test_new_groups_hold_the_asked_variants_and_each_builds():
     assert factors["dpn-p8-n10000"] == (
         {"stem": "dual_patchnorm", "patch_size": 8}, {"train_examples": 10000})
     assert {variant_factors("dpn_factors", n)["stem"] for n in factors} == {
-        "patch", "dpn", "pre_patchnorm", "post_patchnorm"}
+        "patch", "dpn", "pre_patchnorm", "post_patchnorm", "dpn_only_learnable",
+        "dpn_no_learnable", "dpn_rmsnorm"}
+    # the paper's Table 6 ablations, at the base level only
+    assert factors["dpn_only_learnable-p4-n10000"] == (
+        {"stem": "dual_patchnorm", "stem_norm": "affine", "patch_size": 4}, {"train_examples": 10000})
+    assert factors["dpn_no_learnable-p4-n10000"][0]["stem_norm_learnable"] is False
+    assert not any(n.startswith("dpn_rmsnorm") and not n.endswith("-p4-n10000") for n in factors)
     for group in ("converged", "dpn_factors", "depth_stability", "depth_drop_path"):
         for name, (model, _) in VARIANT_GROUPS[group].items():
             config = {**TINY, "image_size": 16, "depth": 2, "num_classes": 3, **model}
@@ -489,9 +495,12 @@ def test_against_dpn_table_is_the_papers_table_6_format():
     rows += [factor_row("pre_patchnorm-p4-n10000", s, a) for s, a in enumerate([0.57, 0.58, 0.59])]
     rows += [factor_row("patch-p4-n10000", s, a) for s, a in enumerate([0.63, 0.60, 0.65])]
     rows += [factor_row("patch-p4-n2500", s, a) for s, a in enumerate([0.5, 0.5, 0.5])]  # no DPN
+    rows += [factor_row("dpn_only_learnable-p4-n10000", s, a) for s, a in enumerate([0.6, 0.6])]
     table = against_dpn_table(rows)
     lines = table.splitlines()[2:]
-    assert [line.split(" | ")[2] for line in lines] == ["pre_patchnorm", "patch"]
+    assert [line.split(" | ")[2] for line in lines] == ["pre_patchnorm", "dpn_only_learnable", "patch"]
+    assert lines[1].startswith("| 4 | 10,000 | dpn_only_learnable | 2 | -1.00 ± ")
+    del lines[1], rows[-2:]
     assert lines[0].startswith("| 4 | 10,000 | pre_patchnorm | 3 | -3.00 ± ")
     assert lines[0].endswith(" * |") and lines[1].startswith("| 4 | 10,000 | patch | 3 | +1.67 ± ")
     assert against_dpn_table(rows[-3:]) == ""

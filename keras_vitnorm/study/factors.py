@@ -16,6 +16,7 @@ from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
+from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import variant_factors
 
 #: A completed run whose test accuracy stays below this is counted as stalled
@@ -66,7 +67,7 @@ def _against_plain(rows, group):
     variant with a completed run (`plain` may be empty)."""
     for patch, size in _stem_levels(rows, group):
         plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
-        for stem in ("dpn", "pre_patchnorm", "post_patchnorm"):
+        for stem in ("dpn", *DPN_ABLATIONS):
             treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
             if treated:
                 yield patch, size, stem, treated, plain
@@ -117,7 +118,7 @@ def against_dpn_table(rows, group="dpn_factors"):
         dpn = _accuracies(rows, group, stem="dpn", patch_size=patch, train_examples=size)
         if not dpn:
             continue
-        for stem in ("pre_patchnorm", "post_patchnorm", "patch"):
+        for stem in (*DPN_ABLATIONS, "patch"):
             other = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
             if other:
                 lines.append(f"| {patch} | {size:,} | {stem} | {len(other)} | {_difference(other, dpn)} |")

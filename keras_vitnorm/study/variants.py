@@ -35,30 +35,42 @@ DPN_PATCH_SIZES = (4, 8)
 _DPN_BASE_SIZE = 10000
 
 
+#: The paper's Table 6 stem ablations of Dual PatchNorm (its two LayerNorms are LN_0
+#: on the flattened patches and LN_1 on the embeddings): stem name -> model overrides.
+DPN_ABLATIONS = {
+    "pre_patchnorm": {"stem": "pre_patchnorm"},  # "Pre": LN_0 only
+    "post_patchnorm": {"stem": "post_patchnorm"},  # "Post": LN_1 only
+    # "Only learnable": both norms a learned scale and shift, no standardization
+    "dpn_only_learnable": {"stem": "dual_patchnorm", "stem_norm": "affine"},
+    # "No learnable": both norms standardize only
+    "dpn_no_learnable": {"stem": "dual_patchnorm", "stem_norm_learnable": False},
+    "dpn_rmsnorm": {"stem": "dual_patchnorm", "stem_norm": "rmsnorm"},  # RMSNorm in both
+}
+
+
 def _dpn_factors():
     """Plain stem against Dual PatchNorm over training-set size and patch size.
 
-    At the base level (patch 4, 10,000 examples) the stem ablations that separate the
-    two norms run too: `pre_patchnorm` (only the norm on the patches) and
-    `post_patchnorm` (only the norm on the embeddings).
+    At the base level (patch 4, 10,000 examples) the paper's stem ablations
+    (`DPN_ABLATIONS`) run too: which of DPN's norms, and which part of a norm
+    (standardizing or the learned scale and shift), makes the difference.
     """
     variants, factors = {}, {}
-    stems = {"patch": "patch", "dpn": "dual_patchnorm"}
+    stems = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
 
-    def add(stem, patch, size):
+    def add(stem, model, patch, size):
         name = f"{stem}-p{patch}-n{size}"
-        variants[name] = ({"stem": stems.get(stem, stem), "patch_size": patch},
-                          {"train_examples": size})
+        variants[name] = ({**model, "patch_size": patch}, {"train_examples": size})
         factors[name] = {"stem": stem, "patch_size": patch, "train_examples": size}
 
     for size in DPN_TRAIN_SIZES:
-        for stem in stems:
-            add(stem, DPN_PATCH_SIZES[0], size)
+        for stem, model in stems.items():
+            add(stem, model, DPN_PATCH_SIZES[0], size)
     for patch in DPN_PATCH_SIZES[1:]:
-        for stem in stems:
-            add(stem, patch, _DPN_BASE_SIZE)
-    for stem in ("pre_patchnorm", "post_patchnorm"):
-        add(stem, DPN_PATCH_SIZES[0], _DPN_BASE_SIZE)
+        for stem, model in stems.items():
+            add(stem, model, patch, _DPN_BASE_SIZE)
+    for stem, model in DPN_ABLATIONS.items():
+        add(stem, model, DPN_PATCH_SIZES[0], _DPN_BASE_SIZE)
     return variants, factors
 
 
