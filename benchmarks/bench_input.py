@@ -7,10 +7,11 @@ Under the running Keras backend, times (1) reading `--batches` training batches 
 `--batch-size` from each input pipeline that can read the dataset (`python`, Keras'
 PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed), with the
 CIFAR augmentation (pad-4 crops and flips), one batch after another in this process
-as `fit` reads them (the `python` pipeline twice: decoding the files, then again with
-the decoded images it keeps, as in every pass after the first); and (2) the training step (`train_on_batch`: forward, backward,
-AdamW) of the study's model (32 px, patch 4, width 128, depth 6) on one batch. Each
-is the median over `--rounds` rounds. The input is not the bottleneck while a
+as `fit` reads them (the `python` pipeline twice: decoding the files, then again
+from the decoded images it keeps, as in every pass after the first); and (2) the
+training step (`train_on_batch`: forward, backward, AdamW) of the study's model
+(32 px, patch 4, width 128, depth 6) on one batch. Each is the median over
+`--rounds` rounds. The input is not the bottleneck while a
 pipeline's images per second stay well above the step's: the table gives the ratio.
 """
 

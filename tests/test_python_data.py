@@ -92,6 +92,17 @@ def test_a_training_split_is_decoded_once_when_it_fits_in_memory(tmp_path, monke
     assert len(reads) == 2 * data.train.size
 
 
+def test_a_pad_crop_window_is_the_window_of_the_zero_padded_image():
+    image = np.random.default_rng(0).random((7, 5, 3)).astype(np.float32)
+    for pad in (0, 1, 4):
+        padded = np.pad(image, [(pad, pad), (pad, pad), (0, 0)])
+        for top in range(2 * pad + 1):
+            for left in range(2 * pad + 1):
+                np.testing.assert_array_equal(
+                    python_data._window_of_padded(image, pad, top, left, 7, 5),
+                    padded[top:top + 7, left:left + 5])
+
+
 def test_keyed_crops_and_flips_are_the_tf_transformations():
     image = np.arange(6 * 6 * 1, dtype=np.float32).reshape(6, 6, 1)
     rng = np.random.default_rng(0)

@@ -115,11 +115,11 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
 def _window_of_padded(image, pad, top, left, height, width):
     """`np.pad(image, pad)[top:top + height, left:left + width]` (zero padding), without
     building the padded image: `np.pad` took half the time of a batch of kept images."""
+    y, x = top - pad, left - pad  # the window's corner in the unpadded image
+    rows = slice(max(y, 0), min(y + height, image.shape[0]))
+    cols = slice(max(x, 0), min(x + width, image.shape[1]))
     window = np.zeros((height, width, image.shape[-1]), image.dtype)
-    rows = slice(max(top - pad, 0), min(top - pad + height, image.shape[0]))
-    cols = slice(max(left - pad, 0), min(left - pad + width, image.shape[1]))
-    window[rows.start - (top - pad):rows.stop - (top - pad),
-           cols.start - (left - pad):cols.stop - (left - pad)] = image[rows, cols]
+    window[rows.start - y:rows.stop - y, cols.start - x:cols.stop - x] = image[rows, cols]
     return window
 
 
