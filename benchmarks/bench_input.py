@@ -60,15 +60,15 @@ def main(argv=None):
             if pipeline == "python":
                 for index in range(args.batches):
                     stream[index]
-                times.append(time.perf_counter() - began)
-                began = time.perf_counter()  # the same batches again: decoded images are kept
-                for index in range(args.batches):
-                    stream[index]
-                again.append(time.perf_counter() - began)
             else:
                 for _ in stream:
                     pass
-                times.append(time.perf_counter() - began)
+            times.append(time.perf_counter() - began)
+            if pipeline == "python":  # the same batches again: decoded images are kept
+                began = time.perf_counter()
+                for index in range(args.batches):
+                    stream[index]
+                again.append(time.perf_counter() - began)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))
         if again:

@@ -40,7 +40,8 @@ wants() { [[ " $studies " == *" $1 "* ]]; }
 model=(--dataset "folder:$data" --image-size 32 --width 128 --num-heads 4 --mlp-dim 512
        --depth 6 --weight-decay 0.05 --label-smoothing 0.1 --crop pad --crop-padding 4 --flip
        --mixed-precision mixed_bfloat16 --seeds 0 1 2)
-# the fastest backend for this model on a CPU (docs/performance.md)
+# The CPU recipe; its studies run on TensorFlow, the fastest backend for this model
+# on a CPU (docs/performance.md).
 cpu=(--batch-size 32 --lr 5e-4 --parallel 2 "$@")
 if wants depth; then
     KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups depth_stability depth_drop_path \
