@@ -317,12 +317,11 @@ def test_heads_first_attention_matches_dot_product_attention(dtype):
                                rtol=tolerance[0], atol=tolerance[1])
 
 
-@pytest.mark.parametrize("training", [False, True])
-def test_attention_with_and_without_its_fast_path(training):
+def test_attention_with_and_without_its_fast_path():
     x = np.concatenate([keras.ops.convert_to_numpy(t) for t in _qkv(12)], axis=-1)  # (2, 7, 3, 18)
 
     def attention(t):
-        return vitnorm_ops.attention(t[..., :6], t[..., 6:12], t[..., 12:], training=training)
+        return vitnorm_ops.attention(t[..., :6], t[..., 6:12], t[..., 12:])
 
     def run():
         return _numpy(attention(x)), _gradients(attention, x, (7, 3, 18))[1]
@@ -349,11 +348,10 @@ def test_attention_logits_beyond_float16_range_stay_finite_with_fast_paths_on_an
 
 
 @pytest.mark.parametrize("num_tokens", [5, 6])
-@pytest.mark.parametrize("training", [False, True])
-def test_plain_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens,
-                                                                                 training):
-    # JAX's cuDNN flash attention rejects odd token counts at training time; there the
-    # plain form asks for XLA attention (False); everywhere else Keras chooses (None).
+def test_plain_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(monkeypatch, num_tokens):
+    # JAX's cuDNN flash attention rejects odd token counts wherever it is differentiated,
+    # in inference mode too (as by the gradient-norm probes); there the plain form asks
+    # for XLA's attention (False); everywhere else Keras chooses (None).
     seen = []
     original = keras.ops.dot_product_attention
 
@@ -364,8 +362,8 @@ def test_plain_attention_asks_for_xla_attention_only_where_jax_cudnn_rejects_it(
     monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
     q, k, v = _qkv(3, shape=(2, num_tokens, 2, 8))
     with vitnorm_ops.fast_paths(False, ["attention"]):
-        y = vitnorm_ops.attention(q, k, v, training=training)
-    rejects = BACKEND == "jax" and training and num_tokens % 2 == 1
+        y = vitnorm_ops.attention(q, k, v)
+    rejects = BACKEND == "jax" and num_tokens % 2 == 1
     assert seen == [False if rejects else None]
     np.testing.assert_allclose(_numpy(y), _numpy(original(q, k, v)), rtol=1e-6, atol=1e-6)
 
@@ -396,8 +394,9 @@ def test_attention_takes_this_backends_fast_form_on_a_cpu(monkeypatch):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's padded cuDNN attention; this run's backend is another")
-@pytest.mark.parametrize("num_tokens, training, padded", [(5, True, True), (5, False, False), (6, True, False)])
-def test_jax_pads_for_cudnn_only_in_training_with_an_odd_token_count(monkeypatch, num_tokens, training, padded):
+@pytest.mark.parametrize("num_tokens, training, padded",
+                         [(5, True, True), (5, False, True), (6, True, False), (6, False, False)])
+def test_jax_pads_for_cudnn_with_an_odd_token_count_in_either_mode(monkeypatch, num_tokens, training, padded):
     from keras_vitnorm import ops as module
     from keras_vitnorm.ops import _jax
 

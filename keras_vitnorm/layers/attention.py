@@ -185,7 +185,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.q_norm is not None:
             q = self.q_norm(q, training=training)
             k = self.k_norm(k, training=training)
-        y = attention(q, k, v, training=training)
+        y = attention(q, k, v)
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
         y = ops.reshape(y, (-1, num_tokens, width))

@@ -125,7 +125,7 @@ def split_heads(qkv, num_heads):
     return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
 
-def attention(q, k, v, training=None):
+def attention(q, k, v):
     """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
 
     `keras.ops.dot_product_attention(q, k, v)`, except:
@@ -135,28 +135,29 @@ def attention(q, k, v, training=None):
       which sums them in float32. Always, being a fix, not a fast path.
     - Fast path `attention`: `heads_first_attention` on a CPU under JAX and
       TensorFlow; PyTorch's `scaled_dot_product_attention` on strided views
-      (no copies of q, k and v, PyTorch's own choice of kernel); JAX on a GPU in
-      training with an odd token count where cuDNN's attention fits: cuDNN's
-      attention on tokens padded to a multiple of 8, masked.
-    - JAX in training with an odd token count (197 for a ViT with a class token at
-      224 pixels), otherwise: XLA's attention asked for directly, where Keras
-      would try cuDNN's, which JAX rejects for that count with a logged traceback
-      before falling back to the same XLA attention.
+      (no copies of q, k and v, PyTorch's own choice of kernel); JAX on a GPU with
+      an odd token count where cuDNN's attention fits: cuDNN's attention on tokens
+      padded to a multiple of 8, masked.
+    - JAX with an odd token count (197 for a ViT with a class token at 224 pixels),
+      otherwise: XLA's attention asked for directly. JAX's cuDNN attention rejects
+      that count wherever it is differentiated, and gradients are taken in inference
+      mode too (the gradient-norm probes do), so the mode does not tell; Keras would
+      try cuDNN's there and fall back to the same XLA attention after logging a
+      traceback.
     """
     q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
     backend = backend_name()
     if backend == "tensorflow" and keras.backend.standardize_dtype(q.dtype) == "float16":
         return heads_first_attention(q, k, v)
-    odd_tokens_in_training = bool(training) and q.shape[1] % 2 == 1
+    odd_tokens_on_jax = backend == "jax" and q.shape[1] % 2 == 1
     if fast_path_enabled("attention"):
         if _xla_or_graph_on_cpu():
             return heads_first_attention(q, k, v)
         if backend == "torch" and q.dtype == k.dtype == v.dtype:
             return _native().attention(q, k, v)
-        if backend == "jax" and odd_tokens_in_training and _native().cudnn_attention_fits(q, k, v):
+        if odd_tokens_on_jax and _native().cudnn_attention_fits(q, k, v):
             return _native().padded_attention(q, k, v)
-    flash_attention = False if backend == "jax" and odd_tokens_in_training else None
-    return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
+    return ops.dot_product_attention(q, k, v, flash_attention=False if odd_tokens_on_jax else None)
 
 
 def heads_first_attention(q, k, v):

@@ -34,9 +34,10 @@ def cudnn_attention_fits(q, k, v):
 def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     """Softmax attention on tokens padded to a multiple of `multiple`, the padding masked.
 
-    JAX's cuDNN flash attention rejects an odd token count at training time, and a
-    ViT with a class token has 197 tokens at 224 pixels; Keras then falls back to
-    XLA's attention, whose backward pass is about twice as slow on a GPU. Here q, k
+    JAX's cuDNN flash attention rejects an odd token count wherever it is
+    differentiated, and a ViT with a class token has 197 tokens at 224 pixels; Keras
+    then falls back to XLA's attention, whose backward pass is about twice as slow on
+    a GPU. Here q, k
     and v get zero tokens up to the multiple, `jax.nn.dot_product_attention` masks
     them out through the sequence lengths, and the padded rows of the output are
     dropped: the values and gradients of unpadded attention (tested on the CPU with
