@@ -247,15 +247,16 @@ def residual_stream_table(streams):
 
 def convergence_table(rows):
     """Markdown: per variant, the mean validation accuracy at half, three quarters and
-    the end of training, and what the last quarter added (points): how flat each
-    variant's validation curve is when training stops. `""` when no variant of `rows`
-    logged four or more epochs."""
+    the end of training, what the last quarter added (points), and the training
+    accuracy of the last epoch (on the augmented batches): how flat each variant's
+    validation curve is when training stops, and how far it has fitted its training
+    set. `""` when no variant of `rows` logged four or more epochs."""
     from keras_vitnorm.study.figures import validation_curves
 
     lines = [
         "| variant | runs | epochs | val. accuracy at 1/2 (%) | at 3/4 (%) | at the end (%) "
-        "| last quarter added (points, mean ± 95% CI) |",
-        "|---|---|---|---|---|---|---|",
+        "| last quarter added (points, mean ± 95% CI) | training accuracy, last epoch (%) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         curves = 100 * validation_curves(rows, variant)
@@ -264,8 +265,9 @@ def convergence_table(rows):
         epochs = curves.shape[1]
         half, three_quarters = curves[:, epochs // 2 - 1], curves[:, (3 * epochs) // 4 - 1]
         added = _mean_ci(list((curves[:, -1] - three_quarters) / 100))
+        training = 100 * validation_curves(rows, variant, column="accuracy")[:, epochs - 1]
         lines.append(
             f"| {variant} | {len(curves)} | {epochs} | {half.mean():.2f} | "
-            f"{three_quarters.mean():.2f} | {curves[:, -1].mean():.2f} | {added} |"
+            f"{three_quarters.mean():.2f} | {curves[:, -1].mean():.2f} | {added} | {training.mean():.2f} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""

@@ -116,14 +116,15 @@ def plot_loss_curves(rows, title, path):
     return _save(figure, path)
 
 
-def validation_curves(rows, variant):
-    """Validation accuracy per epoch of each finished run of `variant`, cut to the
-    shortest run's length: an `(runs, epochs)` array (empty when none has a log)."""
+def validation_curves(rows, variant, column="val_accuracy"):
+    """Validation accuracy (or another `log.csv` column) per epoch of each finished run
+    of `variant`, cut to the shortest run's length: an `(runs, epochs)` array (empty
+    when none has a log)."""
     curves = []
     for row in rows:
         log = os.path.join(row["run_dir"], "log.csv")
         if row["variant"] == variant and row["status"] == "completed" and os.path.exists(log):
-            curve = [float(r["val_accuracy"]) for r in _read_csv(log) if r.get("val_accuracy")]
+            curve = [float(r[column]) for r in _read_csv(log) if r.get(column)]
             if curve:
                 curves.append(curve)
     if not curves:
