@@ -37,12 +37,12 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     JAX's cuDNN flash attention rejects an odd token count wherever it is
     differentiated, and a ViT with a class token has 197 tokens at 224 pixels; Keras
     then falls back to XLA's attention, whose backward pass is about twice as slow on
-    a GPU. Here q, k
-    and v get zero tokens up to the multiple, `jax.nn.dot_product_attention` masks
-    them out through the sequence lengths, and the padded rows of the output are
-    dropped: the values and gradients of unpadded attention (tested on the CPU with
-    `implementation="xla"`, which takes the same arguments). If JAX still rejects
-    the inputs, XLA's attention runs on the unpadded tokens.
+    a GPU. Here q, k and v get zero tokens up to the multiple,
+    `jax.nn.dot_product_attention` masks them out through the sequence lengths, and
+    the padded rows of the output are dropped: the values and gradients of unpadded
+    attention (tested on the CPU with `implementation="xla"`, which takes the same
+    arguments). If JAX still rejects the inputs, XLA's attention runs on the
+    unpadded tokens.
 
     Args:
         q, k, v: arrays `(batch, tokens, heads, head_dim)`, one dtype.
