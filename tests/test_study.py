@@ -127,8 +127,8 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
     # the residual-stream table is over every finished seed of a variant
     assert "| patch | 2 |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
-    for name in ("stems_gains", "stems_loss", "stems_accuracy", "stems_gradient_norms",
-                 "stems_stem_scales", "stems_residual_stream"):
+    for name in ("stems_gains", "stems_gain_curves", "stems_loss", "stems_accuracy",
+                 "stems_gradient_norms", "stems_stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
@@ -740,6 +740,32 @@ def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
     assert f"| a | 2 | 8 | 40.00 | 60.00 | 76.00 | {100 * mean:.2f} ± {100 * ci:.2f} | 91.20 |" in table
     assert "| b |" not in table and "| c |" not in table
     assert factors.convergence_table(rows[2:]) == ""
+
+
+def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):
+    from keras_vitnorm.study import figures
+
+    def run(variant, seed, curve, status="completed"):
+        run_dir = tmp_path / f"{variant}{seed}"
+        run_dir.mkdir()
+        lines = ["epoch,accuracy,loss,val_accuracy,val_loss"]
+        lines += [f"{i},0.5,1.0,{value},1.0" for i, value in enumerate(curve)]
+        (run_dir / "log.csv").write_text("\n".join(lines) + "\n")
+        return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
+
+    rows = [run("base", 0, [0.2, 0.4, 0.5]), run("base", 1, [0.3, 0.5, 0.6, 0.7]),
+            run("base", 2, [0.1, 0.1, 0.1]),
+            run("dpn", 1, [0.1, 0.6, 0.8, 0.9]), run("dpn", 0, [0.1, 0.5, 0.7, 0.8]),
+            run("dpn", 3, [0.9, 0.9, 0.9]),  # no baseline run of seed 3
+            run("dpn", 2, [0.9, 0.9, 0.9], status="diverged")]
+    # seeds 0 and 1 pair, in seed order, cut to the shorter curve of the pairs (3 epochs)
+    np.testing.assert_allclose(figures.gain_curves(rows, "dpn", "base"),
+                               [[-0.1, 0.1, 0.2], [-0.2, 0.1, 0.2]], atol=1e-12)
+    assert figures.gain_curves(rows, "conv", "base").shape == (0, 0)
+    path = figures.plot_gain_curves(rows, "g: gain", str(tmp_path / "gain_curves.png"))
+    import matplotlib.pyplot as plt
+
+    assert plt.imread(path).ndim == 3
 
 
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):

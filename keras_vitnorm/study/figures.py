@@ -4,6 +4,8 @@
   (the Dual PatchNorm paper's Figure 1 style).
 - `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
 - `plot_accuracy_curves`: validation accuracy per epoch, mean and 95% CI over seeds.
+- `plot_gain_curves`: validation accuracy gain over the baseline per epoch, paired by
+  seed, mean and 95% CI.
 - `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
   several runs, e.g. plain ViT vs DPN (Figure 2 style).
 - `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
@@ -116,21 +118,68 @@ def plot_loss_curves(rows, title, path):
     return _save(figure, path)
 
 
-def validation_curves(rows, variant, column="val_accuracy"):
-    """Validation accuracy (or another `log.csv` column) per epoch of each finished run
-    of `variant`, cut to the shortest run's length: an `(runs, epochs)` array (empty
-    when none has a log)."""
-    curves = []
+def _curves_by_seed(rows, variant, column="val_accuracy"):
+    """`{seed: [value per epoch]}`: the `log.csv` column of each finished run of `variant`."""
+    curves = {}
     for row in rows:
         log = os.path.join(row["run_dir"], "log.csv")
         if row["variant"] == variant and row["status"] == "completed" and os.path.exists(log):
             curve = [float(r[column]) for r in _read_csv(log) if r.get(column)]
             if curve:
-                curves.append(curve)
+                curves[row["seed"]] = curve
+    return curves
+
+
+def validation_curves(rows, variant, column="val_accuracy"):
+    """Validation accuracy (or another `log.csv` column) per epoch of each finished run
+    of `variant`, cut to the shortest run's length: an `(runs, epochs)` array (empty
+    when none has a log)."""
+    curves = list(_curves_by_seed(rows, variant, column).values())
     if not curves:
         return np.zeros((0, 0))
     length = min(map(len, curves))
     return np.array([curve[:length] for curve in curves])
+
+
+def gain_curves(rows, variant, baseline):
+    """Validation accuracy of `variant` minus `baseline`'s per epoch, seed by seed: an
+    `(seeds, epochs)` array over the seeds both finished, in seed order, cut to the
+    shortest curve (empty when no seed pairs)."""
+    ours, theirs = _curves_by_seed(rows, variant), _curves_by_seed(rows, baseline)
+    seeds = sorted(set(ours) & set(theirs))
+    if not seeds:
+        return np.zeros((0, 0))
+    length = min(min(len(ours[s]), len(theirs[s])) for s in seeds)
+    return np.array([np.subtract(ours[s][:length], theirs[s][:length]) for s in seeds])
+
+
+def plot_gain_curves(rows, title, path):
+    """Each variant's validation accuracy gain over the baseline (the first variant)
+    per epoch, paired by seed: the mean, with the 95% Student-t interval of the mean
+    shaded where two or more seeds pair. Shows when a variant pulls ahead and whether
+    it stays there, which the final gain alone does not."""
+    from scipy import stats
+
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    axes.axhline(0, color="black", linewidth=0.8)
+    for index, variant in enumerate(variants[1:], start=1):
+        gains = 100 * gain_curves(rows, variant, variants[0])
+        if not gains.size:
+            continue
+        epochs = np.arange(1, gains.shape[1] + 1)
+        mean = gains.mean(axis=0)
+        color = f"C{index % 10}"
+        axes.plot(epochs, mean, color=color, label=f"{variant} ({len(gains)} seeds)")
+        if len(gains) > 1:
+            half = stats.t.ppf(0.975, len(gains) - 1) * gains.std(axis=0, ddof=1) / np.sqrt(len(gains))
+            axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
+    axes.set_title(title)
+    axes.legend(fontsize=7, ncol=2)
+    return _save(figure, path)
 
 
 def plot_accuracy_curves(rows, title, path):

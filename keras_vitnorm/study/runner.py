@@ -206,8 +206,9 @@ def _check_study_config(base, output_dir):
 def make_figures(rows, figure_dir, probe_images=None):
     """Writes every figure (and the tables computed with them) the results allow.
 
-    Per group: gains (`<group>_gains.png`; for a group whose variants vary the stem by
-    factor level, `<group>_differences.png`: each stem against the plain stem at its
+    Per group: gains (`<group>_gains.png`, and per epoch, paired by seed,
+    `<group>_gain_curves.png`; for a group whose variants vary the stem by factor
+    level, only `<group>_differences.png`: each stem against the plain stem at its
     own level), loss curves (`<group>_loss.png`) and
     validation accuracy curves with CIs (`<group>_accuracy.png`). For
     each group of `STEM_PAIRS` with gradient-norm records of both stems:
@@ -238,6 +239,9 @@ def make_figures(rows, figure_dir, probe_images=None):
         elif len(summary) > 1:
             paths.append(figures.plot_gains(
                 summary, f"{group}: test accuracy gain", os.path.join(figure_dir, f"{group}_gains.png")))
+            paths.append(figures.plot_gain_curves(
+                group_rows, f"{group}: validation accuracy gain per epoch\n(paired by seed; mean, 95% CI)",
+                os.path.join(figure_dir, f"{group}_gain_curves.png")))
         paths.append(figures.plot_loss_curves(
             group_rows, f"{group}: loss per epoch (mean over seeds)",
             os.path.join(figure_dir, f"{group}_loss.png")))
