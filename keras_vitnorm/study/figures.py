@@ -85,6 +85,11 @@ def plot_stem_differences(differences, title, path):
     return _save(figure, path)
 
 
+def _count(number, noun):
+    """`"1 run"`, `"3 runs"`."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def _read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -171,7 +176,7 @@ def plot_gain_curves(rows, title, path):
         epochs = np.arange(1, gains.shape[1] + 1)
         mean = gains.mean(axis=0)
         color = f"C{index % 10}"
-        axes.plot(epochs, mean, color=color, label=f"{variant} ({len(gains)} seeds)")
+        axes.plot(epochs, mean, color=color, label=f"{variant} ({_count(len(gains), 'seed')})")
         if len(gains) > 1:
             half = stats.t.ppf(0.975, len(gains) - 1) * gains.std(axis=0, ddof=1) / np.sqrt(len(gains))
             axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
@@ -196,7 +201,7 @@ def plot_accuracy_curves(rows, title, path):
         epochs = np.arange(1, curves.shape[1] + 1)
         mean = curves.mean(axis=0)
         color = f"C{index % 10}"
-        axes.plot(epochs, mean, color=color, label=f"{variant} ({len(curves)} runs)")
+        axes.plot(epochs, mean, color=color, label=f"{variant} ({_count(len(curves), 'run')})")
         if len(curves) > 1:
             half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
             axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
