@@ -717,16 +717,22 @@ def keras_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def logged_run(tmp_path, variant, seed, curve, status="completed"):
+    """A result row whose run folder has a `log.csv`: validation accuracy `curve`, and
+    training accuracy 0.9 + 0.01 * seed + epoch / 1000."""
+    run_dir = tmp_path / f"{variant}{seed}"
+    run_dir.mkdir()
+    lines = ["epoch,accuracy,loss,val_accuracy,val_loss"]
+    lines += [f"{i},{0.9 + 0.01 * seed + i / 1000},1.0,{value},1.0" for i, value in enumerate(curve)]
+    (run_dir / "log.csv").write_text("\n".join(lines) + "\n")
+    return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
+
+
 def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
     from keras_vitnorm.study import factors
 
-    def run(variant, seed, curve, status="completed"):
-        run_dir = tmp_path / f"{variant}{seed}"
-        run_dir.mkdir()
-        lines = ["epoch,accuracy,loss,val_accuracy,val_loss"]
-        lines += [f"{i},{0.9 + 0.01 * seed + i / 1000},1.0,{value},1.0" for i, value in enumerate(curve)]
-        (run_dir / "log.csv").write_text("\n".join(lines) + "\n")
-        return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
+    def run(*args, **kwargs):
+        return logged_run(tmp_path, *args, **kwargs)
 
     rows = [run("a", 0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75]),
             run("a", 1, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.77, 0.9]),  # cut to 8 epochs
@@ -745,13 +751,8 @@ def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
 def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):
     from keras_vitnorm.study import figures
 
-    def run(variant, seed, curve, status="completed"):
-        run_dir = tmp_path / f"{variant}{seed}"
-        run_dir.mkdir()
-        lines = ["epoch,accuracy,loss,val_accuracy,val_loss"]
-        lines += [f"{i},0.5,1.0,{value},1.0" for i, value in enumerate(curve)]
-        (run_dir / "log.csv").write_text("\n".join(lines) + "\n")
-        return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
+    def run(*args, **kwargs):
+        return logged_run(tmp_path, *args, **kwargs)
 
     rows = [run("base", 0, [0.2, 0.4, 0.5]), run("base", 1, [0.3, 0.5, 0.6, 0.7]),
             run("base", 2, [0.1, 0.1, 0.1]),

@@ -158,13 +158,24 @@ def gain_curves(rows, variant, baseline):
     return np.array([np.subtract(ours[s][:length], theirs[s][:length]) for s in seeds])
 
 
+def _plot_mean_and_band(axes, curves, color, label):
+    """The mean over the rows of `curves` `(runs, epochs)` against epochs 1, 2, ...,
+    with the 95% Student-t interval of the mean shaded where there are two or more."""
+    from scipy import stats
+
+    epochs = np.arange(1, curves.shape[1] + 1)
+    mean = curves.mean(axis=0)
+    axes.plot(epochs, mean, color=color, label=label)
+    if len(curves) > 1:
+        half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
+        axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+
+
 def plot_gain_curves(rows, title, path):
     """Each variant's validation accuracy gain over the baseline (the first variant)
     per epoch, paired by seed: the mean, with the 95% Student-t interval of the mean
     shaded where two or more seeds pair. Shows when a variant pulls ahead and whether
     it stays there, which the final gain alone does not."""
-    from scipy import stats
-
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
@@ -173,13 +184,7 @@ def plot_gain_curves(rows, title, path):
         gains = 100 * gain_curves(rows, variant, variants[0])
         if not gains.size:
             continue
-        epochs = np.arange(1, gains.shape[1] + 1)
-        mean = gains.mean(axis=0)
-        color = f"C{index % 10}"
-        axes.plot(epochs, mean, color=color, label=f"{variant} ({_count(len(gains), 'seed')})")
-        if len(gains) > 1:
-            half = stats.t.ppf(0.975, len(gains) - 1) * gains.std(axis=0, ddof=1) / np.sqrt(len(gains))
-            axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+        _plot_mean_and_band(axes, gains, f"C{index % 10}", f"{variant} ({_count(len(gains), 'seed')})")
     axes.set_xlabel("epoch")
     axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
     axes.set_title(title)
@@ -190,21 +195,13 @@ def plot_gain_curves(rows, title, path):
 def plot_accuracy_curves(rows, title, path):
     """Validation accuracy per epoch of each variant: mean over seeds, with the 95%
     Student-t interval of the mean shaded where there are two or more seeds."""
-    from scipy import stats
-
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
         curves = 100 * validation_curves(rows, variant)
         if not curves.size:
             continue
-        epochs = np.arange(1, curves.shape[1] + 1)
-        mean = curves.mean(axis=0)
-        color = f"C{index % 10}"
-        axes.plot(epochs, mean, color=color, label=f"{variant} ({_count(len(curves), 'run')})")
-        if len(curves) > 1:
-            half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
-            axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+        _plot_mean_and_band(axes, curves, f"C{index % 10}", f"{variant} ({_count(len(curves), 'run')})")
     axes.set_xlabel("epoch")
     axes.set_ylabel("validation accuracy (%)")
     axes.set_title(title)
