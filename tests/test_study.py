@@ -127,6 +127,16 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     assert "| stems | dual_patchnorm | 2 |" in open(os.path.join(study, "gradient_norms.md")).read()
     # the residual-stream table is over every finished seed of a variant
     assert "| patch | 2 |" in open(os.path.join(study, "figures", "stems_residual_stream.md")).read()
+    # how much each model's predictions rest on each patch's mean and std, per variant
+    statistics = open(os.path.join(study, "stems_patch_statistics.md")).read()
+    assert "| patch | 2 |" in statistics and "| dual_patchnorm | 2 |" in statistics
+    dpn_result = runs.run_analysis(os.path.join(study, "stems", "dual_patchnorm", "seed_0"))["patch_statistics"]
+    assert dpn_result["requested"] == 2000
+    assert 0 < dpn_result["train"]["images"] <= 2000 and 0 < dpn_result["test"]["images"] <= 2000
+    # Recomputing the residual stream on other images keeps it in analysis.json.
+    run_dir = os.path.join(study, "stems", "dual_patchnorm", "seed_0")
+    runs.run_analysis(run_dir, np.zeros((3, 16, 16, 1), "float32"))
+    assert runs.run_analysis(run_dir)["patch_statistics"] == dpn_result
     for name in ("stems_gains", "stems_gain_curves", "stems_loss", "stems_accuracy",
                  "stems_gradient_norms", "stems_stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
@@ -166,12 +176,14 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
         analysis["stem_scale"], stem_scale_map(ViT.from_preset(os.path.join(study, dpn_run, "preset"))))
     assert runs.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
     shutil.rmtree(os.path.join(exported, "figures"))
+    os.remove(os.path.join(exported, "stems_patch_statistics.md"))
     trained.clear()
     redrawn = run_study(base_config(), ["stems"], [0, 1], exported, subset, verbose=0)
     assert trained == []
     assert [r["test_accuracy"] for r in redrawn] == [r["test_accuracy"] for r in again]
     for name in ("stems_stem_scales.png", "stems_residual_stream.png", "stems_gradient_norms.png"):
         assert os.path.exists(os.path.join(exported, "figures", name)), name
+    assert open(os.path.join(exported, "stems_patch_statistics.md")).read() == statistics
     with open(os.path.join(exported, "results.csv")) as f:
         results = f.read()
     assert os.path.join("stems", "patch", "seed_0") in results and str(tmp_path) not in results
@@ -699,6 +711,78 @@ def test_the_variance_floor_keeps_near_flat_patches_at_low_contrast():
     np.testing.assert_allclose(plain.std(-1), 1, atol=0.01)  # noise stretched to full contrast
     assert floored[0, 0].std() < 0.15 and floored[0, 1].std() > 0.95
     np.testing.assert_allclose(floored.mean(-1), 0, atol=1e-9)
+
+
+def test_swapping_patch_statistics_keeps_each_patchs_pattern_and_takes_the_donors_mean_and_std():
+    from keras_vitnorm.analysis import patch_norm
+
+    images = np.random.default_rng(0).uniform(-1, 1, size=(3, 8, 12, 3))
+    patches = patch_norm.patch_vectors(images, 4)
+    np.testing.assert_array_equal(patch_norm.images_from_patches(patches, images.shape, 4), images)
+    swapped = patch_norm.patch_vectors(patch_norm.swap_patch_statistics(images, [2, 0, 1], 4), 4)
+    mean, std = patch_norm.removed_statistics(swapped)
+    original_mean, original_std = patch_norm.removed_statistics(patches)
+    np.testing.assert_allclose(mean, original_mean[[2, 0, 1]], atol=1e-12)
+    np.testing.assert_allclose(std, original_std[[2, 0, 1]], rtol=1e-4)
+    # What LN_0 passes on, each patch standardized, is the image's own.
+    np.testing.assert_allclose(patch_norm.standardize_patches(swapped),
+                               patch_norm.standardize_patches(patches), atol=1e-4)
+    with pytest.raises(ValueError, match="8x12 are not whole patches of 5"):
+        patch_norm.swap_patch_statistics(images, [2, 0, 1], 5)
+
+
+def test_each_donor_is_of_another_class():
+    from keras_vitnorm.analysis.patch_norm import other_class_donors
+
+    labels = np.array([0, 0, 1, 1, 2, 2, 2])
+    donors = other_class_donors(labels, seed=3)
+    assert np.all(labels[donors] != labels)
+    np.testing.assert_array_equal(donors, other_class_donors(labels, seed=3))
+    assert len({tuple(other_class_donors(labels, seed=s)) for s in range(5)}) > 1
+    with pytest.raises(ValueError, match="at least two classes"):
+        other_class_donors([1, 1, 1])
+
+
+@pytest.mark.parametrize("stem, moved", [("patch", True), ("dual_patchnorm", False)])
+def test_only_a_plain_stem_model_follows_swapped_patch_statistics(stem, moved):
+    """Labelled with the model's own predictions, the images score 1 as they are; a DPN
+    model, which standardizes each patch first, scores 1 after the swap as well."""
+    import keras
+
+    from keras_vitnorm.analysis.patch_norm import patch_statistics_reliance
+    from keras_vitnorm.models import ViT
+
+    keras.utils.set_random_seed(0)
+    model = ViT(**{**TINY, "num_classes": 4}, stem=stem)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(1).normal(size=head.kernel.shape).astype("float32"))
+    images = np.random.default_rng(2).uniform(-1, 1, size=(64, 16, 16, 3)).astype("float32")
+    labels = np.argmax(keras_numpy(model(images)), axis=-1)
+    if len(np.unique(labels)) < 2:
+        pytest.fail("the random model predicts one class: no donors of another class")
+    result = patch_statistics_reliance(model, images, labels, batch_size=16)
+    assert result["clean"] == 1.0 and result["images"] == 64
+    if moved:
+        assert result["swapped"] < 0.9 and result["donor_label"] > 0
+    else:
+        assert result["swapped"] == 1.0 and result["donor_label"] == 0.0
+
+
+def test_patch_statistics_table_is_the_mean_and_ci_over_runs():
+    from keras_vitnorm.study.patch_statistics import patch_statistics_table
+
+    def run(train_clean, test_clean):
+        return {"requested": 10,
+                "train": {"clean": train_clean, "swapped": 0.4, "donor_label": 0.1, "images": 10},
+                "test": {"clean": test_clean, "swapped": 0.3, "donor_label": 0.2, "images": 10}}
+
+    text = patch_statistics_table({"patch": [run(1.0, 0.7), run(0.9, 0.7)], "dpn": [run(0.8, 0.6)], "none": []})
+    lines = text.splitlines()
+    assert len(lines) == 4 and all(line.count("|") == 11 for line in lines)
+    assert lines[2].startswith("| patch | 2 | 95.00 ± 63.53 | 40.00 ± 0.00 | 70.00 ± 0.00 | 30.00 ± 0.00 "
+                               "| 25.00 ± 63.53 | 10.00 ± 0.00 | 10.00 ± 0.00 | 20.00 ± 0.00 |")
+    assert lines[3] == "| dpn | 1 | 80.00 | 40.00 | 60.00 | 30.00 | 20.00 | 10.00 | 10.00 | 20.00 |"
+    assert patch_statistics_table({}) == ""
 
 
 def test_dpn_mechanism_writes_the_probe_table(tmp_path):

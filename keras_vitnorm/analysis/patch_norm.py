@@ -6,7 +6,9 @@ and only its within-patch pattern goes on to the patch embedding. Its learned sc
 shift are the same for every patch, so they cannot put the two numbers back. These
 functions measure how much of an image those two numbers per patch are, and how much
 class information a linear classifier finds in them, with and without `LN_0`, on a
-dataset's own images.
+dataset's own images, and how much a trained model's predictions rest on them
+(`patch_statistics_reliance`: the model classifies images whose patches carry another
+image's two numbers).
 """
 
 import numpy as np
@@ -100,3 +102,69 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
         "removed_dims": 2,
         "patch_dim": train.shape[-1],
     }
+
+
+def images_from_patches(patches, image_shape, patch_size):
+    """The inverse of `patch_vectors` for images whose sides are whole patches."""
+    batch, height, width, channels = image_shape
+    rows, columns = height // patch_size, width // patch_size
+    x = np.asarray(patches).reshape(batch, rows, columns, patch_size, patch_size, channels)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(image_shape)
+
+
+def other_class_donors(labels, seed=0):
+    """For each example, the index of a random example of another class."""
+    labels = np.asarray(labels)
+    if len(np.unique(labels)) < 2:
+        raise ValueError("other_class_donors needs examples of at least two classes.")
+    rng = np.random.default_rng(seed)
+    donors = np.empty(len(labels), dtype=int)
+    for i, label in enumerate(labels):
+        candidates = np.flatnonzero(labels != label)
+        donors[i] = candidates[rng.integers(len(candidates))]
+    return donors
+
+
+def swap_patch_statistics(images, donors, patch_size, epsilon=1e-6):
+    """Each image with every patch's mean and standard deviation taken from `donors`.
+
+    Patch `x` of image `i` becomes `(x - mean(x)) / sqrt(var(x) + epsilon) * std(d) +
+    mean(d)`, where `d` is the patch at the same place in image `donors[i]`: the
+    within-patch pattern stays, the two numbers `LN_0` removes are another image's. A
+    Dual PatchNorm stem therefore sees the same standardized patches (up to its own
+    epsilon); a plain stem sees the other image's brightness and contrast.
+    """
+    images = np.asarray(images, "float64")
+    height, width = images.shape[1:3]
+    if height % patch_size or width % patch_size:
+        raise ValueError(f"Images of {height}x{width} are not whole patches of {patch_size}.")
+    patches = patch_vectors(images, patch_size)
+    mean, std = removed_statistics(patches)
+    pattern = (patches - mean[..., None]) / np.sqrt(std[..., None] ** 2 + epsilon)
+    donors = np.asarray(donors)
+    swapped = pattern * std[donors][..., None] + mean[donors][..., None]
+    return images_from_patches(swapped, images.shape, patch_size)
+
+
+def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
+    """How much a trained model's predictions rest on each patch's mean and std.
+
+    The model classifies `images` as they are and after `swap_patch_statistics` with
+    donors of another class (`other_class_donors`), at the model's own patch size.
+
+    Returns a dict: `clean` and `swapped` (accuracy against the images' own labels),
+    `donor_label` (share of swapped images classified as their donor's class) and
+    `images` (their number).
+    """
+    labels = np.asarray(labels)
+    patch_size = model.get_config()["patch_size"]
+    donors = other_class_donors(labels, seed)
+    swapped = swap_patch_statistics(images, donors, patch_size).astype("float32")
+
+    def predictions(x):
+        return np.argmax(model.predict(x, batch_size=batch_size, verbose=0), axis=-1)
+
+    clean = predictions(np.asarray(images, "float32"))
+    after = predictions(swapped)
+    return {"clean": float(np.mean(clean == labels)), "swapped": float(np.mean(after == labels)),
+            "donor_label": float(np.mean(after == labels[donors])), "images": int(len(labels))}

@@ -14,8 +14,8 @@ import numpy as np
 from keras_vitnorm import durable
 from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.runs import read_metrics
-from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
+from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import variant_factors
 
@@ -34,14 +34,6 @@ def _accuracies(rows, group, **levels):
         if all(factors.get(key) == value for key, value in levels.items()):
             found.append(float(row["test_accuracy"]))
     return found
-
-
-def _mean_ci(values, scale=100, digits=2):
-    """`mean ± 95% CI` of `values` times `scale` (percent by default)."""
-    if not values:
-        return "n/a"
-    mean, ci = confidence_interval(values)
-    return f"{scale * mean:.{digits}f}" + ("" if math.isnan(ci) else f" ± {scale * ci:.{digits}f}")
 
 
 def _difference(treated, control):
@@ -99,8 +91,8 @@ def dpn_factor_table(rows, group="dpn_factors"):
     ]
     for patch, size, stem, treated, plain in _against_plain(rows, group):
         lines.append(
-            f"| {patch} | {size:,} | {stem} | {len(treated)} | {_mean_ci(treated)} | "
-            f"{_mean_ci(plain)} | {_difference(treated, plain)} |"
+            f"| {patch} | {size:,} | {stem} | {len(treated)} | {mean_ci_text(treated)} | "
+            f"{mean_ci_text(plain)} | {_difference(treated, plain)} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
@@ -211,7 +203,7 @@ def depth_table(rows, group="depth_stability"):
         lines.append(
             f"| {placement} | {depth} | {'yes' if warmup else 'no'} | {len(runs)} | {len(trained)} "
             f"| {len(diverged)}{f' ({steps})' if steps else ''} | {_stalled_cell(stalled)} "
-            f"| {_mean_ci(trained)} | {_gradient_ratio_cell(runs)} |"
+            f"| {mean_ci_text(trained)} | {_gradient_ratio_cell(runs)} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
@@ -241,7 +233,7 @@ def residual_stream_table(streams):
         ]
         digits = (2, 2, 2, 3, 3)
         lines.append(f"| {label} | {len(runs)} | "
-                     + " | ".join(_mean_ci(c, 1, d) for c, d in zip(cells, digits)) + " |")
+                     + " | ".join(mean_ci_text(c, 1, d) for c, d in zip(cells, digits)) + " |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -264,7 +256,7 @@ def convergence_table(rows):
             continue
         epochs = curves.shape[1]
         half, three_quarters = curves[:, epochs // 2 - 1], curves[:, (3 * epochs) // 4 - 1]
-        added = _mean_ci(list((curves[:, -1] - three_quarters) / 100))
+        added = mean_ci_text(list((curves[:, -1] - three_quarters) / 100))
         training = 100 * validation_curves(rows, variant, column="accuracy")[:, epochs - 1]
         lines.append(
             f"| {variant} | {len(curves)} | {epochs} | {half.mean():.2f} | "

@@ -8,6 +8,9 @@ Layout of a study directory:
     <study>/results.csv                      one row per run (run directories relative
                                              to the study directory)
     <study>/<group>.md                       the paper-style table of the group
+    <study>/<group>_patch_statistics.md      for groups that compare stems: how much each
+                                             model's predictions rest on each patch's mean
+                                             and std (keras_vitnorm.study.patch_statistics)
     <study>/figures/*.png                    matplotlib figures
     <study>/logs/<group>-<variant>-seed_<s>.log, .job.json   the output and settings of
                                              each run trained in a worker process
@@ -38,6 +41,7 @@ import shutil
 import numpy as np
 
 from keras_vitnorm.study import factors
+from keras_vitnorm.study import patch_statistics
 from keras_vitnorm.study import workers
 from keras_vitnorm.study.runs import RUN_RESULT_FILES
 from keras_vitnorm.study.runs import read_grad_norms
@@ -138,6 +142,8 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
         write_results([done[j] for j in sorted(done)], output_dir)  # kept current, read early
     rows = [done[i] for i in range(len(jobs))]
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
+    patch_statistics.write_tables(rows, output_dir, [group for group, _ in plan if group in STEM_PAIRS],
+                                  say=print if verbose else None)
     if any(group == "dpn_factors" for group, _ in plan):
         dpn_mechanism(base, output_dir)
     return rows

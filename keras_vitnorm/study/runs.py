@@ -114,7 +114,8 @@ def run_analysis(run_dir, probe_images=None):
         stream = residual_stream(model, probe_images)
         stream = {"names": list(stream["names"]), "rms": [float(v) for v in stream["rms"]],
                   "similarity": [float(v) for v in stream["similarity"]]}
-    analysis = {"stem_scale": stem_scale, "residual_stream": stream,
+    # Other analyses kept in the file (`keras_vitnorm.study.patch_statistics`) stay.
+    analysis = {**(cached or {}), "stem_scale": stem_scale, "residual_stream": stream,
                 "probe_images": None if probe_images is None else len(probe_images)}
     durable.write_json(path, analysis, stage="analysis")
     return analysis

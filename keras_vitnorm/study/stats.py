@@ -39,3 +39,12 @@ def difference_interval(treated, control, level=0.95):
         return difference, 0.0
     df = (va + vb) ** 2 / (va**2 / (len(treated) - 1) + vb**2 / (len(control) - 1))
     return difference, float(stats.t.ppf(0.5 + level / 2, df)) * se
+
+
+def mean_ci_text(values, scale=100, digits=2):
+    """`mean ± 95% CI` of `values` times `scale` (percent by default), for the tables;
+    the mean alone for one value, `n/a` for none."""
+    if len(values) == 0:
+        return "n/a"
+    mean, ci = confidence_interval(values)
+    return f"{scale * mean:.{digits}f}" + ("" if math.isnan(ci) else f" ± {scale * ci:.{digits}f}")

@@ -249,6 +249,15 @@ def _split_off(split, count, stratified):
                   arrays=(raws[held_out], labels[held_out])))
 
 
+def subset(split, count, name):
+    """At most `count` examples of `split`: a class-stratified draw with seed 0 where
+    the split holds arrays (digits, folders), its first `count` otherwise (tfds); the
+    split itself where it has no more. `name` (the dataset) is for error messages."""
+    if count >= split.size:
+        return split
+    return _train_subset(split, count, stratified=split.arrays is not None, name=name)
+
+
 def _train_subset(split, count, stratified, name):
     """The first `count` examples of `split` (tfds) or a class-stratified subset."""
     if count > split.size:
