@@ -756,7 +756,13 @@ def test_only_a_plain_stem_model_follows_swapped_patch_statistics(stem, moved):
     model = ViT(**{**TINY, "num_classes": 4}, stem=stem)
     head = model.get_layer("head")
     head.kernel.assign(np.random.default_rng(1).normal(size=head.kernel.shape).astype("float32"))
-    images = np.random.default_rng(2).uniform(-1, 1, size=(64, 16, 16, 3)).astype("float32")
+    rng = np.random.default_rng(2)
+
+    def per_patch(low, high):  # one value per 4x4 patch, repeated over its pixels
+        return rng.uniform(low, high, size=(64, 4, 4, 1)).repeat(4, axis=1).repeat(4, axis=2)
+
+    # Patches whose brightness and contrast vary from image to image, as in photographs.
+    images = (rng.uniform(-1, 1, size=(64, 16, 16, 3)) * per_patch(0.1, 2) + per_patch(-2, 2)).astype("float32")
     labels = np.argmax(keras_numpy(model(images)), axis=-1)
     if len(np.unique(labels)) < 2:
         pytest.fail("the random model predicts one class: no donors of another class")
