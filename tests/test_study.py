@@ -131,8 +131,11 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     statistics = open(os.path.join(study, "stems_patch_statistics.md")).read()
     assert "| patch | 2 |" in statistics and "| dual_patchnorm | 2 |" in statistics
     dpn_result = runs.run_analysis(os.path.join(study, "stems", "dual_patchnorm", "seed_0"))["patch_statistics"]
+    from keras_vitnorm.training import data as data_lib
+
+    digits = data_lib.load_dataset("digits")  # under 2,000 images a split: all of each
     assert dpn_result["requested"] == 2000
-    assert 0 < dpn_result["train"]["images"] <= 2000 and 0 < dpn_result["test"]["images"] <= 2000
+    assert (dpn_result["train"]["images"], dpn_result["test"]["images"]) == (digits.train.size, digits.test.size)
     # Recomputing the residual stream on other images keeps it in analysis.json.
     run_dir = os.path.join(study, "stems", "dual_patchnorm", "seed_0")
     runs.run_analysis(run_dir, np.zeros((3, 16, 16, 1), "float32"))
@@ -184,6 +187,12 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
     for name in ("stems_stem_scales.png", "stems_residual_stream.png", "stems_gradient_norms.png"):
         assert os.path.exists(os.path.join(exported, "figures", name)), name
     assert open(os.path.join(exported, "stems_patch_statistics.md")).read() == statistics
+    # Without weights, a result made for another number of images is left out, not mixed in.
+    from keras_vitnorm.study.patch_statistics import run_patch_statistics
+
+    exported_run = os.path.join(exported, "stems", "dual_patchnorm", "seed_0")
+    assert run_patch_statistics(exported_run, images_for=None, count=2000) == dpn_result
+    assert run_patch_statistics(exported_run, images_for=None, count=100) is None
     with open(os.path.join(exported, "results.csv")) as f:
         results = f.read()
     assert os.path.join("stems", "patch", "seed_0") in results and str(tmp_path) not in results
@@ -713,22 +722,26 @@ def test_the_variance_floor_keeps_near_flat_patches_at_low_contrast():
     np.testing.assert_allclose(floored.mean(-1), 0, atol=1e-9)
 
 
-def test_swapping_patch_statistics_keeps_each_patchs_pattern_and_takes_the_donors_mean_and_std():
+def test_combined_patches_have_one_images_patterns_and_the_others_mean_and_std():
     from keras_vitnorm.analysis import patch_norm
 
-    images = np.random.default_rng(0).uniform(-1, 1, size=(3, 8, 12, 3))
-    patches = patch_norm.patch_vectors(images, 4)
-    np.testing.assert_array_equal(patch_norm.images_from_patches(patches, images.shape, 4), images)
-    swapped = patch_norm.patch_vectors(patch_norm.swap_patch_statistics(images, [2, 0, 1], 4), 4)
-    mean, std = patch_norm.removed_statistics(swapped)
-    original_mean, original_std = patch_norm.removed_statistics(patches)
-    np.testing.assert_allclose(mean, original_mean[[2, 0, 1]], atol=1e-12)
-    np.testing.assert_allclose(std, original_std[[2, 0, 1]], rtol=1e-4)
-    # What LN_0 passes on, each patch standardized, is the image's own.
-    np.testing.assert_allclose(patch_norm.standardize_patches(swapped),
+    rng = np.random.default_rng(0)
+    patterns_from, statistics_from = rng.uniform(-1, 1, size=(2, 3, 8, 12, 3))
+    patches = patch_norm.patch_vectors(patterns_from, 4)
+    np.testing.assert_array_equal(patch_norm.images_from_patches(patches, patterns_from.shape, 4),
+                                  patterns_from)
+    combined = patch_norm.patch_vectors(patch_norm.combine_patches(patterns_from, statistics_from, 4), 4)
+    mean, std = patch_norm.removed_statistics(combined)
+    donor_mean, donor_std = patch_norm.removed_statistics(patch_norm.patch_vectors(statistics_from, 4))
+    np.testing.assert_allclose(mean, donor_mean, atol=1e-12)
+    np.testing.assert_allclose(std, donor_std, rtol=1e-4)
+    # What LN_0 passes on, each patch standardized, is the first image's.
+    np.testing.assert_allclose(patch_norm.standardize_patches(combined),
                                patch_norm.standardize_patches(patches), atol=1e-4)
     with pytest.raises(ValueError, match="8x12 are not whole patches of 5"):
-        patch_norm.swap_patch_statistics(images, [2, 0, 1], 5)
+        patch_norm.combine_patches(patterns_from, statistics_from, 5)
+    with pytest.raises(ValueError, match=r"one shape .*got \(3, 8, 12, 3\) and \(2, 8, 12, 3\)"):
+        patch_norm.combine_patches(patterns_from, statistics_from[:2], 4)
 
 
 def test_each_donor_is_of_another_class():
@@ -743,51 +756,66 @@ def test_each_donor_is_of_another_class():
         other_class_donors([1, 1, 1])
 
 
-@pytest.mark.parametrize("stem, moved", [("patch", True), ("dual_patchnorm", False)])
-def test_only_a_plain_stem_model_follows_swapped_patch_statistics(stem, moved):
-    """Labelled with the model's own predictions, the images score 1 as they are; a DPN
-    model, which standardizes each patch first, scores 1 after the swap as well."""
+@pytest.mark.parametrize("stem", ["patch", "dual_patchnorm"])
+def test_a_dpn_model_reads_only_the_patterns_and_a_plain_model_the_statistics_too(stem):
+    """A DPN model standardizes each patch first: with the statistics swapped it
+    predicts as before, with the patterns swapped as on the donor image."""
     import keras
 
+    from keras_vitnorm.analysis.patch_norm import other_class_donors
     from keras_vitnorm.analysis.patch_norm import patch_statistics_reliance
     from keras_vitnorm.models import ViT
 
     keras.utils.set_random_seed(0)
-    model = ViT(**{**TINY, "num_classes": 4}, stem=stem)
+    patch = 8  # not the 4 of the other tests: the swap must use the model's own patch size
+    model = ViT(**{**TINY, "patch_size": patch, "num_classes": 4}, stem=stem)
     head = model.get_layer("head")
     head.kernel.assign(np.random.default_rng(1).normal(size=head.kernel.shape).astype("float32"))
     rng = np.random.default_rng(2)
 
-    def per_patch(low, high):  # one value per 4x4 patch, repeated over its pixels
-        return rng.uniform(low, high, size=(64, 4, 4, 1)).repeat(4, axis=1).repeat(4, axis=2)
+    def per_patch(low, high):  # one value per patch, repeated over its pixels
+        return rng.uniform(low, high, size=(64, 2, 2, 1)).repeat(patch, axis=1).repeat(patch, axis=2)
 
     # Patches whose brightness and contrast vary from image to image, as in photographs.
     images = (rng.uniform(-1, 1, size=(64, 16, 16, 3)) * per_patch(0.1, 2) + per_patch(-2, 2)).astype("float32")
-    labels = np.argmax(keras_numpy(model(images)), axis=-1)
-    if len(np.unique(labels)) < 2:
+    predicted = np.argmax(keras_numpy(model(images)), axis=-1)
+    if len(np.unique(predicted)) < 2:
         pytest.fail("the random model predicts one class: no donors of another class")
+    labels = predicted.copy()
+    labels[:8] = (labels[:8] + 1) % 4  # 8 of 64 labels the model gets wrong
     result = patch_statistics_reliance(model, images, labels, batch_size=16)
-    assert result["clean"] == 1.0 and result["images"] == 64
-    if moved:
-        assert result["swapped"] < 0.9 and result["donor_label"] > 0
+    assert result["clean"] == 56 / 64 and result["images"] == 64
+    donors = other_class_donors(labels)
+    if stem == "dual_patchnorm":
+        assert result["statistics_swapped"] == result["clean"]
+        assert result["patterns_swapped"] == np.mean(predicted[donors] == labels)
+        assert result["patterns_swapped_to_donor"] == np.mean(predicted[donors] == labels[donors])
     else:
-        assert result["swapped"] == 1.0 and result["donor_label"] == 0.0
+        assert result["statistics_swapped"] < result["clean"] - 0.1
+        assert result["statistics_swapped_to_donor"] > 0
+    with pytest.raises(ValueError, match="one label per image, got images of shape .* and 3 labels"):
+        patch_statistics_reliance(model, images, labels[:3])
 
 
 def test_patch_statistics_table_is_the_mean_and_ci_over_runs():
     from keras_vitnorm.study.patch_statistics import patch_statistics_table
 
     def run(train_clean, test_clean):
-        return {"requested": 10,
-                "train": {"clean": train_clean, "swapped": 0.4, "donor_label": 0.1, "images": 10},
-                "test": {"clean": test_clean, "swapped": 0.3, "donor_label": 0.2, "images": 10}}
+        def split(clean, offset):
+            return {"clean": clean, "statistics_swapped": 0.4 + offset, "patterns_swapped": 0.2 + offset,
+                    "statistics_swapped_to_donor": 0.1 + offset, "patterns_swapped_to_donor": 0.5 + offset,
+                    "images": 10}
+        return {"requested": 10, "train": split(train_clean, 0.0), "test": split(test_clean, -0.05)}
 
     text = patch_statistics_table({"patch": [run(1.0, 0.7), run(0.9, 0.7)], "dpn": [run(0.8, 0.6)], "none": []})
-    lines = text.splitlines()
-    assert len(lines) == 4 and all(line.count("|") == 11 for line in lines)
-    assert lines[2].startswith("| patch | 2 | 95.00 ± 63.53 | 40.00 ± 0.00 | 70.00 ± 0.00 | 30.00 ± 0.00 "
-                               "| 25.00 ± 63.53 | 10.00 ± 0.00 | 10.00 ± 0.00 | 20.00 ± 0.00 |")
-    assert lines[3] == "| dpn | 1 | 80.00 | 40.00 | 60.00 | 30.00 | 20.00 | 10.00 | 10.00 | 20.00 |"
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(lines) == 8
+    assert lines[2] == ("| patch | 2 | 95.00 ± 63.53 | 40.00 ± 0.00 | 20.00 ± 0.00 | 70.00 ± 0.00 "
+                        "| 35.00 ± 0.00 | 15.00 ± 0.00 |")
+    assert lines[3] == "| dpn | 1 | 80.00 | 40.00 | 20.00 | 60.00 | 35.00 | 15.00 |"
+    assert lines[6] == ("| patch | 2 | 25.00 ± 63.53 | 5.00 ± 0.00 | 5.00 ± 0.00 | 10.00 ± 0.00 / 5.00 ± 0.00 "
+                        "| 50.00 ± 0.00 / 45.00 ± 0.00 |")
+    assert lines[7] == "| dpn | 1 | 20.00 | 5.00 | 5.00 | 10.00 / 5.00 | 50.00 / 45.00 |"
     assert patch_statistics_table({}) == ""
 
 

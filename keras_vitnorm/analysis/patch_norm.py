@@ -8,7 +8,8 @@ functions measure how much of an image those two numbers per patch are, and how 
 class information a linear classifier finds in them, with and without `LN_0`, on a
 dataset's own images, and how much a trained model's predictions rest on them
 (`patch_statistics_reliance`: the model classifies images whose patches carry another
-image's two numbers).
+image's two numbers, and images whose patches keep their two numbers but carry another
+image's patterns).
 """
 
 import numpy as np
@@ -125,46 +126,72 @@ def other_class_donors(labels, seed=0):
     return donors
 
 
-def swap_patch_statistics(images, donors, patch_size, epsilon=1e-6):
-    """Each image with every patch's mean and standard deviation taken from `donors`.
+def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
+    """Images whose patches have the within-patch pattern of `patterns_from` and the
+    mean and standard deviation of the same patch of `statistics_from`.
 
-    Patch `x` of image `i` becomes `(x - mean(x)) / sqrt(var(x) + epsilon) * std(d) +
-    mean(d)`, where `d` is the patch at the same place in image `donors[i]`: the
-    within-patch pattern stays, the two numbers `LN_0` removes are another image's. A
-    Dual PatchNorm stem therefore sees the same standardized patches (up to its own
-    epsilon); a plain stem sees the other image's brightness and contrast.
+    Patch `x` of the first and `s` of the second give
+    `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) + mean(s)`. `LN_0` (Dual
+    PatchNorm's first norm) sees `x` standardized as before, except where `s` is flat;
+    a plain stem sees `s`'s brightness and contrast. Values are not clipped to the
+    image range, so that `LN_0`'s input keeps `x`'s pattern exactly.
     """
-    images = np.asarray(images, "float64")
-    height, width = images.shape[1:3]
-    if height % patch_size or width % patch_size:
+    patterns_from = np.asarray(patterns_from, "float64")
+    statistics_from = np.asarray(statistics_from, "float64")
+    if patterns_from.ndim != 4 or patterns_from.shape != statistics_from.shape:
+        raise ValueError(
+            "combine_patches needs two batches of images of one shape (batch, height, width, "
+            f"channels), got {patterns_from.shape} and {statistics_from.shape}."
+        )
+    height, width = patterns_from.shape[1:3]
+    if patch_size < 1 or height % patch_size or width % patch_size:
         raise ValueError(f"Images of {height}x{width} are not whole patches of {patch_size}.")
-    patches = patch_vectors(images, patch_size)
+    patches = patch_vectors(patterns_from, patch_size)
     mean, std = removed_statistics(patches)
     pattern = (patches - mean[..., None]) / np.sqrt(std[..., None] ** 2 + epsilon)
-    donors = np.asarray(donors)
-    swapped = pattern * std[donors][..., None] + mean[donors][..., None]
-    return images_from_patches(swapped, images.shape, patch_size)
+    donor_mean, donor_std = removed_statistics(patch_vectors(statistics_from, patch_size))
+    combined = pattern * donor_std[..., None] + donor_mean[..., None]
+    return images_from_patches(combined, patterns_from.shape, patch_size)
+
+
+#: The keys of each split's `patch_statistics_reliance` result.
+RELIANCE_KEYS = ("clean", "statistics_swapped", "statistics_swapped_to_donor",
+                 "patterns_swapped", "patterns_swapped_to_donor", "images")
 
 
 def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
-    """How much a trained model's predictions rest on each patch's mean and std.
+    """What a trained model's predictions rest on: each patch's mean and standard
+    deviation, or its pattern.
 
-    The model classifies `images` as they are and after `swap_patch_statistics` with
-    donors of another class (`other_class_donors`), at the model's own patch size.
+    Every image gets a donor of another class (`other_class_donors`) and is classified
+    three times, at the model's own patch size: as it is; with its own patterns and
+    the donor's statistics (`combine_patches(images, donor images)`); and with its own
+    statistics and the donor's patterns (`combine_patches(donor images, images)`).
+    Each swap keeps one of the two parts of every patch and takes the other from an
+    image of another class; what survives each tells which part the model reads.
 
-    Returns a dict: `clean` and `swapped` (accuracy against the images' own labels),
-    `donor_label` (share of swapped images classified as their donor's class) and
-    `images` (their number).
+    Returns a dict: `clean`, `statistics_swapped` and `patterns_swapped` (accuracy
+    against the images' own labels), `statistics_swapped_to_donor` and
+    `patterns_swapped_to_donor` (share classified as the donor's class) and `images`.
     """
-    labels = np.asarray(labels)
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.ndim != 4 or len(labels) != len(images):
+        raise ValueError(
+            f"patch_statistics_reliance needs (batch, height, width, channels) images and one "
+            f"label per image, got images of shape {images.shape} and {len(labels)} labels."
+        )
     patch_size = model.get_config()["patch_size"]
     donors = other_class_donors(labels, seed)
-    swapped = swap_patch_statistics(images, donors, patch_size).astype("float32")
 
     def predictions(x):
-        return np.argmax(model.predict(x, batch_size=batch_size, verbose=0), axis=-1)
+        return np.argmax(model.predict(np.asarray(x, "float32"), batch_size=batch_size, verbose=0), axis=-1)
 
-    clean = predictions(np.asarray(images, "float32"))
-    after = predictions(swapped)
-    return {"clean": float(np.mean(clean == labels)), "swapped": float(np.mean(after == labels)),
-            "donor_label": float(np.mean(after == labels[donors])), "images": int(len(labels))}
+    result = {"clean": float(np.mean(predictions(images) == labels)), "images": int(len(labels))}
+    for name, (patterns_from, statistics_from) in (
+        ("statistics_swapped", (images, images[donors])),
+        ("patterns_swapped", (images[donors], images)),
+    ):
+        predicted = predictions(combine_patches(patterns_from, statistics_from, patch_size))
+        result[name] = float(np.mean(predicted == labels))
+        result[name + "_to_donor"] = float(np.mean(predicted == labels[donors]))
+    return result

@@ -1,22 +1,23 @@
-"""How much each trained model's predictions rest on what Dual PatchNorm's first norm
-removes: each patch's mean and standard deviation.
+"""What each trained model's predictions rest on: what Dual PatchNorm's first norm
+removes (each patch's mean and standard deviation) or what it keeps (each patch's
+pattern).
 
 For every finished run of a group that compares stems, the trained model classifies
-`IMAGES` images of the run's own training split and as many test images twice: as they
-are, and with every patch's mean and standard deviation taken from the same patch of an
-image of another class (`keras_vitnorm.analysis.patch_norm.patch_statistics_reliance`).
+`IMAGES` images of the run's own training split and as many test images three times:
+as they are, with every patch's mean and standard deviation taken from the same patch
+of an image of another class, and with every patch's pattern taken from that image
+instead (`keras_vitnorm.analysis.patch_norm.patch_statistics_reliance`).
 
-- A Dual PatchNorm model standardizes each patch first, so it sees the same input
-  either way: its accuracy does not move.
-- A plain-stem model's fall in accuracy is how much of its decisions those two numbers
-  per patch carry.
-- Training against test images: a model that fits its training set through the two
-  numbers more than it generalizes through them loses more of its training accuracy,
-  and follows the donor's class more often when the donor is a training image it has
-  fitted.
+- A Dual PatchNorm model standardizes each patch first: the statistics swap leaves its
+  input as it was, the pattern swap leaves it nothing of the image.
+- What a plain-stem model keeps under each swap shows how much of its accuracy each
+  part of the patches carries.
+- Training against test images shows which part a model's surplus on its training
+  images lies in; how often a swapped image is given the donor's class, training
+  against test donors, whether that part recalls fitted images.
 
 Each run's result is kept in its `analysis.json` (key `patch_statistics`), so the
-table is redrawn where the weights are not kept.
+tables are redrawn where the weights are not kept.
 """
 
 import os
@@ -24,6 +25,7 @@ import os
 import numpy as np
 
 from keras_vitnorm import durable
+from keras_vitnorm.analysis.patch_norm import RELIANCE_KEYS
 from keras_vitnorm.study.runs import ANALYSIS_FILE
 from keras_vitnorm.study.stats import mean_ci_text
 
@@ -39,16 +41,17 @@ def labelled_images(run_config, image_shape, count=IMAGES):
     """`{"train": (images, labels), "test": (images, labels)}`: at most `count` images
     of the run's own training split and of the test split (`data.subset`), in model
     format."""
+    from keras_vitnorm.training import TrainConfig
     from keras_vitnorm.training import data as data_lib
 
-    settings = {name: run_config.get(name) for name in _DATA_SETTINGS}
+    config = TrainConfig(**run_config)
     data = data_lib.load_dataset(
-        settings["dataset"], settings["val_fraction"], settings["data_dir"], settings["manual_dir"],
-        train_examples=settings["train_examples"], val_examples=settings["val_examples"],
-        skip_bad_images=bool(settings["skip_bad_images"]), pipeline=settings["input_pipeline"] or "auto")
+        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+        train_examples=config.train_examples, val_examples=config.val_examples,
+        skip_bad_images=bool(config.skip_bad_images), pipeline=config.input_pipeline or "auto")
     images = {}
     for name, split in (("train", data.train), ("test", data.test)):
-        part = data_lib.subset(split, count, settings["dataset"])
+        part = data_lib.subset(split, count, config.dataset)
         xs, ys = [], []
         for x, y in data_lib.eval_dataset(data, part, tuple(image_shape[:2]), image_shape[2], 500):
             xs.append(np.asarray(x))
@@ -57,23 +60,30 @@ def labelled_images(run_config, image_shape, count=IMAGES):
     return images
 
 
+def _complete(result, count):
+    return (result is not None and result.get("requested") == count
+            and all(key in result.get(split, {}) for split in ("train", "test") for key in RELIANCE_KEYS))
+
+
 def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
     """A finished run's result: `{"requested": count, "train": ..., "test": ...}`, each
     split a `patch_statistics_reliance` dict.
 
-    Read from the run's `analysis.json` when it holds a result for `count` images;
-    otherwise computed from `<run_dir>/preset` with the images
+    Read from the run's `analysis.json` when it holds a whole result for `count`
+    images; otherwise computed from `<run_dir>/preset` with the images
     `images_for(run_config, image_shape, count)` returns, and added to the file. `None`
-    for a run with neither. `say` (e.g. `print`) reports a result being computed.
+    for a run with neither (an exported run whose result was made for another
+    `count` included, so that a table never mixes image counts). `say` (e.g. `print`)
+    reports a result being computed.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
     cached = analysis.get(KEY)
-    if cached is not None and cached.get("requested") == count:
+    if _complete(cached, count):
         return cached
     preset = os.path.join(run_dir, "preset")
     if not os.path.isdir(preset):
-        return cached
+        return None
     from keras_vitnorm.analysis.patch_norm import patch_statistics_reliance
     from keras_vitnorm.models import ViT
 
@@ -91,20 +101,25 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
 
 
 def patch_statistics_table(results):
-    """Markdown: per variant, over its runs (mean ± 95% CI, percent or points), the
-    accuracy on training and test images as they are and with their patch statistics
-    swapped, the training-minus-test gap of each, and how often the swapped images are
-    classified as their donor's class.
+    """Markdown, two tables, per variant over its runs (mean ± 95% CI, percent or
+    points): the accuracy on training and test images as they are, with their patch
+    statistics swapped and with their patterns swapped; then the training-minus-test
+    gap of each, and how often each swap's images are given the donor's class.
 
     Args:
         results: `{variant: [run_patch_statistics result per run]}`.
     """
-    lines = [
+    accuracy = [
         "| variant | runs | training images (%) | training, statistics swapped (%) "
-        "| test images (%) | test, statistics swapped (%) | training minus test (points) "
-        "| training minus test, swapped (points) | donor's class, training (%) "
-        "| donor's class, test (%) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| training, patterns swapped (%) | test images (%) | test, statistics swapped (%) "
+        "| test, patterns swapped (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    surplus = [
+        "| variant | runs | training minus test (points) | statistics swapped (points) "
+        "| patterns swapped (points) | donor's class, statistics swapped: training / test (%) "
+        "| donor's class, patterns swapped: training / test (%) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant, runs in results.items():
         if not runs:
@@ -113,15 +128,24 @@ def patch_statistics_table(results):
         def column(split, key):
             return np.array([run[split][key] for run in runs])
 
-        cells = [
-            column("train", "clean"), column("train", "swapped"),
-            column("test", "clean"), column("test", "swapped"),
-            column("train", "clean") - column("test", "clean"),
-            column("train", "swapped") - column("test", "swapped"),
-            column("train", "donor_label"), column("test", "donor_label"),
-        ]
-        lines.append(f"| {variant} | {len(runs)} | " + " | ".join(mean_ci_text(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+        def gap(key):
+            return mean_ci_text(column("train", key) - column("test", key))
+
+        def donor(key):
+            return f"{mean_ci_text(column('train', key))} / {mean_ci_text(column('test', key))}"
+
+        cells = [mean_ci_text(column(split, key)) for split in ("train", "test")
+                 for key in ("clean", "statistics_swapped", "patterns_swapped")]
+        accuracy.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
+        surplus.append(
+            f"| {variant} | {len(runs)} | {gap('clean')} | {gap('statistics_swapped')} "
+            f"| {gap('patterns_swapped')} | {donor('statistics_swapped_to_donor')} "
+            f"| {donor('patterns_swapped_to_donor')} |"
+        )
+    if len(accuracy) == 2:
+        return ""
+    return ("Accuracy\n\n" + "\n".join(accuracy) + "\n\nSurplus on training images, and the donor's class\n\n"
+            + "\n".join(surplus) + "\n")
 
 
 def write_tables(rows, output_dir, groups, count=IMAGES, say=None):

@@ -3,14 +3,15 @@
 Layout of a study directory:
 
     <study>/<group>/<variant>/seed_<s>/      one training run (see keras_vitnorm.training)
-    <study>/<group>/<variant>/seed_<s>/analysis.json   what the figures read of the
-                                             trained model (written when the run ends)
+    <study>/<group>/<variant>/seed_<s>/analysis.json   what the figures and tables read
+                                             of the trained model (written when the run ends)
     <study>/results.csv                      one row per run (run directories relative
                                              to the study directory)
     <study>/<group>.md                       the paper-style table of the group
-    <study>/<group>_patch_statistics.md      for groups that compare stems: how much each
-                                             model's predictions rest on each patch's mean
-                                             and std (keras_vitnorm.study.patch_statistics)
+    <study>/<group>_patch_statistics.md      for groups that compare stems: what each
+                                             model's predictions rest on, each patch's mean
+                                             and std or its pattern
+                                             (keras_vitnorm.study.patch_statistics)
     <study>/figures/*.png                    matplotlib figures
     <study>/logs/<group>-<variant>-seed_<s>.log, .job.json   the output and settings of
                                              each run trained in a worker process

@@ -90,12 +90,14 @@ def run_analysis(run_dir, probe_images=None):
         keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
         "probe_images": count or None}`: read from the file if it holds what is
         asked (a residual stream on as many images when `probe_images` is given),
-        else computed from `<run_dir>/preset` and written. `None` for a run with
+        else computed from `<run_dir>/preset` and written, with any other analysis the
+        file holds (`keras_vitnorm.study.patch_statistics`) kept. `None` for a run with
         neither.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     cached = durable.read_json(path)
-    if cached is not None and (probe_images is None or cached.get("probe_images") == len(probe_images)):
+    if (cached is not None and "stem_scale" in cached
+            and (probe_images is None or cached.get("probe_images") == len(probe_images))):
         return cached
     preset = os.path.join(run_dir, "preset")
     if not os.path.isdir(preset):
