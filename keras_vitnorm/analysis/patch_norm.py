@@ -183,15 +183,21 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     patch_size = model.get_config()["patch_size"]
     donors = other_class_donors(labels, seed)
 
-    def predictions(x):
-        return np.argmax(model.predict(np.asarray(x, "float32"), batch_size=batch_size, verbose=0), axis=-1)
+    def predictions(images_of):
+        # Batch by batch, so that the float64 patches of large images never all exist at once.
+        predicted = []
+        for start in range(0, len(labels), batch_size):
+            index = np.arange(start, min(start + batch_size, len(labels)))
+            x = np.asarray(images_of(index), "float32")
+            predicted.append(np.argmax(model.predict(x, batch_size=batch_size, verbose=0), axis=-1))
+        return np.concatenate(predicted)
 
-    result = {"clean": float(np.mean(predictions(images) == labels)), "images": int(len(labels))}
-    for name, (patterns_from, statistics_from) in (
-        ("statistics_swapped", (images, images[donors])),
-        ("patterns_swapped", (images[donors], images)),
+    result = {"clean": float(np.mean(predictions(lambda i: images[i]) == labels)), "images": int(len(labels))}
+    for name, combine in (
+        ("statistics_swapped", lambda i: combine_patches(images[i], images[donors[i]], patch_size)),
+        ("patterns_swapped", lambda i: combine_patches(images[donors[i]], images[i], patch_size)),
     ):
-        predicted = predictions(combine_patches(patterns_from, statistics_from, patch_size))
+        predicted = predictions(combine)
         result[name] = float(np.mean(predicted == labels))
         result[name + "_to_donor"] = float(np.mean(predicted == labels[donors]))
     return result
