@@ -52,11 +52,7 @@ def labelled_images(run_config, image_shape, count=IMAGES):
     images = {}
     for name, split in (("train", data.train), ("test", data.test)):
         part = data_lib.subset(split, count, config.dataset)
-        xs, ys = [], []
-        for x, y in data_lib.eval_dataset(data, part, tuple(image_shape[:2]), image_shape[2], 500):
-            xs.append(np.asarray(x))
-            ys.append(np.argmax(np.asarray(y), axis=-1))
-        images[name] = (np.concatenate(xs), np.concatenate(ys))
+        images[name] = data_lib.eval_arrays(data, part, tuple(image_shape[:2]), image_shape[2])
     return images
 
 

@@ -340,15 +340,8 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
                                  pipeline=base.input_pipeline)
     channels = base.model.get("num_channels", data.channels)
 
-    def arrays(split):
-        images, labels = [], []
-        for x, y in data_lib.eval_dataset(data, split, size, channels, 500):
-            images.append(np.asarray(x))
-            labels.append(np.argmax(np.asarray(y), axis=-1))
-        return np.concatenate(images), np.concatenate(labels)
-
-    train_images, train_labels = arrays(data.train)
-    test_images, test_labels = arrays(data.validation)
+    train_images, train_labels = data_lib.eval_arrays(data, data.train, size, channels)
+    test_images, test_labels = data_lib.eval_arrays(data, data.validation, size, channels)
     lines = [
         f"Linear probes (logistic regression) trained on {len(train_images):,} training images, "
         f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}.",

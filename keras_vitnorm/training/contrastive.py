@@ -99,11 +99,7 @@ def captions_for(labels, class_names, templates, seed):
 
 def split_arrays(data, split, image_size, channels):
     """`(images float32 in [-1, 1], labels int)` of a split, in order."""
-    images, labels = [], []
-    for x, y in data_lib.eval_dataset(data, getattr(data, split), (image_size, image_size), channels, 256):
-        images.append(keras.ops.convert_to_numpy(x))
-        labels.append(np.argmax(keras.ops.convert_to_numpy(y), -1))
-    return np.concatenate(images), np.concatenate(labels)
+    return data_lib.eval_arrays(data, getattr(data, split), (image_size, image_size), channels, 256)
 
 
 def build_lit(config, vocabulary):

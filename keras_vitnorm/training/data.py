@@ -605,6 +605,16 @@ def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def eval_arrays(data, split, image_size, channels, batch_size=500):
+    """`(images, labels)` of a split as NumPy arrays, in order: the images of
+    `eval_dataset` (float32, in [-1, 1]) and integer labels."""
+    images, labels = [], []
+    for x, y in eval_dataset(data, split, image_size, channels, batch_size):
+        images.append(np.asarray(x))
+        labels.append(np.argmax(np.asarray(y), axis=-1))
+    return np.concatenate(images), np.concatenate(labels)
+
+
 def padded_size(size, batch_size):
     """`size` rounded up to whole batches of `batch_size` (`eval_dataset(pad=True)`)."""
     return -(-size // batch_size) * batch_size
