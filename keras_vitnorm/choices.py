@@ -39,5 +39,5 @@ INPUT_PIPELINES = ("auto", "tf.data", "python")
 #: The study's variant groups (keras_vitnorm/study/variants.py defines their variants).
 VARIANT_GROUP_NAMES = (
     "placements", "block_styles", "norm_types", "stems", "depth", "converged", "dpn_factors",
-    "depth_stability", "depth_drop_path",
+    "dpn_schedule", "depth_stability", "depth_drop_path",
 )

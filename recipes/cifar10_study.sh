@@ -8,7 +8,8 @@
 #   <out>/depth_no_clip  the depth-24 models without warm-up and without gradient
 #                    clipping: which of them diverge, and at which step
 #   <out>/factors    dpn_factors: plain stem against Dual PatchNorm by training-set size
-#                    and patch size, 3,000 steps, and what DPN's first norm removes
+#                    and patch size, 3,000 steps, and what DPN's first norm removes;
+#                    dpn_schedule: the two stems trained 3,000, 12,000 and 24,000 steps
 #   <out>/converged  converged: the eight variants at patch 4, 80 passes over the
 #                    45,000 training images (batch 256), on a GPU under JAX
 #
@@ -56,7 +57,7 @@ if wants depth_no_clip; then
         "${model[@]}" "${cpu[@]}" --output-dir "$out/depth_no_clip"
 fi
 if wants factors; then
-    KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups dpn_factors --patch-size 4 \
+    KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups dpn_factors dpn_schedule --patch-size 4 \
         --steps 3000 --steps-per-epoch 500 --warmup-steps 100 --grad-norm-every 100 \
         "${model[@]}" "${cpu[@]}" --output-dir "$out/factors"
 fi

@@ -471,6 +471,30 @@ def test_depth_drop_path_runs_without_drop_path_are_the_depth_stability_runs(tmp
                               "pre_ln-depth_24-drop_path_0.1"]
 
 
+def test_dpn_schedule_varies_only_the_steps_and_shares_its_shortest_runs_with_dpn_factors():
+    """At `dpn_factors`'s length the schedule group's runs are `dpn_factors`' base-level
+    runs (a study running both trains them once); the longer ones differ only in steps."""
+    config = TrainConfig.from_recipe("small", preset="ti16", model=TINY, steps=3000, batch_size=32)
+
+    def settings(group, name):
+        model, overrides = get_variants(group)[name]
+        return runner.dataclasses.replace(config, **overrides, model={**config.model, **model})
+
+    for stem in ("patch", "dpn"):
+        shortest = settings("dpn_schedule", f"{stem}-s3000")
+        assert runner._settings_key(shortest) == runner._settings_key(settings("dpn_factors", f"{stem}-p4-n10000"))
+        for steps in (12000, 24000):
+            longer = settings("dpn_schedule", f"{stem}-s{steps}")
+            assert longer.steps == steps
+            assert runner._settings_key(runner.dataclasses.replace(longer, steps=3000)) == \
+                runner._settings_key(shortest)
+    from keras_vitnorm.study.variants import variant_factors
+
+    assert variant_factors("dpn_schedule", "dpn-s24000") == {
+        "stem": "dpn", "patch_size": 4, "train_examples": 10000, "steps": 24000}
+    assert runner.STEM_PAIRS["dpn_schedule"] == ("patch-s24000", "dpn-s24000")
+
+
 def test_welch_interval_matches_scipy():
     from scipy import stats
 
@@ -507,6 +531,42 @@ def test_dpn_factor_table_gives_each_level_its_difference():
     assert line.endswith(" * |")  # the interval excludes zero
     line = next(l for l in table.splitlines() if l.startswith("| 8 | 10,000"))
     assert "+0.67 ± " in line and not line.endswith(" * |")
+
+
+def test_schedule_group_tables_each_length_with_a_steps_column(tmp_path):
+    from keras_vitnorm.study.factors import dpn_factor_table
+    from keras_vitnorm.study.factors import stem_differences
+
+    group = "dpn_schedule"
+    rows = []
+    for steps, plain, dpn in ((24000, [0.70, 0.71, 0.72], [0.74, 0.75, 0.73]),
+                              (3000, [0.50, 0.52, 0.51], [0.45, 0.46, 0.44]),
+                              (12000, [0.60, 0.61, 0.62], [0.61, 0.60, 0.62])):
+        rows += [factor_row(f"patch-s{steps}", s, a, group) for s, a in enumerate(plain)]
+        rows += [factor_row(f"dpn-s{steps}", s, a, group) for s, a in enumerate(dpn)]
+    lines = dpn_factor_table(rows, group).splitlines()
+    assert lines[0].startswith("| patch size | training images | training steps | stem | runs |")
+    assert lines[1] == "|" + "---|" * 8
+    # shortest schedule first, whatever order the rows come in
+    assert [line.split(" | ")[2] for line in lines[2:]] == ["3,000", "12,000", "24,000"]
+    assert lines[2].startswith("| 4 | 10,000 | 3,000 | dpn | 3 | 45.00 ± ") and lines[2].endswith(" * |")
+    assert "| +0.00 ± " in lines[3] and "| +3.00 ± " in lines[4]
+    found = stem_differences(rows, group)
+    assert [d["steps"] for d in found] == [3000, 12000, 24000]
+    # the factor groups' tables keep to the factors they vary
+    assert "training steps" not in dpn_factor_table([factor_row("patch-p4-n2500", 0, 0.5),
+                                                     factor_row("dpn-p4-n2500", 0, 0.4)])
+    runner.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
+    assert (tmp_path / "dpn_schedule_differences.md").read_text() == dpn_factor_table(rows, group)
+    assert not (tmp_path / "dpn_factors_differences.md").exists()
+
+
+def test_level_text_names_every_factor_of_the_level():
+    from keras_vitnorm.study.factors import level_text
+
+    assert level_text({"patch_size": 4, "train_examples": 10000, "steps": 24000, "stem": "dpn"}) == \
+        "patch 4, 10,000 images, 24,000 steps"
+    assert level_text({"patch_size": 8, "train_examples": 2500}) == "patch 8, 2,500 images"
 
 
 def test_against_dpn_table_is_the_papers_table_6_format():

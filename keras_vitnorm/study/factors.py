@@ -46,53 +46,82 @@ def _difference(treated, control):
     return text
 
 
+#: The factors a stem group varies besides the stem: (factor, table column, format).
+LEVEL_COLUMNS = (
+    ("patch_size", "patch size", "{}"),
+    ("train_examples", "training images", "{:,}"),
+    ("steps", "training steps", "{:,}"),
+)
+
+
 def _stem_levels(rows, group):
-    return sorted({
-        (f["patch_size"], f["train_examples"])
+    """The levels (`{factor: value}`, every factor but the stem) of `group`'s stem
+    variants that have a row, sorted."""
+    levels = {
+        tuple((key, f[key]) for key, _, _ in LEVEL_COLUMNS if key in f)
         for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
         if f and "stem" in f
-    })
+    }
+    return [dict(level) for level in sorted(levels)]
+
+
+def _level_cells(level):
+    """The table cells of a level, in `LEVEL_COLUMNS` order."""
+    return [fmt.format(level[key]) for key, _, fmt in LEVEL_COLUMNS if key in level]
+
+
+def _level_header(levels):
+    """The header cells of the factors `levels` vary (those of the first level)."""
+    return [column for key, column, _ in LEVEL_COLUMNS if levels and key in levels[0]]
+
+
+def level_text(level):
+    """A level in words, e.g. `"patch 4, 10,000 images, 12,000 steps"`."""
+    words = {"patch_size": "patch {}", "train_examples": "{:,} images", "steps": "{:,} steps"}
+    return ", ".join(words[key].format(level[key]) for key, _, _ in LEVEL_COLUMNS if key in level)
 
 
 def _against_plain(rows, group):
-    """`(patch, size, stem, treated, plain)` test accuracies for every level and stem
+    """`(level, stem, treated, plain)` test accuracies for every level and stem
     variant with a completed run (`plain` may be empty)."""
-    for patch, size in _stem_levels(rows, group):
-        plain = _accuracies(rows, group, stem="patch", patch_size=patch, train_examples=size)
+    for level in _stem_levels(rows, group):
+        plain = _accuracies(rows, group, stem="patch", **level)
         for stem in ("dpn", *DPN_ABLATIONS):
-            treated = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            treated = _accuracies(rows, group, stem=stem, **level)
             if treated:
-                yield patch, size, stem, treated, plain
+                yield level, stem, treated, plain
 
 
 def stem_differences(rows, group="dpn_factors"):
-    """Per level of patch size and training-set size, each stem variant against the
-    plain stem: a list of dicts with `patch_size`, `train_examples`, `stem`, the
+    """Per factor level (patch size, training-set size and, where the group varies
+    it, training steps), each stem variant against the plain stem: a list of dicts
+    with the level's factors (`patch_size`, `train_examples`, `steps`), `stem`, the
     `difference` in test accuracy (fraction; treated minus plain), its Welch 95% CI
     half-width `ci` (NaN with fewer than 2 runs on a side) and the run counts
     `runs` and `plain_runs`. Levels where either side has no completed run are left out."""
     found = []
-    for patch, size, stem, treated, plain in _against_plain(rows, group):
+    for level, stem, treated, plain in _against_plain(rows, group):
         if plain:
             difference, ci = difference_interval(treated, plain)
-            found.append({"patch_size": patch, "train_examples": size, "stem": stem,
-                          "difference": difference, "ci": ci, "runs": len(treated),
-                          "plain_runs": len(plain)})
+            found.append({**level, "stem": stem, "difference": difference, "ci": ci,
+                          "runs": len(treated), "plain_runs": len(plain)})
     return found
 
 
 def dpn_factor_table(rows, group="dpn_factors"):
-    """Markdown: per level of patch size and training-set size, the plain stem, a
-    stem variant and their difference (Welch 95% CI; `*` where it excludes 0)."""
+    """Markdown: per factor level, the plain stem, a stem variant and their difference
+    (Welch 95% CI; `*` where it excludes 0)."""
+    levels = _stem_levels(rows, group)
+    header = _level_header(levels)
     lines = [
-        "| patch size | training images | stem | runs | test accuracy (%), mean ± 95% CI "
+        "| " + " | ".join(header) + " | stem | runs | test accuracy (%), mean ± 95% CI "
         "| plain stem (%) | difference, points (Welch 95% CI) |",
-        "|---|---|---|---|---|---|---|",
+        "|" + "---|" * (len(header) + 5),
     ]
-    for patch, size, stem, treated, plain in _against_plain(rows, group):
+    for level, stem, treated, plain in _against_plain(rows, group):
         lines.append(
-            f"| {patch} | {size:,} | {stem} | {len(treated)} | {mean_ci_text(treated)} | "
-            f"{mean_ci_text(plain)} | {_difference(treated, plain)} |"
+            "| " + " | ".join(_level_cells(level)) + f" | {stem} | {len(treated)} | "
+            f"{mean_ci_text(treated)} | {mean_ci_text(plain)} | {_difference(treated, plain)} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
@@ -102,18 +131,20 @@ def against_dpn_table(rows, group="dpn_factors"):
     every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where
     it excludes 0). Negative: the stem is worse than DPN."""
     levels = _stem_levels(rows, group)
+    header = _level_header(levels)
     lines = [
-        "| patch size | training images | stem | runs | change against DPN, points (Welch 95% CI) |",
-        "|---|---|---|---|---|",
+        "| " + " | ".join(header) + " | stem | runs | change against DPN, points (Welch 95% CI) |",
+        "|" + "---|" * (len(header) + 3),
     ]
-    for patch, size in levels:
-        dpn = _accuracies(rows, group, stem="dpn", patch_size=patch, train_examples=size)
+    for level in levels:
+        dpn = _accuracies(rows, group, stem="dpn", **level)
         if not dpn:
             continue
         for stem in (*DPN_ABLATIONS, "patch"):
-            other = _accuracies(rows, group, stem=stem, patch_size=patch, train_examples=size)
+            other = _accuracies(rows, group, stem=stem, **level)
             if other:
-                lines.append(f"| {patch} | {size:,} | {stem} | {len(other)} | {_difference(other, dpn)} |")
+                lines.append("| " + " | ".join(_level_cells(level))
+                             + f" | {stem} | {len(other)} | {_difference(other, dpn)} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

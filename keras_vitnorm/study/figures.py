@@ -21,6 +21,7 @@ import numpy as np
 
 from keras_vitnorm.analysis.probes import depth_group
 from keras_vitnorm import durable
+from keras_vitnorm.study.factors import level_text
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.variants import variant_factors
 
@@ -73,8 +74,8 @@ def plot_gains(summary, title, path):
 def plot_stem_differences(differences, title, path):
     """Horizontal bars: each stem's test accuracy minus the plain stem's at the same
     factor level (points), with Welch 95% CIs (`factors.stem_differences`)."""
-    names = [f"{d['stem']}, patch {d['patch_size']}, {d['train_examples']:,} images "
-             f"({d['runs']} vs {d['plain_runs']} runs)" for d in differences]
+    names = [f"{d['stem']}, {level_text(d)} ({d['runs']} vs {d['plain_runs']} runs)"
+             for d in differences]
     values = [100 * d["difference"] for d in differences]
     errors = [100 * d["ci"] if np.isfinite(d["ci"]) else 0.0 for d in differences]
     figure, axes = _signed_bars(names, values, errors, width=9)

@@ -462,6 +462,7 @@ STEM_PAIRS = {
     "stems": ("patch", "dual_patchnorm"),
     "converged": ("pre_ln", "dual_patchnorm"),
     "dpn_factors": ("patch-p4-n10000", "dpn-p4-n10000"),
+    "dpn_schedule": ("patch-s24000", "dpn-s24000"),
 }
 
 
@@ -493,9 +494,9 @@ def write_results(rows, output_dir):
     """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
     for groups trained four or more epochs (`factors.convergence_table`) and, where
     the groups ran: `gradient_norms.md` (stem runs that recorded gradient norms),
-    `dpn_factors_differences.md` (DPN against the plain stem per factor level),
-    `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
-    format) and
+    `<group>_differences.md` for `dpn_factors` and `dpn_schedule` (each stem against
+    the plain stem per factor level), `dpn_factors_against_dpn.md` (every other stem
+    against DPN, the paper's Table 6 format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
     os.makedirs(output_dir, exist_ok=True)
     buffer = io.StringIO()
@@ -515,6 +516,7 @@ def write_results(rows, output_dir):
     for name, table in (
         ("gradient_norms.md", gradient_norm_table(rows)),
         ("dpn_factors_differences.md", factors.dpn_factor_table(rows)),
+        ("dpn_schedule_differences.md", factors.dpn_factor_table(rows, "dpn_schedule")),
         ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
         ("depth_stability_summary.md", factors.depth_table(rows)),
     ):

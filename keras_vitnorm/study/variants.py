@@ -74,6 +74,31 @@ def _dpn_factors():
     return variants, factors
 
 
+#: Schedule lengths (training steps) of the `dpn_schedule` group; the shortest is
+#: `dpn_factors`'s, whose runs at the same level it shares.
+DPN_SCHEDULE_STEPS = (3000, 12000, 24000)
+
+
+def _dpn_schedule():
+    """Plain stem against Dual PatchNorm by schedule length, at `dpn_factors`'s base
+    level (patch 4, 10,000 training images).
+
+    Only the number of training steps changes (the learning-rate schedule decays over
+    each run's own length), so the same images are seen more and more times: whether
+    DPN's deficit on short schedules closes or turns over as training goes on.
+    """
+    variants, factors = {}, {}
+    stems = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
+    for steps in DPN_SCHEDULE_STEPS:
+        for stem, model in stems.items():
+            name = f"{stem}-s{steps}"
+            variants[name] = ({**model, "patch_size": DPN_PATCH_SIZES[0]},
+                              {"train_examples": _DPN_BASE_SIZE, "steps": steps})
+            factors[name] = {"stem": stem, "patch_size": DPN_PATCH_SIZES[0],
+                             "train_examples": _DPN_BASE_SIZE, "steps": steps}
+    return variants, factors
+
+
 #: Depths, placements and warm-up of the `depth_stability` group.
 DEPTHS = (6, 12, 24)
 _DEPTH_PLACEMENTS = {
@@ -111,6 +136,7 @@ def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
 
 
 _DPN_FACTORS, _DPN_FACTOR_LEVELS = _dpn_factors()
+_DPN_SCHEDULE, _DPN_SCHEDULE_LEVELS = _dpn_schedule()
 _DEPTH_STABILITY, _DEPTH_STABILITY_LEVELS = _depth_stability()
 _DEPTH_DROP_PATH, _DEPTH_DROP_PATH_LEVELS = _depth_drop_path()
 
@@ -153,6 +179,7 @@ VARIANT_GROUPS = {
         "batchnorm": ({"norm": "batchnorm"}, {}),
     },
     "dpn_factors": _DPN_FACTORS,
+    "dpn_schedule": _DPN_SCHEDULE,
     "depth_stability": _DEPTH_STABILITY,
     "depth_drop_path": _DEPTH_DROP_PATH,
 }
@@ -160,6 +187,7 @@ VARIANT_GROUPS = {
 #: group name -> {variant name: {factor: level}} for the groups built over factors.
 VARIANT_FACTORS = {
     "dpn_factors": _DPN_FACTOR_LEVELS,
+    "dpn_schedule": _DPN_SCHEDULE_LEVELS,
     "depth_stability": _DEPTH_STABILITY_LEVELS,
     "depth_drop_path": _DEPTH_DROP_PATH_LEVELS,
 }
