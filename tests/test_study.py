@@ -975,7 +975,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert done.returncode == 0, done.stderr
     studies = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
     assert [s["groups"] for s in studies] == [
-        ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors"], ["converged"]]
+        ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"], ["converged"]]
     assert [s["dir"] for s in studies] == [
         str(tmp_path / "out" / n) for n in ("depth", "depth_no_clip", "factors", "converged")]
     # the runs without clipping are the deepest models without warm-up, otherwise as in depth

@@ -46,11 +46,12 @@ def _difference(treated, control):
     return text
 
 
-#: The factors a stem group varies besides the stem: (factor, table column, format).
+#: The factors a stem group varies besides the stem: (factor, table column, cell
+#: format, format in words).
 LEVEL_COLUMNS = (
-    ("patch_size", "patch size", "{}"),
-    ("train_examples", "training images", "{:,}"),
-    ("steps", "training steps", "{:,}"),
+    ("patch_size", "patch size", "{}", "patch {}"),
+    ("train_examples", "training images", "{:,}", "{:,} images"),
+    ("steps", "training steps", "{:,}", "{:,} steps"),
 )
 
 
@@ -58,7 +59,7 @@ def _stem_levels(rows, group):
     """The levels (`{factor: value}`, every factor but the stem) of `group`'s stem
     variants that have a row, sorted."""
     levels = {
-        tuple((key, f[key]) for key, _, _ in LEVEL_COLUMNS if key in f)
+        tuple((key, f[key]) for key, *_ in LEVEL_COLUMNS if key in f)
         for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
         if f and "stem" in f
     }
@@ -67,18 +68,17 @@ def _stem_levels(rows, group):
 
 def _level_cells(level):
     """The table cells of a level, in `LEVEL_COLUMNS` order."""
-    return [fmt.format(level[key]) for key, _, fmt in LEVEL_COLUMNS if key in level]
+    return [cell.format(level[key]) for key, _, cell, _ in LEVEL_COLUMNS if key in level]
 
 
 def _level_header(levels):
     """The header cells of the factors `levels` vary (those of the first level)."""
-    return [column for key, column, _ in LEVEL_COLUMNS if levels and key in levels[0]]
+    return [column for key, column, *_ in LEVEL_COLUMNS if levels and key in levels[0]]
 
 
 def level_text(level):
     """A level in words, e.g. `"patch 4, 10,000 images, 12,000 steps"`."""
-    words = {"patch_size": "patch {}", "train_examples": "{:,} images", "steps": "{:,} steps"}
-    return ", ".join(words[key].format(level[key]) for key, _, _ in LEVEL_COLUMNS if key in level)
+    return ", ".join(words.format(level[key]) for key, _, _, words in LEVEL_COLUMNS if key in level)
 
 
 def _against_plain(rows, group):
