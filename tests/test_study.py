@@ -562,7 +562,7 @@ def test_schedule_group_tables_each_length_with_a_steps_column(tmp_path):
 
 
 def test_level_text_names_every_factor_of_the_level():
-    from keras_vitnorm.study.factors import level_text
+    from keras_vitnorm.study.variants import level_text
 
     assert level_text({"patch_size": 4, "train_examples": 10000, "steps": 24000, "stem": "dpn"}) == \
         "patch 4, 10,000 images, 24,000 steps"

@@ -17,6 +17,7 @@ from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.variants import DPN_ABLATIONS
+from keras_vitnorm.study.variants import LEVEL_COLUMNS
 from keras_vitnorm.study.variants import variant_factors
 
 #: A completed run whose test accuracy stays below this is counted as stalled
@@ -46,15 +47,6 @@ def _difference(treated, control):
     return text
 
 
-#: The factors a stem group varies besides the stem: (factor, table column, cell
-#: format, format in words).
-LEVEL_COLUMNS = (
-    ("patch_size", "patch size", "{}", "patch {}"),
-    ("train_examples", "training images", "{:,}", "{:,} images"),
-    ("steps", "training steps", "{:,}", "{:,} steps"),
-)
-
-
 def _stem_levels(rows, group):
     """The levels (`{factor: value}`, every factor but the stem) of `group`'s stem
     variants that have a row, sorted."""
@@ -74,11 +66,6 @@ def _level_cells(level):
 def _level_header(levels):
     """The header cells of the factors `levels` vary (those of the first level)."""
     return [column for key, column, *_ in LEVEL_COLUMNS if levels and key in levels[0]]
-
-
-def level_text(level):
-    """A level in words, e.g. `"patch 4, 10,000 images, 12,000 steps"`."""
-    return ", ".join(words.format(level[key]) for key, _, _, words in LEVEL_COLUMNS if key in level)
 
 
 def _against_plain(rows, group):

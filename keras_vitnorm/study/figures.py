@@ -21,8 +21,8 @@ import numpy as np
 
 from keras_vitnorm.analysis.probes import depth_group
 from keras_vitnorm import durable
-from keras_vitnorm.study.factors import level_text
 from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.variants import level_text
 from keras_vitnorm.study.variants import variant_factors
 
 

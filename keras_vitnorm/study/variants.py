@@ -99,6 +99,20 @@ def _dpn_schedule():
     return variants, factors
 
 
+#: The factors a stem group varies besides the stem: (factor, table column, cell
+#: format, format in words).
+LEVEL_COLUMNS = (
+    ("patch_size", "patch size", "{}", "patch {}"),
+    ("train_examples", "training images", "{:,}", "{:,} images"),
+    ("steps", "training steps", "{:,}", "{:,} steps"),
+)
+
+
+def level_text(level):
+    """A level in words, e.g. `"patch 4, 10,000 images, 12,000 steps"`."""
+    return ", ".join(words.format(level[key]) for key, _, _, words in LEVEL_COLUMNS if key in level)
+
+
 #: Depths, placements and warm-up of the `depth_stability` group.
 DEPTHS = (6, 12, 24)
 _DEPTH_PLACEMENTS = {
