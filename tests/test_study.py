@@ -495,6 +495,39 @@ def test_dpn_schedule_varies_only_the_steps_and_shares_its_shortest_runs_with_dp
     assert runner.STEM_PAIRS["dpn_schedule"] == ("patch-s24000", "dpn-s24000")
 
 
+def test_dpn_schedule_takes_a_base_given_in_epochs():
+    """The recipe's default length is in epochs; each schedule run replaces it with its
+    steps instead of being refused for giving both."""
+    config = TrainConfig.from_recipe("small", preset="ti16", model=TINY)
+    assert config.epochs is not None and config.steps is None
+    for name, (model, overrides) in get_variants("dpn_schedule").items():
+        variant = runner.dataclasses.replace(config, **overrides, model={**config.model, **model})
+        variant.validate()
+        assert variant.epochs is None and variant.steps == int(name.split("-s")[1])
+
+
+def test_the_variants_of_a_factor_group_vary_the_same_factors():
+    """A factor table's columns are its group's factors: every variant of a group names
+    the same ones, with a level for each."""
+    from keras_vitnorm.study.variants import VARIANT_FACTORS
+    from keras_vitnorm.study.variants import VARIANT_GROUPS
+
+    for group, levels in VARIANT_FACTORS.items():
+        assert set(levels) == set(VARIANT_GROUPS[group]), group
+        assert len({tuple(sorted(factors)) for factors in levels.values()}) == 1, group
+
+
+def test_a_variant_the_base_cannot_take_fails_before_any_run_trains(tmp_path, monkeypatch):
+    from keras_vitnorm.study import variants
+
+    monkeypatch.setitem(variants.VARIANT_GROUPS, "stems",
+                        {"patch": ({"stem": "patch"}, {}), "bad": ({}, {"epochs": 2})})
+    trained = count_trainings(monkeypatch)
+    with pytest.raises(ValueError, match="exactly one of epochs and steps"):
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "study"), verbose=0)
+    assert trained == [] and not (tmp_path / "study" / "stems").exists()
+
+
 def test_welch_interval_matches_scipy():
     from scipy import stats
 

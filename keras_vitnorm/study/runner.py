@@ -117,6 +117,7 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
                 config = dataclasses.replace(
                     base, **settings, model={**base.model, **model}, seed=seed, output_dir=None
                 )
+                config.validate()  # a variant the base cannot take fails before anything trains
                 key = _settings_key(config)
                 run_dir = trained.get(key)
                 if run_dir is None:

@@ -92,8 +92,9 @@ def _dpn_schedule():
     for steps in DPN_SCHEDULE_STEPS:
         for stem, model in stems.items():
             name = f"{stem}-s{steps}"
+            # a length in steps replaces a base given in epochs
             variants[name] = ({**model, "patch_size": DPN_PATCH_SIZES[0]},
-                              {"train_examples": _DPN_BASE_SIZE, "steps": steps})
+                              {"train_examples": _DPN_BASE_SIZE, "steps": steps, "epochs": None})
             factors[name] = {"stem": stem, "patch_size": DPN_PATCH_SIZES[0],
                              "train_examples": _DPN_BASE_SIZE, "steps": steps}
     return variants, factors
