@@ -48,6 +48,10 @@ DPN_ABLATIONS = {
 }
 
 
+#: The two stems every DPN factor level compares: name prefix -> model overrides.
+_DPN_STEMS = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
+
+
 def _dpn_factors():
     """Plain stem against Dual PatchNorm over training-set size and patch size.
 
@@ -56,7 +60,6 @@ def _dpn_factors():
     (standardizing or the learned scale and shift), makes the difference.
     """
     variants, factors = {}, {}
-    stems = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
 
     def add(stem, model, patch, size):
         name = f"{stem}-p{patch}-n{size}"
@@ -64,10 +67,10 @@ def _dpn_factors():
         factors[name] = {"stem": stem, "patch_size": patch, "train_examples": size}
 
     for size in DPN_TRAIN_SIZES:
-        for stem, model in stems.items():
+        for stem, model in _DPN_STEMS.items():
             add(stem, model, DPN_PATCH_SIZES[0], size)
     for patch in DPN_PATCH_SIZES[1:]:
-        for stem, model in stems.items():
+        for stem, model in _DPN_STEMS.items():
             add(stem, model, patch, _DPN_BASE_SIZE)
     for stem, model in DPN_ABLATIONS.items():
         add(stem, model, DPN_PATCH_SIZES[0], _DPN_BASE_SIZE)
@@ -88,9 +91,8 @@ def _dpn_schedule():
     DPN's deficit on short schedules closes or turns over as training goes on.
     """
     variants, factors = {}, {}
-    stems = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
     for steps in DPN_SCHEDULE_STEPS:
-        for stem, model in stems.items():
+        for stem, model in _DPN_STEMS.items():
             name = f"{stem}-s{steps}"
             # a length in steps replaces a base given in epochs
             variants[name] = ({**model, "patch_size": DPN_PATCH_SIZES[0]},
