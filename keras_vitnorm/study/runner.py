@@ -494,10 +494,11 @@ def gradient_norm_table(rows):
 def write_results(rows, output_dir):
     """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
     for groups trained four or more epochs (`factors.convergence_table`) and, where
-    the groups ran: `gradient_norms.md` (stem runs that recorded gradient norms),
-    `<group>_differences.md` for `dpn_factors` and `dpn_schedule` (each stem against
-    the plain stem per factor level), `dpn_factors_against_dpn.md` (every other stem
-    against DPN, the paper's Table 6 format) and
+    the groups ran: `<group>_differences.md` for each group that varies the stem by
+    factor level (`dpn_factors`, `dpn_schedule`: each stem against the plain stem at
+    its level), `gradient_norms.md` (stem runs that recorded gradient norms),
+    `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
+    format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
     os.makedirs(output_dir, exist_ok=True)
     buffer = io.StringIO()
@@ -511,13 +512,12 @@ def write_results(rows, output_dir):
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
         durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summarize(group_rows)))
-        convergence = factors.convergence_table(group_rows)
-        if convergence:
-            durable.write_text(os.path.join(output_dir, f"{group}_convergence.md"), convergence)
+        for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
+                            (f"{group}_differences.md", factors.dpn_factor_table(group_rows, group))):
+            if table:
+                durable.write_text(os.path.join(output_dir, name), table)
     for name, table in (
         ("gradient_norms.md", gradient_norm_table(rows)),
-        ("dpn_factors_differences.md", factors.dpn_factor_table(rows)),
-        ("dpn_schedule_differences.md", factors.dpn_factor_table(rows, "dpn_schedule")),
         ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
         ("depth_stability_summary.md", factors.depth_table(rows)),
     ):
