@@ -9,7 +9,7 @@
 #                    clipping: which of them diverge, and at which step
 #   <out>/factors    dpn_factors: plain stem against Dual PatchNorm by training-set size
 #                    and patch size, 3,000 steps, and what DPN's first norm removes;
-#                    dpn_schedule: the two stems trained 3,000, 12,000 and 24,000 steps
+#                    dpn_schedule: the two stems trained 3,000 and 12,000 steps
 #   <out>/converged  converged: the eight variants at patch 4, 80 passes over the
 #                    45,000 training images (batch 256), on a GPU under JAX
 #

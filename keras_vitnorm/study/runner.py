@@ -463,7 +463,7 @@ STEM_PAIRS = {
     "stems": ("patch", "dual_patchnorm"),
     "converged": ("pre_ln", "dual_patchnorm"),
     "dpn_factors": ("patch-p4-n10000", "dpn-p4-n10000"),
-    "dpn_schedule": ("patch-s24000", "dpn-s24000"),
+    "dpn_schedule": ("patch-s12000", "dpn-s12000"),
 }
 
 
