@@ -35,7 +35,6 @@ import os
 import keras
 import numpy as np
 
-from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import INPUT_PIPELINES
 from keras_vitnorm.training.image_files import check_image_file
 from keras_vitnorm.training.image_files import list_bad_files
