@@ -79,7 +79,7 @@ def _dpn_factors():
 
 #: Schedule lengths (training steps) of the `dpn_schedule` group; the shortest is
 #: `dpn_factors`'s, whose runs at the same level it shares. Four times as long is as
-#: far as a CPU study goes: a pair of 12,000-step runs takes about an hour on two cores
+#: far as a CPU study goes: a 12,000-step run takes one to two hours of a 2-core CPU
 #: (docs/normalization-guide.md, "By schedule length"); the long-schedule regime is
 #: the converged comparison's, on a GPU.
 DPN_SCHEDULE_STEPS = (3000, 12000)
