@@ -1079,8 +1079,20 @@ def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_pa
     assert found[1]["difference"] == pytest.approx(0.02) and math.isnan(found[1]["ci"])
     assert (found[1]["runs"], found[1]["plain_runs"]) == (1, 3)
     assert stem_differences(rows, "depth_stability") == []
-    path = figures.plot_stem_differences(found, "t", str(tmp_path / "d.png"))
+    drawn = []
+    save = figures._save
+    figures._save = lambda figure, path: (drawn.append(figure), save(figure, path))[1]
+    try:
+        path = figures.plot_stem_differences(found, "t", str(tmp_path / "d.png"))
+    finally:
+        figures._save = save
     assert os.path.getsize(path) > 0
+    # an error bar only where there is an interval: none for the 1-against-3 level
+    from matplotlib.container import ErrorbarContainer
+
+    [errors] = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
+    widths = [abs(seg[1][0] - seg[0][0]) for seg in errors.lines[2][0].get_segments() if len(seg)]
+    assert widths == [pytest.approx(2 * 100 * found[0]["ci"])]
 
 
 def test_a_stem_factor_group_gets_a_differences_figure_instead_of_gains(tmp_path):

@@ -73,13 +73,15 @@ def plot_gains(summary, title, path):
 
 def plot_stem_differences(differences, title, path):
     """Horizontal bars: each stem's test accuracy minus the plain stem's at the same
-    factor level (points), with Welch 95% CIs (`factors.stem_differences`)."""
+    factor level (points), with Welch 95% CIs (`factors.stem_differences`); a level
+    with one run on a side has no interval and gets no error bar."""
     names = [f"{d['stem']}, {level_text(d)} ({d['runs']} vs {d['plain_runs']} runs)"
              for d in differences]
     values = [100 * d["difference"] for d in differences]
-    errors = [100 * d["ci"] if np.isfinite(d["ci"]) else 0.0 for d in differences]
+    # no interval with one run on a side: NaN draws no bar, where 0 would draw a tight one
+    errors = [100 * d["ci"] for d in differences]
     figure, axes = _signed_bars(names, values, errors, width=9)
-    reach = max(abs(v) + e for v, e in zip(values, errors)) * 1.1 or 1.0
+    reach = max(abs(v) + np.nan_to_num(e) for v, e in zip(values, errors)) * 1.1 or 1.0
     axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
     axes.set_xlabel("test accuracy minus the plain stem's\nat the same level (points)")
     axes.set_title(title)
