@@ -1062,7 +1062,31 @@ def test_the_results_row_gives_a_resumed_runs_whole_training_time_or_none(metric
     assert runs.whole_train_seconds(metrics) == expected
 
 
-def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_path):
+def drawn_error_bar_widths(monkeypatch, plot, *args):
+    """Draws with `plot(*args)` and returns the width of each error bar it drew."""
+    from keras_vitnorm.study import figures
+    from matplotlib.container import ErrorbarContainer
+
+    drawn, save = [], figures._save
+    monkeypatch.setattr(figures, "_save", lambda figure, path: (drawn.append(figure), save(figure, path))[1])
+    assert os.path.getsize(plot(*args)) > 0
+    [errors] = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
+    return [abs(seg[1][0] - seg[0][0]) for seg in errors.lines[2][0].get_segments() if len(seg)]
+
+
+def test_gains_figure_draws_an_error_bar_only_where_there_is_an_interval(tmp_path, monkeypatch):
+    from keras_vitnorm.study import figures
+
+    rows = [{"variant": v, "seed": s, "status": "completed", "test_accuracy": a}
+            for v, accuracies in (("base", [0.5, 0.52, 0.51]), ("three", [0.55, 0.56, 0.54]), ("one", [0.6]))
+            for s, a in enumerate(accuracies)]
+    summary = summarize(rows)
+    assert summary[1]["ci"] > 0 and math.isnan(summary[2]["ci"])
+    widths = drawn_error_bar_widths(monkeypatch, figures.plot_gains, summary, "t", str(tmp_path / "g.png"))
+    assert widths == [pytest.approx(2 * 100 * summary[1]["ci"])]
+
+
+def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_path, monkeypatch):
     from keras_vitnorm.study import figures
     from keras_vitnorm.study.factors import stem_differences
 
@@ -1079,19 +1103,9 @@ def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_pa
     assert found[1]["difference"] == pytest.approx(0.02) and math.isnan(found[1]["ci"])
     assert (found[1]["runs"], found[1]["plain_runs"]) == (1, 3)
     assert stem_differences(rows, "depth_stability") == []
-    drawn = []
-    save = figures._save
-    figures._save = lambda figure, path: (drawn.append(figure), save(figure, path))[1]
-    try:
-        path = figures.plot_stem_differences(found, "t", str(tmp_path / "d.png"))
-    finally:
-        figures._save = save
-    assert os.path.getsize(path) > 0
     # an error bar only where there is an interval: none for the 1-against-3 level
-    from matplotlib.container import ErrorbarContainer
-
-    [errors] = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
-    widths = [abs(seg[1][0] - seg[0][0]) for seg in errors.lines[2][0].get_segments() if len(seg)]
+    widths = drawn_error_bar_widths(monkeypatch, figures.plot_stem_differences, found, "t",
+                                    str(tmp_path / "d.png"))
     assert widths == [pytest.approx(2 * 100 * found[0]["ci"])]
 
 

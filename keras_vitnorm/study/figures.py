@@ -45,10 +45,13 @@ def _save(figure, path):
 
 def _signed_bars(names, values, errors, width=7):
     """Horizontal bars in points, green at or above 0 and red below, with error bars,
-    the first name on top and a line at 0: `(figure, axes)` for the caller to label."""
+    the first name on top and a line at 0: `(figure, axes)` for the caller to label.
+    An error of `None` or NaN (no interval: one run) draws no bar, where 0 would draw
+    a tight one."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(width, 0.45 * len(names) + 1.5))
     colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
+    errors = [np.nan if e is None else e for e in errors]
     axes.barh(names, values, xerr=errors, color=colors, capsize=3)
     axes.axvline(0, color="black", linewidth=0.8)
     axes.invert_yaxis()
@@ -59,7 +62,7 @@ def plot_gains(summary, title, path):
     """Horizontal bars: gain (points of accuracy) over the baseline, with 95% CIs."""
     entries = summary[1:]
     gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
-    errors = [100 * e["ci"] if e["ci"] is not None and np.isfinite(e["ci"]) else 0.0 for e in entries]
+    errors = [None if e["ci"] is None else 100 * e["ci"] for e in entries]
     figure, axes = _signed_bars([e["variant"] for e in entries], gains, errors)
     for index, entry in enumerate(entries):
         if entry["mean"] is None:
@@ -78,8 +81,7 @@ def plot_stem_differences(differences, title, path):
     names = [f"{d['stem']}, {level_text(d)} ({d['runs']} vs {d['plain_runs']} runs)"
              for d in differences]
     values = [100 * d["difference"] for d in differences]
-    # no interval with one run on a side: NaN draws no bar, where 0 would draw a tight one
-    errors = [100 * d["ci"] for d in differences]
+    errors = [100 * d["ci"] for d in differences]  # NaN with one run on a side
     figure, axes = _signed_bars(names, values, errors, width=9)
     reach = max(abs(v) + np.nan_to_num(e) for v, e in zip(values, errors)) * 1.1 or 1.0
     axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
