@@ -165,13 +165,15 @@ def heads_first_attention(q, k, v):
 
     q, k and v move to `(batch, heads, tokens, head_dim)`, the scale goes on q (a
     tensor `head_dim / tokens` the size of the logits), and the result moves back.
-    The softmax runs in float32 at least, as in Keras and JAX; float16 q and k give
-    float32 logits (a logit sums `head_dim` products and passes float16's 65504 once
-    q and k reach a few hundred; PyTorch's and JAX's attention accumulate in float32
-    too). Same inputs and output as `keras.ops.dot_product_attention`.
+    The softmax runs in float32 at least, as in Keras and JAX, and float16 or
+    bfloat16 q and k give float32 logits: a logit sums `head_dim` products, which
+    passes float16's 65504 once q and k reach a few hundred, and which bfloat16's
+    8-bit mantissa rounds by up to a few hundredths at logits of order 10. Keras'
+    own attention asks for float32 logits too, and PyTorch's and JAX's accumulate
+    in float32. Same inputs and output as `keras.ops.dot_product_attention`.
     """
     q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
-    if keras.backend.standardize_dtype(q.dtype) == "float16":
+    if keras.backend.standardize_dtype(q.dtype) in ("float16", "bfloat16"):
         q, k = ops.cast(q, "float32"), ops.cast(k, "float32")
     q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
