@@ -980,6 +980,30 @@ def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):
     assert plt.imread(path).ndim == 3
 
 
+def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(tmp_path, monkeypatch):
+    """All runs diverged before their first epoch: each curve figure is written, with
+    a note where the curves would be and no legend (matplotlib warns on an empty one)."""
+    import warnings
+
+    from keras_vitnorm.study import figures
+
+    rows = [{"variant": variant, "seed": 0, "status": "diverged", "run_dir": str(tmp_path / variant)}
+            for variant in ("base", "dpn")]
+    drawn, save = [], figures._save
+
+    def recording_save(figure, path):  # the notes and legend of each figure, then saved
+        axes = figure.axes[0]
+        drawn.append(([text.get_text() for text in axes.texts], axes.get_legend()))
+        return save(figure, path)
+
+    monkeypatch.setattr(figures, "_save", recording_save)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for plot in (figures.plot_loss_curves, figures.plot_gain_curves, figures.plot_accuracy_curves):
+            assert os.path.exists(plot(rows, "t", str(tmp_path / f"{plot.__name__}.png")))
+    assert drawn == [(["no curve: no finished run of these variants logged an epoch"], None)] * 3
+
+
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     """recipes/cifar10_study.sh: each of its four commands parses into a valid study
     (a stand-in interpreter records the settings instead of training)."""

@@ -90,6 +90,16 @@ def plot_stem_differences(differences, title, path):
     return _save(figure, path)
 
 
+def _legend(axes, **kwargs):
+    """The legend, or where no curve was drawn (no run of the variants logged an
+    epoch: all diverged or none finished), a note saying so instead of an empty plot."""
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(**kwargs)
+    else:
+        axes.text(0.5, 0.5, "no curve: no finished run of these variants logged an epoch",
+                  transform=axes.transAxes, ha="center", va="center", color="gray")
+
+
 def _count(number, noun):
     """`"1 run"`, `"3 runs"`."""
     return f"{number} {noun}" + ("" if number == 1 else "s")
@@ -124,7 +134,7 @@ def plot_loss_curves(rows, title, path):
     axes.set_ylabel("loss (solid: train, dashed: validation)")
     axes.set_yscale("log")
     axes.set_title(title)
-    axes.legend(fontsize=7, ncol=2)
+    _legend(axes, fontsize=7, ncol=2)
     return _save(figure, path)
 
 
@@ -193,7 +203,7 @@ def plot_gain_curves(rows, title, path):
     axes.set_xlabel("epoch")
     axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
     axes.set_title(title)
-    axes.legend(fontsize=7, ncol=2)
+    _legend(axes, fontsize=7, ncol=2)
     return _save(figure, path)
 
 
@@ -210,7 +220,7 @@ def plot_accuracy_curves(rows, title, path):
     axes.set_xlabel("epoch")
     axes.set_ylabel("validation accuracy (%)")
     axes.set_title(title)
-    axes.legend(fontsize=7, ncol=2)
+    _legend(axes, fontsize=7, ncol=2)
     return _save(figure, path)
 
 
