@@ -287,6 +287,9 @@ def build_parser():
     study.add_argument("--threads-per-run", type=int, metavar="K",
                        help="compute threads of each parallel run (default: the CPU cores "
                        "shared out over --parallel)")
+    study.add_argument("--tables-only", action="store_true",
+                       help="train nothing: write the tables and figures from the runs that "
+                       "have finished, naming the others (a study part-way re-tabled)")
     add_training_arguments(ablate)
 
     evaluate = commands.add_parser(
@@ -566,7 +569,7 @@ def _ablate(parser, args):
             config.grad_norm_every = 25
         rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
                          take_over_lock=args.take_over_lock, parallel=args.parallel,
-                         threads_per_run=args.threads_per_run)
+                         threads_per_run=args.threads_per_run, train=not args.tables_only)
     except RunsFailed as error:
         codes = {code for _, code in error.failures}
         return _fail(parser, "ablate", str(error),

@@ -109,7 +109,7 @@ def base_config():
                                    warmup_steps=1, tensorboard=False, grad_norm_every=2)
 
 
-def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
+def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, capsys):
     import matplotlib.pyplot as plt
 
     study = str(tmp_path / "study")
@@ -152,6 +152,14 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch):
 
     shutil.rmtree(os.path.join(study, "stems", "patch", "seed_1"))
     trained = count_trainings(monkeypatch)
+    # Tables only: nothing trains, the missing run is named and left out of the tables.
+    tabled = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=1, train=False)
+    assert trained == []
+    assert [(r["variant"], r["seed"]) for r in tabled] == [("patch", 0), ("dual_patchnorm", 0),
+                                                            ("dual_patchnorm", 1)]
+    assert "[stems] patch seed 1: not finished, left out of the tables" in capsys.readouterr().out
+    assert "| patch | 1 |" in open(os.path.join(study, "stems.md")).read()
+    assert len(open(os.path.join(study, "results.csv")).read().splitlines()) == 1 + 3
     again = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=0)
     assert trained == [os.path.join(study, "stems", "patch", "seed_1")]
     assert [r["test_accuracy"] for r in again][2:] == [r["test_accuracy"] for r in rows][2:]
@@ -226,10 +234,21 @@ def test_divergent_runs_are_recorded_not_dropped(tmp_path):
     assert "diverged" in open(tmp_path / "s" / "norm_types.md").read()
 
 
+def test_tables_only_refuses_what_it_cannot_table(tmp_path):
+    with pytest.raises(ValueError, match="holds no study"):
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "none"), train=False)
+    runner._check_study_config(base_config(), str(tmp_path / "empty"))  # a study, no run yet
+    with pytest.raises(ValueError, match="No run of this plan has finished"):
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), train=False)
+    with pytest.raises(ValueError, match="with train=False \\(--tables-only\\) nothing trains"):
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), parallel=2, train=False)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--groups", "stems", "--variants", "stems:nope"], "Unknown variant of group 'stems'='nope'"),
     (["--groups", "stems", "--variants", "placements:attn_pre-mlp_pre"], "must be GROUP:NAME"),
     (["--groups", "stemz"], "invalid choice: 'stemz'"),
+    (["--groups", "stems", "--tables-only", "--parallel", "2"], "(--tables-only) nothing trains"),
 ])
 def test_ablate_cli_errors(capsys, tmp_path, argv, message):
     try:

@@ -64,7 +64,7 @@ RESULT_FIELDS = (
 
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
-              parallel=1, threads_per_run=None):
+              parallel=1, threads_per_run=None, train=True):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -81,6 +81,9 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             (`keras_vitnorm.study.workers`); 1 trains them one after another here.
         threads_per_run: compute threads of each parallel run; default the CPU
             cores shared out over `parallel`.
+        train: bool. False trains nothing: the tables and figures are written from
+            the runs of the plan that have finished, the others are named and left
+            out (a study part-way, or one exported without weights, re-tabled).
 
     Runs train seed by seed (every variant's first seed, then every variant's
     second, ...); the result rows and tables follow the groups' order. The study
@@ -91,6 +94,12 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         raise ValueError("seeds must name at least one seed.")
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
+    if not train and (parallel != 1 or threads_per_run is not None):
+        raise ValueError("parallel and threads_per_run (--parallel, --threads-per-run) set how "
+                         "runs train; with train=False (--tables-only) nothing trains: leave them out.")
+    if not train and not os.path.exists(os.path.join(output_dir, "study_config.json")):
+        raise ValueError(f"{output_dir} holds no study (no study_config.json) to write tables for: "
+                         "point --output-dir at a study directory.")
     if threads_per_run is not None:
         if parallel == 1:
             raise ValueError("threads_per_run (--threads-per-run) applies to parallel runs: "
@@ -103,10 +112,11 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
                            what="study directory"):
         with run_files.storage_errors(output_dir, "Finished runs are intact; rerun to continue."):
             return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock,
-                               parallel, threads_per_run)
+                               parallel, threads_per_run, train)
 
 
-def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel, threads_per_run):
+def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel, threads_per_run,
+                train=True):
     _check_study_config(base, output_dir)
     probe_images = _probe_images(base)
     jobs = []  # (group, variant, config, run directory), in the plan's order
@@ -134,7 +144,16 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
     # Every variant's first seed trains before any variant's second, so a long study
     # that is stopped part-way already compares all its variants.
     order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
-    if parallel > 1:
+    if not train:
+        unfinished = [job for job in jobs if not _finished(job[3])]
+        if len(unfinished) == len(jobs):
+            raise ValueError(f"No run of this plan has finished in {output_dir}: there is nothing "
+                             "to table. Leave out --tables-only to train them.")
+        if verbose:
+            for group, name, config, _ in unfinished:
+                print(f"[{group}] {name} seed {config.seed}: not finished, left out of the tables")
+        order = [i for i in order if _finished(jobs[i][3])]
+    elif parallel > 1:
         _train_in_parallel([jobs[i] for i in order], output_dir, parallel, threads_per_run, verbose,
                            take_over_lock, on_finish=lambda job: write_results(finished_rows(), output_dir))
     done = {}  # job index -> result row; the tables list them in the plan's order
@@ -142,7 +161,7 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
         group, name, config, run_dir = jobs[i]
         done[i] = run_one(config, group, name, run_dir, verbose, take_over_lock, probe_images)
         write_results([done[j] for j in sorted(done)], output_dir)  # kept current, read early
-    rows = [done[i] for i in range(len(jobs))]
+    rows = [done[i] for i in sorted(done)]
     make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
     patch_statistics.write_tables(rows, output_dir, [group for group, _ in plan if group in STEM_PAIRS],
                                   say=print if verbose else None)
