@@ -22,6 +22,8 @@
 # CIFAR10_DIR holds train/<class>/*.jpg and test/<class>/*.jpg. STUDIES picks studies
 # (default all four, in the order above). Every run resumes: rerun the same command
 # after an interruption. Extra options come last and win (e.g. --seeds 0 --parallel 4).
+# `--tables-only --parallel 1` writes the tables and figures from the finished runs
+# and trains nothing.
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 CIFAR10_DIR OUTPUT_DIR [extra ablate options]" >&2
