@@ -1008,19 +1008,13 @@ def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(
 
     rows = [{"variant": variant, "seed": 0, "status": "diverged", "run_dir": str(tmp_path / variant)}
             for variant in ("base", "dpn")]
-    drawn, save = [], figures._save
-
-    def recording_save(figure, path):  # the notes and legend of each figure, then saved
-        axes = figure.axes[0]
-        drawn.append(([text.get_text() for text in axes.texts], axes.get_legend()))
-        return save(figure, path)
-
-    monkeypatch.setattr(figures, "_save", recording_save)
+    drawn = drawn_figures(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for plot in (figures.plot_loss_curves, figures.plot_gain_curves, figures.plot_accuracy_curves):
             assert os.path.exists(plot(rows, "t", str(tmp_path / f"{plot.__name__}.png")))
-    assert drawn == [(["no curve: no finished run of these variants logged an epoch"], None)] * 3
+    assert [([text.get_text() for text in figure.axes[0].texts], figure.axes[0].get_legend())
+            for figure in drawn] == [(["no curve: no finished run of these variants logged an epoch"], None)] * 3
 
 
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
@@ -1105,13 +1099,25 @@ def test_the_results_row_gives_a_resumed_runs_whole_training_time_or_none(metric
     assert runs.whole_train_seconds(metrics) == expected
 
 
-def drawn_error_bar_widths(monkeypatch, plot, *args):
-    """Draws with `plot(*args)` and returns the width of each error bar it drew."""
+def drawn_figures(monkeypatch):
+    """A list that gets each figure the study's figure functions save, as they save it."""
     from keras_vitnorm.study import figures
-    from matplotlib.container import ErrorbarContainer
 
     drawn, save = [], figures._save
-    monkeypatch.setattr(figures, "_save", lambda figure, path: (drawn.append(figure), save(figure, path))[1])
+
+    def recording_save(figure, path):
+        drawn.append(figure)
+        return save(figure, path)
+
+    monkeypatch.setattr(figures, "_save", recording_save)
+    return drawn
+
+
+def drawn_error_bar_widths(monkeypatch, plot, *args):
+    """Draws with `plot(*args)` and returns the width of each error bar it drew."""
+    from matplotlib.container import ErrorbarContainer
+
+    drawn = drawn_figures(monkeypatch)
     assert os.path.getsize(plot(*args)) > 0
     [errors] = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
     return [abs(seg[1][0] - seg[0][0]) for seg in errors.lines[2][0].get_segments() if len(seg)]

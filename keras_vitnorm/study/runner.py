@@ -145,14 +145,14 @@ def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel
     # that is stopped part-way already compares all its variants.
     order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
     if not train:
-        unfinished = [job for job in jobs if not _finished(job[3])]
-        if len(unfinished) == len(jobs):
+        finished = [i for i in order if _finished(jobs[i][3])]
+        if not finished:
             raise ValueError(f"No run of this plan has finished in {output_dir}: there is nothing "
                              "to table. Leave out --tables-only to train them.")
         if verbose:
-            for group, name, config, _ in unfinished:
+            for group, name, config, _ in (jobs[i] for i in order if i not in finished):
                 print(f"[{group}] {name} seed {config.seed}: not finished, left out of the tables")
-        order = [i for i in order if _finished(jobs[i][3])]
+        order = finished
     elif parallel > 1:
         _train_in_parallel([jobs[i] for i in order], output_dir, parallel, threads_per_run, verbose,
                            take_over_lock, on_finish=lambda job: write_results(finished_rows(), output_dir))
