@@ -819,6 +819,21 @@ def test_patch_norm_probe_finds_what_the_first_norm_removes():
     assert result["low_contrast"] == 0.0  # unit-variance texture: no near-flat patch
 
 
+def test_a_linear_probe_that_does_not_converge_is_an_error_not_a_number(monkeypatch):
+    """A probe stopped before convergence reports an accuracy that moves with the
+    iteration limit, so it ends with an error naming the limit instead."""
+    from keras_vitnorm.analysis import patch_norm
+
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(200, 30))
+    labels = (features[:, 0] + 0.5 * rng.normal(size=200) > 0).astype(int)
+    accuracy = patch_norm.linear_probe_accuracy(features[:150], labels[:150], features[150:], labels[150:])
+    assert accuracy > 0.7
+    monkeypatch.setattr(patch_norm, "PROBE_MAX_ITER", 2)
+    with pytest.raises(RuntimeError, match=r"did not converge in 2 iterations.*150 examples of 30 features"):
+        patch_norm.linear_probe_accuracy(features[:150], labels[:150], features[150:], labels[150:])
+
+
 def test_the_variance_floor_keeps_near_flat_patches_at_low_contrast():
     from keras_vitnorm.analysis import patch_norm
 
