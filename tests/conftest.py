@@ -1,4 +1,5 @@
-"""Test-session setup: one JAX compilation cache for the whole session.
+"""Test-session setup: one JAX compilation cache for the whole session, and the
+backend that runs the backend-independent tests.
 
 Most of the JAX suite's time is XLA compiling the same tiny models again: in each
 pytest-xdist worker and in each child process the durability, multi-process and
@@ -12,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 # Cache every program, however quick to compile or small (JAX's defaults skip those
 # under one second, which are most of a tiny model's).
@@ -20,6 +23,13 @@ CACHE_SETTINGS = {
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
 _OWNED_ENV = "KERAS_VITNORM_TEST_JAX_CACHE_OWNER"
+
+#: Tests marked `one_backend` check code that no backend enters (run directories,
+#: locks, storage errors, the study's scheduling, the recipes' arguments), though they
+#: train tiny models on the way; they run under this backend only, the quickest for
+#: training in child processes. What a backend does enter, each test of the whole
+#: suite checks under all three.
+ONE_BACKEND = "torch"
 
 
 def pytest_configure(config):
@@ -38,3 +48,15 @@ def pytest_unconfigure(config):
     if os.environ.get(_OWNED_ENV) == str(os.getpid()):
         shutil.rmtree(os.environ.pop(CACHE_ENV), ignore_errors=True)
         os.environ.pop(_OWNED_ENV, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    import keras
+
+    if keras.backend.backend() == ONE_BACKEND:
+        return
+    skip = pytest.mark.skip(
+        reason=f"backend-independent: runs once, under KERAS_BACKEND={ONE_BACKEND}")
+    for item in items:
+        if item.get_closest_marker("one_backend"):
+            item.add_marker(skip)

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import ONE_BACKEND
 from keras_vitnorm import ViT
 from keras_vitnorm import cli
 from keras_vitnorm import durable
@@ -115,16 +116,16 @@ STAGES = [
 
 
 def on_every_backend(stages, each_backend):
-    """`stages` as parameters: all of them under PyTorch, `each_backend` under the others.
+    """`stages` as parameters: all of them under `ONE_BACKEND`, `each_backend` under the others.
 
     What a kill can break is the writing code (`keras_vitnorm.durable` and the checkpoint
     callbacks), the same on every backend; a backend enters only through the weights it
-    serializes, which one stage of each kind of file covers. PyTorch, the quickest
-    backend for these child-process runs, runs the whole matrix.
+    serializes, which one stage of each kind of file covers.
     """
-    if keras.backend.backend() == "torch":
+    if keras.backend.backend() == ONE_BACKEND:
         return stages
-    reason = "the whole kill matrix runs under PyTorch; this backend runs " + ", ".join(each_backend)
+    reason = (f"the whole kill matrix runs under KERAS_BACKEND={ONE_BACKEND}; this backend runs "
+              + ", ".join(each_backend))
     return [stage if stage in each_backend else pytest.param(stage, marks=pytest.mark.skip(reason))
             for stage in stages]
 
@@ -140,6 +141,7 @@ def test_killed_at_any_writing_stage_resumes_to_the_uninterrupted_weights(tmp_pa
     assert_same_as_reference(run_dir, reference)
 
 
+@pytest.mark.one_backend
 def test_killed_while_a_checkpoint_of_the_same_step_is_replaced_resumes(tmp_path, reference):
     """With a backup every 2 steps in epochs of 4, the epoch-end checkpoint replaces the
     backup of the same step: killed between moving the old one aside and renaming the
@@ -153,6 +155,7 @@ def test_killed_while_a_checkpoint_of_the_same_step_is_replaced_resumes(tmp_path
     assert log["resumed_from_step"] == 4
 
 
+@pytest.mark.one_backend
 def test_killed_after_the_results_are_written_keeps_them(tmp_path, reference):
     run_dir = tmp_path / "run"
     killed_at("final:completed", run_dir)
@@ -164,6 +167,7 @@ def test_killed_after_the_results_are_written_keeps_them(tmp_path, reference):
     assert evaluate(str(run_dir))["examples"] > 0
 
 
+@pytest.mark.one_backend
 def test_a_checkpoint_is_never_a_mix_of_two_steps(tmp_path):
     """Killed between writing a checkpoint's weights and its state, the run resumes from
     the previous complete checkpoint, whose weights and step belong together."""
@@ -186,6 +190,7 @@ def test_a_checkpoint_is_never_a_mix_of_two_steps(tmp_path):
 # ----------------------------------------------------------------------------- one writer
 
 
+@pytest.mark.one_backend
 def test_a_second_process_cannot_write_a_running_run_and_a_stale_lock_is_taken_over(tmp_path, reference):
     run_dir = tmp_path / "run"
     gate = tmp_path / "gate"
@@ -248,6 +253,7 @@ def test_segment_and_lit_runs_have_one_writer(tmp_path, capsys, command):
 # ----------------------------------------------------------------------------- storage
 
 
+@pytest.mark.one_backend
 def test_a_failed_write_is_one_clear_error_and_the_last_checkpoint_stays_usable(
     tmp_path, reference, monkeypatch
 ):
@@ -271,6 +277,7 @@ def tiny_train_argv(run_dir):
             "--no-tensorboard", "--verbose", "0", "--output-dir", str(run_dir)]
 
 
+@pytest.mark.one_backend
 def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
     """The operating system refuses files over 64 KiB (RLIMIT_FSIZE, set in the child
     itself): the first checkpoint cannot be written. The command ends with its message,
@@ -308,6 +315,7 @@ def traversable_dir():
     shutil.rmtree(path)
 
 
+@pytest.mark.one_backend
 def test_a_directory_without_write_permission_ends_with_a_message_and_exit_status_4(
         traversable_dir):
     """A run directory inside a directory the user may not write (the child drops root's
@@ -347,6 +355,7 @@ class FailingWrite(keras.callbacks.Callback):
             raise self.error
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("error, named", [
     (OSError(errno.ENOSPC, "No space left on device", "LOG"), "LOG"),
     # TensorFlow's summary writer raises its own error type, with the reason in its text.

@@ -206,6 +206,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     assert os.path.join("stems", "patch", "seed_0") in results and str(tmp_path) not in results
 
 
+@pytest.mark.one_backend
 def test_identical_variants_of_different_groups_share_one_run(tmp_path, monkeypatch):
     trained = count_trainings(monkeypatch)
     study = tmp_path / "s"
@@ -387,6 +388,7 @@ def test_a_parallel_study_trains_each_run_in_a_worker_with_its_threads(tmp_path)
     assert workers.default_threads_per_run(10**6) == 1
 
 
+@pytest.mark.one_backend
 def test_a_parallel_study_hands_its_workers_the_runs_seed_by_seed(tmp_path, monkeypatch):
     from keras_vitnorm.study import workers
 
@@ -403,6 +405,7 @@ def test_a_parallel_study_hands_its_workers_the_runs_seed_by_seed(tmp_path, monk
     assert trained == [str(study / "stems" / v / f"seed_{s}") for v, s in handed]
 
 
+@pytest.mark.one_backend
 def test_a_failed_worker_is_named_with_its_log(tmp_path, capsys):
     study = tmp_path / "s"
     # A run directory taken by a live process (this one) makes the worker fail.
@@ -1032,6 +1035,7 @@ def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(
             for figure in drawn] == [(["no curve: no finished run of these variants logged an epoch"], None)] * 3
 
 
+@pytest.mark.one_backend
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     """recipes/cifar10_study.sh: each of its four commands parses into a valid study
     (a stand-in interpreter records the settings instead of training)."""
