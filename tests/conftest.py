@@ -27,8 +27,8 @@ _OWNED_ENV = "KERAS_VITNORM_TEST_JAX_CACHE_OWNER"
 #: Tests marked `one_backend` check code that no backend enters (run directories,
 #: locks, storage errors, the study's scheduling, the recipes' arguments), though they
 #: train tiny models on the way; they run under this backend only, the quickest for
-#: training in child processes. What a backend does enter, each test of the whole
-#: suite checks under all three.
+#: training in child processes. The rest of the suite, which checks what a backend
+#: does enter, runs under all three.
 ONE_BACKEND = "torch"
 
 
