@@ -365,24 +365,20 @@ def test_a_parallel_study_trains_each_run_in_a_worker_with_its_threads(tmp_path)
 
     config = base_config()
     config.grad_norm_every = None
-    subset = {"stems": ["conv"], "norm_types": ["rmsnorm"]}
+    # The workers' part is the same for every group; this one has no stem analyses to compute.
+    subset = {"norm_types": ["rmsnorm"]}
     study = tmp_path / "parallel"
-    rows = run_study(config, ["stems", "norm_types"], [0], str(study), subset, verbose=0,
+    rows = run_study(config, ["norm_types"], [0], str(study), subset, verbose=0,
                      parallel=2, threads_per_run=1)
-    assert [(r["group"], r["variant"], r["status"]) for r in rows] == [
-        ("stems", "patch", "completed"), ("stems", "conv", "completed"),
-        ("norm_types", "layernorm", "completed"), ("norm_types", "rmsnorm", "completed")]
-    # The shared baseline trained once; each trained run has its job file and its log.
-    assert rows[2]["run_dir"] == rows[0]["run_dir"]
+    assert [(r["variant"], r["status"]) for r in rows] == [("layernorm", "completed"), ("rmsnorm", "completed")]
+    # Each run trained in a worker has its job file and its log.
     logs = sorted(name for name in os.listdir(study / "logs") if name.endswith(".log"))
-    assert logs == ["norm_types-rmsnorm-seed_0.log", "stems-conv-seed_0.log",
-                    "stems-patch-seed_0.log"]
-    job = runner.durable.read_json(str(study / "logs" / "stems-conv-seed_0.job.json"))
-    assert job["run_dir"] == str(study / "stems" / "conv" / "seed_0")
+    assert logs == ["norm_types-layernorm-seed_0.log", "norm_types-rmsnorm-seed_0.log"]
+    job = runner.durable.read_json(str(study / "logs" / "norm_types-rmsnorm-seed_0.job.json"))
+    assert job["run_dir"] == str(study / "norm_types" / "rmsnorm" / "seed_0")
     assert "| rmsnorm | 1 |" in (study / "norm_types.md").read_text()
     # The same runs trained one after another here give the same results.
-    sequential = run_study(config, ["stems", "norm_types"], [0], str(tmp_path / "sequential"),
-                           subset, verbose=0)
+    sequential = run_study(config, ["norm_types"], [0], str(tmp_path / "sequential"), subset, verbose=0)
     for here, there in zip(sequential, rows):
         assert here["test_accuracy"] == pytest.approx(there["test_accuracy"], abs=0.02)
     assert workers.default_threads_per_run(10**6) == 1
@@ -400,9 +396,14 @@ def test_a_parallel_study_hands_its_workers_the_runs_seed_by_seed(tmp_path, monk
     config = base_config()
     config.grad_norm_every, config.steps = None, 2
     study = tmp_path / "s"
-    run_study(config, ["stems"], [0, 1], str(study), {"stems": ["conv"]}, verbose=0, parallel=2)
-    assert handed == [("patch", 0), ("conv", 0), ("patch", 1), ("conv", 1)]
-    assert trained == [str(study / "stems" / v / f"seed_{s}") for v, s in handed]
+    rows = run_study(config, ["stems", "norm_types"], [0, 1], str(study),
+                     {"stems": ["conv"], "norm_types": ["rmsnorm"]}, verbose=0, parallel=2)
+    # norm_types' baseline `layernorm` is stems' `patch`: handed out once, shared.
+    assert handed == [("patch", 0), ("conv", 0), ("rmsnorm", 0), ("patch", 1), ("conv", 1), ("rmsnorm", 1)]
+    groups = {"patch": "stems", "conv": "stems", "rmsnorm": "norm_types"}
+    assert trained == [str(study / groups[v] / v / f"seed_{s}") for v, s in handed]
+    layernorm = [r for r in rows if r["variant"] == "layernorm"]
+    assert [r["run_dir"] for r in layernorm] == [str(study / "stems" / "patch" / f"seed_{s}") for s in (0, 1)]
 
 
 @pytest.mark.one_backend
