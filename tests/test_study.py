@@ -1018,6 +1018,45 @@ def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):
     assert plt.imread(path).ndim == 3
 
 
+def test_curve_bands_are_the_t_interval_from_three_runs_and_the_runs_range_with_two(tmp_path, monkeypatch):
+    """Two runs' 95% t interval is 12.7 standard errors wide, so wide that it hides
+    every difference: with two runs the band is the two curves themselves, and the
+    figure's title says which band it shades."""
+    from scipy import stats
+
+    from keras_vitnorm.study import figures
+
+    two = np.array([[0.5, 0.6], [0.7, 0.4]])
+    low, high, kind = figures.curve_band(two)
+    np.testing.assert_allclose(low, [0.5, 0.4])
+    np.testing.assert_allclose(high, [0.7, 0.6])
+    assert kind == "range"
+    three = np.array([[0.5, 0.6], [0.7, 0.4], [0.6, 0.8]])
+    low, high, kind = figures.curve_band(three)
+    half = stats.t.ppf(0.975, 2) * three.std(axis=0, ddof=1) / np.sqrt(3)
+    np.testing.assert_allclose(low, three.mean(axis=0) - half)
+    np.testing.assert_allclose(high, three.mean(axis=0) + half)
+    assert kind == "95% CI"
+    assert figures.curve_band(three[:1]) is None
+
+    def run(*args, **kwargs):
+        return logged_run(tmp_path, *args, **kwargs)
+
+    rows = [run("base", 0, [0.2, 0.4]), run("base", 1, [0.3, 0.5]), run("base", 2, [0.1, 0.2]),
+            run("dpn", 0, [0.1, 0.5]), run("dpn", 1, [0.1, 0.6])]
+    drawn = drawn_figures(monkeypatch)
+    figures.plot_accuracy_curves(rows, "g: accuracy", str(tmp_path / "accuracy.png"))
+    figures.plot_gain_curves(rows, "g: gain", str(tmp_path / "gain.png"))
+    figures.plot_accuracy_curves(rows[:3], "g: accuracy", str(tmp_path / "accuracy3.png"))
+    figures.plot_accuracy_curves(rows[3:], "g: accuracy", str(tmp_path / "accuracy2.png"))
+    assert [figure.axes[0].get_title() for figure in drawn] == [
+        "g: accuracy\n(mean over seeds; shaded: 95% CI, or the range of a variant's two seeds)",
+        "g: gain\n(paired by seed; mean; shaded: the range of the two seeds)",
+        "g: accuracy\n(mean over seeds; shaded: 95% CI)",
+        "g: accuracy\n(mean over seeds; shaded: the range of the two seeds)",
+    ]
+
+
 def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(tmp_path, monkeypatch):
     """All runs diverged before their first epoch: each curve figure is written, with
     a note where the curves would be and no legend (matplotlib warns on an empty one)."""

@@ -3,9 +3,10 @@
 - `plot_gains`: accuracy gain of each variant over the group's baseline with 95% CIs
   (the Dual PatchNorm paper's Figure 1 style).
 - `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
-- `plot_accuracy_curves`: validation accuracy per epoch, mean and 95% CI over seeds.
+- `plot_accuracy_curves`: validation accuracy per epoch, mean over seeds, shaded 95% CI
+  (from three seeds) or range (two seeds), `curve_band`.
 - `plot_gain_curves`: validation accuracy gain over the baseline per epoch, paired by
-  seed, mean and 95% CI.
+  seed, mean and the same band.
 - `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
   several runs, e.g. plain ViT vs DPN (Figure 2 style).
 - `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
@@ -173,53 +174,81 @@ def gain_curves(rows, variant, baseline):
     return np.array([np.subtract(ours[s][:length], theirs[s][:length]) for s in seeds])
 
 
-def _plot_mean_and_band(axes, curves, color, label):
-    """The mean over the rows of `curves` `(runs, epochs)` against epochs 1, 2, ...,
-    with the 95% Student-t interval of the mean shaded where there are two or more."""
+def curve_band(curves):
+    """The band shaded around the mean of `curves` `(runs, epochs)`: `(low, high, kind)`,
+    or `None` for a single run. From three runs it is the 95% Student-t interval of the
+    mean (kind `"95% CI"`). With two it is the two runs themselves (kind `"range"`):
+    their t interval is 12.7 standard errors wide, so wide that it hides every
+    difference a figure is there to show."""
+    if len(curves) < 2:
+        return None
+    if len(curves) == 2:
+        return curves.min(axis=0), curves.max(axis=0), "range"
     from scipy import stats
 
-    epochs = np.arange(1, curves.shape[1] + 1)
     mean = curves.mean(axis=0)
-    axes.plot(epochs, mean, color=color, label=label)
-    if len(curves) > 1:
-        half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
-        axes.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+    half = stats.t.ppf(0.975, len(curves) - 1) * curves.std(axis=0, ddof=1) / np.sqrt(len(curves))
+    return mean - half, mean + half, "95% CI"
+
+
+def _plot_mean_and_band(axes, curves, color, label):
+    """The mean over the rows of `curves` `(runs, epochs)` against epochs 1, 2, ...,
+    with `curve_band` shaded; returns the band's kind (`None`: no band)."""
+    epochs = np.arange(1, curves.shape[1] + 1)
+    axes.plot(epochs, curves.mean(axis=0), color=color, label=label)
+    band = curve_band(curves)
+    if band is None:
+        return None
+    low, high, kind = band
+    axes.fill_between(epochs, low, high, color=color, alpha=0.2)
+    return kind
+
+
+def _band_title(title, kinds, mean_text):
+    """`title` with a second line naming the mean and the bands `kinds` drawn."""
+    kinds = set(kinds) - {None}
+    shaded = {frozenset(["95% CI"]): "95% CI", frozenset(["range"]): "the range of the two seeds",
+              frozenset(["95% CI", "range"]): "95% CI, or the range of a variant's two seeds"}.get(frozenset(kinds))
+    return f"{title}\n({mean_text}" + (f"; shaded: {shaded})" if shaded else ")")
 
 
 def plot_gain_curves(rows, title, path):
     """Each variant's validation accuracy gain over the baseline (the first variant)
-    per epoch, paired by seed: the mean, with the 95% Student-t interval of the mean
-    shaded where two or more seeds pair. Shows when a variant pulls ahead and whether
-    it stays there, which the final gain alone does not."""
+    per epoch, paired by seed: the mean, with `curve_band` shaded where two or more
+    seeds pair, and the band named under `title`. Shows when a variant pulls ahead and
+    whether it stays there, which the final gain alone does not."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     axes.axhline(0, color="black", linewidth=0.8)
+    kinds = []
     for index, variant in enumerate(variants[1:], start=1):
         gains = 100 * gain_curves(rows, variant, variants[0])
         if not gains.size:
             continue
-        _plot_mean_and_band(axes, gains, f"C{index % 10}", f"{variant} ({_count(len(gains), 'seed')})")
+        kinds.append(_plot_mean_and_band(axes, gains, f"C{index % 10}", f"{variant} ({_count(len(gains), 'seed')})"))
     axes.set_xlabel("epoch")
     axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
-    axes.set_title(title)
+    axes.set_title(_band_title(title, kinds, "paired by seed; mean"))
     _legend(axes, fontsize=7, ncol=2)
     return _save(figure, path)
 
 
 def plot_accuracy_curves(rows, title, path):
-    """Validation accuracy per epoch of each variant: mean over seeds, with the 95%
-    Student-t interval of the mean shaded where there are two or more seeds."""
+    """Validation accuracy per epoch of each variant: mean over seeds, with
+    `curve_band` shaded where there are two or more seeds, and the band named under
+    `title`."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
+    kinds = []
     for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
         curves = 100 * validation_curves(rows, variant)
         if not curves.size:
             continue
-        _plot_mean_and_band(axes, curves, f"C{index % 10}", f"{variant} ({_count(len(curves), 'run')})")
+        kinds.append(_plot_mean_and_band(axes, curves, f"C{index % 10}", f"{variant} ({_count(len(curves), 'run')})"))
     axes.set_xlabel("epoch")
     axes.set_ylabel("validation accuracy (%)")
-    axes.set_title(title)
+    axes.set_title(_band_title(title, kinds, "mean over seeds"))
     _legend(axes, fontsize=7, ncol=2)
     return _save(figure, path)
 

@@ -267,13 +267,13 @@ def make_figures(rows, figure_dir, probe_images=None):
             paths.append(figures.plot_gains(
                 summary, f"{group}: test accuracy gain", os.path.join(figure_dir, f"{group}_gains.png")))
             paths.append(figures.plot_gain_curves(
-                group_rows, f"{group}: validation accuracy gain per epoch\n(paired by seed; mean, 95% CI)",
+                group_rows, f"{group}: validation accuracy gain per epoch",
                 os.path.join(figure_dir, f"{group}_gain_curves.png")))
         paths.append(figures.plot_loss_curves(
             group_rows, f"{group}: loss per epoch (mean over seeds)",
             os.path.join(figure_dir, f"{group}_loss.png")))
         paths.append(figures.plot_accuracy_curves(
-            group_rows, f"{group}: validation accuracy per epoch (mean, 95% CI over seeds)",
+            group_rows, f"{group}: validation accuracy per epoch",
             os.path.join(figure_dir, f"{group}_accuracy.png")))
         if probe_images is not None:
             paths.extend(_residual_stream_outputs(group, group_rows, probe_images, figure_dir))
