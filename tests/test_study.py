@@ -1078,31 +1078,42 @@ def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(
 @pytest.mark.one_backend
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     """recipes/cifar10_study.sh: each of its four commands parses into a valid study
-    (a stand-in interpreter records the settings instead of training)."""
+    (a stand-in interpreter records each command and its backend instead of training;
+    the test parses them with the command's own parser)."""
+    import dataclasses
+    import json
     import subprocess
     import sys
+
+    from keras_vitnorm.cli import build_parser
+    from keras_vitnorm.cli import train_config_from_args
 
     calls = tmp_path / "calls.jsonl"
     stand_in = tmp_path / "python"
     stand_in.write_text(
         f"#!{sys.executable}\n"
-        "import dataclasses, json, os, sys\n"
-        "from keras_vitnorm.cli import build_parser, train_config_from_args\n"
-        "assert sys.argv[1:3] == ['-m', 'keras_vitnorm'], sys.argv\n"
-        "args = build_parser().parse_args(sys.argv[3:])\n"
-        "args.preset, args.output_dir = 'ti16', None\n"
-        "config = train_config_from_args(args)\n"
+        "import json, os, sys\n"
         f"with open({str(calls)!r}, 'a') as f:\n"
-        "    f.write(json.dumps({'groups': args.groups, 'dir': args.study_dir, 'parallel': args.parallel,\n"
-        "                        'variants': args.variants, 'seeds': args.seeds,\n"
-        "                        'backend': os.environ.get('KERAS_BACKEND'),\n"
-        "                        'config': dataclasses.asdict(config)}) + '\\n')\n")
+        "    f.write(json.dumps({'argv': sys.argv[1:], 'backend': os.environ.get('KERAS_BACKEND')}) + '\\n')\n")
     stand_in.chmod(0o755)
     recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
     done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out")],
                           env={**os.environ, "PYTHON": str(stand_in)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    studies = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
+
+    def recorded():
+        studies = []
+        for line in calls.read_text().splitlines():
+            call = json.loads(line)
+            assert call["argv"][:2] == ["-m", "keras_vitnorm"], call["argv"]
+            args = build_parser().parse_args(call["argv"][2:])
+            args.preset, args.output_dir = "ti16", None
+            studies.append({"groups": args.groups, "dir": args.study_dir, "parallel": args.parallel,
+                            "variants": args.variants, "seeds": args.seeds, "backend": call["backend"],
+                            "config": dataclasses.asdict(train_config_from_args(args))})
+        return studies
+
+    studies = recorded()
     assert [s["groups"] for s in studies] == [
         ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"], ["converged"]]
     assert [s["dir"] for s in studies] == [
@@ -1135,7 +1146,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
                           env={**os.environ, "PYTHON": str(stand_in), "STUDIES": "converged"},
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    [picked] = [__import__("json").loads(line) for line in calls.read_text().splitlines()]
+    [picked] = recorded()
     assert picked["groups"] == ["converged"] and picked["seeds"] == [1] and picked["parallel"] == 4
     assert {k: v for k, v in picked["config"].items() if k != "seed"} == {
         k: v for k, v in config.items() if k != "seed"}
