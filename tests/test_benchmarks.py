@@ -12,6 +12,7 @@ import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_parallel  # noqa: E402
+import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import profile_tensorflow  # noqa: E402
@@ -80,6 +81,8 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_tensorflow, ["--mode", "speed"]),
     (profile_tensorflow, ["--image-size", "-3"]),
     (bench_input, ["--batches", "0"]),
+    (bench_randaugment, ["--randaugment-ops", "0"]),
+    (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "b16"]),
 ])
@@ -391,6 +394,27 @@ def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
     result["seconds"]["rmsnorm"] = [1.0, 4.0]  # faster in round 1 only, as its baseline drifted
     ratio, low, high, _ = bench_variants.summarize(result)["rmsnorm"]
     assert (low, high) == (0.5, 1.0) and ratio == 0.75
+
+
+@pytest.mark.one_backend
+def test_randaugment_benchmark_times_each_histogram_count_against_bincount(capsys, monkeypatch):
+    """One row per count asked for, each against `bincount`; `keras` builds the stream
+    without the replacement. The script's bookkeeping is the same under every backend,
+    and under JAX Keras' count takes most of a minute to build."""
+    from keras_vitnorm.training import data as data_lib
+
+    replaced = []
+    count = data_lib.count_histograms_with_bincount
+    monkeypatch.setattr(data_lib, "count_histograms_with_bincount",
+                        lambda layer: replaced.append(layer) or count(layer))
+    bench_randaugment.main(["--image-size", "8", "--batch-size", "2", "--batches", "1", "--rounds", "1",
+                            "--randaugment-ops", "1", "--counts", "bincount"])
+    table = capsys.readouterr().out
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    assert rows == ["histogram count", "bincount"]
+    assert "| 1.00x | 1.00x |" in table and len(replaced) == 1
+    first, rate = bench_randaugment.time_stream(data_lib.load_dataset("digits"), (8, 8), 2, 1, 1, "keras")
+    assert first > 0 and rate > 0 and len(replaced) == 1
 
 
 def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):

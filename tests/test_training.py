@@ -233,6 +233,39 @@ def test_augmentations_run_and_keep_shapes_and_label_mass():
         train_stream(data, (16, 16), 1, 4, 0, rand, end_step=1)
 
 
+def test_randaugment_equalization_counts_its_histogram_with_bincount_in_tf_data():
+    """RandAugment's Equalization counts each value's bin inside tf.data with bincount,
+    on every backend, as Keras counts it, and outside tf.data with Keras' own code; a
+    layer without Keras' private histogram method (another Keras version) is left as
+    it is."""
+    import tensorflow as tf
+
+    from keras_vitnorm.training import data as data_lib
+
+    equalization = data_lib._stateful_augmentation(Augmentation(randaugment_ops=1), 3, 0)[0].equalization
+    if not hasattr(type(equalization), "_custom_histogram_fixed_width"):
+        pytest.skip("this Keras has no Equalization._custom_histogram_fixed_width to replace")
+    assert "_custom_histogram_fixed_width" in vars(equalization)  # replaced on this layer
+    values = np.random.default_rng(0).uniform(0, 255, (16, 16)).astype("float32")
+    values[0, :3] = [0.0, 255.0, 127.5]  # both ends of the range and a midpoint
+    expected = np.bincount(np.clip((values * (256 - 1) / 255).astype("int32"), 0, 255).ravel(),
+                           minlength=256)
+    equalization.backend.set_backend("tensorflow")  # as RandAugment sets it in tf.data
+    counted = next(iter(tf.data.Dataset.from_tensors(values).map(
+        lambda channel: equalization._custom_histogram_fixed_width(channel, (0, 255), 256))))
+    np.testing.assert_array_equal(np.asarray(counted), expected)
+    equalization.backend.set_backend(keras.backend.backend())
+    eager = equalization._custom_histogram_fixed_width(values, (0, 255), 256)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(eager), expected)
+
+    class OtherEqualization:
+        pass
+
+    other = OtherEqualization()
+    assert not data_lib.count_histograms_with_bincount(other) and vars(other) == {}
+    assert not data_lib.count_histograms_with_bincount(None)
+
+
 # ----------------------------------------------------------------------------- runs
 
 

@@ -761,14 +761,47 @@ def _stateful_augmentation(augmentation, channels, seed):
             "RandAugment needs RGB images; this dataset/model has "
             f"{channels} channel(s). Set randaugment_ops=0."
         )
-    return [
-        keras.layers.RandAugment(
-            value_range=(0, 255),
-            num_ops=augmentation.randaugment_ops,
-            factor=augmentation.randaugment_factor,
-            seed=seed,
-        )
-    ]
+    layer = keras.layers.RandAugment(
+        value_range=(0, 255),
+        num_ops=augmentation.randaugment_ops,
+        factor=augmentation.randaugment_factor,
+        seed=seed,
+    )
+    count_histograms_with_bincount(getattr(layer, "equalization", None))
+    return [layer]
+
+
+def count_histograms_with_bincount(equalization):
+    """Makes a Keras `Equalization` layer count its histogram with `bincount` whenever it
+    computes with TensorFlow (in a tf.data stream); returns whether it could.
+
+    Keras 3.15's `Equalization` chooses how to count its 256-bin histogram by the global
+    backend, not by the backend it computes with: under JAX, inside tf.data, it takes
+    the JAX code, a Python loop over the 256 bins of every channel, which tf.data builds
+    op by op: the stream then takes eight times as long to build and to give its
+    first batch, and delivers a quarter of the images per second after it
+    (`benchmarks/bench_randaugment.py`;
+    docs/performance.md, "RandAugment under JAX"). This replaces the layer's private
+    `_custom_histogram_fixed_width` on this one layer, counting as Keras does (each
+    value's bin, clipped to the range) with `tf.math.bincount`. Where the layer has no
+    such method (another Keras version), it is left as Keras made it: the stream is
+    slower under JAX, and the same.
+    """
+    keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
+    if keras_histogram is None:
+        return False
+
+    def histogram(values, value_range, nbins):
+        if equalization.backend.name != "tensorflow":
+            return keras_histogram(values, value_range, nbins)
+        tf = _tf()
+        low, high = (tf.cast(bound, "float32") for bound in value_range)
+        bins = tf.cast((tf.cast(values, "float32") - low) * (nbins - 1) / (high - low), "int32")
+        bins = tf.reshape(tf.clip_by_value(bins, 0, nbins - 1), [-1])
+        return tf.math.bincount(bins, minlength=nbins, maxlength=nbins, dtype="int32")
+
+    equalization._custom_histogram_fixed_width = histogram
+    return True
 
 
 def _batch_augmentation(augmentation, seed):
