@@ -17,6 +17,7 @@ over `--rounds` rounds, and each against `bincount`.
 """
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -32,12 +33,10 @@ def time_stream(data, size, batch_size, batches, ops, count):
     from keras_vitnorm.training import data as data_lib
 
     augmentation = data_lib.Augmentation(crop="pad", crop_padding=4, flip=True, randaugment_ops=ops)
-    keep_keras_count = mock.patch.object(data_lib, "count_histograms_with_bincount", lambda layer: False)
+    keep_keras_count = (mock.patch.object(data_lib, "count_histograms_with_bincount", lambda layer: False)
+                        if count == "keras" else contextlib.nullcontext())
     began = time.perf_counter()
-    if count == "keras":
-        with keep_keras_count:
-            stream = data_lib.train_stream(data, size, 3, batch_size, 0, augmentation, end_step=batches + 1)
-    else:
+    with keep_keras_count:
         stream = data_lib.train_stream(data, size, 3, batch_size, 0, augmentation, end_step=batches + 1)
     iterator = iter(stream)
     next(iterator)

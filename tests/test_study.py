@@ -1020,8 +1020,8 @@ def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):
 
 def test_curve_bands_are_the_t_interval_from_three_runs_and_the_runs_range_with_two(tmp_path, monkeypatch):
     """Two runs' 95% t interval reaches 12.7 standard errors either side of the mean,
-    so wide that it hides every difference: with two runs the band is the two curves themselves, and the
-    figure's title says which band it shades."""
+    so wide that it hides every difference: with two runs the band is the two curves
+    themselves, and the figure's title says which band it shades."""
     from scipy import stats
 
     from keras_vitnorm.study import figures

@@ -207,9 +207,15 @@ def _plot_mean_and_band(axes, curves, color, label):
 def _band_title(title, kinds, mean_text):
     """`title` with a second line naming the mean and the bands `kinds` drawn."""
     kinds = set(kinds) - {None}
-    shaded = {frozenset(["95% CI"]): "95% CI", frozenset(["range"]): "the range of the two seeds",
-              frozenset(["95% CI", "range"]): "95% CI, or the range of a variant's two seeds"}.get(frozenset(kinds))
-    return f"{title}\n({mean_text}" + (f"; shaded: {shaded})" if shaded else ")")
+    if not kinds:
+        return f"{title}\n({mean_text})"
+    if kinds == {"95% CI"}:
+        shaded = "95% CI"
+    elif kinds == {"range"}:
+        shaded = "the range of the two seeds"
+    else:
+        shaded = "95% CI, or the range of a variant's two seeds"
+    return f"{title}\n({mean_text}; shaded: {shaded})"
 
 
 def plot_gain_curves(rows, title, path):
@@ -226,7 +232,8 @@ def plot_gain_curves(rows, title, path):
         gains = 100 * gain_curves(rows, variant, variants[0])
         if not gains.size:
             continue
-        kinds.append(_plot_mean_and_band(axes, gains, f"C{index % 10}", f"{variant} ({_count(len(gains), 'seed')})"))
+        label = f"{variant} ({_count(len(gains), 'seed')})"
+        kinds.append(_plot_mean_and_band(axes, gains, f"C{index % 10}", label))
     axes.set_xlabel("epoch")
     axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
     axes.set_title(_band_title(title, kinds, "paired by seed; mean"))
@@ -245,7 +252,8 @@ def plot_accuracy_curves(rows, title, path):
         curves = 100 * validation_curves(rows, variant)
         if not curves.size:
             continue
-        kinds.append(_plot_mean_and_band(axes, curves, f"C{index % 10}", f"{variant} ({_count(len(curves), 'run')})"))
+        label = f"{variant} ({_count(len(curves), 'run')})"
+        kinds.append(_plot_mean_and_band(axes, curves, f"C{index % 10}", label))
     axes.set_xlabel("epoch")
     axes.set_ylabel("validation accuracy (%)")
     axes.set_title(_band_title(title, kinds, "mean over seeds"))
