@@ -977,7 +977,7 @@ def logged_run(tmp_path, variant, seed, curve, status="completed"):
     return {**row(variant, seed, curve[-1], status), "run_dir": str(run_dir)}
 
 
-def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
+def test_convergence_table_names_its_marks_and_what_training_added_after_the_late_one(tmp_path):
     from keras_vitnorm.study import factors
 
     def run(*args, **kwargs):
@@ -986,15 +986,20 @@ def test_convergence_table_reads_how_much_the_last_quarter_added(tmp_path):
     rows = [run("a", 0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75]),
             run("a", 1, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.77, 0.9]),  # cut to 8 epochs
             run("b", 0, [0.1, 0.2, 0.3]),  # too short to judge
-            run("c", 0, [0.5] * 8, status="diverged")]
+            run("c", 0, [0.5] * 8, status="diverged"),
+            run("d", 0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])]
     table = factors.convergence_table(rows)
     # half: epoch 4 (40%); three quarters: epoch 6 (60%); end: 75% and 77%; added 15 and
     # 17; training accuracy in the 8th epoch 90.7% and 91.7%.
     differences = np.array([0.75, 0.77]) - 0.6
     mean, ci = confidence_interval(differences)
-    assert f"| a | 2 | 8 | 40.00 | 60.00 | 76.00 | {100 * mean:.2f} ± {100 * ci:.2f} | 91.20 |" in table
+    assert (f"| a | 2 | 8 | 4, 6 | 40.00 | 60.00 | 76.00 | {100 * mean:.2f} ± {100 * ci:.2f} "
+            "| 91.20 |") in table
+    # Six epochs have no epoch at three quarters: the late mark is the last epoch before
+    # it (the 4th), and the row says so rather than call the last third a quarter.
+    assert "| d | 1 | 6 | 3, 4 | 30.00 | 40.00 | 60.00 | 20.00 | 90.50 |" in table
     assert "| b |" not in table and "| c |" not in table
-    assert factors.convergence_table(rows[2:]) == ""
+    assert factors.convergence_table(rows[2:4]) == ""
 
 
 def test_gain_curves_pair_each_variant_with_the_baseline_seed_by_seed(tmp_path):

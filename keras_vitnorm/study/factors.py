@@ -256,28 +256,33 @@ def residual_stream_table(streams):
 
 
 def convergence_table(rows):
-    """Markdown: per variant, the mean validation accuracy at half, three quarters and
-    the end of training, what the last quarter added (points), and the training
-    accuracy of the last epoch (on the augmented batches): how flat each variant's
-    validation curve is when training stops, and how far it has fitted its training
-    set. `""` when no variant of `rows` logged four or more epochs."""
+    """Markdown: per variant, the mean validation accuracy at the half mark, the late
+    mark and the end of training, what training added after the late mark (points),
+    and the training accuracy of the last epoch (on the augmented batches): how flat
+    each variant's validation curve is when training stops, and how far it has fitted
+    its training set. The marks are the last epochs that end at or before 1/2 and 3/4
+    of training, named in each row: with 16 epochs the late mark is epoch 12 and what
+    follows is the last quarter; with 6 it is epoch 4, and what follows is the last
+    third. `""` when no variant of `rows` logged four or more epochs."""
     from keras_vitnorm.study.figures import validation_curves
 
     lines = [
-        "| variant | runs | epochs | val. accuracy at 1/2 (%) | at 3/4 (%) | at the end (%) "
-        "| last quarter added (points, mean ± 95% CI) | training accuracy, last epoch (%) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | runs | epochs | half and late mark (epoch) | val. accuracy at the half mark (%) "
+        "| at the late mark (%) | at the end (%) | added after the late mark (points, mean ± 95% CI) "
+        "| training accuracy, last epoch (%) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         curves = 100 * validation_curves(rows, variant)
         if curves.shape[1] < 4:
             continue
         epochs = curves.shape[1]
-        half, three_quarters = curves[:, epochs // 2 - 1], curves[:, (3 * epochs) // 4 - 1]
-        added = mean_ci_text(list((curves[:, -1] - three_quarters) / 100))
+        half_mark, late_mark = epochs // 2, (3 * epochs) // 4
+        half, late = curves[:, half_mark - 1], curves[:, late_mark - 1]
+        added = mean_ci_text(list((curves[:, -1] - late) / 100))
         training = 100 * validation_curves(rows, variant, column="accuracy")[:, epochs - 1]
         lines.append(
-            f"| {variant} | {len(curves)} | {epochs} | {half.mean():.2f} | "
-            f"{three_quarters.mean():.2f} | {curves[:, -1].mean():.2f} | {added} | {training.mean():.2f} |"
+            f"| {variant} | {len(curves)} | {epochs} | {half_mark}, {late_mark} | {half.mean():.2f} | "
+            f"{late.mean():.2f} | {curves[:, -1].mean():.2f} | {added} | {training.mean():.2f} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
