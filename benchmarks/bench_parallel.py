@@ -30,6 +30,10 @@ KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def worker(args):
+    if args.host_memory == "retain":  # as the workers of `ablate --parallel` do
+        from keras_vitnorm.host_memory import retain_freed_memory
+
+        retain_freed_memory()
     import keras
 
     from keras_vitnorm import ViT
@@ -86,7 +90,7 @@ def markdown(results, args):
         f"Training throughput of the {args.model} model, batch {args.batch_size}, "
         f"{args.mixed_precision}: one process with {args.processes} threads against "
         f"{args.processes} processes with 1 thread each ({args.rounds} rounds of {args.steps} "
-        "steps; median, range of the ratio over rounds).",
+        f"steps; median, range of the ratio over rounds; host memory: {args.host_memory}).",
         "",
         f"| backend | 1 process x {args.processes} threads (img/s) "
         f"| {args.processes} processes x 1 thread (img/s, summed) | ratio |",
@@ -116,6 +120,10 @@ def main(argv=None):
     parser.add_argument("--backends", nargs="+", choices=KERAS_BACKENDS, default=list(KERAS_BACKENDS))
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
+    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
+                        help="retain (default): every worker calls "
+                             "keras_vitnorm.host_memory.retain_freed_memory() first, as the workers "
+                             "of `ablate --parallel` do; default: glibc's own settings")
     parser.add_argument("--json", help="write the per-round throughputs to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
@@ -127,7 +135,7 @@ def main(argv=None):
         return 0
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size), "--steps",
                  str(args.steps), "--warmup", str(args.warmup), "--mixed-precision",
-                 args.mixed_precision]
+                 args.mixed_precision, "--host-memory", args.host_memory]
     results = {}
     for backend in args.backends:
         print(f"{backend}: {args.rounds} rounds ...", file=sys.stderr, flush=True)

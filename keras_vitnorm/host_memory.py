@@ -31,8 +31,8 @@ def retain_freed_memory():
 
     The cost: the process keeps its peak memory until it exits, and threads share
     one allocator lock. That is why only the commands that train (`keras-vitnorm
-    train` and `ablate`) and the benchmark scripts apply it, not the library on
-    import. It takes effect for threads that have not allocated yet, so it belongs
+    train`, `ablate` and its worker processes, `segment`, `vtab`, `lit`) and the
+    throughput benchmarks apply it, not the library on import. It takes effect for threads that have not allocated yet, so it belongs
     at the start of a process, before the first computation.
 
     Returns:

@@ -432,14 +432,20 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     assert rows["training step (study model)"].endswith("| 1.0x |")
 
 
-def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path):
-    args = argparse.Namespace(model="study", batch_size=2, steps=1, warmup=1,
+def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):
+    from keras_vitnorm import host_memory
+
+    retained = []
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: retained.append(True))
+    args = argparse.Namespace(model="study", batch_size=2, steps=1, warmup=1, host_memory="retain",
                               mixed_precision="float32", barrier=str(tmp_path), barrier_count=1)
     assert bench_parallel.worker(args)["images_per_second"] > 0
     assert len(os.listdir(tmp_path)) == 1  # it announced itself before timing
+    assert retained == [True]  # as the workers of `ablate --parallel` do
     table = bench_parallel.markdown(
         {"jax": {"single": [100.0, 110.0], "parallel": [120.0, 99.0]}, "torch": {"error": "boom"}},
         argparse.Namespace(model="study", batch_size=128, mixed_precision="float32", processes=2,
-                           rounds=2, steps=20))
+                           rounds=2, steps=20, host_memory="default"))
     assert "| jax | 105 | 110 | 1.05 (0.90 to 1.20) |" in table
+    assert "host memory: default" in table
     assert "| torch | failed: boom | | |" in table

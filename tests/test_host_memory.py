@@ -80,3 +80,23 @@ def test_the_library_does_not_export_the_process_setting():
     import keras_vitnorm
 
     assert not hasattr(keras_vitnorm, "retain_freed_memory")
+
+
+def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatch):
+    # `ablate --parallel N` trains each run in a child process; the child trains as the
+    # `ablate` command does, so it takes the allocator setting before its first step.
+    import json
+
+    from keras_vitnorm import host_memory
+    from keras_vitnorm.study import runs
+    from keras_vitnorm.study import workers
+    from keras_vitnorm.training import TrainConfig
+
+    events = []
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: events.append("retain"))
+    monkeypatch.setattr(runs, "run_one", lambda *args, **kwargs: events.append("train"))
+    job = {"config": TrainConfig(dataset="synthetic", steps=1).to_dict(), "group": "g",
+           "name": "n", "run_dir": str(tmp_path / "run"), "verbose": 0, "take_over_lock": False}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert workers.main([str(tmp_path / "job.json")]) == 0
+    assert events == ["retain", "train"]

@@ -134,11 +134,18 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
 
 
 def main(argv=None):
-    """Child entry point: trains the run a job file describes; returns the exit status."""
+    """Child entry point: trains the run a job file describes; returns the exit status.
+
+    It trains as its parent, the `ablate` command, does: with freed host memory kept
+    for reuse (`keras_vitnorm.host_memory.retain_freed_memory`), set before the first
+    computation."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m keras_vitnorm.study.workers JOB_FILE", file=sys.stderr)
         return 2
+    from keras_vitnorm import host_memory
+
+    host_memory.retain_freed_memory()
     with open(argv[0]) as f:
         job = json.load(f)
     from keras_vitnorm.study.runs import run_one
