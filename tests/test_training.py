@@ -130,6 +130,11 @@ def test_sgd_takes_momentum_steps_without_weight_decay():
 def test_finetune_384_recipe_needs_a_trained_model_and_fine_tunes_it_at_a_new_size(tmp_path):
     with pytest.raises(ValueError, match="fine-tunes a trained model: pass --preset"):
         TrainConfig.from_recipe("finetune_384")
+    # A built-in name has no weights: fine-tuning it would train from scratch at the
+    # preset's own size, so both fine-tuning recipes refuse it.
+    for recipe in ("finetune_384", "vtab_1k"):
+        with pytest.raises(ValueError, match=f"'b16' is a built-in architecture without weights.*{recipe}"):
+            TrainConfig.from_recipe(recipe, preset="b16")
     source = ViT(**TINY, num_classes=10)
     source.save_to_preset(tmp_path / "trained")
     config = TrainConfig.from_recipe("finetune_384", preset=str(tmp_path / "trained"))
@@ -774,3 +779,15 @@ def test_two_torchrun_processes_with_dropout_resume_to_the_uninterrupted_run(tmp
     w2 = np.load(tmp_path / "resumed" / "preset" / "model.weights.npz")
     for key in w1.files:
         np.testing.assert_array_equal(w2[key], w1[key], err_msg=key)
+
+
+def test_the_start_line_names_the_model_settings_that_differ_from_the_preset():
+    # The default recipe cuts every built-in preset down; the line that opens a run says
+    # so rather than name the preset alone.
+    from keras_vitnorm.training.trainer import describe_model
+
+    config = TrainConfig.from_recipe("small", preset="s16_dpn")
+    assert describe_model(config) == ("s16_dpn with depth=6, image_size=32, mlp_dim=384, "
+                                      "patch_size=8, width=96")
+    config.model = {}
+    assert describe_model(config) == "s16_dpn"

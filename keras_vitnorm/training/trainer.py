@@ -177,6 +177,13 @@ def _model_overrides(config, data):
     return overrides
 
 
+def describe_model(config):
+    """The preset and the model settings the run changes in it (the recipe's and the
+    given ones), as the line that opens a run names them: `"s16_dpn with depth=6, ..."`."""
+    changes = ", ".join(f"{key}={value}" for key, value in sorted(config.model.items()))
+    return f"{config.preset} with {changes}" if changes else str(config.preset)
+
+
 def _default_output_dir(config):
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     preset = os.path.basename(os.path.normpath(config.preset))
@@ -475,7 +482,7 @@ class _Run:
         if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
             distribution.average_gradients(model.optimizer)
         self.say(
-            f"Model {config.preset} ({model.count_params():,} parameters, {self.image_size[0]}x"
+            f"Model {describe_model(config)} ({model.count_params():,} parameters, {self.image_size[0]}x"
             f"{self.image_size[1]}x{self.channels}); {plan.total_steps} steps of batch "
             f"{config.batch_size}, {plan.steps_per_epoch} steps per epoch; output in {self.output_dir}"
         )
