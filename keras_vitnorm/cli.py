@@ -36,7 +36,9 @@ TRAIN_EXAMPLES = """examples:
   keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
   keras-vitnorm train --norm rmsnorm --stem patch       # same recipe, other normalization
   keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
-  keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224
+  keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224 \\
+      --patch-size 16 --width 384 --mlp-dim 1536 --depth 12   # S/16 as it is: the default
+                                        # recipe cuts any preset to its small size
   keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
   keras-vitnorm train --recipe finetune_384 --preset runs/b16/preset --manual-dir ~/imagenet
   keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
@@ -753,14 +755,16 @@ def _evaluate(parser, args):
 TRAINING_COMMANDS = ("train", "ablate", "segment", "vtab", "lit")
 
 
-def console():
-    """Entry point of the `keras-vitnorm` console script.
+def console(argv=None):
+    """Entry point of the `keras-vitnorm` console script, `python -m keras_vitnorm` and
+    the scripts in `recipes/`: runs the command `argv` (default `sys.argv[1:]`) and exits
+    with its status.
 
     Before a command that trains, it makes the process keep freed memory
     (`keras_vitnorm.host_memory.retain_freed_memory`; its effect on the training step
     is in docs/performance.md). `convert` and `evaluate` leave the allocator as it is.
     """
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
         from keras_vitnorm.host_memory import retain_freed_memory
 

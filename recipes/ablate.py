@@ -9,7 +9,7 @@ docs/normalization-guide.md, with the exact commands.
 
 import sys
 
-from keras_vitnorm.cli import main
+from keras_vitnorm.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main(["ablate", *sys.argv[1:]]))
+    console(["ablate", *sys.argv[1:]])

@@ -6,7 +6,7 @@
 
 import sys
 
-from keras_vitnorm.cli import main
+from keras_vitnorm.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main(["convert", *sys.argv[1:]]))
+    console(["convert", *sys.argv[1:]])

@@ -5,7 +5,7 @@
 
 import sys
 
-from keras_vitnorm.cli import main
+from keras_vitnorm.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main(["evaluate", *sys.argv[1:]]))
+    console(["evaluate", *sys.argv[1:]])

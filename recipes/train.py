@@ -6,7 +6,7 @@
 
 import sys
 
-from keras_vitnorm.cli import main
+from keras_vitnorm.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    console(["train", *sys.argv[1:]])

@@ -100,3 +100,35 @@ def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatc
     (tmp_path / "job.json").write_text(json.dumps(job))
     assert workers.main([str(tmp_path / "job.json")]) == 0
     assert events == ["retain", "train"]
+
+
+@pytest.mark.parametrize("script, command", [("train", "train"), ("ablate", "ablate"),
+                                              ("evaluate", "evaluate"), ("convert", "convert")])
+def test_the_recipe_scripts_run_the_command_as_the_console_script_does(monkeypatch, script, command):
+    # `python recipes/train.py` is documented as the same command as `keras-vitnorm
+    # train`: it goes through `console`, which sets the allocator for the commands that
+    # train and holds back the frameworks' log lines.
+    import os
+    import runpy
+
+    from keras_vitnorm import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "console", lambda argv=None: calls.append(argv))
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--help"])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runpy.run_path(os.path.join(root, "recipes", f"{script}.py"), run_name="__main__")
+    assert calls == [[command, "--help"]]
+
+
+def test_console_takes_the_arguments_it_is_given(monkeypatch):
+    from keras_vitnorm import cli
+    from keras_vitnorm import host_memory
+
+    calls, mains = [], []
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(cli, "main", lambda argv, **options: mains.append((argv, options)) or 0)
+    monkeypatch.setattr(sys, "argv", ["ignored", "evaluate"])
+    with pytest.raises(SystemExit):
+        cli.console(["ablate", "--help"])
+    assert calls == [True] and mains == [(["ablate", "--help"], {"hide_framework_logs": True})]
