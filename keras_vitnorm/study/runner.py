@@ -19,8 +19,8 @@ Layout of a study directory:
 
 A run whose `metrics.json` says `completed` or `diverged` is not trained again when the
 study is restarted; an interrupted run is resumed from its backup. A variant whose
-settings are identical to a run earlier in the study (every group's pre-LN baseline is
-the same model) reuses that run instead of training it again; its row's `run_dir`
+settings are identical to a run earlier in the study (such as the plain pre-LN baseline
+that several groups share) reuses that run instead of training it again; its row's `run_dir`
 points at the run it shares.
 
 `export_study` copies what a study's results are made of (tables, figures, and each
