@@ -121,9 +121,9 @@ def main(argv=None):
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
     parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): every worker calls "
-                             "keras_vitnorm.host_memory.retain_freed_memory() first, as the workers "
-                             "of `ablate --parallel` do; default: glibc's own settings")
+                        help="retain (default): every worker calls keras_vitnorm.host_memory."
+                             "retain_freed_memory() first, as the workers of `ablate "
+                             "--parallel` do; default: glibc's own settings")
     parser.add_argument("--json", help="write the per-round throughputs to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)

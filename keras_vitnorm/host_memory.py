@@ -32,8 +32,9 @@ def retain_freed_memory():
     The cost: the process keeps its peak memory until it exits, and threads share
     one allocator lock. That is why only the commands that train (`keras-vitnorm
     train`, `ablate` and its worker processes, `segment`, `vtab`, `lit`) and the
-    throughput benchmarks apply it, not the library on import. It takes effect for threads that have not allocated yet, so it belongs
-    at the start of a process, before the first computation.
+    throughput benchmarks apply it, not the library on import. It takes effect for
+    threads that have not allocated yet, so it belongs at the start of a process,
+    before the first computation.
 
     Returns:
         `True` when applied; `False`, changing nothing, where the C library is

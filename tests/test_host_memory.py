@@ -104,7 +104,7 @@ def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("script, command", [("train", "train"), ("ablate", "ablate"),
                                               ("evaluate", "evaluate"), ("convert", "convert")])
-def test_the_recipe_scripts_run_the_command_as_the_console_script_does(monkeypatch, script, command):
+def test_the_recipe_scripts_run_their_command_as_the_console_script(monkeypatch, script, command):
     # `python recipes/train.py` is documented as the same command as `keras-vitnorm
     # train`: it goes through `console`, which sets the allocator for the commands that
     # train and holds back the frameworks' log lines.

@@ -133,7 +133,8 @@ def test_finetune_384_recipe_needs_a_trained_model_and_fine_tunes_it_at_a_new_si
     # A built-in name has no weights: fine-tuning it would train from scratch at the
     # preset's own size, so both fine-tuning recipes refuse it.
     for recipe in ("finetune_384", "vtab_1k"):
-        with pytest.raises(ValueError, match=f"'b16' is a built-in architecture without weights.*{recipe}"):
+        refused = f"'b16' is a built-in architecture without weights.*{recipe}"
+        with pytest.raises(ValueError, match=refused):
             TrainConfig.from_recipe(recipe, preset="b16")
     source = ViT(**TINY, num_classes=10)
     source.save_to_preset(tmp_path / "trained")

@@ -267,8 +267,9 @@ def convergence_table(rows):
     from keras_vitnorm.study.figures import validation_curves
 
     lines = [
-        "| variant | runs | epochs | half and late mark (epoch) | val. accuracy at the half mark (%) "
-        "| at the late mark (%) | at the end (%) | added after the late mark (points, mean ± 95% CI) "
+        "| variant | runs | epochs | half and late mark (epoch) "
+        "| val. accuracy at the half mark (%) | at the late mark (%) | at the end (%) "
+        "| added after the late mark (points, mean ± 95% CI) "
         "| training accuracy, last epoch (%) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -282,7 +283,8 @@ def convergence_table(rows):
         added = mean_ci_text(list((curves[:, -1] - late) / 100))
         training = 100 * validation_curves(rows, variant, column="accuracy")[:, epochs - 1]
         lines.append(
-            f"| {variant} | {len(curves)} | {epochs} | {half_mark}, {late_mark} | {half.mean():.2f} | "
-            f"{late.mean():.2f} | {curves[:, -1].mean():.2f} | {added} | {training.mean():.2f} |"
+            f"| {variant} | {len(curves)} | {epochs} | {half_mark}, {late_mark} "
+            f"| {half.mean():.2f} | {late.mean():.2f} | {curves[:, -1].mean():.2f} | {added} "
+            f"| {training.mean():.2f} |"
         )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""

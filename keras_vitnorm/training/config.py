@@ -186,10 +186,10 @@ class TrainConfig:
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
             if get_recipe(self.recipe)["preset"] is None:
                 raise ValueError(
-                    f"--preset {self.preset!r} is a built-in architecture without weights, and the "
-                    f"{self.recipe!r} recipe fine-tunes a trained model: pass a preset directory or a "
-                    "checkpoint (docs/checkpoints.md), or train the architecture from scratch with "
-                    "the 'small' or 'augreg_i1k' recipe."
+                    f"--preset {self.preset!r} is a built-in architecture without weights, and "
+                    f"the {self.recipe!r} recipe fine-tunes a trained model: pass a preset "
+                    "directory or a checkpoint (docs/checkpoints.md), or train the architecture "
+                    "from scratch with the 'small' or 'augreg_i1k' recipe."
                 )
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)

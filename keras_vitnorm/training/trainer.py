@@ -482,9 +482,10 @@ class _Run:
         if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
             distribution.average_gradients(model.optimizer)
         self.say(
-            f"Model {describe_model(config)} ({model.count_params():,} parameters, {self.image_size[0]}x"
-            f"{self.image_size[1]}x{self.channels}); {plan.total_steps} steps of batch "
-            f"{config.batch_size}, {plan.steps_per_epoch} steps per epoch; output in {self.output_dir}"
+            f"Model {describe_model(config)} ({model.count_params():,} parameters, "
+            f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
+            f"{plan.total_steps} steps of batch {config.batch_size}, {plan.steps_per_epoch} steps "
+            f"per epoch; output in {self.output_dir}"
         )
         self.checkpoint = callbacks_lib.RunCheckpoint(
             self.backup_dir, save_freq=config.backup_every or "epoch"
