@@ -1,5 +1,6 @@
 """Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
-training stability by depth, and how flat each variant's validation curve is at the end.
+each variant against its group's baseline, training stability by depth, and how flat
+each variant's validation curve is at the end.
 
 Both read the rows `run_study` returns (or `results.csv`) and the factor levels that
 `keras_vitnorm.study.variants.variant_factors` records for each variant.
@@ -133,6 +134,32 @@ def against_dpn_table(rows, group="dpn_factors"):
                 lines.append("| " + " | ".join(_level_cells(level))
                              + f" | {stem} | {len(other)} | {_difference(other, dpn)} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def baseline_difference_table(rows):
+    """Markdown, for one group's rows: each variant against the group's baseline (its
+    first variant), test accuracy minus the baseline's in points (Welch 95% CI; `*`
+    where it excludes 0). Empty for a group of one variant."""
+    variants = list(dict.fromkeys(row["variant"] for row in rows))
+    if len(variants) < 2:
+        return ""
+
+    def accuracies(variant):
+        return [float(r["test_accuracy"]) for r in rows
+                if r["variant"] == variant and r["status"] == "completed"]
+
+    baseline = accuracies(variants[0])
+    lines = [
+        f"| variant | runs | test accuracy (%), mean ± 95% CI | {variants[0]} (%) "
+        "| difference, points (Welch 95% CI) |",
+        "|---|---|---|---|---|",
+    ]
+    for variant in variants[1:]:
+        treated = accuracies(variant)
+        runs = sum(r["variant"] == variant for r in rows)
+        lines.append(f"| {variant} | {runs} | {mean_ci_text(treated)} | {mean_ci_text(baseline)} "
+                     f"| {_difference(treated, baseline)} |")
+    return "\n".join(lines) + "\n"
 
 
 _BLOCK = re.compile(r"block_(\d+)/")

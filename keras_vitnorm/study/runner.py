@@ -513,9 +513,10 @@ def gradient_norm_table(rows):
 def write_results(rows, output_dir):
     """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
     for groups trained four or more epochs (`factors.convergence_table`) and, where
-    the groups ran: `<group>_differences.md` for each group that varies the stem by
-    factor level (`dpn_factors`, `dpn_schedule`: each stem against the plain stem at
-    its level), `gradient_norms.md` (stem runs that recorded gradient norms),
+    the groups ran: `<group>_differences.md` (for a group that varies the stem by
+    factor level, `dpn_factors` and `dpn_schedule`, each stem against the plain stem at
+    its level; for any other group of two or more variants, each variant against the
+    group's baseline), `gradient_norms.md` (stem runs that recorded gradient norms),
     `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
     format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
@@ -531,8 +532,10 @@ def write_results(rows, output_dir):
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
         durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summarize(group_rows)))
+        differences = (factors.dpn_factor_table(group_rows, group)
+                       or factors.baseline_difference_table(group_rows))
         for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
-                            (f"{group}_differences.md", factors.dpn_factor_table(group_rows, group))):
+                            (f"{group}_differences.md", differences)):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)
     for name, table in (
