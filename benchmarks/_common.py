@@ -18,6 +18,27 @@ def check_positive_ints(parser, args, names):
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
 
 
+#: `--host-memory` settings: "retain" calls `keras_vitnorm.host_memory.retain_freed_memory()`
+#: before the first computation (as the study's workers do), "default" leaves glibc's own.
+HOST_MEMORY_SETTINGS = ("retain", "default")
+
+
+def add_host_memory_argument(parser, help):
+    """Adds `--host-memory` (`HOST_MEMORY_SETTINGS`, "retain" by default) to `parser`."""
+    parser.add_argument("--host-memory", default="retain", choices=HOST_MEMORY_SETTINGS, help=help)
+
+
+def apply_host_memory(setting):
+    """Applies a `--host-memory` setting in this process; call it before the first computation."""
+    if setting not in HOST_MEMORY_SETTINGS:
+        valid = ", ".join(HOST_MEMORY_SETTINGS)
+        raise ValueError(f"host memory setting {setting!r} is not one of {valid}")
+    if setting == "retain":
+        from keras_vitnorm.host_memory import retain_freed_memory
+
+        retain_freed_memory()
+
+
 def compile_like_fit(model, jit_compile="auto"):
     """Compiles a Keras model the way every benchmark times it: AdamW(1e-4), cross-entropy on logits."""
     import keras

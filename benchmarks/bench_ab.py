@@ -44,6 +44,8 @@ import statistics
 import sys
 
 import numpy as np
+from _common import add_host_memory_argument
+from _common import apply_host_memory
 from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
@@ -171,8 +173,8 @@ def main(argv=None):
                         help="cpu: GPUs hidden from the workers (default); gpu: models and batch on the GPU")
     parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"),
                         help="Keras dtype policy in the workers")
-    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): each worker calls keras_vitnorm.host_memory.retain_freed_memory() first")
+    add_host_memory_argument(parser, "retain (default): each worker calls "
+                                     "keras_vitnorm.host_memory.retain_freed_memory() first")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", choices=CHANGES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -192,10 +194,7 @@ def main(argv=None):
     except ValueError as error:
         parser.error(f"--preset: {error}")
     if args.worker:
-        if args.host_memory == "retain":
-            from keras_vitnorm.host_memory import retain_freed_memory
-
-            retain_freed_memory()
+        apply_host_memory(args.host_memory)
         result = worker_ab(args.worker, args.modes, config, args.batch_size, args.rounds, args.steps,
                            args.device, args.mixed_precision)
         print("RESULT " + json.dumps(result))

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from _common import add_host_memory_argument
+from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import synthetic_batch
@@ -30,10 +32,7 @@ KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def worker(args):
-    if args.host_memory == "retain":  # as the workers of `ablate --parallel` do
-        from keras_vitnorm.host_memory import retain_freed_memory
-
-        retain_freed_memory()
+    apply_host_memory(args.host_memory)  # as the workers of `ablate --parallel` do
     import keras
 
     from keras_vitnorm import ViT
@@ -120,10 +119,9 @@ def main(argv=None):
     parser.add_argument("--backends", nargs="+", choices=KERAS_BACKENDS, default=list(KERAS_BACKENDS))
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
-    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): every worker calls keras_vitnorm.host_memory."
-                             "retain_freed_memory() first, as the workers of `ablate "
-                             "--parallel` do; default: glibc's own settings")
+    add_host_memory_argument(parser, "retain (default): every worker calls keras_vitnorm."
+                                     "host_memory.retain_freed_memory() first, as the workers "
+                                     "of `ablate --parallel` do; default: glibc's own settings")
     parser.add_argument("--json", help="write the per-round throughputs to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)

@@ -46,6 +46,8 @@ import tempfile
 import time
 
 import numpy as np
+from _common import add_host_memory_argument
+from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import failure_row
 from _common import keras_steps
@@ -169,10 +171,8 @@ def _timed(step, warmup, steps, repeats):
 
 
 def worker_main(args):
-    if args.host_memory == "retain":  # before the first computation, for every implementation alike
-        from keras_vitnorm.host_memory import retain_freed_memory
-
-        retain_freed_memory()
+    # before the first computation, for every implementation alike
+    apply_host_memory(args.host_memory)
     from keras_vitnorm.models.presets import preset_config
 
     config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
@@ -372,9 +372,9 @@ def main(argv=None):
     parser.add_argument("--interleave", action="store_true",
                         help="start every implementation once and keep it running; each of --rounds rounds "
                              "times --repeats runs of --steps steps of every implementation in turn")
-    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain: every implementation's process (the reference too) calls "
-                             "keras_vitnorm.host_memory.retain_freed_memory() first; default: glibc's own settings")
+    add_host_memory_argument(parser, "retain: every implementation's process (the reference "
+                                     "too) calls keras_vitnorm.host_memory.retain_freed_memory() "
+                                     "first; default: glibc's own settings")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

@@ -30,6 +30,8 @@ import tempfile
 import time
 
 import numpy as np
+from _common import add_host_memory_argument
+from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import compile_like_fit
 
@@ -127,8 +129,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=2, help="profiled steps")
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--host-memory", default="retain", choices=("retain", "default"),
-                        help="retain (default): call keras_vitnorm.host_memory.retain_freed_memory() first, as bench_vit.py does")
+    add_host_memory_argument(parser, "retain (default): call keras_vitnorm.host_memory."
+                                     "retain_freed_memory() first, as bench_vit.py does")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads", "image_size"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "tensorflow":
@@ -137,10 +139,7 @@ def main(argv=None):
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(args.threads))
     import keras_vitnorm
 
-    if args.host_memory == "retain":
-        from keras_vitnorm.host_memory import retain_freed_memory
-
-        retain_freed_memory()
+    apply_host_memory(args.host_memory)
     from keras_vitnorm.models.presets import preset_config
 
     try:

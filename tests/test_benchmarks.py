@@ -449,3 +449,24 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
     assert "| jax | 105 | 110 | 1.05 (0.90 to 1.20) |" in table
     assert "host memory: default" in table
     assert "| torch | failed: boom | | |" in table
+
+
+@pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_vit, profile_tensorflow])
+def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
+    import _common
+
+    from keras_vitnorm import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
+    assert script.apply_host_memory is _common.apply_host_memory
+    _common.apply_host_memory("default")
+    assert calls == []
+    _common.apply_host_memory("retain")
+    assert calls == [True]
+    with pytest.raises(ValueError, match="'keep'.*retain, default"):
+        _common.apply_host_memory("keep")
+    parser = argparse.ArgumentParser()
+    _common.add_host_memory_argument(parser, "who retains")
+    assert parser.parse_args([]).host_memory == "retain"
+    assert parser.parse_args(["--host-memory", "default"]).host_memory == "default"
