@@ -23,9 +23,9 @@ def check_positive_ints(parser, args, names):
 HOST_MEMORY_SETTINGS = ("retain", "default")
 
 
-def add_host_memory_argument(parser, help):
+def add_host_memory_argument(parser, help_text):
     """Adds `--host-memory` (`HOST_MEMORY_SETTINGS`, "retain" by default) to `parser`."""
-    parser.add_argument("--host-memory", default="retain", choices=HOST_MEMORY_SETTINGS, help=help)
+    parser.add_argument("--host-memory", default="retain", choices=HOST_MEMORY_SETTINGS, help=help_text)
 
 
 def apply_host_memory(setting):
