@@ -1200,6 +1200,7 @@ def drawn_error_bar_widths(monkeypatch, plot, *args):
 
 def test_gains_figure_draws_an_error_bar_only_where_there_is_an_interval(tmp_path, monkeypatch):
     from keras_vitnorm.study import figures
+    from keras_vitnorm.study.stats import difference_interval
 
     rows = [{"variant": v, "seed": s, "status": "completed", "test_accuracy": a}
             for v, accuracies in (("base", [0.5, 0.52, 0.51]), ("three", [0.55, 0.56, 0.54]), ("one", [0.6]))
@@ -1207,7 +1208,11 @@ def test_gains_figure_draws_an_error_bar_only_where_there_is_an_interval(tmp_pat
     summary = summarize(rows)
     assert summary[1]["ci"] > 0 and math.isnan(summary[2]["ci"])
     widths = drawn_error_bar_widths(monkeypatch, figures.plot_gains, summary, "t", str(tmp_path / "g.png"))
-    assert widths == [pytest.approx(2 * 100 * summary[1]["ci"])]
+    # a gain's interval is the difference's (Welch), the baseline's spread included
+    _, half = difference_interval([0.55, 0.56, 0.54], [0.5, 0.52, 0.51])
+    assert summary[1]["gain_ci"] == pytest.approx(half) and half != pytest.approx(summary[1]["ci"])
+    assert widths == [pytest.approx(2 * 100 * half)]
+    assert summary[0]["gain_ci"] is None and math.isnan(summary[2]["gain_ci"])
 
 
 def test_stem_differences_pair_each_stem_with_the_plain_stem_of_its_level(tmp_path, monkeypatch):

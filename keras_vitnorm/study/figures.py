@@ -1,7 +1,7 @@
 """Matplotlib figures of a study, saved as PNG.
 
-- `plot_gains`: accuracy gain of each variant over the group's baseline with 95% CIs
-  (the Dual PatchNorm paper's Figure 1 style).
+- `plot_gains`: accuracy gain of each variant over the group's baseline with the
+  gain's Welch 95% CI (the Dual PatchNorm paper's Figure 1 style).
 - `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
 - `plot_accuracy_curves`: validation accuracy per epoch, mean over seeds, shaded 95% CI
   (from three seeds) or range (two seeds), `curve_band`.
@@ -60,10 +60,11 @@ def _signed_bars(names, values, errors, width=7):
 
 
 def plot_gains(summary, title, path):
-    """Horizontal bars: gain (points of accuracy) over the baseline, with 95% CIs."""
+    """Horizontal bars: gain (points of accuracy) over the baseline, with the gain's
+    Welch 95% CI (`summarize`'s `gain_ci`: the baseline's spread counts too)."""
     entries = summary[1:]
     gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
-    errors = [None if e["ci"] is None else 100 * e["ci"] for e in entries]
+    errors = [None if e["gain_ci"] is None else 100 * e["gain_ci"] for e in entries]
     figure, axes = _signed_bars([e["variant"] for e in entries], gains, errors)
     for index, entry in enumerate(entries):
         if entry["mean"] is None:

@@ -50,6 +50,7 @@ from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.runs import run_analysis
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
@@ -551,18 +552,21 @@ def summarize(rows, metric="test_accuracy"):
     """Per-variant summary of one group, baseline (first variant) first.
 
     Returns a list of dicts: variant, runs, diverged, mean, ci (95% half-width),
-    gain (mean minus the baseline's mean), and the diverged steps. A variant whose
-    runs all diverged has mean `None`.
+    gain (mean minus the baseline's mean), gain_ci (the half-width of the gain's Welch
+    95% CI, which counts the baseline's spread too; `None` for the baseline and where
+    either side has no finished run, NaN with one run on a side), and the diverged
+    steps. A variant whose runs all diverged has mean `None`.
     """
     summary = []
-    baseline_mean = None
+    baseline = None
     for name in dict.fromkeys(row["variant"] for row in rows):
         runs = [row for row in rows if row["variant"] == name]
         finished = [float(r[metric]) for r in runs if r["status"] == "completed"]
         diverged = [r for r in runs if r["status"] == "diverged"]
         mean, ci = confidence_interval(finished) if finished else (None, None)
-        if baseline_mean is None and not summary:
-            baseline_mean = mean
+        if not summary:
+            baseline = finished
+        compared = bool(summary) and bool(finished) and bool(baseline)
         summary.append({
             "variant": name,
             "runs": len(runs),
@@ -570,7 +574,8 @@ def summarize(rows, metric="test_accuracy"):
             "diverged_steps": [r["diverged_at_step"] for r in diverged],
             "mean": mean,
             "ci": ci,
-            "gain": None if mean is None or baseline_mean is None else mean - baseline_mean,
+            "gain": None if mean is None or not baseline else mean - float(np.mean(baseline)),
+            "gain_ci": difference_interval(finished, baseline)[1] if compared else None,
         })
     return summary
 
