@@ -1250,14 +1250,14 @@ def test_a_stem_factor_group_gets_a_differences_figure_instead_of_gains(tmp_path
 
 
 def test_a_group_without_stem_levels_gets_each_variant_against_its_baseline(tmp_path):
-    from keras_vitnorm.study.factors import baseline_difference_table
+    from keras_vitnorm.study.runner import difference_table
     from keras_vitnorm.study.stats import difference_interval
 
     rows = [row("base", s, a) for s, a in enumerate([0.76, 0.75, 0.77])]
     rows += [row("better", s, a) for s, a in enumerate([0.80, 0.81, 0.80])]
     rows += [row("same", s, a) for s, a in enumerate([0.77, 0.74, 0.76])]
     rows += [row("broken", s, None, "diverged", 3 + s) for s in range(3)]
-    lines = baseline_difference_table(rows).splitlines()
+    lines = difference_table(summarize(rows)).splitlines()
     assert lines[0] == ("| variant | runs | test accuracy (%), mean ± 95% CI | base (%) "
                         "| difference, points (Welch 95% CI) |")
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| better", "| same", "| broken"]
@@ -1267,5 +1267,5 @@ def test_a_group_without_stem_levels_gets_each_variant_against_its_baseline(tmp_
     assert lines[4] == "| broken | 3 | n/a | 76.00 ± 2.48 | n/a |"
     # written beside the group's table; a stem factor group keeps its own differences table
     runner.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
-    assert (tmp_path / "g_differences.md").read_text() == baseline_difference_table(rows)
-    assert baseline_difference_table([row("base", 0, 0.7), row("base", 1, 0.72)]) == ""
+    assert (tmp_path / "g_differences.md").read_text() == difference_table(summarize(rows))
+    assert difference_table(summarize([row("base", 0, 0.7), row("base", 1, 0.72)])) == ""

@@ -1,6 +1,5 @@
 """Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
-each variant against its group's baseline, training stability by depth, and how flat
-each variant's validation curve is at the end.
+training stability by depth, and how flat each variant's validation curve is at the end.
 
 Both read the rows `run_study` returns (or `results.csv`) and the factor levels that
 `keras_vitnorm.study.variants.variant_factors` records for each variant.
@@ -16,6 +15,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.stats import difference_interval
+from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import LEVEL_COLUMNS
@@ -41,11 +41,7 @@ def _accuracies(rows, group, **levels):
 def _difference(treated, control):
     if not treated or not control:
         return "n/a"
-    difference, ci = difference_interval(treated, control)
-    text = f"{100 * difference:+.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
-    if not math.isnan(ci) and abs(difference) > ci:
-        text += " *"
-    return text
+    return difference_text(*difference_interval(treated, control))
 
 
 def _stem_levels(rows, group):
@@ -134,32 +130,6 @@ def against_dpn_table(rows, group="dpn_factors"):
                 lines.append("| " + " | ".join(_level_cells(level))
                              + f" | {stem} | {len(other)} | {_difference(other, dpn)} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
-
-
-def baseline_difference_table(rows):
-    """Markdown, for one group's rows: each variant against the group's baseline (its
-    first variant), test accuracy minus the baseline's in points (Welch 95% CI; `*`
-    where it excludes 0). Empty for a group of one variant."""
-    variants = list(dict.fromkeys(row["variant"] for row in rows))
-    if len(variants) < 2:
-        return ""
-
-    def accuracies(variant):
-        return [float(r["test_accuracy"]) for r in rows
-                if r["variant"] == variant and r["status"] == "completed"]
-
-    baseline = accuracies(variants[0])
-    lines = [
-        f"| variant | runs | test accuracy (%), mean ± 95% CI | {variants[0]} (%) "
-        "| difference, points (Welch 95% CI) |",
-        "|---|---|---|---|---|",
-    ]
-    for variant in variants[1:]:
-        treated = accuracies(variant)
-        runs = sum(r["variant"] == variant for r in rows)
-        lines.append(f"| {variant} | {runs} | {mean_ci_text(treated)} | {mean_ci_text(baseline)} "
-                     f"| {_difference(treated, baseline)} |")
-    return "\n".join(lines) + "\n"
 
 
 _BLOCK = re.compile(r"block_(\d+)/")

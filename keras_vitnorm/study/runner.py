@@ -51,6 +51,7 @@ from keras_vitnorm.study.runs import run_analysis
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
+from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
@@ -532,9 +533,9 @@ def write_results(rows, output_dir):
     durable.write_text(os.path.join(output_dir, "results.csv"), buffer.getvalue(), stage="results")
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
-        durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summarize(group_rows)))
-        differences = (factors.dpn_factor_table(group_rows, group)
-                       or factors.baseline_difference_table(group_rows))
+        summary = summarize(group_rows)
+        durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summary))
+        differences = factors.dpn_factor_table(group_rows, group) or difference_table(summary)
         for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
                             (f"{group}_differences.md", differences)):
             if table:
@@ -580,6 +581,35 @@ def summarize(rows, metric="test_accuracy"):
     return summary
 
 
+def difference_table(summary):
+    """Markdown from a `summarize` summary: each variant against the baseline (the first
+    entry), its gain in points with the gain's Welch 95% CI (`*` where it excludes 0).
+    Empty for a group of one variant."""
+    if len(summary) < 2:
+        return ""
+    baseline = summary[0]
+    lines = [
+        f"| variant | runs | test accuracy (%), mean ± 95% CI | {baseline['variant']} (%) "
+        "| difference, points (Welch 95% CI) |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in summary[1:]:
+        gain = ("n/a" if entry["gain_ci"] is None
+                else difference_text(entry["gain"], entry["gain_ci"]))
+        lines.append(f"| {entry['variant']} | {entry['runs']} | {_mean_ci(entry)} "
+                     f"| {_mean_ci(baseline)} | {gain} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean_ci(entry):
+    """`mean ± 95% CI` of a `summarize` entry in percent, the mean alone without an
+    interval, `n/a` without a finished run (as `stats.mean_ci_text`)."""
+    if entry["mean"] is None:
+        return "n/a"
+    ci = "" if math.isnan(entry["ci"]) else f" ± {100 * entry['ci']:.2f}"
+    return f"{100 * entry['mean']:.2f}{ci}"
+
+
 def markdown_table(summary, metric_label="test accuracy (%)"):
     """The paper's format: mean ± 95% CI over seeds and the gain over the baseline."""
     lines = [
@@ -590,8 +620,7 @@ def markdown_table(summary, metric_label="test accuracy (%)"):
         if entry["mean"] is None:
             accuracy, gain = "diverged", "n/a"
         else:
-            ci = "" if math.isnan(entry["ci"]) else f" ± {100 * entry['ci']:.2f}"
-            accuracy = f"{100 * entry['mean']:.2f}{ci}"
+            accuracy = _mean_ci(entry)
             gain = f"{100 * entry['gain']:+.2f}" if entry["gain"] is not None else "n/a"
         diverged = (
             f"{entry['diverged']} (at steps {', '.join(map(str, entry['diverged_steps']))})"

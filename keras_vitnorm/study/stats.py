@@ -41,6 +41,15 @@ def difference_interval(treated, control, level=0.95):
     return difference, float(stats.t.ppf(0.5 + level / 2, df)) * se
 
 
+def difference_text(difference, ci, scale=100, digits=2):
+    """A difference and its CI half-width (fractions) as table text in points:
+    `+d ± ci`, with `*` where the interval excludes 0; no interval where `ci` is NaN."""
+    text = f"{scale * difference:+.{digits}f}"
+    if math.isnan(ci):
+        return text
+    return text + f" ± {scale * ci:.{digits}f}" + (" *" if abs(difference) > ci else "")
+
+
 def mean_ci_text(values, scale=100, digits=2):
     """`mean ± 95% CI` of `values` times `scale` (percent by default), for the tables;
     the mean alone for one value, `n/a` for none."""
