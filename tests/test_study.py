@@ -585,9 +585,9 @@ def test_dpn_factor_table_gives_each_level_its_difference():
     table = dpn_factor_table(rows)
     assert "| 4 | 2,500 | dpn | 3 | 45.00 ± " in table and "| -6.00 ± " in table
     line = next(l for l in table.splitlines() if l.startswith("| 4 | 2,500"))
-    assert line.endswith(" * |")  # the interval excludes zero
+    assert " * | " in line  # the interval excludes zero
     line = next(l for l in table.splitlines() if l.startswith("| 8 | 10,000"))
-    assert "+0.67 ± " in line and not line.endswith(" * |")
+    assert "+0.67 ± " in line and " * | " not in line
 
 
 def test_schedule_group_tables_each_length_with_a_steps_column(tmp_path):
@@ -602,11 +602,11 @@ def test_schedule_group_tables_each_length_with_a_steps_column(tmp_path):
         rows += [factor_row(f"dpn-s{steps}", s, a, group) for s, a in enumerate(dpn)]
     lines = dpn_factor_table(rows, group).splitlines()
     assert lines[0].startswith("| patch size | training images | training steps | stem | runs |")
-    assert lines[1] == "|" + "---|" * 8
+    assert lines[1] == "|" + "---|" * 10
     # shortest schedule first, whatever order the rows come in
     assert [line.split(" | ")[2] for line in lines[2:]] == ["3,000", "12,000"]
-    assert lines[2].startswith("| 4 | 10,000 | 3,000 | dpn | 3 | 45.00 ± ") and lines[2].endswith(" * |")
-    assert "| +0.00 ± " in lines[3] and not lines[3].endswith(" * |")
+    assert lines[2].startswith("| 4 | 10,000 | 3,000 | dpn | 3 | 45.00 ± ") and " * | " in lines[2]
+    assert "| +0.00 ± " in lines[3] and " * | " not in lines[3]
     found = stem_differences(rows, group)
     assert [d["steps"] for d in found] == [3000, 12000]
     # the factor groups' tables keep to the factors they vary
@@ -639,7 +639,7 @@ def test_against_dpn_table_is_the_papers_table_6_format():
     assert lines[1].startswith("| 4 | 10,000 | dpn_only_learnable | 2 | -1.00 ± ")
     del lines[1], rows[-2:]
     assert lines[0].startswith("| 4 | 10,000 | pre_patchnorm | 3 | -3.00 ± ")
-    assert lines[0].endswith(" * |") and lines[1].startswith("| 4 | 10,000 | patch | 3 | +1.67 ± ")
+    assert " * | " in lines[0] and lines[1].startswith("| 4 | 10,000 | patch | 3 | +1.67 ± ")
     assert against_dpn_table(rows[-3:]) == ""
 
 
@@ -1269,3 +1269,72 @@ def test_a_group_without_stem_levels_gets_each_variant_against_its_baseline(tmp_
     runner.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
     assert (tmp_path / "g_differences.md").read_text() == difference_table(summarize(rows))
     assert difference_table(summarize([row("base", 0, 0.7), row("base", 1, 0.72)])) == ""
+
+
+def test_holm_adjustment_is_the_step_down_bonferroni_over_the_tests_given():
+    from keras_vitnorm.study.stats import holm_adjusted
+
+    # sorted: 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1 (raised to the running maximum)
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # capped at 1; a missing test (NaN) is neither adjusted nor counted
+    adjusted = holm_adjusted([0.6, math.nan, 0.2])
+    assert adjusted[0] == pytest.approx(0.6) and math.isnan(adjusted[1])
+    assert adjusted[2] == pytest.approx(0.4)
+    assert holm_adjusted([0.5, 0.7, 0.9]) == pytest.approx([1.0, 1.0, 1.0])
+    assert holm_adjusted([]) == []
+
+
+def test_welch_p_value_is_scipys_welch_test_and_agrees_with_the_interval():
+    from scipy import stats
+
+    from keras_vitnorm.study.stats import difference_interval
+    from keras_vitnorm.study.stats import welch_p_value
+
+    a, b = [0.71, 0.74, 0.70], [0.65, 0.69, 0.66, 0.64]
+    assert welch_p_value(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    for treated in (a, [0.66, 0.70, 0.64]):
+        difference, half = difference_interval(treated, b)
+        assert (abs(difference) > half) == (welch_p_value(treated, b) < 0.05)
+    assert math.isnan(welch_p_value([0.5], [0.4, 0.6]))
+    # no spread on either side: the difference is certain, or there is none
+    assert welch_p_value([0.5, 0.5], [0.4, 0.4]) == 0.0
+    assert welch_p_value([0.5, 0.5], [0.5, 0.5]) == 1.0
+
+
+def test_differences_tables_give_each_p_value_and_holm_over_the_tables_comparisons(tmp_path):
+    from scipy import stats
+
+    from keras_vitnorm.study.factors import against_dpn_table
+    from keras_vitnorm.study.factors import dpn_factor_table
+    from keras_vitnorm.study.runner import difference_table
+    from keras_vitnorm.study.stats import holm_adjusted
+
+    base, better, close = [0.76, 0.75, 0.77], [0.80, 0.81, 0.80], [0.785, 0.775, 0.795]
+    same = [0.77, 0.74, 0.76]
+    rows = [row(name, s, a) for name, values in (("base", base), ("better", better),
+                                                  ("close", close), ("same", same))
+            for s, a in enumerate(values)]
+    lines = difference_table(summarize(rows)).splitlines()
+    assert lines[0].endswith("| difference, points (Welch 95% CI) | p (Welch) "
+                             "| p, Holm-adjusted over 3 comparisons |")
+    p = [stats.ttest_ind(v, base, equal_var=False).pvalue for v in (better, close, same)]
+    adjusted = holm_adjusted(p)
+    assert p[1] < 0.05 < adjusted[1]  # significant alone, not after the adjustment
+    assert lines[2].endswith(f"| {p[0]:.3f} | {adjusted[0]:.3f} * |")
+    assert lines[3].endswith(f" * | {p[1]:.3f} | {adjusted[1]:.3f} |")  # the CI alone excludes 0
+    assert lines[4].endswith(f"| {p[2]:.3f} | {adjusted[2]:.3f} |")
+    assert len(lines) == 5
+
+    rows = [factor_row("patch-p4-n2500", s, a) for s, a in enumerate(base)]
+    rows += [factor_row("dpn-p4-n2500", s, a) for s, a in enumerate(close)]
+    rows += [factor_row("patch-p4-n10000", s, a) for s, a in enumerate(base)]
+    rows += [factor_row("dpn-p4-n10000", s, a) for s, a in enumerate(better)]
+    rows += [factor_row("pre_patchnorm-p4-n10000", s, a) for s, a in enumerate(close)]
+    lines = dpn_factor_table(rows).splitlines()
+    assert lines[0].endswith("| p (Welch) | p, Holm-adjusted over 3 comparisons |")
+    assert lines[1] == "|" + "---|" * 9
+    table_p = [stats.ttest_ind(t, base, equal_var=False).pvalue for t in (close, better, close)]
+    for line, adjusted_p in zip(lines[2:5], holm_adjusted(table_p)):
+        assert line.split(" | ")[-1].startswith(f"{adjusted_p:.3f}")
+    lines = against_dpn_table(rows).splitlines()
+    assert lines[0].endswith("| p (Welch) | p, Holm-adjusted over 3 comparisons |")

@@ -16,7 +16,11 @@ from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import p_value_header
+from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import LEVEL_COLUMNS
 from keras_vitnorm.study.variants import variant_factors
@@ -42,6 +46,21 @@ def _difference(treated, control):
     if not treated or not control:
         return "n/a"
     return difference_text(*difference_interval(treated, control))
+
+
+def _with_p_values(header, cells):
+    """A markdown table from its header cells and its rows, each `(cells, treated,
+    control)`: every row gains the Welch p-value of treated against control and the
+    p-value adjusted by Holm's method over the table's rows (`stats.holm_adjusted`)."""
+    p_values = [welch_p_value(treated, control) if treated and control else math.nan
+                for _, treated, control in cells]
+    tested = sum(not math.isnan(p) for p in p_values)
+    lines = ["| " + " | ".join(header) + f" | {p_value_header(tested)} |",
+             "|" + "---|" * (len(header) + 2)]
+    for (row, _, _), p, p_holm in zip(cells, p_values, holm_adjusted(p_values)):
+        lines.append("| " + " | ".join(row) + f" | {p_value_text(p)} "
+                     f"| {p_value_text(p_holm, holm=True)} |")
+    return "\n".join(lines) + "\n"
 
 
 def _stem_levels(rows, group):
@@ -94,32 +113,26 @@ def stem_differences(rows, group="dpn_factors"):
 
 def dpn_factor_table(rows, group="dpn_factors"):
     """Markdown: per factor level, the plain stem, a stem variant and their difference
-    (Welch 95% CI; `*` where it excludes 0)."""
-    levels = _stem_levels(rows, group)
-    header = _level_header(levels)
-    lines = [
-        "| " + " | ".join(header) + " | stem | runs | test accuracy (%), mean ± 95% CI "
-        "| plain stem (%) | difference, points (Welch 95% CI) |",
-        "|" + "---|" * (len(header) + 5),
-    ]
-    for level, stem, treated, plain in _against_plain(rows, group):
-        lines.append(
-            "| " + " | ".join(_level_cells(level)) + f" | {stem} | {len(treated)} | "
-            f"{mean_ci_text(treated)} | {mean_ci_text(plain)} | {_difference(treated, plain)} |"
-        )
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+    (Welch 95% CI; `*` where it excludes 0), with the Welch p-value and the p-value
+    adjusted by Holm's method over every comparison of the table."""
+    header = _level_header(_stem_levels(rows, group)) + [
+        "stem", "runs", "test accuracy (%), mean ± 95% CI", "plain stem (%)",
+        "difference, points (Welch 95% CI)"]
+    cells = [(_level_cells(level) + [stem, str(len(treated)), mean_ci_text(treated),
+                                     mean_ci_text(plain), _difference(treated, plain)],
+              treated, plain)
+             for level, stem, treated, plain in _against_plain(rows, group)]
+    return _with_p_values(header, cells) if cells else ""
 
 
 def against_dpn_table(rows, group="dpn_factors"):
     """Markdown in the paper's Table 6 format: at each level where Dual PatchNorm ran,
     every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where
-    it excludes 0). Negative: the stem is worse than DPN."""
+    it excludes 0), with the Welch p-value and the p-value adjusted by Holm's method
+    over every comparison of the table. Negative: the stem is worse than DPN."""
     levels = _stem_levels(rows, group)
-    header = _level_header(levels)
-    lines = [
-        "| " + " | ".join(header) + " | stem | runs | change against DPN, points (Welch 95% CI) |",
-        "|" + "---|" * (len(header) + 3),
-    ]
+    header = _level_header(levels) + ["stem", "runs", "change against DPN, points (Welch 95% CI)"]
+    cells = []
     for level in levels:
         dpn = _accuracies(rows, group, stem="dpn", **level)
         if not dpn:
@@ -127,9 +140,9 @@ def against_dpn_table(rows, group="dpn_factors"):
         for stem in (*DPN_ABLATIONS, "patch"):
             other = _accuracies(rows, group, stem=stem, **level)
             if other:
-                lines.append("| " + " | ".join(_level_cells(level))
-                             + f" | {stem} | {len(other)} | {_difference(other, dpn)} |")
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+                cells.append((_level_cells(level) + [stem, str(len(other)),
+                                                     _difference(other, dpn)], other, dpn))
+    return _with_p_values(header, cells) if cells else ""
 
 
 _BLOCK = re.compile(r"block_(\d+)/")

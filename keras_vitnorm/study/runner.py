@@ -52,6 +52,10 @@ from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import holm_adjusted
+from keras_vitnorm.study.stats import p_value_header
+from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
 from keras_vitnorm.study.variants import get_variants
@@ -555,7 +559,8 @@ def summarize(rows, metric="test_accuracy"):
     Returns a list of dicts: variant, runs, diverged, mean, ci (95% half-width),
     gain (mean minus the baseline's mean), gain_ci (the half-width of the gain's Welch
     95% CI, which counts the baseline's spread too; `None` for the baseline and where
-    either side has no finished run, NaN with one run on a side), and the diverged
+    either side has no finished run, NaN with one run on a side), p_value (Welch's
+    test of the gain, two-sided; `None` and NaN as gain_ci), and the diverged
     steps. A variant whose runs all diverged has mean `None`.
     """
     summary = []
@@ -577,27 +582,33 @@ def summarize(rows, metric="test_accuracy"):
             "ci": ci,
             "gain": None if mean is None or not baseline else mean - float(np.mean(baseline)),
             "gain_ci": difference_interval(finished, baseline)[1] if compared else None,
+            "p_value": welch_p_value(finished, baseline) if compared else None,
         })
     return summary
 
 
 def difference_table(summary):
     """Markdown from a `summarize` summary: each variant against the baseline (the first
-    entry), its gain in points with the gain's Welch 95% CI (`*` where it excludes 0).
-    Empty for a group of one variant."""
+    entry), its gain in points with the gain's Welch 95% CI (`*` where it excludes 0),
+    the Welch test's p-value and the p-value adjusted by Holm's method over the
+    table's comparisons (`*` below 0.05). Empty for a group of one variant."""
     if len(summary) < 2:
         return ""
     baseline = summary[0]
+    p_values = [math.nan if e["p_value"] is None else e["p_value"] for e in summary[1:]]
+    adjusted = holm_adjusted(p_values)
+    tested = sum(not math.isnan(p) for p in p_values)
     lines = [
         f"| variant | runs | test accuracy (%), mean ± 95% CI | {baseline['variant']} (%) "
-        "| difference, points (Welch 95% CI) |",
-        "|---|---|---|---|---|",
+        f"| difference, points (Welch 95% CI) | {p_value_header(tested)} |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for entry in summary[1:]:
+    for entry, p, p_holm in zip(summary[1:], p_values, adjusted):
         gain = ("n/a" if entry["gain_ci"] is None
                 else difference_text(entry["gain"], entry["gain_ci"]))
         lines.append(f"| {entry['variant']} | {entry['runs']} | {_mean_ci(entry)} "
-                     f"| {_mean_ci(baseline)} | {gain} |")
+                     f"| {_mean_ci(baseline)} | {gain} | {p_value_text(p)} "
+                     f"| {p_value_text(p_holm, holm=True)} |")
     return "\n".join(lines) + "\n"
 
 

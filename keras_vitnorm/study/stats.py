@@ -1,5 +1,6 @@
-"""Confidence intervals of the study's tables: of a mean over seeds (Student t) and of
-a difference of two means (Welch)."""
+"""Statistics of the study's tables: confidence intervals of a mean over seeds (Student t)
+and of a difference of two means (Welch), the Welch test's p-value, and Holm's
+adjustment of the p-values of a table's comparisons."""
 
 import math
 
@@ -21,6 +22,21 @@ def confidence_interval(values, level=0.95):
     return mean, float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * sem
 
 
+def _welch(treated, control):
+    """Mean difference, its standard error and the Welch-Satterthwaite degrees of
+    freedom; `None` for the last two with fewer than two values on a side."""
+    treated, control = np.asarray(treated, "float64"), np.asarray(control, "float64")
+    difference = float(np.mean(treated) - np.mean(control))
+    if len(treated) < 2 or len(control) < 2:
+        return difference, None, None
+    va, vb = np.var(treated, ddof=1) / len(treated), np.var(control, ddof=1) / len(control)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return difference, 0.0, None
+    df = (va + vb) ** 2 / (va**2 / (len(treated) - 1) + vb**2 / (len(control) - 1))
+    return difference, se, df
+
+
 def difference_interval(treated, control, level=0.95):
     """Mean of `treated` minus mean of `control`, and the half-width of its Welch CI.
 
@@ -29,16 +45,68 @@ def difference_interval(treated, control, level=0.95):
     """
     from scipy import stats
 
-    treated, control = np.asarray(treated, "float64"), np.asarray(control, "float64")
-    difference = float(np.mean(treated) - np.mean(control))
-    if len(treated) < 2 or len(control) < 2:
+    difference, se, df = _welch(treated, control)
+    if se is None:
         return difference, math.nan
-    va, vb = np.var(treated, ddof=1) / len(treated), np.var(control, ddof=1) / len(control)
-    se = math.sqrt(va + vb)
     if se == 0:
         return difference, 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(treated) - 1) + vb**2 / (len(control) - 1))
     return difference, float(stats.t.ppf(0.5 + level / 2, df)) * se
+
+
+def welch_p_value(treated, control):
+    """Two-sided p-value of Welch's t-test that `treated` and `control` have the same
+    mean: the test whose 95% interval is `difference_interval`'s, so the p-value is
+    below 0.05 exactly where that interval excludes 0 (the value of
+    `scipy.stats.ttest_ind(..., equal_var=False)`).
+
+    NaN with fewer than two values on a side. With no spread on either side the
+    difference is certain: 0 if the means differ, 1 if they do not.
+    """
+    from scipy import stats
+
+    difference, se, df = _welch(treated, control)
+    if se is None:
+        return math.nan
+    if se == 0:
+        return 0.0 if difference != 0 else 1.0
+    return float(2 * stats.t.sf(abs(difference) / se, df))
+
+
+def holm_adjusted(p_values):
+    """Holm's step-down adjustment of the p-values of one family of comparisons.
+
+    The i-th smallest of the m p-values is multiplied by `m - i + 1` (i from 1), raised
+    to the largest adjusted value before it and capped at 1; an adjusted value below
+    0.05 keeps the chance of any false positive in the family under 5% (Holm 1979).
+    NaN entries (comparisons without a test) stay NaN and are not counted in m.
+    Written here because SciPy's `false_discovery_control` offers only the
+    Benjamini-Hochberg and -Yekutieli adjustments, and statsmodels, which has Holm's,
+    is a large dependency for five lines.
+
+    Returns:
+        A list of the adjusted p-values in the order given.
+    """
+    p_values = [float(p) for p in p_values]
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = list(p_values), 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def p_value_text(p, holm=False):
+    """A p-value as table text: three decimals (`<0.001` below that), `n/a` for NaN; an
+    adjusted one (`holm=True`) is marked `*` below 0.05."""
+    if p is None or math.isnan(p):
+        return "n/a"
+    text = "<0.001" if p < 0.0005 else f"{p:.3f}"
+    return text + (" *" if holm and p < 0.05 else "")
+
+
+def p_value_header(count):
+    """The two p-value columns' header cells for a table of `count` comparisons."""
+    return f"p (Welch) | p, Holm-adjusted over {count} comparison{'s' if count != 1 else ''}"
 
 
 def difference_text(difference, ci, scale=100, digits=2):
