@@ -1,5 +1,6 @@
 """The ablation runner: statistics, restart without redoing runs, tables, figures, CLI."""
 
+import dataclasses
 import math
 import os
 
@@ -7,13 +8,18 @@ import numpy as np
 import pytest
 
 from keras_vitnorm import cli
+from keras_vitnorm import durable
 from keras_vitnorm.study import confidence_interval
+from keras_vitnorm.study import export_study
 from keras_vitnorm.study import get_variants
 from keras_vitnorm.study import markdown_table
+from keras_vitnorm.study import report
 from keras_vitnorm.study import run_study
 from keras_vitnorm.study import runner
 from keras_vitnorm.study import runs
 from keras_vitnorm.study import summarize
+from keras_vitnorm.study import tables
+from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.training import TrainConfig
 
 TINY = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
@@ -75,7 +81,7 @@ def test_patch_embedding_gradient_ratio_matches_numpy(tmp_path):
         "5,block_1/mlp/fc2,2\n5,head,9\n"
         "10,stem/projection,1\n10,block_0/mlp/fc1,4\n10,block_0/attention/qkv,2\n10,block_1/mlp/fc2,3\n"
     )
-    stats = runner.patch_embedding_gradient_ratio(str(path))
+    stats = tables.patch_embedding_gradient_ratio(str(path))
     # Norm layers and the head are not block dense layers; step 0 is left out.
     assert stats["ratio_to_max"] == pytest.approx(np.mean([6 / 3, 1 / 4]))
     assert stats["ratio_to_median"] == pytest.approx(np.mean([6 / 2, 1 / 3]))
@@ -175,7 +181,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     from keras_vitnorm.models import ViT
 
     exported = str(tmp_path / "exported")
-    assert runner.export_study(study, exported) == 4
+    assert export_study(study, exported) == 4
     copied = {os.path.relpath(os.path.join(root, name), exported)
               for root, _, names in os.walk(exported) for name in names}
     assert not any(part in ("preset", "checkpoints", "backup") for path in copied
@@ -374,7 +380,7 @@ def test_a_parallel_study_trains_each_run_in_a_worker_with_its_threads(tmp_path)
     # Each run trained in a worker has its job file and its log.
     logs = sorted(name for name in os.listdir(study / "logs") if name.endswith(".log"))
     assert logs == ["norm_types-layernorm-seed_0.log", "norm_types-rmsnorm-seed_0.log"]
-    job = runner.durable.read_json(str(study / "logs" / "norm_types-rmsnorm-seed_0.job.json"))
+    job = durable.read_json(str(study / "logs" / "norm_types-rmsnorm-seed_0.job.json"))
     assert job["run_dir"] == str(study / "norm_types" / "rmsnorm" / "seed_0")
     assert "| rmsnorm | 1 |" in (study / "norm_types.md").read_text()
     # The same runs trained one after another here give the same results.
@@ -425,7 +431,7 @@ def test_a_failed_worker_is_named_with_its_log(tmp_path, capsys):
     assert "[stems] patch seed 0: exit status 2;" in err
     assert str(study / "logs" / "stems-patch-seed_0.log") in err
     # The other run finished and is kept.
-    assert runner.durable.read_json(str(study / "stems" / "conv" / "seed_0" / "metrics.json"))[
+    assert durable.read_json(str(study / "stems" / "conv" / "seed_0" / "metrics.json"))[
         "status"] == "completed"
 
 
@@ -484,7 +490,7 @@ def test_depth_drop_path_runs_without_drop_path_are_the_depth_stability_runs(tmp
     keys = {}
     for group in ("depth_stability", "depth_drop_path"):
         for name, (model, settings) in get_variants(group).items():
-            variant = runner.dataclasses.replace(config, **settings, model={**config.model, **model})
+            variant = dataclasses.replace(config, **settings, model={**config.model, **model})
             key = runner._settings_key(variant)
             if key not in keys:
                 keys[key] = (group, name)
@@ -501,14 +507,14 @@ def test_dpn_schedule_varies_only_the_steps_and_shares_its_shortest_runs_with_dp
 
     def settings(group, name):
         model, overrides = get_variants(group)[name]
-        return runner.dataclasses.replace(config, **overrides, model={**config.model, **model})
+        return dataclasses.replace(config, **overrides, model={**config.model, **model})
 
     for stem in ("patch", "dpn"):
         shortest = settings("dpn_schedule", f"{stem}-s3000")
         assert runner._settings_key(shortest) == runner._settings_key(settings("dpn_factors", f"{stem}-p4-n10000"))
         longer = settings("dpn_schedule", f"{stem}-s12000")
         assert longer.steps == 12000
-        assert runner._settings_key(runner.dataclasses.replace(longer, steps=3000)) == \
+        assert runner._settings_key(dataclasses.replace(longer, steps=3000)) == \
             runner._settings_key(shortest)
     from keras_vitnorm.study.variants import variant_factors
 
@@ -516,7 +522,7 @@ def test_dpn_schedule_varies_only_the_steps_and_shares_its_shortest_runs_with_dp
         "stem": "dpn", "patch_size": 4, "train_examples": 10000, "steps": 12000}
     # two lengths, each with both stems; the stem analyses read the longer pair
     assert sorted(get_variants("dpn_schedule")) == ["dpn-s12000", "dpn-s3000", "patch-s12000", "patch-s3000"]
-    assert runner.STEM_PAIRS["dpn_schedule"] == ("patch-s12000", "dpn-s12000")
+    assert STEM_PAIRS["dpn_schedule"] == ("patch-s12000", "dpn-s12000")
 
 
 def test_dpn_schedule_takes_a_base_given_in_epochs():
@@ -525,7 +531,7 @@ def test_dpn_schedule_takes_a_base_given_in_epochs():
     config = TrainConfig.from_recipe("small", preset="ti16", model=TINY)
     assert config.epochs is not None and config.steps is None
     for name, (model, overrides) in get_variants("dpn_schedule").items():
-        variant = runner.dataclasses.replace(config, **overrides, model={**config.model, **model})
+        variant = dataclasses.replace(config, **overrides, model={**config.model, **model})
         variant.validate()
         assert variant.epochs is None and variant.steps == int(name.split("-s")[1])
 
@@ -612,7 +618,7 @@ def test_schedule_group_tables_each_length_with_a_steps_column(tmp_path):
     # the factor groups' tables keep to the factors they vary
     assert "training steps" not in dpn_factor_table([factor_row("patch-p4-n2500", 0, 0.5),
                                                      factor_row("dpn-p4-n2500", 0, 0.4)])
-    runner.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
+    tables.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
     assert (tmp_path / "dpn_schedule_differences.md").read_text() == dpn_factor_table(rows, group)
     assert not (tmp_path / "dpn_factors_differences.md").exists()
 
@@ -952,7 +958,7 @@ def test_patch_statistics_table_is_the_mean_and_ci_over_runs():
 
 def test_dpn_mechanism_writes_the_probe_table(tmp_path):
     base = TrainConfig.from_recipe("small", model={**TINY, "image_size": 16}, steps=2)
-    path = runner.dpn_mechanism(base, str(tmp_path), patch_sizes=(4, 8), train_count=300)
+    path = report.dpn_mechanism(base, str(tmp_path), patch_sizes=(4, 8), train_count=300)
     text = open(path).read()
     assert "| 4 | 16 (LN_0 removes 2) |" in text and "| 8 | 64 (LN_0 removes 2) |" in text
     assert "with variance floor 0.01" in text and "std below 0.1" in text
@@ -1244,13 +1250,13 @@ def test_a_stem_factor_group_gets_a_differences_figure_instead_of_gains(tmp_path
             for s, a in enumerate(values)]
     rows += [dict(factor_row(v, 0, a, group="converged"), run_dir=str(tmp_path / v))
              for v, a in (("pre_ln", 0.5), ("dpn", 0.4))]
-    names = {os.path.basename(p) for p in runner.make_figures(rows, str(tmp_path / "figures"))}
+    names = {os.path.basename(p) for p in report.make_figures(rows, str(tmp_path / "figures"))}
     assert "dpn_factors_differences.png" in names and "dpn_factors_gains.png" not in names
     assert "converged_gains.png" in names and "converged_differences.png" not in names
 
 
 def test_a_group_without_stem_levels_gets_each_variant_against_its_baseline(tmp_path):
-    from keras_vitnorm.study.runner import difference_table
+    from keras_vitnorm.study.tables import difference_table
     from keras_vitnorm.study.stats import difference_interval
 
     rows = [row("base", s, a) for s, a in enumerate([0.76, 0.75, 0.77])]
@@ -1259,14 +1265,15 @@ def test_a_group_without_stem_levels_gets_each_variant_against_its_baseline(tmp_
     rows += [row("broken", s, None, "diverged", 3 + s) for s in range(3)]
     lines = difference_table(summarize(rows)).splitlines()
     assert lines[0] == ("| variant | runs | test accuracy (%), mean ± 95% CI | base (%) "
-                        "| difference, points (Welch 95% CI) |")
+                        "| difference, points (Welch 95% CI) | p (Welch) "
+                        "| p, Holm-adjusted over 2 comparisons |")
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| better", "| same", "| broken"]
     difference, half = difference_interval([0.80, 0.81, 0.80], [0.76, 0.75, 0.77])
-    assert lines[2].endswith(f"| {100 * difference:+.2f} ± {100 * half:.2f} * |")
-    assert "| -0.33 ± " in lines[3] and not lines[3].endswith(" * |")
-    assert lines[4] == "| broken | 3 | n/a | 76.00 ± 2.48 | n/a |"
+    assert f"| {100 * difference:+.2f} ± {100 * half:.2f} * | " in lines[2]
+    assert "| -0.33 ± " in lines[3] and " * | " not in lines[3]
+    assert lines[4] == "| broken | 3 | n/a | 76.00 ± 2.48 | n/a | n/a | n/a |"
     # written beside the group's table; a stem factor group keeps its own differences table
-    runner.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
+    tables.write_results([dict(r, run_dir=str(tmp_path / "none")) for r in rows], str(tmp_path))
     assert (tmp_path / "g_differences.md").read_text() == difference_table(summarize(rows))
     assert difference_table(summarize([row("base", 0, 0.7), row("base", 1, 0.72)])) == ""
 
@@ -1306,7 +1313,7 @@ def test_differences_tables_give_each_p_value_and_holm_over_the_tables_compariso
 
     from keras_vitnorm.study.factors import against_dpn_table
     from keras_vitnorm.study.factors import dpn_factor_table
-    from keras_vitnorm.study.runner import difference_table
+    from keras_vitnorm.study.tables import difference_table
     from keras_vitnorm.study.stats import holm_adjusted
 
     base, better, close = [0.76, 0.75, 0.77], [0.80, 0.81, 0.80], [0.785, 0.775, 0.795]

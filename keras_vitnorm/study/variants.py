@@ -204,6 +204,16 @@ VARIANT_GROUPS = {
     "depth_drop_path": _DEPTH_DROP_PATH,
 }
 
+#: group -> (plain-stem variant, Dual PatchNorm variant) compared by the stem analyses
+#: (gradient norms, the learned scale of the first stem norm).
+STEM_PAIRS = {
+    "stems": ("patch", "dual_patchnorm"),
+    "converged": ("pre_ln", "dual_patchnorm"),
+    "dpn_factors": ("patch-p4-n10000", "dpn-p4-n10000"),
+    "dpn_schedule": ("patch-s12000", "dpn-s12000"),
+}
+
+
 #: group name -> {variant name: {factor: level}} for the groups built over factors.
 VARIANT_FACTORS = {
     "dpn_factors": _DPN_FACTOR_LEVELS,

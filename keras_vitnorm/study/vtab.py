@@ -26,7 +26,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
-from keras_vitnorm.study.runner import run_one
+from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.training import run_files
 
 TRAIN_EXAMPLES = 800

@@ -1,0 +1,56 @@
+"""Copying a study's results, without weights, to another directory (one kept under
+version control, for example)."""
+
+import os
+import shutil
+
+from keras_vitnorm import durable
+from keras_vitnorm.study.runs import RUN_RESULT_FILES
+from keras_vitnorm.study.runs import read_metrics
+
+
+def export_study(study_dir, destination):
+    """Copies a study's results, without weights, into `destination`.
+
+    Copied: `study_config.json`, `results.csv`, the markdown tables, `figures/`, and of
+    every finished run (completed or diverged) the files in `RUN_RESULT_FILES`, at
+    the same relative paths. Unfinished runs are left out (their checkpoints are not
+    copied, so they could not resume). Each file is written atomically; files already
+    in `destination` are replaced by the study's.
+
+    Returns:
+        The number of runs copied.
+    """
+    if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
+        raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
+    if os.path.abspath(destination) == os.path.abspath(study_dir):
+        raise ValueError("export_study needs a destination other than the study directory.")
+
+    def copy(relative):
+        target = os.path.join(destination, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        durable.write_file(target, lambda temporary: shutil.copyfile(
+            os.path.join(study_dir, relative), temporary))
+
+    runs = 0
+    for root, directories, files in os.walk(study_dir):
+        directories[:] = sorted(d for d in directories
+                                if d not in ("preset", "checkpoints", "backup", "tensorboard"))
+        relative_root = os.path.relpath(root, study_dir)
+        if relative_root == ".":
+            for name in sorted(files):
+                if name in ("study_config.json", "results.csv") or name.endswith(".md"):
+                    copy(name)
+            continue
+        if relative_root.split(os.sep)[0] == "figures":
+            for name in sorted(files):
+                if name.endswith((".png", ".md")):
+                    copy(os.path.join(relative_root, name))
+            continue
+        metrics = read_metrics(root) if "metrics.json" in files else None
+        if metrics and metrics.get("status") in ("completed", "diverged"):
+            for name in RUN_RESULT_FILES:
+                if name in files:
+                    copy(os.path.join(relative_root, name))
+            runs += 1
+    return runs

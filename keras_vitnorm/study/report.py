@@ -1,0 +1,169 @@
+"""The study's figures, and the tables computed with them: gains, curves, gradient norms,
+stem scales, residual streams, and what Dual PatchNorm's first norm removes."""
+
+import os
+
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.study import factors
+from keras_vitnorm.study.runs import run_analysis
+from keras_vitnorm.study.tables import summarize
+from keras_vitnorm.study.variants import DEPTHS
+from keras_vitnorm.study.variants import DPN_PATCH_SIZES
+from keras_vitnorm.study.variants import STEM_PAIRS
+
+
+def make_figures(rows, figure_dir, probe_images=None):
+    """Writes every figure (and the tables computed with them) the results allow.
+
+    Per group: gains (`<group>_gains.png`, and per epoch, paired by seed,
+    `<group>_gain_curves.png`; for a group whose variants vary the stem by factor
+    level, only `<group>_differences.png`: each stem against the plain stem at its
+    own level), loss curves (`<group>_loss.png`) and
+    validation accuracy curves with CIs (`<group>_accuracy.png`). For
+    each group of `STEM_PAIRS` with gradient-norm records of both stems:
+    `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
+    `<group>_stem_scales.png` (its first seed). For `depth_stability`: test accuracy
+    by depth per placement (`depth_stability_by_depth.png`) and gradient norms
+    by depth of the deepest models with warm-up (`depth_gradient_norms.png`). With
+    `probe_images`, per group `<group>_residual_stream.png` and, beside the figures,
+    `<group>_residual_stream.md`: the residual-stream RMS and consecutive-block
+    similarity of each variant's finished runs on those images (mean over seeds).
+
+    Returns:
+        The paths written.
+    """
+    from keras_vitnorm.study import figures
+
+    paths = []
+    for group in dict.fromkeys(row["group"] for row in rows):
+        group_rows = [r for r in rows if r["group"] == group]
+        summary = summarize(group_rows)
+        differences = factors.stem_differences(rows, group)
+        if differences:
+            # A factorial group compares each stem with the plain stem at its own level,
+            # not every variant with the first one.
+            paths.append(figures.plot_stem_differences(
+                differences, f"{group}: each stem against the plain stem\n(mean, Welch 95% CI)",
+                os.path.join(figure_dir, f"{group}_differences.png")))
+        elif len(summary) > 1:
+            paths.append(figures.plot_gains(
+                summary, f"{group}: test accuracy gain", os.path.join(figure_dir, f"{group}_gains.png")))
+            paths.append(figures.plot_gain_curves(
+                group_rows, f"{group}: validation accuracy gain per epoch",
+                os.path.join(figure_dir, f"{group}_gain_curves.png")))
+        paths.append(figures.plot_loss_curves(
+            group_rows, f"{group}: loss per epoch (mean over seeds)",
+            os.path.join(figure_dir, f"{group}_loss.png")))
+        paths.append(figures.plot_accuracy_curves(
+            group_rows, f"{group}: validation accuracy per epoch",
+            os.path.join(figure_dir, f"{group}_accuracy.png")))
+        if probe_images is not None:
+            paths.extend(_residual_stream_outputs(group, group_rows, probe_images, figure_dir))
+    for group, pair in STEM_PAIRS.items():
+        paths.extend(_stem_figures(rows, group, pair, figure_dir))
+    if any(r["group"] == "depth_stability" for r in rows):
+        paths.append(figures.plot_accuracy_by_depth(
+            rows, "test accuracy by depth (mean, 95% CI over seeds)",
+            os.path.join(figure_dir, "depth_stability_by_depth.png")))
+    deepest = [r for r in rows if r["group"] == "depth_stability" and r["status"] == "completed"]
+    grad_runs = {}
+    for variant in (f"{placement}-depth_{max(DEPTHS)}" for placement in ("pre_ln", "post_ln", "deepnorm")):
+        run = next((r for r in deepest if r["variant"] == variant), None)
+        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
+            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    if len(grad_runs) > 1:
+        paths.append(figures.plot_gradient_norms(
+            grad_runs, f"gradient norm by depth, depth {max(DEPTHS)}",
+            os.path.join(figure_dir, "depth_gradient_norms.png")))
+    return paths
+
+
+def _stem_figures(rows, group, pair, figure_dir):
+    from keras_vitnorm.study import figures
+
+    finished = [r for r in rows if r["group"] == group and r["status"] == "completed"]
+    paths, grad_runs = [], {}
+    for variant in pair:
+        run = next((r for r in finished if r["variant"] == variant), None)
+        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
+            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    if len(grad_runs) == 2:
+        paths.append(figures.plot_gradient_norms(
+            grad_runs, f"{group}: gradient norm by depth",
+            os.path.join(figure_dir, f"{group}_gradient_norms.png")))
+    dpn = next((r for r in finished if r["variant"] == pair[1]), None)
+    analysis = run_analysis(dpn["run_dir"]) if dpn else None
+    if analysis and analysis.get("stem_scale") is not None:
+        paths.append(figures.plot_stem_scales(
+            np.asarray(analysis["stem_scale"]),
+            f"{group}: learned scale of DPN's first stem LayerNorm",
+            os.path.join(figure_dir, f"{group}_stem_scales.png")))
+    return paths
+
+
+def _residual_stream_outputs(group, rows, images, figure_dir):
+    from keras_vitnorm.study import figures
+
+    streams = {}
+    for run in rows:
+        analysis = run_analysis(run["run_dir"], images) if run["status"] == "completed" else None
+        if analysis and analysis.get("residual_stream"):
+            streams.setdefault(run["variant"], []).append(analysis["residual_stream"])
+    if not streams:
+        return []
+    table = os.path.join(figure_dir, f"{group}_residual_stream.md")
+    durable.write_text(table, factors.residual_stream_table(streams))
+    return [figures.plot_residual_stream(
+        streams, f"{group}: residual stream of trained models, mean over seeds "
+                 f"({len(images)} validation images)",
+        os.path.join(figure_dir, f"{group}_residual_stream.png")), table]
+
+
+def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=10000):
+    """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data.
+
+    For each patch size: linear-probe accuracy on the pixels, on the patches after
+    `LN_0`, on the same with a variance floor (near-flat patches not stretched to
+    full contrast), and on the two numbers per patch that `LN_0` removes (mean and
+    standard deviation); the share of the patches' energy in their means, and the
+    share of low-contrast patches (`keras_vitnorm.analysis.patch_norm`). Probes
+    train on the first `train_count` images of a class-stratified subset of the
+    training split and are scored on the validation split.
+    """
+    from keras_vitnorm.analysis.patch_norm import VARIANCE_FLOOR
+    from keras_vitnorm.analysis.patch_norm import patch_norm_probe
+    from keras_vitnorm.training import data as data_lib
+
+    size = base.model.get("image_size")
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
+                                 train_examples=train_count,
+                                 skip_bad_images=bool(base.skip_bad_images),
+                                 pipeline=base.input_pipeline)
+    channels = base.model.get("num_channels", data.channels)
+
+    train_images, train_labels = data_lib.eval_arrays(data, data.train, size, channels)
+    test_images, test_labels = data_lib.eval_arrays(data, data.validation, size, channels)
+    lines = [
+        f"Linear probes (logistic regression) trained on {len(train_images):,} training images, "
+        f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}.",
+        "",
+        "| patch size | dims per patch | pixels (plain stem's input) | patches after LN_0 (DPN's input) "
+        f"| after LN_0 with variance floor {VARIANCE_FLOOR:g} "
+        "| only the mean and std per patch (what LN_0 removes) | energy in patch means "
+        "| patches with std below 0.1 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for patch in patch_sizes:
+        probe = patch_norm_probe(train_images, train_labels, test_images, test_labels, patch)
+        lines.append(
+            f"| {patch} | {probe['patch_dim']} (LN_0 removes 2) | {probe['pixels']:.1%} "
+            f"| {probe['standardized_patches']:.1%} | {probe['floored_patches']:.1%} "
+            f"| {probe['patch_mean_and_std']:.1%} | {probe['energy_in_means']:.1%} "
+            f"| {probe['low_contrast']:.1%} |"
+        )
+    path = os.path.join(output_dir, "dpn_mechanism.md")
+    durable.write_text(path, "\n".join(lines) + "\n")
+    return path
