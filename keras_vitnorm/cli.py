@@ -1,4 +1,5 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `evaluate`, `convert`, `segment`, `vtab` and `lit`.
+"""The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `evaluate`, `convert`,
+`segment`, `vtab` and `lit`.
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -28,8 +29,13 @@ ABLATE_EXAMPLES = """examples:
   keras-vitnorm ablate --groups stems --variants stems:dual_patchnorm stems:conv \\
       --dataset folder:/data/cifar10 --epochs 30 --output-dir studies/cifar
 
+  keras-vitnorm ablate --groups converged --lr-sweep 5e-4 1e-3 2e-3 --seeds 0 1 2 \
+      --dataset folder:/data/cifar10 --epochs 30 --output-dir studies/cifar-lr
+  keras-vitnorm ablate --groups stems --output-dir studies/digits --plan
+      # one command per run in studies/digits/plan/commands.txt, for a scheduler
+
 The base is the small recipe with the plain ti16 preset unless --preset/--recipe say
-otherwise; every training option of `train` applies to every run.
+otherwise; every training option of `train` applies to every run. See docs/study.md.
 """
 
 TRAIN_EXAMPLES = """examples:
@@ -291,8 +297,30 @@ def build_parser():
                        "shared out over --parallel)")
     study.add_argument("--tables-only", action="store_true",
                        help="train nothing: write the tables and figures from the runs that "
-                       "have finished, naming the others (a study part-way re-tabled)")
+                       "have finished, naming the others (a study part-way re-tabled, or the "
+                       "runs of a --plan collected)")
+    study.add_argument("--plan", action="store_true",
+                       help="train nothing: write <output-dir>/plan/commands.txt, one command "
+                       "per run that can train now (`keras-vitnorm ablate-job FILE`), for any "
+                       "scheduler to run; --tables-only then collects the finished runs")
+    study.add_argument("--lr-sweep", nargs="+", type=float, metavar="LR",
+                       help="train every variant at each of these peak learning rates first "
+                       "(with --sweep-seeds), then compare each at the rate with its best final "
+                       "validation accuracy (<group>_lr_selection.md)")
+    study.add_argument("--sweep-seeds", nargs="+", type=int, metavar="SEED",
+                       help="seeds of the --lr-sweep runs (default: the first of --seeds)")
     add_training_arguments(ablate)
+
+    job = commands.add_parser(
+        "ablate-job",
+        allow_abbrev=False,
+        help="train one run of a study's plan (a line of <study>/plan/commands.txt)",
+        description="Train, resume or skip (if finished) the one study run a job file of "
+        "`ablate --plan` describes. Safe to run again at any time.",
+    )
+    job.add_argument("job_file", metavar="JOB_FILE", help="a <study>/plan/*.job.json file")
+    job.add_argument("--verbose", type=int, choices=(0, 1, 2), default=2,
+                     help="0 silent, 1 progress bar, 2 one line per epoch (default)" + LOGS_NOTE)
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -497,6 +525,8 @@ def _run(parser, args):
         return _train(parser, args)
     if args.command == "ablate":
         return _ablate(parser, args)
+    if args.command == "ablate-job":
+        return _ablate_job(parser, args)
     if args.command == "convert":
         return _convert(parser, args)
     if args.command == "segment":
@@ -569,9 +599,14 @@ def _ablate(parser, args):
             variants.setdefault(group, []).append(name)
         if config.grad_norm_every is None:
             config.grad_norm_every = 25
+        if args.tables_only and args.plan:
+            raise ValueError("--tables-only and --plan are two ways of training nothing: "
+                             "give one.")
+        mode = "tables" if args.tables_only else "plan" if args.plan else "train"
         rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
                          take_over_lock=args.take_over_lock, parallel=args.parallel,
-                         threads_per_run=args.threads_per_run, train=not args.tables_only)
+                         threads_per_run=args.threads_per_run, mode=mode,
+                         lr_sweep=args.lr_sweep, sweep_seeds=args.sweep_seeds)
     except RunsFailed as error:
         codes = {code for _, code in error.failures}
         return _fail(parser, "ablate", str(error),
@@ -582,8 +617,32 @@ def _ablate(parser, args):
         return _fail(parser, "ablate", str(error))
     except KeyboardInterrupt:
         return _fail(parser, "ablate", "interrupted. Rerun the same command to continue.", code=130)
+    if mode == "plan":
+        return 0
     for group in args.groups:
-        print(f"\n{group}\n" + markdown_table(summarize([r for r in rows if r["group"] == group])))
+        group_rows = [r for r in rows if r["group"] == group]
+        if group_rows:
+            print(f"\n{group}\n" + markdown_table(summarize(group_rows)))
+    return 0
+
+
+def _ablate_job(parser, args):
+    from keras_vitnorm.study.plan import run_job
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
+
+    try:
+        row = run_job(args.job_file, verbose=args.verbose)
+    except StorageError as error:
+        return _fail(parser, "ablate-job", str(error), code=4)
+    except (ValueError, LockedError) as error:
+        return _fail(parser, "ablate-job", str(error))
+    except KeyboardInterrupt:
+        return _fail(parser, "ablate-job", "interrupted. Run the same command to continue.",
+                     code=130)
+    if args.verbose:
+        print(f"[{row['group']}] {row['variant']} seed {row['seed']}: {row['status']}, test "
+              f"accuracy {row['test_accuracy']}")
     return 0
 
 
@@ -752,7 +811,7 @@ def _evaluate(parser, args):
 
 
 #: The commands that train: long CPU work whose step time the allocator setting changes.
-TRAINING_COMMANDS = ("train", "ablate", "segment", "vtab", "lit")
+TRAINING_COMMANDS = ("train", "ablate", "ablate-job", "segment", "vtab", "lit")
 
 
 def console(argv=None):

@@ -159,7 +159,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     shutil.rmtree(os.path.join(study, "stems", "patch", "seed_1"))
     trained = count_trainings(monkeypatch)
     # Tables only: nothing trains, the missing run is named and left out of the tables.
-    tabled = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=1, train=False)
+    tabled = run_study(base_config(), ["stems"], [0, 1], study, subset, verbose=1, mode="tables")
     assert trained == []
     assert [(r["variant"], r["seed"]) for r in tabled] == [("patch", 0), ("dual_patchnorm", 0),
                                                             ("dual_patchnorm", 1)]
@@ -243,12 +243,12 @@ def test_divergent_runs_are_recorded_not_dropped(tmp_path):
 
 def test_tables_only_refuses_what_it_cannot_table(tmp_path):
     with pytest.raises(ValueError, match="holds no study"):
-        run_study(base_config(), ["stems"], [0], str(tmp_path / "none"), train=False)
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "none"), mode="tables")
     runner._check_study_config(base_config(), str(tmp_path / "empty"))  # a study, no run yet
     with pytest.raises(ValueError, match="No run of this plan has finished"):
-        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), train=False)
-    with pytest.raises(ValueError, match="with train=False \\(--tables-only\\) nothing trains"):
-        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), parallel=2, train=False)
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), mode="tables")
+    with pytest.raises(ValueError, match="with mode 'tables' \\(--tables-only\\) nothing trains"):
+        run_study(base_config(), ["stems"], [0], str(tmp_path / "empty"), parallel=2, mode="tables")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -1345,3 +1345,137 @@ def test_differences_tables_give_each_p_value_and_holm_over_the_tables_compariso
         assert line.split(" | ")[-1].startswith(f"{adjusted_p:.3f}")
     lines = against_dpn_table(rows).splitlines()
     assert lines[0].endswith("| p (Welch) | p, Holm-adjusted over 3 comparisons |")
+
+
+def read_csv_rows(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.one_backend
+def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path, monkeypatch):
+    from keras_vitnorm.study import lr_sweep
+
+    trained = count_trainings(monkeypatch)
+    study = str(tmp_path / "study")
+    config = base_config()
+    config.grad_norm_every, config.warmup_steps, config.grad_clip = None, 0, 0
+    rates = [1e38, 3e-3, 1e-4]  # any order; 1e38 diverges
+    args = (config, ["norm_types"], [0, 1], study, {"norm_types": ["rmsnorm"]})
+    rows = run_study(*args, verbose=0, lr_sweep=rates, sweep_seeds=[1])
+    sweep = read_csv_rows(os.path.join(study, "lr_sweep.csv"))
+    assert len(sweep) == 2 * 3 and {r["seed"] for r in sweep} == {"1"}
+    chosen = {}
+    for variant in ("layernorm", "rmsnorm"):
+        runs_ = [r for r in sweep if r["variant"] == variant]
+        assert {r["status"] for r in runs_ if float(r["learning_rate"]) == 1e38} == {"diverged"}
+        finished = {float(r["learning_rate"]): float(r["val_accuracy"]) for r in runs_
+                    if r["status"] == "completed"}
+        chosen[variant] = max(sorted(finished), key=lambda rate: finished[rate])
+    # the final runs: each variant at its chosen rate, the sweep's seed-1 run shared
+    assert [(r["variant"], r["seed"], r["learning_rate"]) for r in rows] == [
+        (v, s, chosen[v]) for v in ("layernorm", "rmsnorm") for s in (0, 1)]
+    for r in rows:
+        assert r["run_dir"] == os.path.join(study, "norm_types", r["variant"],
+                                            f"lr_{chosen[r['variant']]:g}", f"seed_{r['seed']}")
+    assert len(trained) == 6 + 2  # 2 variants x 3 rates, then seed 0 of each
+    results = read_csv_rows(os.path.join(study, "results.csv"))
+    assert [float(r["learning_rate"]) for r in results] == [r["learning_rate"] for r in rows]
+    table = open(os.path.join(study, "norm_types_lr_selection.md")).read().splitlines()
+    assert table[0] == "| variant | lr 0.0001 | lr 0.003 | lr 1e+38 | chosen rate |"
+    line = next(line for line in table if line.startswith("| rmsnorm |"))
+    edge = " (edge of the grid)" if chosen["rmsnorm"] == 1e-4 else ""  # 1e38 is the other edge
+    assert "1 diverged" in line and line.endswith(f"| {chosen['rmsnorm']:g}{edge} |")
+    assert os.path.exists(os.path.join(study, "figures", "norm_types_lr_sweep.png"))
+    # rerun: nothing trains again
+    trained.clear()
+    assert run_study(*args, verbose=0, lr_sweep=rates, sweep_seeds=[1]) == rows
+    assert trained == []
+    with pytest.raises(ValueError, match="two or more distinct rates"):
+        lr_sweep.check_rates([1e-3, 1e-3])
+    with pytest.raises(ValueError, match="positive numbers, got -0.1"):
+        lr_sweep.check_rates([1e-3, -0.1])
+    with pytest.raises(ValueError, match="give lr_sweep \\(--lr-sweep\\) too"):
+        run_study(config, ["norm_types"], [0], study, sweep_seeds=[0])
+
+
+def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_diverged():
+    from keras_vitnorm.study.lr_sweep import select
+
+    def sweep_row(variant, rate, seed, accuracy, status="completed"):
+        return {"group": "g", "variant": variant, "learning_rate": rate, "seed": seed,
+                "status": status, "val_accuracy": accuracy}
+
+    plan = [("g", [("a", ({}, {})), ("b", ({}, {})), ("c", ({}, {}))])]
+    rows = [sweep_row("a", 1e-3, s, v) for s, v in ((0, 0.6), (1, 0.7))]
+    rows += [sweep_row("a", 1e-2, s, v) for s, v in ((0, 0.8), (1, None))]
+    rows[-1]["status"] = "diverged"  # the better mean would be 1e-2's, but one seed diverged
+    rows += [sweep_row("b", 1e-3, 0, 0.5), sweep_row("b", 1e-3, 1, 0.5),
+             sweep_row("b", 1e-2, 0, 0.4)]  # seed 1 at 1e-2 not finished
+    rows += [sweep_row("c", rate, s, None, "diverged") for rate in (1e-3, 1e-2) for s in (0, 1)]
+    selection = select(rows, plan, [1e-3, 1e-2], [0, 1])
+    assert selection[("g", "a")]["rate"] == 1e-3
+    assert selection[("g", "a")]["scores"][1e-3]["values"] == [0.6, 0.7]
+    assert selection[("g", "b")]["rate"] is None
+    assert selection[("g", "b")]["reason"] == "1 sweep run(s) not finished"
+    assert selection[("g", "c")] == {**selection[("g", "c")], "rate": None,
+                                     "reason": "a run diverged at every rate"}
+
+
+@pytest.mark.one_backend
+def test_a_plan_is_one_resumable_command_per_run_and_tables_only_collects_them(
+        tmp_path, monkeypatch, capsys):
+    import shlex
+    import subprocess
+    import sys
+
+    from keras_vitnorm.study import plan
+
+    trained = count_trainings(monkeypatch)
+    study = str(tmp_path / "study")
+    config = base_config()
+    config.grad_norm_every, config.warmup_steps = None, 0
+    args = (config, ["norm_types"], [0, 1], study, {"norm_types": ["rmsnorm"]})
+    commands = run_study(*args, verbose=1, mode="plan", lr_sweep=[1e-3, 3e-3])
+    assert trained == [] and "4 run(s) to train" in capsys.readouterr().out
+    assert open(os.path.join(study, "plan", "commands.txt")).read().splitlines() == commands
+    # the sweep's runs first: the rates are chosen before the other seeds can be planned
+    files = [shlex.split(command)[-1] for command in commands]
+    assert [os.path.basename(f) for f in files] == [
+        f"norm_types-{v}-lr_{r}-seed_0.job.json" for v in ("layernorm", "rmsnorm")
+        for r in ("0.001", "0.003")]
+    assert all(c.startswith("KERAS_BACKEND=torch keras-vitnorm ablate-job ") for c in commands)
+    # One line as a scheduler runs it; the study moved meanwhile (job paths are relative).
+    moved = str(tmp_path / "moved")
+    os.rename(study, moved)
+    files = [f.replace(study, moved) for f in files]
+    line = commands[0].replace(study, moved).replace(
+        "keras-vitnorm", f"{shlex.quote(sys.executable)} -m keras_vitnorm", 1)
+    done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert runs.read_metrics(os.path.join(moved, "norm_types", "layernorm", "lr_0.001",
+                                          "seed_0"))["status"] == "completed"
+    for path in files[1:]:
+        assert cli.main(["ablate-job", path, "--verbose", "0"]) == 0
+    assert cli.main(["ablate-job", files[1], "--verbose", "0"]) == 0  # again: nothing to do
+    assert len(trained) == 3
+    # The sweep is done: the plan is now the other seed of each variant at its rate.
+    commands = run_study(config, ["norm_types"], [0, 1], moved, {"norm_types": ["rmsnorm"]},
+                         verbose=0, mode="plan", lr_sweep=[1e-3, 3e-3])
+    assert len(commands) == 2 and all("seed_1.job.json" in c for c in commands)
+    assert sorted(os.listdir(os.path.join(moved, "plan"))) == sorted(
+        [os.path.basename(shlex.split(c)[-1]) for c in commands] + ["commands.txt"])
+    # Collected part-way: the tables hold the finished runs, the rest are named.
+    rows = run_study(config, ["norm_types"], [0, 1], moved, {"norm_types": ["rmsnorm"]},
+                     verbose=1, mode="tables", lr_sweep=[1e-3, 3e-3])
+    assert [(r["variant"], r["seed"]) for r in rows] == [("layernorm", 0), ("rmsnorm", 0)]
+    assert "seed 1: not finished, left out of the tables" in capsys.readouterr().out
+    assert os.path.exists(os.path.join(moved, "norm_types_lr_selection.md"))
+    with pytest.raises(ValueError, match="commands.txt is not valid JSON"):
+        plan.run_job(os.path.join(moved, "plan", "commands.txt"))
+    bad = tmp_path / "bad.job.json"
+    bad.write_text("[1, 2]")
+    assert cli.main(["ablate-job", str(bad)]) == 2
+    assert "bad.job.json is not a job file: it needs the keys" in capsys.readouterr().err

@@ -11,6 +11,8 @@
   several runs, e.g. plain ViT vs DPN (Figure 2 style).
 - `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
   channel (Figure 3 style).
+- `plot_lr_sweep`: final validation accuracy by peak learning rate per variant, the
+  chosen rate marked.
 """
 
 import csv
@@ -405,4 +407,34 @@ def plot_residual_stream(streams, title, path):
         similarity_axes.legend(fontsize=6)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
+    return _save(figure, path)
+
+
+def plot_lr_sweep(selection, rates, title, path):
+    """Mean final validation accuracy (%) against the peak learning rate (log scale),
+    one line per variant with its 95% CI as error bars where two or more seeds ran;
+    the chosen rate is a filled marker. `selection`: `{variant: choice}` as
+    `keras_vitnorm.study.lr_sweep.select` gives. Rates without a completed run, or
+    with a diverged one, are left off the line."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, choice in selection.items():
+        points = [(rate, *confidence_interval(choice["scores"][rate]["values"]))
+                  for rate in rates if choice["scores"][rate]["values"]
+                  and not choice["scores"][rate]["diverged"]]
+        if not points:
+            continue
+        x, mean, ci = (np.array(values, float) for values in zip(*points))
+        line = axes.errorbar(x, 100 * mean, yerr=100 * np.nan_to_num(ci), marker="o",
+                             markerfacecolor="white", capsize=3, label=name)
+        if choice["rate"] is not None:
+            best = list(x).index(choice["rate"])
+            axes.plot(x[best], 100 * mean[best], "o", color=line[0].get_color())
+    axes.set_xscale("log")
+    axes.set_xticks(rates, [f"{rate:g}" for rate in rates])
+    axes.minorticks_off()
+    axes.set_xlabel("peak learning rate")
+    axes.set_ylabel("final validation accuracy (%)")
+    axes.set_title(title + "\n(filled: the rate chosen)")
+    _legend(axes, fontsize=8)
     return _save(figure, path)

@@ -37,7 +37,9 @@ import os
 import numpy as np
 
 from keras_vitnorm import durable
+from keras_vitnorm.study import lr_sweep as lr_sweep_lib
 from keras_vitnorm.study import patch_statistics
+from keras_vitnorm.study import plan as plan_lib
 from keras_vitnorm.study import workers
 from keras_vitnorm.study.report import dpn_mechanism
 from keras_vitnorm.study.report import make_figures
@@ -48,10 +50,14 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
+from keras_vitnorm.validation import check_choice
+
+
+MODES = ("train", "tables", "plan")
 
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
-              parallel=1, threads_per_run=None, train=True):
+              parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -68,9 +74,23 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             (`keras_vitnorm.study.workers`); 1 trains them one after another here.
         threads_per_run: compute threads of each parallel run; default the CPU
             cores shared out over `parallel`.
-        train: bool. False trains nothing: the tables and figures are written from
-            the runs of the plan that have finished, the others are named and left
-            out (a study part-way, or one exported without weights, re-tabled).
+        mode: `"train"` (default) trains the runs that have not finished, then writes
+            the tables and figures. `"tables"` trains nothing: the tables and figures
+            are written from the runs of the plan that have finished, the others are
+            named and left out (a study part-way, one exported without weights, or
+            one whose runs a scheduler trained, re-tabled). `"plan"` trains nothing
+            either: it writes one command per run that can train now
+            (`keras_vitnorm.study.plan`) for any scheduler to run, and returns them.
+        lr_sweep: optional list of peak learning rates. Each variant first trains at
+            every rate with `sweep_seeds`; the rate with the best mean final
+            validation accuracy is chosen (`keras_vitnorm.study.lr_sweep`) and the
+            variant then trains at it with `seeds`, sharing the sweep's runs at that
+            rate. Run directories are then `<group>/<variant>/lr_<rate>/seed_<s>`.
+        sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
+
+    Returns:
+        The result rows of the runs at the chosen settings (mode `"plan"`: the
+        commands written).
 
     Runs train seed by seed (every variant's first seed, then every variant's
     second, ...); the result rows and tables follow the groups' order. The study
@@ -79,12 +99,14 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
+    check_choice("mode", mode, MODES)
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
-    if not train and (parallel != 1 or threads_per_run is not None):
+    if mode != "train" and (parallel != 1 or threads_per_run is not None):
         raise ValueError("parallel and threads_per_run (--parallel, --threads-per-run) set how "
-                         "runs train; with train=False (--tables-only) nothing trains: leave them out.")
-    if not train and not os.path.exists(os.path.join(output_dir, "study_config.json")):
+                         f"runs train here; with mode {mode!r} ({_MODE_FLAGS[mode]}) nothing "
+                         "trains here: leave them out.")
+    if mode == "tables" and not os.path.exists(os.path.join(output_dir, "study_config.json")):
         raise ValueError(f"{output_dir} holds no study (no study_config.json) to write tables for: "
                          "point --output-dir at a study directory.")
     if threads_per_run is not None:
@@ -94,67 +116,143 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         workers.thread_environment(threads_per_run)  # checks the value before anything runs
     elif parallel > 1:
         threads_per_run = workers.default_threads_per_run(parallel)
-    plan = [(group, get_variants(group, (variants or {}).get(group))) for group in groups]
+    if lr_sweep is not None:
+        lr_sweep = lr_sweep_lib.check_rates(lr_sweep)
+        sweep_seeds = list(seeds[:1] if sweep_seeds is None else sweep_seeds)
+        if not sweep_seeds:
+            raise ValueError("sweep_seeds (--sweep-seeds) must name at least one seed.")
+    elif sweep_seeds is not None:
+        raise ValueError("sweep_seeds (--sweep-seeds) are the seeds of a learning-rate sweep: "
+                         "give lr_sweep (--lr-sweep) too, or leave them out.")
+    plan = [(group, list(get_variants(group, (variants or {}).get(group)).items()))
+            for group in groups]
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
                            what="study directory"):
         with run_files.storage_errors(output_dir, "Finished runs are intact; rerun to continue."):
-            return _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock,
-                               parallel, threads_per_run, train)
+            study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
+                           mode)
+            return study.run(plan, seeds, lr_sweep, sweep_seeds)
 
 
-def _run_locked(base, plan, seeds, output_dir, verbose, take_over_lock, parallel, threads_per_run,
-                train=True):
-    _check_study_config(base, output_dir)
-    probe_images = _probe_images(base)
-    jobs = []  # (group, variant, config, run directory), in the plan's order
-    trained = {}  # effective settings -> run directory, to share identical runs
-    for group, group_variants in plan:
-        for name, (model, settings) in group_variants.items():
-            for seed in seeds:
-                config = dataclasses.replace(
-                    base, **settings, model={**base.model, **model}, seed=seed, output_dir=None
-                )
-                config.validate()  # a variant the base cannot take fails before anything trains
-                key = _settings_key(config)
-                run_dir = trained.get(key)
-                if run_dir is None:
-                    run_dir = trained[key] = os.path.join(output_dir, group, name, f"seed_{seed}")
-                elif verbose:
-                    print(f"[{group}] {name} seed {seed}: same settings as {run_dir}, shared")
-                config.output_dir = run_dir
-                jobs.append((group, name, config, run_dir))
+_MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
 
-    def finished_rows():
-        return [run_one(config, group, name, run_dir, 0, take_over_lock, probe_images)
+
+class _Study:
+    """One invocation of `run_study` on a locked study directory."""
+
+    def __init__(self, base, output_dir, verbose, take_over_lock, parallel, threads, mode):
+        self.base, self.output_dir, self.verbose = base, output_dir, verbose
+        self.take_over_lock, self.parallel, self.threads, self.mode = (
+            take_over_lock, parallel, threads, mode)
+        self.trained = {}  # effective settings -> run directory, to share identical runs
+        self.planned = []  # the jobs of mode "plan", every phase's
+        self.probe_images = None
+
+    def say(self, text):
+        if self.verbose:
+            print(text)
+
+    def run(self, plan, seeds, lr_sweep, sweep_seeds):
+        _check_study_config(self.base, self.output_dir)
+        if self.mode != "plan":
+            self.probe_images = _probe_images(self.base)
+        if lr_sweep:
+            sweep = [(group, lr_sweep_lib.at_rates(variants, lr_sweep)) for group, variants in plan]
+            sweep_rows = self.rows(self.jobs(sweep, sweep_seeds, rate_dirs=True), sweep_seeds,
+                                   required=False)
+            selection = lr_sweep_lib.select(sweep_rows, plan, lr_sweep, sweep_seeds)
+            if sweep_rows:
+                lr_sweep_lib.write_selection(sweep_rows, selection, lr_sweep, self.output_dir)
+            plan = lr_sweep_lib.at_chosen_rates(plan, selection, say=self.say)
+        jobs = self.jobs(plan, seeds, rate_dirs=bool(lr_sweep))
+        if self.mode == "plan":
+            return plan_lib.write_plan(self.planned + self._unfinished(jobs), self.output_dir,
+                                       say=self.say)
+        rows = self.rows(jobs, seeds, required=not lr_sweep)
+        if not rows:
+            return rows
+        make_figures(rows, os.path.join(self.output_dir, "figures"),
+                     probe_images=self.probe_images)
+        patch_statistics.write_tables(rows, self.output_dir,
+                                      [group for group, _ in plan if group in STEM_PAIRS],
+                                      say=print if self.verbose else None)
+        if any(group == "dpn_factors" for group, _ in plan):
+            dpn_mechanism(self.base, self.output_dir)
+        return rows
+
+    def jobs(self, plan, seeds, rate_dirs=False):
+        """`(group, variant, config, run directory)` of every run of `plan`, in its order;
+        a run whose settings equal an earlier one's shares its directory."""
+        jobs = []
+        for group, group_variants in plan:
+            for name, (model, settings) in group_variants:
+                for seed in seeds:
+                    config = dataclasses.replace(self.base, **settings,
+                                                 model={**self.base.model, **model}, seed=seed,
+                                                 output_dir=None)
+                    config.validate()  # a variant the base cannot take fails before anything trains
+                    key = _settings_key(config)
+                    run_dir = self.trained.get(key)
+                    if run_dir is None:
+                        parts = [group, name]
+                        if rate_dirs:
+                            parts.append(lr_sweep_lib.rate_folder(config.learning_rate))
+                        run_dir = self.trained[key] = os.path.join(self.output_dir, *parts,
+                                                                   f"seed_{seed}")
+                    elif self.mode != "plan":
+                        self.say(f"[{group}] {name} seed {seed}: same settings as {run_dir}, "
+                                 "shared")
+                    config.output_dir = run_dir
+                    jobs.append((group, name, config, run_dir))
+        return jobs
+
+    def rows(self, jobs, seeds, required=True):
+        """The result rows of `jobs` after training them (mode `"train"`); those that
+        have finished otherwise. Mode `"plan"` notes the unfinished jobs and returns
+        the finished ones' rows. `required`: with no finished run in mode `"tables"`,
+        raise instead of returning none."""
+        # Every variant's first seed trains before any variant's second, so a long study
+        # that is stopped part-way already compares all its variants.
+        order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
+        if self.mode != "train":
+            finished = [i for i in order if _finished(jobs[i][3])]
+            if self.mode == "plan":
+                self.planned += self._unfinished(jobs)
+            elif not finished and required:
+                raise ValueError(f"No run of this plan has finished in {self.output_dir}: there "
+                                 "is nothing to table. Leave out --tables-only to train them.")
+            else:
+                for group, name, config, _ in (jobs[i] for i in order if i not in finished):
+                    self.say(f"[{group}] {name} seed {config.seed}: not finished, left out of the "
+                             "tables")
+            order = finished
+        elif self.parallel > 1:
+            _train_in_parallel([jobs[i] for i in order], self.output_dir, self.parallel,
+                               self.threads, self.verbose, self.take_over_lock,
+                               on_finish=lambda job: self._write(jobs))
+        done = {}  # job index -> result row; the tables list them in the plan's order
+        for i in order:
+            group, name, config, run_dir = jobs[i]
+            verbose = self.verbose if self.mode == "train" else 0
+            done[i] = run_one(config, group, name, run_dir, verbose, self.take_over_lock,
+                              self.probe_images, analyze=self.mode != "plan")
+            if self.mode != "plan":
+                write_results([done[j] for j in sorted(done)], self.output_dir)  # read early
+        return [done[i] for i in sorted(done)]
+
+    def _write(self, jobs):
+        rows = [run_one(config, group, name, run_dir, 0, self.take_over_lock, self.probe_images)
                 for group, name, config, run_dir in jobs if _finished(run_dir)]
+        write_results(rows, self.output_dir)
 
-    # Every variant's first seed trains before any variant's second, so a long study
-    # that is stopped part-way already compares all its variants.
-    order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
-    if not train:
-        finished = [i for i in order if _finished(jobs[i][3])]
-        if not finished:
-            raise ValueError(f"No run of this plan has finished in {output_dir}: there is nothing "
-                             "to table. Leave out --tables-only to train them.")
-        if verbose:
-            for group, name, config, _ in (jobs[i] for i in order if i not in finished):
-                print(f"[{group}] {name} seed {config.seed}: not finished, left out of the tables")
-        order = finished
-    elif parallel > 1:
-        _train_in_parallel([jobs[i] for i in order], output_dir, parallel, threads_per_run, verbose,
-                           take_over_lock, on_finish=lambda job: write_results(finished_rows(), output_dir))
-    done = {}  # job index -> result row; the tables list them in the plan's order
-    for i in order:
-        group, name, config, run_dir = jobs[i]
-        done[i] = run_one(config, group, name, run_dir, verbose, take_over_lock, probe_images)
-        write_results([done[j] for j in sorted(done)], output_dir)  # kept current, read early
-    rows = [done[i] for i in sorted(done)]
-    make_figures(rows, os.path.join(output_dir, "figures"), probe_images=probe_images)
-    patch_statistics.write_tables(rows, output_dir, [group for group, _ in plan if group in STEM_PAIRS],
-                                  say=print if verbose else None)
-    if any(group == "dpn_factors" for group, _ in plan):
-        dpn_mechanism(base, output_dir)
-    return rows
+    @staticmethod
+    def _unfinished(jobs):
+        seen, unfinished = set(), []
+        for job in jobs:
+            if job[3] not in seen and not _finished(job[3]):
+                seen.add(job[3])
+                unfinished.append(job)
+        return unfinished
 
 
 def _finished(run_dir):
@@ -171,10 +269,9 @@ def _train_in_parallel(jobs, output_dir, parallel, threads, verbose, take_over_l
         if run_dir in seen or _finished(run_dir):
             continue
         seen.add(run_dir)
-        stem = os.path.join(log_dir, workers.job_file_stem(group, name, config.seed))
-        job = {"group": group, "name": name, "seed": config.seed, "run_dir": run_dir,
-               "config": config.to_dict(), "take_over_lock": take_over_lock, "verbose": 2,
-               "file": stem + ".job.json", "log": stem + ".log"}
+        stem = os.path.join(log_dir, plan_lib.job_file_stem(run_dir, output_dir))
+        job = plan_lib.job(group, name, config, run_dir, output_dir, take_over_lock)
+        job.update(file=stem + ".job.json", log=stem + ".log")
         durable.write_json(job["file"], job)
         work.append(job)
     if work and verbose:

@@ -55,6 +55,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
         "group": group,
         "variant": name,
         "seed": seed,
+        "learning_rate": config.learning_rate,
         "status": metrics["status"],
         "test_accuracy": metrics.get("test_accuracy"),
         "val_accuracy": metrics.get("val_accuracy"),

@@ -28,7 +28,7 @@ from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.variants import STEM_PAIRS
 
 RESULT_FIELDS = (
-    "group", "variant", "seed", "status", "test_accuracy", "val_accuracy",
+    "group", "variant", "seed", "learning_rate", "status", "test_accuracy", "val_accuracy",
     "diverged_at_step", "steps", "train_seconds", "run_dir",
 )
 
@@ -88,6 +88,22 @@ def gradient_norm_table(rows):
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
+def write_rows(rows, output_dir, name):
+    """Writes result rows as `<output_dir>/<name>`, a CSV of `RESULT_FIELDS` with run
+    directories relative to `output_dir`; returns its path."""
+    os.makedirs(output_dir, exist_ok=True)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        record = {key: row.get(key) for key in RESULT_FIELDS}
+        record["run_dir"] = os.path.relpath(row["run_dir"], output_dir)
+        writer.writerow(record)
+    path = os.path.join(output_dir, name)
+    durable.write_text(path, buffer.getvalue(), stage="results")
+    return path
+
+
 def write_results(rows, output_dir):
     """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
     for groups trained four or more epochs (`factors.convergence_table`) and, where
@@ -98,15 +114,7 @@ def write_results(rows, output_dir):
     `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
     format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
-    os.makedirs(output_dir, exist_ok=True)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
-    writer.writeheader()
-    for row in rows:
-        record = {key: row.get(key) for key in RESULT_FIELDS}
-        record["run_dir"] = os.path.relpath(row["run_dir"], output_dir)
-        writer.writerow(record)
-    durable.write_text(os.path.join(output_dir, "results.csv"), buffer.getvalue(), stage="results")
+    write_rows(rows, output_dir, "results.csv")
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
         summary = summarize(group_rows)

@@ -12,7 +12,6 @@ every failed run and its log. Each run is resumable on its own, so rerunning the
 continues where it stopped. Interrupting the parent stops its children.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -69,10 +68,6 @@ def default_threads_per_run(parallel):
     """The CPU cores this process may use, shared out over `parallel` runs (at least 1)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // parallel)
-
-
-def job_file_stem(group, name, seed):
-    return f"{group}-{name}-seed_{seed}"
 
 
 def start_child(job, threads):
@@ -146,17 +141,12 @@ def main(argv=None):
     from keras_vitnorm import host_memory
 
     host_memory.retain_freed_memory()
-    with open(argv[0]) as f:
-        job = json.load(f)
-    from keras_vitnorm.study.runs import run_one
-    from keras_vitnorm.training import TrainConfig
+    from keras_vitnorm.study.plan import run_job
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError
 
-    config = TrainConfig(**job["config"])
     try:
-        run_one(config, job["group"], job["name"], job["run_dir"], job["verbose"],
-                take_over_lock=job["take_over_lock"], analyze=False)
+        run_job(argv[0])
     except StorageError as error:
         print(f"error: {error}", file=sys.stderr)
         return STORAGE_EXIT_CODE

@@ -1,0 +1,155 @@
+"""Each variant at its own learning rate: a sweep of peak rates and the choice on
+validation (`ablate --lr-sweep`).
+
+Norms move with the learning rate (post-LN, DyT, BatchNorm and DeepNorm more than
+pre-LN), so a comparison at the rate calibrated for one variant can measure the rate,
+not the norm. With a sweep, every variant first trains at every rate of the grid with
+the sweep's seeds; the rate with the highest mean final validation accuracy is its
+own (the test split is not read for the choice), and the variant's runs at that rate
+are the ones the study's tables compare. A rate at which any sweep run diverged is
+not chosen. A choice at either end of the grid is flagged: the best rate may lie
+beyond it.
+
+Written per study: `lr_sweep.csv` (every sweep run, as `results.csv`),
+`<group>_lr_selection.md` (validation accuracy by variant and rate, and the rate
+chosen) and `figures/<group>_lr_sweep.png`.
+"""
+
+import math
+import os
+
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.tables import write_rows
+
+
+def check_rates(rates):
+    """The grid as a sorted list of distinct positive floats; a `ValueError` naming a bad
+    value otherwise."""
+    checked = []
+    for rate in rates:
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 \
+                or math.isinf(rate):
+            raise ValueError(f"learning rates of a sweep must be positive numbers, got {rate!r}.")
+        checked.append(float(rate))
+    if len(checked) < 2 or len(set(checked)) != len(checked):
+        raise ValueError(f"a learning-rate sweep needs two or more distinct rates, got {list(rates)}.")
+    return sorted(checked)
+
+
+def rate_text(rate):
+    return f"{rate:g}"
+
+
+def rate_folder(rate):
+    """The folder of a variant's runs at `rate`: `lr_<rate>`."""
+    return f"lr_{rate_text(rate)}"
+
+
+def at_rates(variants, rates):
+    """`[(variant, (model, settings))]` of each variant at each rate of the grid."""
+    return [(name, (model, {**settings, "learning_rate": rate}))
+            for name, (model, settings) in variants for rate in rates]
+
+
+def select(rows, plan, rates, seeds):
+    """The choice of each variant of `plan` from the sweep's result `rows`.
+
+    Returns:
+        `{(group, variant): {"rate": the chosen rate or None, "reason": why none,
+        "scores": {rate: {"values": final validation accuracies of the completed
+        runs, "diverged": count, "missing": count of the sweep seeds not finished}}}}`.
+        No rate is chosen while a sweep run of the variant has not finished, nor
+        where every rate has a diverged run.
+    """
+    selection = {}
+    for group, variants in plan:
+        for name, _ in variants:
+            scores = {}
+            for rate in rates:
+                runs = [r for r in rows if (r["group"], r["variant"]) == (group, name)
+                        and math.isclose(float(r["learning_rate"]), rate)]
+                scores[rate] = {
+                    "values": [float(r["val_accuracy"]) for r in runs if r["status"] == "completed"],
+                    "diverged": sum(r["status"] == "diverged" for r in runs),
+                    "missing": len(seeds) - len(runs),
+                }
+            pending = sum(score["missing"] for score in scores.values())
+            eligible = {rate: float(np.mean(s["values"])) for rate, s in scores.items()
+                        if not s["diverged"] and not s["missing"]}
+            rate, reason = None, None
+            if pending:
+                reason = f"{pending} sweep run(s) not finished"
+            elif not eligible:
+                reason = "a run diverged at every rate"
+            else:
+                rate = max(eligible, key=lambda r: (eligible[r], -r))  # a tie: the lower rate
+            selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores}
+    return selection
+
+
+def at_chosen_rates(plan, selection, say=None):
+    """`plan` with each variant at its chosen rate; a variant without one is left out
+    (and named through `say`)."""
+    chosen = []
+    for group, variants in plan:
+        kept = []
+        for name, (model, settings) in variants:
+            choice = selection[(group, name)]
+            if choice["rate"] is None:
+                if say:
+                    say(f"[{group}] {name}: no learning rate chosen yet ({choice['reason']})")
+                continue
+            kept.append((name, (model, {**settings, "learning_rate": choice["rate"]})))
+        chosen.append((group, kept))
+    return chosen
+
+
+def selection_table(selection, rates, group):
+    """Markdown: per variant of `group`, the mean final validation accuracy (%) at each
+    rate (± its 95% CI over two or more seeds) and the rate chosen."""
+    lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
+             + " | chosen rate |", "|---|" + "---|" * (len(rates) + 1)]
+    for (row_group, name), choice in selection.items():
+        if row_group != group:
+            continue
+        cells = [_score_text(choice["scores"][rate]) for rate in rates]
+        if choice["rate"] is None:
+            chosen = f"none ({choice['reason']})"
+        else:
+            chosen = rate_text(choice["rate"])
+            if choice["rate"] in (rates[0], rates[-1]):
+                chosen += " (edge of the grid)"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} |")
+    return "\n".join(lines) + "\n"
+
+
+def _score_text(score):
+    parts = []
+    if score["values"]:
+        mean, ci = confidence_interval(score["values"])
+        parts.append(f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}"))
+    if score["diverged"]:
+        parts.append(f"{score['diverged']} diverged")
+    if score["missing"]:
+        parts.append(f"{score['missing']} not finished")
+    return ", ".join(parts)
+
+
+def write_selection(rows, selection, rates, output_dir):
+    """Writes `lr_sweep.csv`, and per group `<group>_lr_selection.md` and
+    `figures/<group>_lr_sweep.png`. Returns the paths written."""
+    from keras_vitnorm.study import figures
+
+    paths = [write_rows(rows, output_dir, "lr_sweep.csv")]
+    for group in dict.fromkeys(group for group, _ in selection):
+        path = os.path.join(output_dir, f"{group}_lr_selection.md")
+        durable.write_text(path, selection_table(selection, rates, group))
+        paths.append(path)
+        curves = {name: choice for (g, name), choice in selection.items() if g == group}
+        paths.append(figures.plot_lr_sweep(
+            curves, rates, f"{group}: final validation accuracy by peak learning rate",
+            os.path.join(output_dir, "figures", f"{group}_lr_sweep.png")))
+    return paths
