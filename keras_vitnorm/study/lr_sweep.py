@@ -35,7 +35,8 @@ def check_rates(rates):
             raise ValueError(f"learning rates of a sweep must be positive numbers, got {rate!r}.")
         checked.append(float(rate))
     if len(checked) < 2 or len(set(checked)) != len(checked):
-        raise ValueError(f"a learning-rate sweep needs two or more distinct rates, got {list(rates)}.")
+        raise ValueError("a learning-rate sweep needs two or more distinct rates, "
+                         f"got {list(rates)}.")
     return sorted(checked)
 
 
@@ -71,8 +72,9 @@ def select(rows, plan, rates, seeds):
             for rate in rates:
                 runs = [r for r in rows if (r["group"], r["variant"]) == (group, name)
                         and math.isclose(float(r["learning_rate"]), rate)]
+                completed = [r for r in runs if r["status"] == "completed"]
                 scores[rate] = {
-                    "values": [float(r["val_accuracy"]) for r in runs if r["status"] == "completed"],
+                    "values": [float(r["val_accuracy"]) for r in completed],
                     "diverged": sum(r["status"] == "diverged" for r in runs),
                     "missing": len(seeds) - len(runs),
                 }
