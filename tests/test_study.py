@@ -1479,3 +1479,42 @@ def test_a_plan_is_one_resumable_command_per_run_and_tables_only_collects_them(
     bad.write_text("[1, 2]")
     assert cli.main(["ablate-job", str(bad)]) == 2
     assert "bad.job.json is not a job file: it needs the keys" in capsys.readouterr().err
+
+
+def fake_run(run_dir, accuracies, steps_per_epoch, total, seconds):
+    """A finished run directory with a per-epoch log, as training leaves it."""
+    os.makedirs(run_dir)
+    durable.write_json(os.path.join(run_dir, "train_config.json"),
+                       {"steps_per_epoch": steps_per_epoch})
+    durable.write_json(os.path.join(run_dir, "metrics.json"),
+                       {"status": "completed", "steps": total, "train_seconds": seconds,
+                        "val_accuracy": accuracies[-1]})
+    durable.write_text(os.path.join(run_dir, "log.csv"), "epoch,accuracy,val_accuracy\n" + "".join(
+        f"{epoch},0.9,{accuracy}\n" for epoch, accuracy in enumerate(accuracies)))
+
+
+def test_time_to_accuracy_counts_the_steps_to_the_baselines_final_validation_accuracy(tmp_path):
+    from keras_vitnorm.study.time_to_accuracy import time_to_accuracy_table
+
+    curves = {"base": [[0.5, 0.6, 0.7, 0.72], [0.5, 0.62, 0.69, 0.70]],  # target 0.71
+              "fast": [[0.6, 0.71, 0.75, 0.76], [0.65, 0.72, 0.74, 0.75]],
+              "slow": [[0.4, 0.5, 0.6, 0.72], [0.4, 0.5, 0.6, 0.65]]}
+    rows = []
+    for variant, runs_ in curves.items():
+        for seed, curve in enumerate(runs_):
+            run_dir = str(tmp_path / variant / str(seed))
+            # 4 evaluations every 100 steps, the last epoch shorter: 350 steps in 70 s
+            fake_run(run_dir, curve, 100, 350, 70.0)
+            rows.append({"group": "g", "variant": variant, "seed": seed, "status": "completed",
+                         "val_accuracy": curve[-1], "test_accuracy": curve[-1],
+                         "run_dir": run_dir})
+    lines = time_to_accuracy_table(rows).splitlines()
+    assert lines[0].startswith("| variant | runs | runs reaching 71.00% | steps to it, mean (range)")
+    # base: 350 (0.72 at the shorter last epoch) and never (0.70 < 0.71)
+    assert lines[2] == "| base | 2 | 1 | 350 (350 to 350) | 1.00x | 70 |"
+    assert lines[3] == "| fast | 2 | 2 | 200 (200 to 200) | 0.57x | 40 |"
+    assert lines[4] == "| slow | 2 | 1 | 350 (350 to 350) | 1.00x | 70 |"
+    # without logs (results exported without run files) there is no table
+    assert time_to_accuracy_table([dict(r, run_dir=str(tmp_path / "none")) for r in rows]) == ""
+    tables.write_results(rows, str(tmp_path / "study"))
+    assert (tmp_path / "study" / "g_time_to_accuracy.md").read_text() == "\n".join(lines) + "\n"

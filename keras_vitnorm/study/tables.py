@@ -25,6 +25,7 @@ from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import p_value_header
 from keras_vitnorm.study.stats import p_value_text
 from keras_vitnorm.study.stats import welch_p_value
+from keras_vitnorm.study.time_to_accuracy import time_to_accuracy_table
 from keras_vitnorm.study.variants import STEM_PAIRS
 
 RESULT_FIELDS = (
@@ -110,7 +111,10 @@ def write_results(rows, output_dir):
     the groups ran: `<group>_differences.md` (for a group that varies the stem by
     factor level, `dpn_factors` and `dpn_schedule`, each stem against the plain stem at
     its level; for any other group of two or more variants, each variant against the
-    group's baseline), `gradient_norms.md` (stem runs that recorded gradient norms),
+    group's baseline), `<group>_time_to_accuracy.md` (groups of two or more variants
+    other than those, whose runs logged their epochs:
+    `keras_vitnorm.study.time_to_accuracy`), `gradient_norms.md` (stem runs that
+    recorded gradient norms),
     `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
     format) and
     `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
@@ -119,9 +123,12 @@ def write_results(rows, output_dir):
         group_rows = [r for r in rows if r["group"] == group]
         summary = summarize(group_rows)
         durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summary))
-        differences = factors.dpn_factor_table(group_rows, group) or difference_table(summary)
+        stem_levels = factors.dpn_factor_table(group_rows, group)
+        # at other factor levels the baseline's accuracy is no target for a variant
+        speed = time_to_accuracy_table(group_rows) if len(summary) > 1 and not stem_levels else ""
         for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
-                            (f"{group}_differences.md", differences)):
+                            (f"{group}_differences.md", stem_levels or difference_table(summary)),
+                            (f"{group}_time_to_accuracy.md", speed)):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)
     for name, table in (
