@@ -12,15 +12,22 @@
 #                    dpn_schedule: the two stems trained 3,000 and 12,000 steps
 #   <out>/converged  converged: the eight variants at patch 4, 80 passes over the
 #                    45,000 training images (batch 256), on a GPU under JAX
+#   <out>/converged_lr  the same, each variant at its own peak learning rate: a sweep
+#                    of 5e-4, 1e-3 and 2e-3 on seed 0, chosen on validation
+#   <out>/regularized   converged_lr with RandAugment(2 ops, factor 0.5), MixUp 0.2
+#                    and stochastic depth 0.1 (big_vision's "light2" augmentation)
+#   <out>/deep       deep: pre-LN, post-LN and DeepNorm at depth 12, at the converged
+#                    budget, with a warm-up of 1,760 steps (12.5%) and each at its own
+#                    rate (the sweep of converged_lr)
 #
 # The first three train on a CPU (TensorFlow, batch 32, 2 runs at a time, one thread
-# each; docs/study.md); the converged one on a GPU (JAX, 8 runs at a time), reading
-# the images with the python input pipeline so that the batches do not depend on
-# whether TensorFlow is installed.
+# each; docs/study.md); the others on a GPU (JAX, 8 runs at a time), reading the
+# images with the python input pipeline so that the batches do not depend on whether
+# TensorFlow is installed.
 #
 # Usage: [STUDIES="factors converged"] recipes/cifar10_study.sh CIFAR10_DIR OUTPUT_DIR [extra ablate options]
 # CIFAR10_DIR holds train/<class>/*.jpg and test/<class>/*.jpg. STUDIES picks studies
-# (default all four, in the order above). Every run resumes: rerun the same command
+# (default all seven, in the order above). Every run resumes: rerun the same command
 # after an interruption. Extra options come last and win (e.g. --seeds 0 --parallel 4).
 # `--tables-only --parallel 1` writes the tables and figures from the finished runs
 # and trains nothing.
@@ -32,12 +39,13 @@ fi
 data=$1 out=$2
 shift 2
 python=${PYTHON:-python}
-studies=${STUDIES:-depth depth_no_clip factors converged}
+all="depth depth_no_clip factors converged converged_lr regularized deep"
+studies=${STUDIES:-$all}
 for study in $studies; do
-    case $study in depth|depth_no_clip|factors|converged) ;;
-        *) echo "unknown study '$study' in STUDIES; valid: depth depth_no_clip factors converged" >&2
-           exit 2 ;;
-    esac
+    if [[ " $all " != *" $study "* ]]; then
+        echo "unknown study '$study' in STUDIES; valid: $all" >&2
+        exit 2
+    fi
 done
 wants() { [[ " $studies " == *" $1 "* ]]; }
 model=(--dataset "folder:$data" --image-size 32 --width 128 --num-heads 4 --mlp-dim 512
@@ -63,11 +71,25 @@ if wants factors; then
         --steps 3000 --steps-per-epoch 500 --warmup-steps 100 --grad-norm-every 100 \
         "${model[@]}" "${cpu[@]}" --output-dir "$out/factors"
 fi
+# The GPU recipe: 14,080 steps of 256, 80 passes over the 45,000 training images; evaluated
+# and checkpointed every 880 steps (5 passes); warm-up 5 passes.
+gpu=(--patch-size 4 --batch-size 256 --lr 1e-3 --steps 14080 --steps-per-epoch 880
+     --warmup-steps 880 --grad-norm-every 880 --input-pipeline python --parallel 8)
+sweep=(--lr-sweep 5e-4 1e-3 2e-3)
 if wants converged; then
-    # 14,080 steps of 256: 80 passes over the 45,000 training images; evaluated and checkpointed
-    # every 880 steps (5 passes); warm-up 5 passes.
-    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups converged --patch-size 4 \
-        --batch-size 256 --lr 1e-3 --steps 14080 --steps-per-epoch 880 --warmup-steps 880 \
-        --grad-norm-every 880 --input-pipeline python --parallel 8 \
-        "${model[@]}" "$@" --output-dir "$out/converged"
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups converged \
+        "${gpu[@]}" "${model[@]}" "$@" --output-dir "$out/converged"
+fi
+if wants converged_lr; then
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups converged "${sweep[@]}" \
+        "${gpu[@]}" "${model[@]}" "$@" --output-dir "$out/converged_lr"
+fi
+if wants regularized; then
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups converged "${sweep[@]}" \
+        --randaugment-ops 2 --randaugment-factor 0.5 --mixup 0.2 --drop-path 0.1 \
+        "${gpu[@]}" "${model[@]}" "$@" --output-dir "$out/regularized"
+fi
+if wants deep; then
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups deep "${sweep[@]}" \
+        "${gpu[@]}" --warmup-steps 1760 "${model[@]}" "$@" --output-dir "$out/deep"
 fi

@@ -1088,7 +1088,7 @@ def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(
 
 @pytest.mark.one_backend
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
-    """recipes/cifar10_study.sh: each of its four commands parses into a valid study
+    """recipes/cifar10_study.sh: each of its seven commands parses into a valid study
     (a stand-in interpreter records each command and its backend instead of training;
     the test parses them with the command's own parser)."""
     import dataclasses
@@ -1121,14 +1121,16 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
             args.preset, args.output_dir = "ti16", None
             studies.append({"groups": args.groups, "dir": args.study_dir, "parallel": args.parallel,
                             "variants": args.variants, "seeds": args.seeds, "backend": call["backend"],
+                            "lr_sweep": args.lr_sweep,
                             "config": dataclasses.asdict(train_config_from_args(args))})
         return studies
 
     studies = recorded()
     assert [s["groups"] for s in studies] == [
-        ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"], ["converged"]]
-    assert [s["dir"] for s in studies] == [
-        str(tmp_path / "out" / n) for n in ("depth", "depth_no_clip", "factors", "converged")]
+        ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"],
+        ["converged"], ["converged"], ["converged"], ["deep"]]
+    assert [s["dir"] for s in studies] == [str(tmp_path / "out" / n) for n in (
+        "depth", "depth_no_clip", "factors", "converged", "converged_lr", "regularized", "deep")]
     # the runs without clipping are the deepest models without warm-up, otherwise as in depth
     no_clip = studies[1]
     assert no_clip["config"]["grad_clip"] == 0 and studies[0]["config"]["grad_clip"] == 1.0
@@ -1150,6 +1152,21 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert config["model"]["patch_size"] == 4 and config["input_pipeline"] == "python"
     assert round(config["steps"] * config["batch_size"] / 45000) == 80
     assert config["steps"] % config["steps_per_epoch"] == 0
+    # Each variant at its own rate: the converged recipe with a sweep around its rate; with
+    # regularization; and at depth 12 with a warm-up of at least 10% of the steps.
+    assert converged["lr_sweep"] is None
+    converged_lr, regularized, deep = studies[4:]
+    for study in (converged_lr, regularized, deep):
+        assert study["lr_sweep"] == [5e-4, 1e-3, 2e-3] and study["parallel"] == 8
+        assert config["learning_rate"] in study["lr_sweep"]
+    assert converged_lr["config"] == config
+    augmentation = {"randaugment_ops": 2, "randaugment_factor": 0.5, "mixup": 0.2, "drop_path": 0.1}
+    assert {k: regularized["config"][k] for k in augmentation} == augmentation
+    assert {k: v for k, v in regularized["config"].items() if k not in augmentation} == {
+        k: v for k, v in config.items() if k not in augmentation}
+    assert deep["config"]["warmup_steps"] >= 0.1 * deep["config"]["steps"]
+    assert {k: v for k, v in deep["config"].items() if k != "warmup_steps"} == {
+        k: v for k, v in config.items() if k != "warmup_steps"}
     # STUDIES picks studies; extra options come last and win.
     calls.unlink()
     done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out"),
@@ -1166,7 +1183,8 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     unknown = subprocess.run(["bash", recipe, "a", "b"], env={**os.environ, "STUDIES": "depth converge"},
                              capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown study 'converge'" in unknown.stderr
-    assert "valid: depth depth_no_clip factors converged" in unknown.stderr
+    assert "valid: depth depth_no_clip factors converged converged_lr regularized deep" in \
+        unknown.stderr
 
 
 @pytest.mark.parametrize("metrics, expected", [

@@ -198,6 +198,13 @@ VARIANT_GROUPS = {
         "dyt": ({"norm": "dyt"}, {}),
         "batchnorm": ({"norm": "batchnorm"}, {}),
     },
+    # Post-LN at depth 12 given its best chance (the base gives it a long warm-up and
+    # `ablate --lr-sweep` its own rate), against pre-LN and DeepNorm at the same depth.
+    "deep": {
+        "pre_ln": ({"depth": 12}, {}),
+        "post_ln": ({"depth": 12, "attn_norm": "post", "mlp_norm": "post"}, {}),
+        "deepnorm": ({"depth": 12, "block_style": "deepnorm"}, {}),
+    },
     "dpn_factors": _DPN_FACTORS,
     "dpn_schedule": _DPN_SCHEDULE,
     "depth_stability": _DEPTH_STABILITY,
