@@ -1087,10 +1087,10 @@ def test_curve_figures_without_a_logged_epoch_say_so_instead_of_an_empty_legend(
 
 
 @pytest.mark.one_backend
-def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
-    """recipes/cifar10_study.sh: each of its seven commands parses into a valid study
-    (a stand-in interpreter records each command and its backend instead of training;
-    the test parses them with the command's own parser)."""
+def run_recipe(tmp_path, recipe, *args, env=None):
+    """Runs a study recipe with a stand-in interpreter that records each command and its
+    backend instead of training. Returns the finished process and `recorded()`: the
+    commands so far, each parsed by the command's own parser."""
     import dataclasses
     import json
     import subprocess
@@ -1107,10 +1107,8 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         f"with open({str(calls)!r}, 'a') as f:\n"
         "    f.write(json.dumps({'argv': sys.argv[1:], 'backend': os.environ.get('KERAS_BACKEND')}) + '\\n')\n")
     stand_in.chmod(0o755)
-    recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
-    done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out")],
-                          env={**os.environ, "PYTHON": str(stand_in)}, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = subprocess.run(["bash", recipe, *args], env={**os.environ, "PYTHON": str(stand_in), **(env or {})},
+                          capture_output=True, text=True)
 
     def recorded():
         studies = []
@@ -1125,6 +1123,19 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
                             "config": dataclasses.asdict(train_config_from_args(args))})
         return studies
 
+    return done, recorded
+
+
+def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
+    """recipes/cifar10_study.sh: each of its seven commands parses into a valid study
+    (a stand-in interpreter records each command and its backend instead of training;
+    the test parses them with the command's own parser)."""
+    import subprocess
+
+    recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "cifar10_study.sh")
+    done, recorded = run_recipe(tmp_path, recipe, str(tmp_path / "cifar"), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    calls = tmp_path / "calls.jsonl"
     studies = recorded()
     assert [s["groups"] for s in studies] == [
         ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"],
@@ -1169,10 +1180,8 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         k: v for k, v in config.items() if k != "warmup_steps"}
     # STUDIES picks studies; extra options come last and win.
     calls.unlink()
-    done = subprocess.run(["bash", recipe, str(tmp_path / "cifar"), str(tmp_path / "out"),
-                           "--seeds", "1", "--parallel", "4"],
-                          env={**os.environ, "PYTHON": str(stand_in), "STUDIES": "converged"},
-                          capture_output=True, text=True)
+    done, recorded = run_recipe(tmp_path, recipe, str(tmp_path / "cifar"), str(tmp_path / "out"),
+                                "--seeds", "1", "--parallel", "4", env={"STUDIES": "converged"})
     assert done.returncode == 0, done.stderr
     [picked] = recorded()
     assert picked["groups"] == ["converged"] and picked["seeds"] == [1] and picked["parallel"] == 4
@@ -1185,6 +1194,42 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert unknown.returncode == 2 and "unknown study 'converge'" in unknown.stderr
     assert "valid: depth depth_no_clip factors converged converged_lr regularized deep" in \
         unknown.stderr
+
+
+def test_the_imagenette_recipe_is_the_papers_geometry_with_the_test_split_read_at_the_end(tmp_path):
+    """recipes/imagenette_study.sh: 224 px in 16-px patches on a Ti/16-sized model, the
+    eight variants each at its own rate, AugReg's light augmentation with stochastic
+    depth; the official val/ folder is the test split and validation is carved from
+    train/ (parsed with the command's own parser, as the CIFAR-10 recipe's)."""
+    data = tmp_path / "imagenette"
+    for split in ("train", "val"):
+        (data / split / "n01440764").mkdir(parents=True)
+    recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "imagenette_study.sh")
+    done, recorded = run_recipe(tmp_path, recipe, str(data), str(tmp_path / "out"),
+                                env={"STUDIES": "imagenette calibrate"})
+    assert done.returncode == 0, done.stderr
+    study, calibrate = recorded()
+    config = study["config"]
+    assert study["backend"] == "jax" and study["groups"] == ["converged"]
+    assert study["lr_sweep"] == [5e-4, 1e-3, 2e-3] and study["seeds"] == [0, 1, 2]
+    assert {k: config["model"][k] for k in ("image_size", "patch_size", "width", "num_heads",
+                                             "mlp_dim", "depth")} == {
+        "image_size": 224, "patch_size": 16, "width": 192, "num_heads": 3, "mlp_dim": 768,
+        "depth": 12}
+    assert (config["randaugment_ops"], config["mixup"], config["drop_path"]) == (2, 0.2, 0.1)
+    assert config["weight_decay"] > 0 and config["flip"] and config["crop"] == "zoom"
+    assert config["steps"] % config["steps_per_epoch"] == 0 and config["val_examples"] is None
+    layout = config["dataset"].removeprefix("folder:")
+    assert sorted(os.listdir(layout)) == ["test", "train"]
+    assert os.path.realpath(os.path.join(layout, "test")) == str(data / "val")
+    assert os.path.realpath(os.path.join(layout, "train")) == str(data / "train")
+    # the calibration: the same runs, shorter, one seed, no sweep
+    assert calibrate["lr_sweep"] is None and calibrate["seeds"] == [0]
+    assert calibrate["config"]["steps"] < config["steps"]
+    assert {k: v for k, v in calibrate["config"].items() if k not in ("steps", "seed")} == {
+        k: v for k, v in config.items() if k not in ("steps", "seed")}
+    done, _ = run_recipe(tmp_path, recipe, str(tmp_path / "nothing"), str(tmp_path / "out"))
+    assert done.returncode == 2 and "has no train/ folder" in done.stderr
 
 
 @pytest.mark.parametrize("metrics, expected", [
