@@ -86,6 +86,27 @@ def test_patch_embedding_gradient_ratio_matches_numpy(tmp_path):
     assert stats["ratio_to_max"] == pytest.approx(np.mean([6 / 3, 1 / 4]))
     assert stats["ratio_to_median"] == pytest.approx(np.mean([6 / 2, 1 / 3]))
     assert stats["largest"] == pytest.approx(0.5)
+    # the norms themselves: a ratio can rise while the patch embedding's norm falls
+    assert stats["patch_norm"] == pytest.approx(np.mean([6, 1]))
+    assert stats["largest_block_norm"] == pytest.approx(np.mean([3, 4]))
+
+
+def test_gradient_norm_table_gives_the_norms_beside_their_ratios(tmp_path):
+    rows = []
+    for variant, patch, block in (("patch", (6, 4), 3), ("dual_patchnorm", (3, 5), 1)):
+        for seed in (0, 1):
+            run_dir = tmp_path / variant / str(seed)
+            run_dir.mkdir(parents=True)
+            (run_dir / "grad_norms.csv").write_text(
+                f"step,group,norm\n5,stem/projection,{patch[seed]}\n5,block_0/mlp/fc1,{block}\n")
+            rows.append({"group": "stems", "variant": variant, "seed": seed,
+                         "status": "completed", "run_dir": str(run_dir)})
+    lines = tables.gradient_norm_table(rows).splitlines()
+    assert lines[0].endswith("| patch embedding's gradient norm | largest block layer's |")
+    ci = confidence_interval([6, 4])[1]
+    assert lines[2].startswith("| stems | patch | 2 | 1.67 ± ")
+    assert lines[2].endswith(f"| 5.00 ± {ci:.2f} | 3.00 ± 0.00 |")
+    assert lines[3].endswith(f"| 4.00 ± {ci:.2f} | 1.00 ± 0.00 |")
 
 
 def test_variant_groups_and_subsets():

@@ -46,11 +46,13 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
     divided by the largest and by the median gradient norm of the blocks' dense
     layers (qkv, attention output, fc1, fc2).
 
-    Returns a dict: `ratio_to_max` and `ratio_to_median` (means over records) and
+    Returns a dict: `ratio_to_max` and `ratio_to_median` (means over records),
     `largest` (share of records in which the patch embedding has the largest norm
-    of all those layers).
+    of all those layers), and the norms the ratios divide: `patch_norm` and
+    `largest_block_norm` (means over records). A stem can lower the patch
+    embedding's norm and raise its ratio, by lowering the blocks' more.
     """
-    to_max, to_median, largest = [], [], []
+    to_max, to_median, largest, patch_norms, block_norms = [], [], [], [], []
     for layers in read_grad_norms(grad_norms_csv).values():
         blocks = [v for k, v in layers.items() if _BLOCK_LAYER.fullmatch(k)]
         if PATCH_EMBEDDING_LAYER not in layers or not blocks:
@@ -59,18 +61,25 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
         to_max.append(patch / max(blocks))
         to_median.append(patch / float(np.median(blocks)))
         largest.append(patch > max(blocks))
+        patch_norms.append(patch)
+        block_norms.append(max(blocks))
     if not to_max:
         raise ValueError(f"{grad_norms_csv} has no record with {PATCH_EMBEDDING_LAYER!r} and block layers.")
     return {"ratio_to_max": float(np.mean(to_max)), "ratio_to_median": float(np.mean(to_median)),
-            "largest": float(np.mean(largest))}
+            "largest": float(np.mean(largest)), "patch_norm": float(np.mean(patch_norms)),
+            "largest_block_norm": float(np.mean(block_norms))}
 
 
 def gradient_norm_table(rows):
-    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds,
-    for every group of `STEM_PAIRS` that recorded gradient norms."""
+    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds
+    (mean ± 95% CI), for every group of `STEM_PAIRS` that recorded gradient norms: the
+    ratios, the share of records in which the patch embedding is largest, and the
+    norms themselves (in absolute terms and relative to the blocks, as a reader of
+    the paper's Figure 2 asks)."""
     lines = ["| group | stem | runs | patch embedding / largest block layer "
-             "| patch embedding / median block layer | records where the patch embedding is largest |",
-             "|---|---|---|---|---|---|"]
+             "| patch embedding / median block layer | records where the patch embedding is largest "
+             "| patch embedding's gradient norm | largest block layer's |",
+             "|---|---|---|---|---|---|---|---|"]
     for group, variants in STEM_PAIRS.items():
         for variant in variants:
             runs = [r for r in rows if r["group"] == group and r["variant"] == variant
@@ -81,11 +90,12 @@ def gradient_norm_table(rows):
             stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv"))
                      for r in runs]
             cells = []
-            for key in ("ratio_to_max", "ratio_to_median"):
+            for key in ("ratio_to_max", "ratio_to_median", "patch_norm", "largest_block_norm"):
                 mean, ci = confidence_interval([s[key] for s in stats])
                 cells.append(f"{mean:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}"))
             share = np.mean([s["largest"] for s in stats])
-            lines.append(f"| {group} | {variant} | {len(runs)} | {cells[0]} | {cells[1]} | {share:.0%} |")
+            lines.append(f"| {group} | {variant} | {len(runs)} | {cells[0]} | {cells[1]} "
+                         f"| {share:.0%} | {cells[2]} | {cells[3]} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the GPU kit in .gpu/ (ignored by git): the wheels the GPU machine lacks and the
+# data archives of ../shared/data cut into parts that fit one device call each.
+#
+# Usage: bash tools/gpu/kit.sh [ARCHIVE ...]    e.g. cifar10-jpg imagenette2_224
+#
+# The machine's Python (3.12) has JAX, PyTorch, timm, transformers, Pillow and SciPy but
+# not Keras, so the wheels are Keras (the version installed here) and its two
+# dependencies the image lacks. A device call carries at most 64 MiB with the
+# working tree, so each archive travels as parts of 40 MB, one per call
+# (tools/gpu/README.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qxF "/.gpu/" "$exclude" 2>/dev/null || echo "/.gpu/" >> "$exclude"
+mkdir -p .gpu/whl .gpu/parts
+python=${PYTHON:-python}
+keras_version=$("$python" -c "import keras; print(keras.__version__)")
+rm -f .gpu/whl/*.whl
+"$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .gpu/whl "keras==$keras_version" namex optree
+data=${DATA_DIR:-../shared/data}
+for name in "$@"; do
+    archive="$data/$name.tar"
+    [ -f "$archive" ] || { echo "no archive $archive" >&2; exit 2; }
+    rm -f ".gpu/parts/$name.tar.part-"*
+    split -b 40000000 -d "$archive" ".gpu/parts/$name.tar.part-"
+    cp "$archive.sha256" ".gpu/parts/$name.tar.sha256"
+done
+ls -l .gpu/whl .gpu/parts
