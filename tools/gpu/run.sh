@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, with .gpu/ carried (tools/gpu/README.md).
 #
-#   bash tools/gpu/run.sh stage                 keep the carried archive parts (in /tmp)
-#   bash tools/gpu/run.sh cifar10 STUDY SECONDS [ablate options]
-#       trains STUDY of recipes/cifar10_study.sh (converged, converged_lr, regularized,
-#       deep) for at most SECONDS, then writes the tables of the finished runs and
-#       exports the study without weights to $OUT/STUDY.tar.gz
-#   bash tools/gpu/run.sh imagenette STUDY SECONDS [options]   the same for
-#       recipes/imagenette_study.sh
+#   bash tools/gpu/run.sh stage
+#       keeps the carried archive parts (in /tmp/parts) for a later call
+#   bash tools/gpu/run.sh DATASET STUDY RUNS SECONDS [ablate options]
+#       DATASET cifar10 or imagenette, STUDY one of its recipe's studies
+#       (recipes/cifar10_study.sh, recipes/imagenette_study.sh). Starts from the
+#       study's finished runs committed in docs/study-results/DATASET-STUDY, plans
+#       the runs that can train now (`ablate --plan`), trains the first RUNS of them
+#       side by side for at most SECONDS, writes the tables of every finished run and
+#       exports the study without weights to $OUT/STUDY.tar.gz.
 #
-# Every call first stages the parts it carries. A run still training when SECONDS
-# are up is stopped; its checkpoint stays in /tmp/studies while the machine is warm,
-# so the same command on the warm machine resumes it.
+# A run still training when SECONDS are up is stopped. Its checkpoint stays in
+# /tmp/studies while the machine is warm: the same command on the warm machine
+# resumes it; on a new machine it starts again.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHON=${PYTHON:-python3} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
@@ -20,18 +22,24 @@ if ls .gpu/whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/keras ]; then
         --target /tmp/site .gpu/whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/parts /tmp/data /tmp/studies
+# `keras-vitnorm`, as the plan's commands call it.
+mkdir -p /tmp/bin /tmp/parts /tmp/data /tmp/studies
+printf '#!/usr/bin/env bash\nexec %s -m keras_vitnorm "$@"\n' "$PYTHON" > /tmp/bin/keras-vitnorm
+chmod +x /tmp/bin/keras-vitnorm
+export PATH=/tmp/bin:$PATH
 cp -n .gpu/parts/* /tmp/parts/ 2>/dev/null
 ls -l /tmp/parts
-task=${1:-stage}
-[ "$task" = stage ] && exit 0
-[ $# -ge 3 ] || { echo "usage: $0 stage | cifar10|imagenette STUDY SECONDS [options]" >&2; exit 2; }
-study=$2 seconds=$3
-shift 3
-case $task in
+[ "${1:-stage}" = stage ] && exit 0
+if [ $# -lt 4 ]; then
+    echo "usage: $0 stage | DATASET STUDY RUNS SECONDS [ablate options]" >&2
+    exit 2
+fi
+dataset=$1 study=$2 runs=$3 seconds=$4
+shift 4
+case $dataset in
     cifar10) archive=cifar10-jpg recipe=recipes/cifar10_study.sh ;;
     imagenette) archive=imagenette2_224 recipe=recipes/imagenette_study.sh ;;
-    *) echo "unknown task '$task': stage, cifar10 or imagenette" >&2; exit 2 ;;
+    *) echo "unknown dataset '$dataset': cifar10 or imagenette" >&2; exit 2 ;;
 esac
 data=/tmp/data/$archive
 if [ ! -d "$data" ]; then
@@ -41,16 +49,28 @@ if [ ! -d "$data" ]; then
     mkdir -p "$data.partial" && tar -xf /tmp/"$archive".tar -C "$data.partial" \
         && mv "$data.partial" "$data" && rm /tmp/"$archive".tar || exit 1
 fi
+committed=docs/study-results/$dataset-${study//_/-}
+if [ -d "$committed" ] && [ ! -d "/tmp/studies/$study" ]; then
+    cp -r "$committed" "/tmp/studies/$study"
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+study_command() {
+    STUDIES=$study bash "$recipe" "$data" /tmp/studies "$@"
+}
+study_command "$@" --plan --parallel 1 --take-over-lock || exit 1
+# One run per line of the plan, side by side; each line's output beside its job file.
+run_line() { bash -c "$1 --verbose 2" > "${1##* }.log" 2>&1; }
+export -f run_line
 start=$SECONDS
-STUDIES=$study timeout --signal=TERM --kill-after=20 "$seconds" \
-    bash "$recipe" "$data" /tmp/studies "$@" --take-over-lock
-echo "training stopped after $((SECONDS - start)) s (exit $?)"
-STUDIES=$study bash "$recipe" "$data" /tmp/studies "$@" --tables-only --parallel 1 \
-    --take-over-lock > /tmp/tables.log 2>&1
-tail -n 30 /tmp/tables.log
+head -n "$runs" "/tmp/studies/$study/plan/commands.txt" \
+    | timeout --signal=TERM --kill-after=20 "$seconds" xargs -P "$runs" -I{} bash -c 'run_line "$1"' _ {}
+echo "training stopped after $((SECONDS - start)) s"
+study_command "$@" --tables-only --parallel 1 --take-over-lock > /tmp/tables.log 2>&1
+tail -n 40 /tmp/tables.log
+rm -rf "/tmp/export/$study"
 "$PYTHON" -c "import sys; from keras_vitnorm.study import export_study; \
 print(export_study(sys.argv[1], sys.argv[2]), 'finished runs exported')" \
     "/tmp/studies/$study" "/tmp/export/$study"
 tar -czf "$OUT/$study.tar.gz" -C /tmp/export "$study"
+tar -czf "$OUT/$study-logs.tar.gz" -C "/tmp/studies/$study" plan /tmp/tables.log 2>/dev/null
 ls -l "$OUT"
