@@ -1483,6 +1483,8 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
         lr_sweep.check_rates([1e-3, -0.1])
     with pytest.raises(ValueError, match="give lr_sweep \\(--lr-sweep\\) too"):
         run_study(config, ["norm_types"], [0], study, sweep_seeds=[0])
+    with pytest.raises(ValueError, match="No run of this plan's learning-rate sweep has finished"):
+        run_study(config, ["norm_types"], [0], study, mode="tables", lr_sweep=[0.1, 0.2])
 
 
 def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_diverged():

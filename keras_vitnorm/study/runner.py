@@ -160,6 +160,10 @@ class _Study:
             sweep = [(group, lr_sweep_lib.at_rates(variants, lr_sweep)) for group, variants in plan]
             sweep_rows = self.rows(self.jobs(sweep, sweep_seeds, rate_dirs=True), sweep_seeds,
                                    required=False)
+            if self.mode == "tables" and not sweep_rows:
+                raise ValueError(f"No run of this plan's learning-rate sweep has finished in "
+                                 f"{self.output_dir}: there is nothing to table. Leave out "
+                                 "--tables-only to train them.")
             selection = lr_sweep_lib.select(sweep_rows, plan, lr_sweep, sweep_seeds)
             if sweep_rows:
                 lr_sweep_lib.write_selection(sweep_rows, selection, lr_sweep, self.output_dir)
