@@ -31,6 +31,7 @@ from keras_vitnorm.training import train
 from keras_vitnorm.training.run_files import LockedError
 from keras_vitnorm.training.run_files import StorageError
 from test_training import TINY
+from test_training import assert_unlocked
 from test_training import run_python
 from test_training import write_image_folder
 
@@ -98,7 +99,8 @@ def assert_same_as_reference(run_dir, reference):
             r.split(",")[index] for r in reference["log"][1:]
         ]
     assert csv_rows(run_dir / "grad_norms.csv") == reference["grad_norms"]
-    assert not (run_dir / "backup").exists() and not (run_dir / "run.lock").exists()
+    assert not (run_dir / "backup").exists()
+    assert_unlocked(run_dir)
 
 
 STAGES = [
@@ -187,7 +189,7 @@ def test_a_checkpoint_is_never_a_mix_of_two_steps(tmp_path):
 
 
 @pytest.mark.one_backend
-def test_a_second_process_cannot_write_a_running_run_and_a_stale_lock_is_taken_over(tmp_path, reference):
+def test_a_second_process_cannot_write_a_running_run_and_a_killed_ones_run_resumes(tmp_path, reference):
     run_dir = tmp_path / "run"
     gate = tmp_path / "gate"
     code = f"""
@@ -222,16 +224,15 @@ def test_a_second_process_cannot_write_a_running_run_and_a_stale_lock_is_taken_o
         assert sorted(os.listdir(run_dir)) == before
         code = cli.main(["train", "--resume", "--output-dir", str(run_dir)])
         assert code == 2
-        child.kill()  # the owner dies holding the lock
+        child.kill()  # kill -9: the owner dies holding the lock
         child.wait()
     finally:
         if child.poll() is None:
             child.kill()
     holder = json.loads((run_dir / "run.lock").read_text())
-    assert holder["pid"] == child.pid
-    with pytest.raises(LockedError, match="a process that no longer runs.*--take-over-lock"):
-        train(run_config(run_dir), resume=True, verbose=0)
-    train(run_config(run_dir), resume=True, take_over_lock=True, verbose=0)
+    assert holder["pid"] == child.pid  # its record stays; its lock went with it
+    # the same command resumes, with no flag to take the lock over
+    train(run_config(run_dir), resume=True, verbose=0)
     assert_same_as_reference(run_dir, reference)
 
 
@@ -259,7 +260,7 @@ def test_a_failed_write_is_one_clear_error_and_the_last_checkpoint_stays_usable(
     with pytest.raises(StorageError, match=r"Could not write .*backup/step-000000004.*No space left on "
                        r"device.*The checkpoint .*step-000000003 \(step 3\) is intact.*--resume"):
         train(run_config(run_dir), verbose=0)
-    assert not (run_dir / "run.lock").exists()  # released on the error
+    assert_unlocked(run_dir)  # released on the error
     monkeypatch.delenv(durable.FAULT_ENV)
     train(run_config(run_dir), resume=True, verbose=0)
     assert_same_as_reference(run_dir, reference)
@@ -291,7 +292,8 @@ def test_a_real_refused_write_ends_with_a_message_and_exit_status_4(tmp_path):
     assert child.returncode == 4, child.stderr[-3000:]
     assert "Could not write" in child.stderr and "File too large" in child.stderr
     assert "Traceback" not in child.stderr
-    assert (run_dir / "train_config.json").exists() and not (run_dir / "run.lock").exists()
+    assert (run_dir / "train_config.json").exists()
+    assert_unlocked(run_dir)
 
 
 @pytest.fixture
@@ -365,7 +367,7 @@ def test_a_failed_log_write_is_one_clear_error_and_the_run_resumes(tmp_path, ref
     with pytest.raises(StorageError, match=rf"Could not write {named}: .*No space left on device.*"
                        r"last checkpoint .*backup.*is intact.*--resume"):
         train(run_config(run_dir), callbacks=[FailingWrite(error)], verbose=0)
-    assert not (run_dir / "run.lock").exists()
+    assert_unlocked(run_dir)
     train(run_config(run_dir), resume=True, verbose=0)
     assert_same_as_reference(run_dir, reference)
 
@@ -528,16 +530,71 @@ def test_a_refused_read_elsewhere_is_not_reported_as_a_failed_write(tmp_path):
                 raise PermissionError(errno.EACCES, "Permission denied", str(inside))
 
 
-def test_a_failed_lock_write_leaves_no_empty_lock(tmp_path, monkeypatch):
+def test_a_failed_lock_write_leaves_the_directory_free(tmp_path, monkeypatch):
     from keras_vitnorm.training import run_files
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(run_files.json, "dump", full_disk)
-    with pytest.raises(StorageError, match="Could not write .*run.lock"):
-        run_files.RunLock(str(tmp_path), "run.lock").acquire()
-    assert not (tmp_path / "run.lock").exists()
+    with monkeypatch.context() as patched:
+        patched.setattr(run_files.json, "dump", full_disk)
+        with pytest.raises(StorageError, match="Could not write .*run.lock"):
+            run_files.RunLock(str(tmp_path), "run.lock").acquire()
+    with run_files.RunLock(str(tmp_path), "run.lock"):  # nothing holds it
+        pass
+
+
+HOLD_LOCK = """
+import sys, time
+from keras_vitnorm.training.run_files import RunLock
+with RunLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def hold_lock_in_child(directory, prefix=()):
+    """A child process (started with `prefix`, e.g. in another PID namespace) that takes
+    the run lock of `directory` and holds it; returns it once it holds the lock."""
+    child = subprocess.Popen([*prefix, sys.executable, "-c", HOLD_LOCK, str(directory)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    assert line == "held\n", child.communicate()[1][-2000:]
+    return child
+
+
+@pytest.mark.one_backend
+def test_the_lock_dies_with_its_holder_and_a_live_holder_is_refused_anywhere(tmp_path):
+    from keras_vitnorm.training.run_files import RunLock
+
+    child = hold_lock_in_child(tmp_path)
+    try:
+        with pytest.raises(LockedError, match=f"in use by another process \\(pid {child.pid} "):
+            RunLock(str(tmp_path)).acquire()
+        with pytest.raises(LockedError):  # taking over is for a lock without a live holder
+            RunLock(str(tmp_path), take_over=True).acquire()
+    finally:
+        child.kill()
+        child.wait()
+    with RunLock(str(tmp_path)):  # kill -9 released it
+        pass
+    # A holder whose pid and host mean nothing here (another PID namespace of this
+    # host, as a container or another node sharing the file system would be) is seen
+    # through the lock itself, not through its record.
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    try:
+        usable = subprocess.run([*unshare, "true"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        usable = False
+    if not usable:
+        pytest.skip("unshare cannot make a PID namespace here (needs util-linux and root)")
+    child = hold_lock_in_child(tmp_path, unshare)
+    try:
+        with pytest.raises(LockedError, match="in use by another process"):
+            RunLock(str(tmp_path)).acquire()
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.parametrize("lead", [True, False])
@@ -619,9 +676,7 @@ def test_a_killed_study_reruns_to_the_uninterrupted_results(tmp_path, reference_
         env={durable.FAULT_ENV: stage},
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
-    with pytest.raises(LockedError, match="study directory .* no longer runs"):
-        run_tiny_study(study_dir)
-    run_tiny_study(study_dir, take_over_lock=True)
+    run_tiny_study(study_dir)  # the same command: the killed study's locks went with it
     assert study_results(study_dir) == expected
     for variant in ("layernorm", "rmsnorm"):
         got = final_weights(study_dir / "norm_types" / variant / "seed_0")
@@ -652,3 +707,32 @@ def test_a_run_that_finished_while_this_one_waited_for_its_lock_is_kept(tmp_path
         with run_files.results_run(str(tmp_path), "segmenter"):
             pass
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"status": "completed"}
+
+
+def test_without_file_locks_the_file_is_the_lock_and_a_dead_holders_is_taken_over(
+        tmp_path, monkeypatch):
+    """On a file system that keeps no locks (flock fails with ENOLCK) the lock file itself
+    is the lock: a live holder is refused, a dead one's lock is reported and taken over
+    only when asked."""
+    import fcntl
+
+    from keras_vitnorm.training.run_files import RunLock
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunLock(str(tmp_path)):
+        assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
+        with pytest.raises(LockedError, match="in use by another process"):
+            RunLock(str(tmp_path), take_over=True).acquire()
+    assert not (tmp_path / "run.lock").exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    (tmp_path / "run.lock").write_text(json.dumps(
+        {"pid": int(dead.stdout), "host": __import__("socket").gethostname()}))
+    with pytest.raises(LockedError, match="no longer runs, and this file system keeps no file "
+                                          "locks.*--take-over-lock"):
+        RunLock(str(tmp_path)).acquire()
+    with RunLock(str(tmp_path), take_over=True):
+        pass

@@ -95,15 +95,29 @@ class LockedError(RuntimeError):
     """The directory is owned by another process (or by a stale lock not taken over)."""
 
 
+#: What `flock` raises where the file system keeps no locks (some network file systems).
+_NO_FILE_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
 class RunLock:
     """An exclusive lock on a run or study directory: `<directory>/<name>`.
 
-    The lock file is created atomically (`O_CREAT | O_EXCL`) and holds the owner's pid,
-    process start time, host and command line; it is removed when the owner finishes
-    or fails (a `with` block). A lock whose process no longer runs on this host is
-    stale: it is reported, and `take_over=True` replaces it. A lock held by a live
-    process, or by another host (whose processes cannot be checked from here unless
-    `take_over` says it is dead), is refused.
+    The lock is the operating system's (`flock` on the lock file), held for as long as
+    the process that took it runs: the kernel releases it when that process ends,
+    however it ends (kill -9, the OOM killer, a preempted node), so the same command
+    run again resumes the run. A live holder is refused wherever it runs, in another
+    container or PID namespace of this host or on another host sharing the file
+    system (NFS passes `flock` on to the server), and the lock file's record of the
+    holder (pid, host, start time, command) names it in the message. The file stays
+    when the lock is released: removing it would let two processes lock two files of
+    the same name.
+
+    Where the file system keeps no locks, the lock falls back to the file itself:
+    created atomically, removed on release, and after a crash left behind. A holder
+    that no longer runs on this host is then reported, and `take_over=True` (the CLI's
+    `--take-over-lock`) replaces the lock, as it does for a holder on another host
+    whose processes cannot be checked from here. Where the kernel holds the lock there
+    is nothing to take over, and `take_over` changes nothing.
 
     Example:
     >>> with RunLock("runs/a"):
@@ -116,6 +130,7 @@ class RunLock:
         self.take_over = take_over
         self.what = what
         self._held = False
+        self._file = None  # the open lock file whose flock this lock holds
 
     def _record(self):
         import sys
@@ -130,7 +145,7 @@ class RunLock:
         }
 
     def holder(self):
-        """The lock file's record, or `None` if there is none (or it is unreadable)."""
+        """The lock file's record, or `None` if there is none (`{}` if unreadable)."""
         try:
             with open(self.path) as f:
                 return json.load(f)
@@ -139,9 +154,52 @@ class RunLock:
         except (OSError, ValueError):
             return {}
 
+    def _who(self, holder):
+        if not holder:
+            return "its record is being written"
+        return (f"pid {holder.get('pid')} on {holder.get('host')}, started "
+                f"{holder.get('started')}: {holder.get('command')!r}")
+
+    def _in_use(self, holder):
+        return LockedError(
+            f"The {self.what} {self.directory} is in use by another process "
+            f"({self._who(holder)}). Wait for it to finish, or stop it first; two processes "
+            "must not write one run.")
+
     def acquire(self):
         with storage_errors(self.path, "Nothing was written."):
             os.makedirs(self.directory, exist_ok=True)
+            created = not os.path.exists(self.path)
+            descriptor = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            import fcntl
+
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise self._in_use(self.holder()) from None
+        except (ImportError, OSError) as error:  # no file locks here: the file is the lock
+            os.close(descriptor)
+            if isinstance(error, OSError) and error.errno not in _NO_FILE_LOCKS:
+                raise
+            if created:  # the empty file made for flock is not a lock
+                os.remove(self.path)
+            return self._acquire_file()
+        self._file = os.fdopen(descriptor, "r+")
+        try:
+            with storage_errors(self.path, "Nothing was written."):
+                self._file.truncate(0)
+                json.dump(self._record(), self._file)
+                self._file.flush()
+        except BaseException:
+            self._file.close()  # and with it the lock
+            self._file = None
+            raise
+        self._held = True
+        return self
+
+    def _acquire_file(self):
+        """The lock without the kernel's: a file created atomically (`O_EXCL`)."""
         for _ in range(2):
             try:
                 with storage_errors(self.path, "Nothing was written."):
@@ -166,30 +224,30 @@ class RunLock:
             return  # released meanwhile: try again
         pid, host = holder.get("pid"), holder.get("host")
         here = host == socket.gethostname()
-        who = f"pid {pid} on {host}, started {holder.get('started')}: {holder.get('command')!r}"
         if here and isinstance(pid, int) and _process_alive(pid, holder.get("process_start")):
-            raise LockedError(
-                f"The {self.what} {self.directory} is in use by another process ({who}). "
-                "Wait for it to finish, or stop it first; two processes must not write one run."
-            )
+            raise self._in_use(holder)
         if not self.take_over:
             if not holder:
                 state = (f"an empty or unreadable lock file {self.path}, left by a process "
                          "killed while it took the lock (or one taking it at this moment)")
             else:
-                state = (f"a lock from {who}, a process that "
+                state = (f"a lock from {self._who(holder)}, a process that "
                          + ("no longer runs" if here else "cannot be checked from this host"))
             raise LockedError(
-                f"The {self.what} {self.directory} has {state}. If that process is gone, take "
-                "the directory over with --take-over-lock (Python: take_over_lock=True)."
+                f"The {self.what} {self.directory} has {state}, and this file system keeps no "
+                "file locks that end with their process. If that process is gone, take the "
+                "directory over with --take-over-lock (Python: take_over_lock=True)."
             )
         os.remove(self.path)
 
     def release(self):
-        if self._held:
+        if self._file is not None:
+            self._file.close()  # the kernel lets go of the lock with the file
+            self._file = None
+        elif self._held:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
-            self._held = False
+        self._held = False
 
     def __enter__(self):
         return self.acquire()
