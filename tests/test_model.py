@@ -430,3 +430,21 @@ def test_backbone_gives_token_and_pooled_features_of_the_same_weights(pooling):
     before = keras.ops.convert_to_numpy(model.get_layer("block_0").weights[0]).copy()
     segmenter.fit(images, np.ones((2, tokens.shape[1], 3), "float32"), epochs=1, verbose=0)
     assert not np.allclose(keras.ops.convert_to_numpy(model.get_layer("block_0").weights[0]), before)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow",
+                    reason="under TensorFlow, TensorFlow is the backend and is imported anyway")
+def test_building_a_preset_leaves_tensorflow_unimported_under_jax_and_torch():
+    """A user's script that builds a model under JAX or PyTorch does not import TensorFlow
+    (and print its start-up log lines) just because it is installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, keras_vitnorm\n"
+            "model = keras_vitnorm.ViT.from_preset('ti16', depth=1, num_classes=3)\n"
+            "model.predict(__import__('numpy').zeros((1, 224, 224, 3)), verbose=0)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')[:3])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout

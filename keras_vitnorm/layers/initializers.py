@@ -45,12 +45,14 @@ class FusedKernelInitializer(keras.initializers.Initializer):
 
     def _block_initializer(self, index):
         # A Keras random initializer with an integer seed draws the same values at
-        # every call; a fresh copy without a seed draws its own default seed.
-        config = keras.initializers.serialize(self.initializer)
-        seed = config.get("config", {}).get("seed")
+        # every call; a fresh copy without a seed draws its own default seed. The copy
+        # goes through the initializer's own config, not `keras.initializers.serialize`,
+        # which imports TensorFlow wherever it is installed (and prints its log lines).
+        config = self.initializer.get_config()
+        seed = config.get("seed")
         if isinstance(seed, int):
-            config["config"]["seed"] = seed + index
-        return keras.initializers.deserialize(config)
+            config["seed"] = seed + index
+        return type(self.initializer).from_config(config)
 
     def get_config(self):
         return {
