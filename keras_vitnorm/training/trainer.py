@@ -38,7 +38,7 @@ from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models.presets import preset_config
-from keras_vitnorm.models.vit import validate_config
+from keras_vitnorm.models.vit_config import validate_config
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import distribution
