@@ -13,7 +13,7 @@ import pytest
 from keras_vitnorm import ViT
 from keras_vitnorm import layers
 from keras_vitnorm import ops as vitnorm_ops
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 from keras_vitnorm.ops import config
 
 BACKEND = keras.backend.backend()

@@ -20,6 +20,7 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.vit import ViT
@@ -168,6 +169,6 @@ def _train_lit(config, verbose):
                                                                       TRAIN_TEMPLATES),
         "history": {key: [float(v) for v in values] for key, values in history.history.items()},
         "train_seconds": round(time.time() - started, 2),
-        "backend": keras.backend.backend(),
+        "backend": backend.name(),
     }
     return metrics, model

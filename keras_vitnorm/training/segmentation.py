@@ -15,6 +15,7 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm.models.segmenter import PixelAccuracy
 from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
@@ -133,7 +134,7 @@ def _train_segmenter(config, verbose, data):
         "test_loss": float(test["loss"]),
         "history": {key: [float(v) for v in values] for key, values in history.history.items()},
         "train_seconds": round(train_seconds, 2),
-        "backend": keras.backend.backend(),
+        "backend": backend.name(),
     }
     return metrics, model
 

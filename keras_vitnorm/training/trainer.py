@@ -34,6 +34,7 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import PRESETS
 from keras_vitnorm.models import ViT
@@ -365,7 +366,7 @@ def _plan(config, data):
                 f"use a multiple of {replicas}."
             )
     return _Plan(steps_per_epoch, total_steps, overrides, replicas, scope,
-                 distribution.process_share(), distribution.process_index_and_count())
+                 backend.process_share(), backend.process_index_and_count())
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
@@ -419,7 +420,7 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         keras.utils.set_random_seed(config.seed)
         say(data.describe())
         if plan.replicas > 1:
-            say(f"Data-parallel over {plan.replicas} devices ({keras.backend.backend()}).")
+            say(f"Data-parallel over {plan.replicas} devices ({backend.name()}).")
         if not data_lib.resumes_exactly(_augmentation(config)) and resume:
             say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
                 "the resumed run sees other (equally distributed) draws of them.")
@@ -442,7 +443,7 @@ def _first_process_then_all(plan, work):
             result = work()
         except (ValueError, OSError, RuntimeError) as caught:  # LockedError is a RuntimeError
             error = caught
-    message = distribution.from_first_process(None if error is None else str(error))
+    message = backend.from_first_process(None if error is None else str(error))
     if error is not None:
         raise error
     if message is not None:
@@ -480,7 +481,7 @@ class _Run:
         self.channels = model.get_config()["num_channels"]
         _compile(model, make_optimizer(config, plan.total_steps, model), config.label_smoothing)
         if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
-            distribution.average_gradients(model.optimizer)
+            backend.average_gradients(model.optimizer)
         self.say(
             f"Model {describe_model(config)} ({model.count_params():,} parameters, "
             f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
@@ -500,17 +501,15 @@ class _Run:
             start, restored = _first_process_then_all(
                 plan, lambda: self._restore(model, assign=not several)) or (start, restored)
         if several:  # every process starts where the first one restored
-            start = distribution.from_first_process(start)
-            # A fresh JAX start needs nothing: every process seeded the same
-            # (set_random_seed above), so they create their variables equal.
-            if resume or keras.backend.backend() == "torch":
-                distribution.share_variables(callbacks_lib.training_variables_of(model), restored)
-            if resume and keras.backend.backend() == "torch":
-                # Every process draws its dropout masks from PyTorch's global generator,
+            start = backend.from_first_process(start)
+            # A fresh start where every process seeded the same (set_random_seed above)
+            # and so created its variables equal (JAX) needs nothing.
+            if resume or not backend.processes_start_equal():
+                backend.share_variables(callbacks_lib.training_variables_of(model), restored)
+            if resume:
+                # Every process draws its dropout masks from the global generator (PyTorch's),
                 # whose state is the same on all of them at every step: the restored one.
-                state = distribution.from_first_process(self.checkpoint.random_state)
-                if state is not None and not plan.lead:
-                    callbacks_lib.set_global_random_state(state)
+                backend.share_global_random_state(self.checkpoint.random_state, plan.lead)
         start_epoch, batches_done, start_step = start
         eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
         pad = plan.processes_split_batches
@@ -527,7 +526,7 @@ class _Run:
         before = self.checkpoint.seconds_before
         total = None if before is None else round(before + seconds, 2)
         record = {
-            "backend": keras.backend.backend(),
+            "backend": backend.name(),
             "dataset": self.data.name,
             "preset": config.preset,
             "planned_steps": plan.total_steps,
@@ -583,7 +582,7 @@ class _Run:
             (row.get("val_accuracy", -1.0) for row in _read_log(self.log_path)), default=None
         )
         nan_stop = callbacks_lib.StopOnNaN(
-            agree=distribution.any_process if self.plan.process[1] > 1 else None)
+            agree=backend.any_process if self.plan.process[1] > 1 else None)
         scale = callbacks_lib.ScaleLog("val_loss", self.loss_scale["validation"])
         checkpoint = self.checkpoint
         recorders = []
