@@ -37,7 +37,8 @@ def test_a_zoo_module_importing_the_lab_or_a_circle_breaks_the_contract(tmp_path
     presets = tmp_path / "keras_vitnorm" / "models" / "presets.py"
     presets.write_text(presets.read_text() + "\n\ndef lab():\n    import keras_vitnorm.training\n")
     weights = tmp_path / "keras_vitnorm" / "models" / "weights.py"
-    weights.write_text(weights.read_text() + "\n\ndef vit():\n    from keras_vitnorm.models import vit\n")
+    weights.write_text(weights.read_text()
+                       + "\n\ndef vit():\n    from keras_vitnorm.models import vit\n")
     code, output = lint_imports(tmp_path)
     assert code == 1
     assert "keras_vitnorm.models.presets -> keras_vitnorm.training" in output

@@ -21,9 +21,9 @@ from keras_vitnorm.training import load_dataset
 from keras_vitnorm.training import train
 from keras_vitnorm.training.data import Augmentation
 from keras_vitnorm.training.data import train_stream
-from keras_vitnorm.training.trainer import decayed_variables
-from keras_vitnorm.training.trainer import make_optimizer
-from keras_vitnorm.training.trainer import plan_segments
+from keras_vitnorm.training.fit_loop import plan_segments
+from keras_vitnorm.training.optimizer import decayed_variables
+from keras_vitnorm.training.optimizer import make_optimizer
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

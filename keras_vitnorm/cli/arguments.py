@@ -57,10 +57,11 @@ def parse_setting(text):
 def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None, set_flag=True):
     """Adds `MODEL_FLAGS` (but those in `fixed`, each with its note from `notes`),
     `--qk-norm` and `--set` (unless `set_flag` is False) to `group`."""
+    notes = notes or {}
     for flag, key, kind, choices, text in MODEL_FLAGS:
         if key not in fixed:
             group.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
-                               help=_model_flag_help(key, choices, text) + (notes or {}).get(key, ""))
+                               help=_model_flag_help(key, choices, text) + notes.get(key, ""))
     if qk_norm:
         group.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
                            help="normalize queries and keys per head")

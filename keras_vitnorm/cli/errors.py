@@ -23,7 +23,7 @@ _INCLUDES = {"train": ("train",), "study": ("train", "study")}
 #: matches deciding. A class whose module was never imported cannot have been raised,
 #: so nothing is imported to check it (`convert` runs without the lab).
 EXIT_STATUSES = (
-    ("keras_vitnorm.training.trainer", "TrainingDiverged", 3),
+    ("keras_vitnorm.training.fit_loop", "TrainingDiverged", 3),
     ("keras_vitnorm.study.workers", "RunsFailed", None),  # 4 if every run failed to write, else 1
     ("keras_vitnorm.training.run_files", "StorageError", 4),
     ("keras_vitnorm.training.run_files", "LockedError", 2),
@@ -67,7 +67,8 @@ def run_command(command, args):
         missing = missing_packages(command.EXTRA)
         if missing:
             return fail(command.NAME, f"this command needs the {command.EXTRA!r} extra: pip "
-                        f"install 'keras-vitnorm[{command.EXTRA}]' (missing: {', '.join(missing)}).")
+                        f"install 'keras-vitnorm[{command.EXTRA}]' "
+                        f"(missing: {', '.join(missing)}).")
     try:
         command.run(args)
     except KeyboardInterrupt:

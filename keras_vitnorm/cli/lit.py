@@ -1,4 +1,5 @@
-"""`keras-vitnorm lit`: contrastive image-text training per seed, `keras_vitnorm.training.train_lit`."""
+"""`keras-vitnorm lit`: contrastive image-text training per seed,
+`keras_vitnorm.training.train_lit`."""
 
 import argparse
 import dataclasses
@@ -46,7 +47,8 @@ def add_parser(commands):
                         help="train the image tower too (default: frozen, as LiT)")
     parser.add_argument("--loss", choices=("softmax", "sigmoid"), default="softmax")
     parser.add_argument("--set", dest="model_set", action="append", type=parse_setting, default=[],
-                        metavar="KEY=VALUE", help="image tower ViT overrides (for a built-in preset)")
+                        metavar="KEY=VALUE",
+                        help="image tower ViT overrides (for a built-in preset)")
     text = parser.add_argument_group("text tower and embedding")
     text.add_argument("--embed-dim", type=int, default=128)
     text.add_argument("--max-length", type=int, default=16)

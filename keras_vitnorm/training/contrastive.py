@@ -26,7 +26,7 @@ from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import run_files
-from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.training.optimizer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 

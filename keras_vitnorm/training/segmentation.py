@@ -24,7 +24,7 @@ from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.segmentation_data import model_inputs
 from keras_vitnorm.training import run_files
-from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.training.optimizer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
