@@ -99,10 +99,12 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
                 f"val_examples={val_examples} leaves no training examples of the {data.train.size} "
                 f"in {spec} ({data.train.name})."
             )
-        pool = sources.train_subset(data.train, count + val_examples, stratified=kind != "tfds", name=spec)
-        data.train, data.validation = sources.split_off(pool, val_examples, stratified=kind != "tfds")
+        stratified = kind != "tfds"
+        pool = sources.train_subset(data.train, count + val_examples, stratified, name=spec)
+        data.train, data.validation = sources.split_off(pool, val_examples, stratified)
     elif train_examples is not None:
-        data.train = sources.train_subset(data.train, train_examples, stratified=kind != "tfds", name=spec)
+        data.train = sources.train_subset(data.train, train_examples, stratified=kind != "tfds",
+                                          name=spec)
     data.pipeline = pipeline
     return data
 

@@ -6,9 +6,9 @@ position in the stream (`_keyed_augmentation`), so that a resumed run sees exact
 the augmented batches the uninterrupted run would have; RandAugment, MixUp and
 CutMix are Keras' layers, run by tf.data with TensorFlow's ops.
 
-Its functions are those of `keras_vitnorm.training.python_pipeline` (`eval_batches`,
-`train_batches`, `errors_named`); `keras_vitnorm.training.data.load_dataset` picks one
-of the two once.
+Its functions are those of `keras_vitnorm.training.data.python_pipeline`
+(`eval_batches`, `train_batches`, `errors_named`); `keras_vitnorm.training.data.load_dataset`
+picks one of the two once.
 """
 
 import contextlib
