@@ -56,7 +56,7 @@ from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "attention",
-              "residual_fence")  # keras_vitnorm.ops.FAST_PATHS (checked by the tests)
+              "residual_fence")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
 CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
 

@@ -6,10 +6,10 @@ Under the running Keras backend, builds the training stream with RandAugment
 (`--randaugment-ops` operations per image) and times, in alternating rounds, each
 way of counting Equalization's histogram (`--counts`):
 
-- `bincount`: the stream as training builds it
-  (`keras_vitnorm.training.data.count_histograms_with_bincount`);
-- `keras`: the layer as Keras 3.15 makes it, which under JAX counts with a Python
-  loop over the 256 bins even inside tf.data.
+- `bincount`: the stream as training builds it, the fast path `bincount_histogram` on
+  (`keras_vitnorm.training.data.tf_pipeline.count_histograms_with_bincount`);
+- `keras`: that fast path off, the layer as Keras 3.15 makes it, which under JAX
+  counts with a Python loop over the 256 bins even inside tf.data.
 
 For each: the seconds to build the stream and read its first batch (tf.data builds
 the graph then), and images per second over the next `--batches` batches; the median
@@ -28,13 +28,12 @@ COUNTS = ("bincount", "keras")
 
 def time_stream(data, size, batch_size, batches, ops, count):
     """`(seconds to the first batch, images per second after it)` of one stream."""
-    from unittest import mock
-
+    from keras_vitnorm.ops import fast_paths
     from keras_vitnorm.training import data as data_lib
 
     augmentation = data_lib.Augmentation(crop="pad", crop_padding=4, flip=True, randaugment_ops=ops)
-    keep_keras_count = (mock.patch.object(data_lib, "count_histograms_with_bincount", lambda layer: False)
-                        if count == "keras" else contextlib.nullcontext())
+    keep_keras_count = (fast_paths(False, ["bincount_histogram"]) if count == "keras"
+                        else contextlib.nullcontext())
     began = time.perf_counter()
     with keep_keras_count:
         stream = data_lib.train_stream(data, size, 3, batch_size, 0, augmentation, end_step=batches + 1)

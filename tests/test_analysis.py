@@ -9,7 +9,7 @@ from keras_vitnorm.analysis import GradientNormRecorder
 from keras_vitnorm.analysis import depth_group
 from keras_vitnorm.analysis import residual_stream
 from keras_vitnorm.analysis import stem_scale_map
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 
 
 def tiny(stem="dual_patchnorm", depth=2, **kwargs):

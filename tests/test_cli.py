@@ -127,3 +127,40 @@ def test_import_is_lazy_and_registers_the_models_when_keras_is_loaded(tmp_path, 
         first, second = result.stdout.strip().splitlines()[-2:]
         assert first.startswith("False 0.")
         assert second == "ViT True"
+
+
+@pytest.mark.one_backend
+def test_every_command_ends_by_one_mapping_from_error_to_exit_status():
+    from keras_vitnorm.cli.errors import exit_status
+    from keras_vitnorm.study.workers import RunsFailed
+    from keras_vitnorm.training import TrainingDiverged
+    from keras_vitnorm.training.run_files import LockedError
+    from keras_vitnorm.training.run_files import StorageError
+
+    def failed(*codes):
+        job = {"group": "g", "name": "n", "seed": 0, "log": "/nowhere.log"}
+        return RunsFailed([(job, code) for code in codes])
+
+    assert exit_status(TrainingDiverged("NaN", 7)) == 3
+    assert exit_status(StorageError(28, "disk full")) == 4
+    assert exit_status(failed(4, 4)) == 4 and exit_status(failed(4, 2)) == 1
+    for error in (ValueError("bad"), FileExistsError("there"), LockedError("in use"),
+                  ImportError("pip install x"), OSError("unreadable")):
+        assert exit_status(error) == 2, error
+    assert exit_status(RuntimeError("a bug")) is None  # shown with its traceback
+
+
+@pytest.mark.one_backend
+def test_a_command_without_its_extra_says_which_extra_to_install(monkeypatch, capsys):
+    from keras_vitnorm import cli
+    from keras_vitnorm.cli import errors
+
+    monkeypatch.setitem(errors.EXTRAS, "study", (("not-installed", "no_such_module_here"),))
+    for command in ("ablate", "vtab", "lit", "segment"):
+        argv = {"ablate": ["--groups", "stems", "--output-dir", "s"],
+                "vtab": ["--presets", "p", "--datasets", "digits", "--output-dir", "s"],
+                "lit": ["--output-dir", "s"], "segment": ["--output-dir", "s"]}[command]
+        assert cli.main([command, *argv]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error == (f"keras-vitnorm {command}: error: this command needs the 'study' extra: "
+                         "pip install 'keras-vitnorm[study]' (missing: not-installed)."), error

@@ -53,7 +53,7 @@ def test_train_and_predict_steps_do_not_retrace(monkeypatch, stem, precision):
 
 
 def _loss_and_gradients(model, x):
-    from keras_vitnorm.analysis.gradients import value_and_gradients
+    from keras_vitnorm.backend import value_and_gradients
 
     return value_and_gradients(model, x, lambda y: keras.ops.sum(keras.ops.square(y)), training=True)
 

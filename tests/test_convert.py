@@ -80,7 +80,7 @@ def test_huggingface_in_memory_vitmodel_matches_its_features(reference, images):
     vit_model.eval()
     checkpoint = huggingface.convert(vit_model.state_dict(), vit_model.config)
     assert any("pooler" in entry for entry in checkpoint.ignored)
-    model, report = build_from_checkpoint(checkpoint)
+    model, report = build_from_checkpoint(checkpoint, ViT)
     assert model.get_config()["num_classes"] == 0 and not report.new
     with torch.no_grad():
         hidden = vit_model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).last_hidden_state

@@ -601,13 +601,13 @@ def test_the_lock_dies_with_its_holder_and_a_live_holder_is_refused_anywhere(tmp
 def test_an_error_of_the_first_process_stops_every_process(monkeypatch, lead):
     """The first process's error (a taken lock, a damaged checkpoint) reaches the others
     through the broadcast every process joins, so none of them waits for it."""
-    from keras_vitnorm.training import distribution
-    from keras_vitnorm.training import trainer
+    from keras_vitnorm import backend
+    from keras_vitnorm.training import processes
 
-    plan = trainer._Plan(1, 1, {}, 1, None, process=(0 if lead else 1, 2))
+    plan = processes.Plan(1, 1, {}, 1, None, process=(0 if lead else 1, 2))
     sent = []
     first_process_says = "The run directory /r is in use by another process"
-    monkeypatch.setattr(distribution, "from_first_process",
+    monkeypatch.setattr(backend, "from_first_process",
                         lambda value: sent.append(value) or first_process_says)
 
     def work():
@@ -615,10 +615,10 @@ def test_an_error_of_the_first_process_stops_every_process(monkeypatch, lead):
 
     expected = LockedError if lead else ValueError
     with pytest.raises(expected, match="in use by another process"):
-        trainer._first_process_then_all(plan, work)
+        processes.first_process_then_all(plan, work)
     assert sent == [first_process_says if lead else None]
-    monkeypatch.setattr(distribution, "from_first_process", lambda value: None)
-    assert trainer._first_process_then_all(plan, lambda: "restored") == ("restored" if lead else None)
+    monkeypatch.setattr(backend, "from_first_process", lambda value: None)
+    assert processes.first_process_then_all(plan, lambda: "restored") == ("restored" if lead else None)
 
 
 # ----------------------------------------------------------------------------- the study runner

@@ -180,6 +180,22 @@ def big_vision_resample(grid, new_h, new_w):
     return scipy.ndimage.zoom(grid, (new_h / h, new_w / w, 1), order=1)
 
 
+@pytest.mark.parametrize("source, target", [
+    ((14, 14), (24, 24)), ((24, 24), (14, 14)), ((7, 7), (5, 5)), ((3, 5), (6, 2)), ((4, 4), (1, 1)),
+])
+def test_bilinear_resampling_is_big_vision_zoom(source, target):
+    """The NumPy form of `resample_position_embedding` gives scipy's zoom on every grid,
+    up and down, square or not."""
+    from keras_vitnorm.models.weights import resample_position_embedding
+
+    rng = np.random.default_rng(0)
+    embedding = rng.normal(size=(1, 1 + source[0] * source[1], 8)).astype("float32")
+    resampled = resample_position_embedding(embedding, source, target, num_prefix_tokens=1)
+    expected = big_vision_resample(embedding[0, 1:].reshape(*source, 8), *target)
+    np.testing.assert_allclose(resampled[0, 1:].reshape(*target, 8), expected, atol=1e-6)
+    np.testing.assert_array_equal(resampled[:, 0], embedding[:, 0])
+
+
 def test_new_image_size_resamples_position_embedding(tmp_path):
     model = ViT(**TINY)
     model.save_to_preset(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 from keras_vitnorm import ViT
 from keras_vitnorm import layers
 from keras_vitnorm import ops as vitnorm_ops
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 from keras_vitnorm.ops import config
 
 BACKEND = keras.backend.backend()
@@ -548,7 +548,11 @@ def test_model_values_and_gradients_are_the_same_with_fast_paths_on_and_off(over
     np.testing.assert_allclose(dx_on, dx_off, rtol=1e-3, atol=1e-5)
     assert set(dw_on) == set(dw_off)
     for path in dw_on:
-        np.testing.assert_allclose(dw_on[path], dw_off[path], rtol=1e-3, atol=1e-5, err_msg=path)
+        # Relative to the whole gradient: a weight gradient sums over the batch and the
+        # tokens, and another order of those float32 sums (oneDNN's kernels differ by
+        # processor) moves a near-zero entry by more than any per-entry tolerance.
+        error = np.linalg.norm(dw_on[path] - dw_off[path])
+        assert error <= 1e-4 * np.linalg.norm(dw_off[path]) + 1e-7, (path, error)
 
 
 def _on_and_off_all(function, enabled):

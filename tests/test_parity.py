@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_vitnorm
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 
 FIXTURE_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "parity")
 FIXTURES = sorted(glob.glob(os.path.join(FIXTURE_DIR, "*.npz")))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from keras_vitnorm.training import data as data_lib
-from keras_vitnorm.training import python_data
+from keras_vitnorm.training.data import python_pipeline as python_data
 from test_training import BACKEND
 from test_training import TINY
 from test_training import run_python

@@ -21,9 +21,9 @@ from keras_vitnorm.training import load_dataset
 from keras_vitnorm.training import train
 from keras_vitnorm.training.data import Augmentation
 from keras_vitnorm.training.data import train_stream
-from keras_vitnorm.training.trainer import decayed_variables
-from keras_vitnorm.training.trainer import make_optimizer
-from keras_vitnorm.training.trainer import plan_segments
+from keras_vitnorm.training.fit_loop import plan_segments
+from keras_vitnorm.training.optimizer import decayed_variables
+from keras_vitnorm.training.optimizer import make_optimizer
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +169,7 @@ def test_digits_splits_are_disjoint_and_complete():
     from sklearn.datasets import load_digits
 
     def examples(split):
-        return Counter((x.tobytes(), int(y)) for x, y in split.source.as_numpy_iterator())
+        return Counter((x.tobytes(), int(y)) for x, y in zip(*split.arrays))
 
     data = load_dataset("digits")
     splits = [examples(s) for s in (data.train, data.validation, data.test)]
@@ -188,14 +188,14 @@ def test_train_examples_is_a_fixed_stratified_subset_of_the_training_split():
 
     full = load_dataset("digits")
     subset = load_dataset("digits", train_examples=200)
-    pairs = [(x.tobytes(), int(y)) for x, y in subset.train.source.as_numpy_iterator()]
+    pairs = [(x.tobytes(), int(y)) for x, y in zip(*subset.train.arrays)]
     assert subset.train.size == len(pairs) == 200
     assert not Counter(pairs) - Counter(
-        (x.tobytes(), int(y)) for x, y in full.train.source.as_numpy_iterator())
+        (x.tobytes(), int(y)) for x, y in zip(*full.train.arrays))
     assert set(Counter(y for _, y in pairs).values()) <= {19, 20, 21}  # 10 classes, balanced
     assert subset.validation.size == full.validation.size and subset.test.size == full.test.size
     again = load_dataset("digits", train_examples=200)
-    assert [(x.tobytes(), int(y)) for x, y in again.train.source.as_numpy_iterator()] == pairs
+    assert [(x.tobytes(), int(y)) for x, y in zip(*again.train.arrays)] == pairs
     with pytest.raises(ValueError, match="train_examples=5000 is more than the 1293"):
         load_dataset("digits", train_examples=5000)
     with pytest.raises(ValueError, match="train_examples must be a positive integer, got 0"):
@@ -214,7 +214,7 @@ def test_train_stream_resumes_with_the_batches_it_would_have_seen(tmp_path):
     # batches (1200 examples) are a subset of the split's label counts.
     labels = np.concatenate(full[:12]).argmax(-1)
     counts = np.bincount(labels, minlength=10)
-    split_counts = np.bincount([y for _, y in data.train.source.as_numpy_iterator()], minlength=10)
+    split_counts = np.bincount(data.train.arrays[1], minlength=10)
     assert np.all(counts <= split_counts)
 
 
@@ -247,15 +247,21 @@ def test_augmentations_run_and_keep_shapes_and_label_mass():
 
 
 def test_randaugment_equalization_counts_its_histogram_with_bincount_in_tf_data():
-    """RandAugment's Equalization counts each value's bin inside tf.data with bincount,
-    on every backend, as Keras counts it, and outside tf.data with Keras' own code; a
+    """With the fast path `bincount_histogram` on, RandAugment's Equalization counts each
+    value's bin inside tf.data with bincount, on every backend, as Keras counts it, and
+    outside tf.data with Keras' own code; switched off, the layer is Keras' own; a
     layer without Keras' private histogram method (another Keras version) is left as
     it is."""
     import tensorflow as tf
 
-    from keras_vitnorm.training import data as data_lib
+    from keras_vitnorm.ops import fast_paths
+    from keras_vitnorm.training.data import tf_pipeline
 
-    equalization = data_lib._stateful_augmentation(Augmentation(randaugment_ops=1), 3, 0)[0].equalization
+    with fast_paths(False, ["bincount_histogram"]):
+        kept = tf_pipeline._stateful_augmentation(Augmentation(randaugment_ops=1), 3, 0)[0]
+    assert "_custom_histogram_fixed_width" not in vars(kept.equalization)  # Keras' method
+    equalization = tf_pipeline._stateful_augmentation(
+        Augmentation(randaugment_ops=1), 3, 0)[0].equalization
     if not hasattr(type(equalization), "_custom_histogram_fixed_width"):
         pytest.skip("this Keras has no Equalization._custom_histogram_fixed_width to replace")
     assert "_custom_histogram_fixed_width" in vars(equalization)  # replaced on this layer
@@ -275,8 +281,8 @@ def test_randaugment_equalization_counts_its_histogram_with_bincount_in_tf_data(
         pass
 
     other = OtherEqualization()
-    assert not data_lib.count_histograms_with_bincount(other) and vars(other) == {}
-    assert not data_lib.count_histograms_with_bincount(None)
+    assert not tf_pipeline.count_histograms_with_bincount(other) and vars(other) == {}
+    assert not tf_pipeline.count_histograms_with_bincount(None)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -432,8 +438,7 @@ def test_folder_dataset_splits_and_trains(tmp_path):
     (root / "cat" / "readme.txt").write_text("not an image")
     data = load_dataset(f"folder:{root}")
     assert data.class_names == ["cat", "dog", "eel"] and data.channels == 3
-    files = [set(p.decode() for p, _ in s.source.as_numpy_iterator())
-             for s in (data.train, data.validation, data.test)]
+    files = [set(map(str, s.arrays[0])) for s in (data.train, data.validation, data.test)]
     assert sum(map(len, files)) == 30
     assert not (files[0] & files[1] or files[0] & files[2] or files[1] & files[2])
     metrics = train(tiny_config(tmp_path, dataset=f"folder:{root}", steps=30, batch_size=8,

@@ -18,7 +18,7 @@ TINY = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "num_heads":
 
 
 def _examples(split):
-    return {(x.tobytes(), int(y)) for x, y in split.source.as_numpy_iterator()}
+    return {(x.tobytes(), int(y)) for x, y in zip(*split.arrays)}
 
 
 def test_vtab_splits_hold_800_train_and_200_validation_examples_apart_from_the_test_split():

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 
 import keras_vitnorm
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 
 OUTPUT_DIR = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "parity")
 TINY = {

@@ -7,4 +7,4 @@ from keras_vitnorm.analysis.probes import group_norms
 from keras_vitnorm.analysis.probes import layer_of
 from keras_vitnorm.analysis.probes import residual_stream
 from keras_vitnorm.analysis.probes import stem_scale_map
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients

@@ -10,7 +10,7 @@
   paper's Figure 3).
 
 Everything runs on all three backends; gradients come from
-`keras_vitnorm.analysis.gradients.value_and_gradients`.
+`keras_vitnorm.backend.value_and_gradients`.
 """
 
 import csv
@@ -20,7 +20,7 @@ import re
 import keras
 import numpy as np
 
-from keras_vitnorm.analysis.gradients import value_and_gradients
+from keras_vitnorm.backend import value_and_gradients
 
 #: Variable-path prefixes of the stem's patch embedding (Dense or conv stem layers).
 PATCH_EMBEDDING = "stem/projection"

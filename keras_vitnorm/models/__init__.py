@@ -1,3 +1,4 @@
+from keras_vitnorm.models.checkpoints import load_checkpoint
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import TextEncoder
 from keras_vitnorm.models.contrastive import caption_vocabulary
@@ -10,5 +11,4 @@ from keras_vitnorm.models.segmenter import segmentation_loss
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.weights import ConversionReport
 from keras_vitnorm.models.weights import build_from_checkpoint
-from keras_vitnorm.models.weights import load_checkpoint
 from keras_vitnorm.models.weights import transfer

@@ -103,8 +103,8 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     if preset in PRESETS and not os.path.isdir(preset):
         return cls(**{**preset_config(preset), **overrides})
     if os.path.exists(preset) and is_checkpoint(preset):
-        model, _ = weights_lib.load_checkpoint(preset, verbose=True, resample=resample, model_class=cls,
-                                               **overrides)
+        model, _ = weights_lib.read_and_build(preset, cls, verbose=True, resample=resample,
+                                              **overrides)
         return model
     if not os.path.isdir(preset):
         preset_config(preset)  # raises the "unknown preset" error with suggestions
@@ -117,7 +117,7 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     changes = {key: value for key, value in overrides.items() if config.get(key, _UNSET) != value}
     try:
         model, report = weights_lib.build_from_checkpoint(
-            checkpoint, model_class=cls, resample=resample, strict=not changes, **overrides
+            checkpoint, cls, resample=resample, strict=not changes, **overrides
         )
     except ValueError as error:
         raise ValueError(f"Preset {preset!r}: {error}") from error

@@ -5,109 +5,22 @@ import inspect
 import keras
 import numpy as np
 
-from keras_vitnorm.choices import BLOCK_STYLES
-from keras_vitnorm.choices import NORM_TYPES
-from keras_vitnorm.choices import STEM_NORM_TYPES
-from keras_vitnorm.choices import STEM_TYPES
+from keras_vitnorm.convert import Checkpoint
+from keras_vitnorm.convert import POSITION_EMBEDDING
 from keras_vitnorm.layers import EncoderBlock
 from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.layers import make_norm
-from keras_vitnorm.validation import check_bool
-from keras_vitnorm.validation import check_choice
-from keras_vitnorm.validation import check_known_keys
-from keras_vitnorm.validation import check_positive_float
-from keras_vitnorm.validation import check_positive_int
-from keras_vitnorm.validation import check_rate
-from keras_vitnorm.layers.attention import check_qk_norm
-from keras_vitnorm.layers.encoder_block import check_weight_standardization
 from keras_vitnorm.layers.encoder_block import resolve_placements
-from keras_vitnorm.convert import Checkpoint
-from keras_vitnorm.convert import POSITION_EMBEDDING
 from keras_vitnorm.models import preset_io
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
+from keras_vitnorm.models.vit_config import default_final_norm
+from keras_vitnorm.models.vit_config import image_hw
+from keras_vitnorm.models.vit_config import validate_config
+from keras_vitnorm.validation import check_known_keys
 
-#: Every value accepted by `pooling`.
-POOLINGS = ("cls", "gap")
 #: Keyword arguments passed on to `keras.Model`.
 _BASE_MODEL_KEYS = ("name", "trainable")
-
-
-def _image_hw(image_size):
-    if isinstance(image_size, bool):
-        image_size = None
-    if isinstance(image_size, int):
-        return image_size, image_size
-    if isinstance(image_size, (list, tuple)) and len(image_size) == 2:
-        if all(isinstance(s, int) and not isinstance(s, bool) for s in image_size):
-            return tuple(image_size)
-    raise ValueError(
-        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}."
-    )
-
-
-def validate_config(config):
-    """Checks a ViT config dict; raises a `ValueError` naming the first bad value."""
-    c = config
-    image_size, patch_size, width = c["image_size"], c["patch_size"], c["width"]
-    num_heads, num_classes = c["num_heads"], c["num_classes"]
-    for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim", "norm_groups"):
-        check_positive_int(argument, c[argument])
-    height, image_width = _image_hw(image_size)
-    for axis_name, size in (("height", height), ("width", image_width)):
-        if size < 1 or size % patch_size:
-            raise ValueError(
-                f"image_size={image_size!r}: image {axis_name} {size} is not divisible by "
-                f"patch_size={patch_size}. Valid sizes are multiples of {patch_size}, "
-                f"e.g. {max(1, round(size / patch_size)) * patch_size}."
-            )
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-        raise ValueError(
-            f"num_classes must be a positive integer (or 0 for a feature extractor), "
-            f"got {num_classes!r}."
-        )
-    if width % num_heads:
-        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
-        raise ValueError(
-            f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
-            f"for this width include {divisors}."
-        )
-    for argument, choices in (
-        ("norm", NORM_TYPES),
-        ("block_style", BLOCK_STYLES),
-        ("stem", STEM_TYPES),
-        ("pooling", POOLINGS),
-    ):
-        check_choice(argument, c[argument], choices)
-    resolve_placements(c["block_style"], c["attn_norm"], c["mlp_norm"])
-    if c["stem_norm"] is not None:
-        check_choice("stem_norm", c["stem_norm"], STEM_NORM_TYPES)
-    check_positive_float("norm_epsilon", c["norm_epsilon"])
-    for argument in ("stem_norm_learnable", "qk_norm", "qkv_bias"):
-        check_bool(argument, c[argument])
-    if c["final_norm"] is not None:
-        check_bool("final_norm", c["final_norm"])
-    if c["qk_norm"]:
-        check_qk_norm(c["norm"])
-    check_rate("drop_path_rate", c["drop_path_rate"])
-    check_rate("dropout", c["dropout"])
-    if c["layer_scale"] is not None:
-        check_positive_float("layer_scale", c["layer_scale"])
-    check_weight_standardization(c["weight_standardization"], c["block_style"])
-
-
-def default_final_norm(mlp_norm):
-    """Whether a norm follows the last block when `final_norm` is not given.
-
-    The encoder's output is normalized once: pre-LN (and `pre_post`, `none`)
-    blocks end in a residual add and need the final norm (ViT's `encoder_norm`,
-    torchscale with `normalize_before`); blocks whose MLP sublayer is post-LN
-    already end in a norm, and torchscale builds no final LayerNorm for them.
-
-    Args:
-        mlp_norm: str, the resolved MLP placement.
-    """
-    return mlp_norm != "post"
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -248,7 +161,7 @@ class ViT(keras.Model):
         attn_norm, mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
         if final_norm is None:
             final_norm = default_final_norm(mlp_norm)
-        height, image_width = _image_hw(image_size)
+        height, image_width = image_hw(image_size)
         policy = keras.dtype_policies.get(dtype) if dtype is not None else None
         images = keras.Input((height, image_width, num_channels), name="images")
         x = PatchStem(

@@ -6,14 +6,14 @@ project's preset directories) into the same neutral form, a
 path: array}`. `transfer` assigns those arrays to a model whose config may differ in
 image size (the position embedding is resampled), classes (a fresh head) and
 normalization (what carries over is kept, the rest starts fresh), and reports what
-it did with every weight. `build_from_checkpoint` builds the model for a checkpoint
-and its overrides; `load_checkpoint` reads and builds in one call.
+it did with every weight. `build_from_checkpoint` builds a model of a given class for
+a checkpoint and its overrides; `read_and_build` reads and builds in one call
+(`keras_vitnorm.models.checkpoints.load_checkpoint` with the `ViT` class).
 """
 
 import dataclasses
 
 import numpy as np
-import scipy.ndimage
 from keras import ops
 
 from keras_vitnorm.choices import RESAMPLE_METHODS
@@ -50,7 +50,8 @@ def resample_position_embedding(
     - `"bilinear"` (default): big_vision's `resample_posemb`, used for the Dual
       PatchNorm paper's 384-pixel fine-tuning: `scipy.ndimage.zoom(grid,
       (h'/h, w'/w, 1), order=1)`, linear interpolation with the corner
-      patches aligned.
+      patches aligned (written in NumPy, as the bicubic form is, so that
+      loading a model needs no SciPy).
     - `"bicubic"`: timm's `resample_abs_pos_embed` defaults: bicubic
       interpolation with antialiasing (PyTorch's `F.interpolate(...,
       mode="bicubic", antialias=True)`: half-pixel centers, the cubic kernel
@@ -72,20 +73,29 @@ def resample_position_embedding(
     dim = embedding.shape[-1]
     prefix = embedding[:, :num_prefix_tokens]
     grid = embedding[0, num_prefix_tokens:].reshape(source_grid[0], source_grid[1], dim)
-    if method == "bilinear":
-        zoom = (target_grid[0] / source_grid[0], target_grid[1] / source_grid[1], 1)
-        resized = scipy.ndimage.zoom(grid, zoom, order=1)
-    else:
-        rows = _antialiased_bicubic_matrix(source_grid[0], target_grid[0])
-        columns = _antialiased_bicubic_matrix(source_grid[1], target_grid[1])
-        resized = np.einsum("ih,jw,hwd->ijd", rows, columns, grid.astype("float64"))
-    if resized.shape[:2] != tuple(target_grid):
-        raise ValueError(
-            f"Resampling the {source_grid} position-embedding grid gave {resized.shape[:2]}, "
-            f"not the {tuple(target_grid)} grid asked for."
-        )
+    matrix = _corner_aligned_linear_matrix if method == "bilinear" else _antialiased_bicubic_matrix
+    rows = matrix(source_grid[0], target_grid[0])
+    columns = matrix(source_grid[1], target_grid[1])
+    resized = np.einsum("ih,jw,hwd->ijd", rows, columns, grid.astype("float64"))
     resized = resized.astype("float32").reshape(1, -1, dim)
     return np.concatenate([prefix, resized], axis=1)
+
+
+def _corner_aligned_linear_matrix(in_size, out_size):
+    """`(out_size, in_size)` weights of linear interpolation along one axis with the
+    first and last samples aligned: output sample `i` sits at
+    `i * (in_size - 1) / (out_size - 1)` in input coordinates, as in
+    `scipy.ndimage.zoom(..., order=1)`."""
+    step = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    positions = np.arange(out_size) * step
+    low = np.clip(np.floor(positions).astype(int), 0, in_size - 1)
+    high = np.minimum(low + 1, in_size - 1)
+    fraction = positions - low
+    matrix = np.zeros((out_size, in_size))
+    rows = np.arange(out_size)
+    np.add.at(matrix, (rows, low), 1.0 - fraction)
+    np.add.at(matrix, (rows, high), fraction)
+    return matrix
 
 
 def _cubic(x, a=-0.5):
@@ -169,29 +179,10 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", model_class=None,
-                    **overrides):
-    """Builds a `ViT` from a standard checkpoint; returns `(model, ConversionReport)`.
-
-    The checkpoint is read by `keras_vitnorm.convert.read_checkpoint` (format detected)
-    and its weights transferred by `transfer`.
-
-    Args:
-        path: see `read_checkpoint`.
-        verbose: bool, default `False`. Print the report.
-        num_heads: int, only for state dicts that do not record their head count.
-        resample: str, default `"bilinear"`: how a new `image_size` resamples the
-            position embedding, `"bilinear"` as big_vision or `"bicubic"` as timm
-            (`resample_position_embedding`).
-        model_class: the class to build, default `ViT` (a subclass keeps its own).
-        **overrides: `ViT` config values that replace the checkpoint's: `image_size`,
-            `num_classes`, and any normalization setting (`stem`, `norm`, `attn_norm`,
-            `mlp_norm`, `block_style`, `layer_scale`, `qk_norm`, ...).
-
-    Example:
-    >>> model, report = load_checkpoint("vit_small_patch16_224.safetensors",
-    ...                                 stem="dual_patchnorm", num_classes=10)
-    """
+def read_and_build(path, model_class, verbose=False, num_heads=None, resample="bilinear",
+                   **overrides):
+    """`(model, ConversionReport)`: the checkpoint at `path` read (format detected) and
+    transferred into a `model_class` built with `overrides` (`load_checkpoint`)."""
     checkpoint = read_checkpoint(path, num_heads=num_heads)
     if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
         raise ValueError(
@@ -204,12 +195,11 @@ def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", mo
     return model, report
 
 
-def build_from_checkpoint(checkpoint, model_class=None, resample="bilinear", strict=False,
+def build_from_checkpoint(checkpoint, model_class, resample="bilinear", strict=False,
                           **overrides):
-    """`(ViT, ConversionReport)` from a `Checkpoint` and config overrides (`strict`: see
-    `transfer`)."""
-    if model_class is None:
-        from keras_vitnorm.models.vit import ViT as model_class
+    """`(model, ConversionReport)` from a `Checkpoint` and config overrides: a
+    `model_class` (`ViT` or a subclass) built from the checkpoint's config with
+    `overrides`, its weights transferred (`strict`: see `transfer`)."""
     defaults = {"qkv_bias": True, "pooling": "cls", "num_channels": 3}
     for key in ARCHITECTURE_KEYS:
         saved = checkpoint.config.get(key, defaults.get(key))

@@ -2,7 +2,8 @@
 
 Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
 backends and devices, a faster form of the same computation (docs/performance.md
-gives each one's measured whole-step gain). The fast forms are on by default. Turn
+gives each one's measured whole-step gain); so has the tf.data input pipeline's
+RandAugment (`bincount_histogram`). The fast forms are on by default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
 one, or to time a form against the other (`benchmarks/bench_ab.py` does):
 
@@ -33,6 +34,9 @@ FAST_PATHS = (
     "attention",          # heads-first attention on a CPU (JAX, TensorFlow); PyTorch's SDPA on
                           # strided views; JAX on a GPU: cuDNN attention on padded tokens
     "residual_fence",     # JAX on a CPU: a gradient fence on the residual stream
+    "bincount_histogram",  # tf.data under any backend: RandAugment's Equalization counts
+                           # its histogram with tf.math.bincount (a private Keras method
+                           # replaced on that one layer; keras_vitnorm.training.data)
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 

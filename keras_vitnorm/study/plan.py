@@ -22,8 +22,7 @@ its plan; the dataset and preset paths of its settings are used as given.
 import os
 import shlex
 
-import keras
-
+from keras_vitnorm import backend
 from keras_vitnorm import durable
 
 PLAN_FOLDER = "plan"
@@ -52,7 +51,7 @@ def write_plan(jobs, study_dir, say=None):
     plan are removed. Returns the commands, in the plan's order."""
     folder = os.path.join(study_dir, PLAN_FOLDER)
     os.makedirs(folder, exist_ok=True)
-    backend = keras.backend.backend()
+    backend_name = backend.name()
     commands, kept = [], set()
     for group, name, config, run_dir in jobs:
         file_name = job_file_stem(run_dir, study_dir) + JOB_SUFFIX
@@ -60,7 +59,8 @@ def write_plan(jobs, study_dir, say=None):
                            job(group, name, config, run_dir, study_dir))
         kept.add(file_name)
         path = os.path.join(study_dir, PLAN_FOLDER, file_name)
-        commands.append(f"KERAS_BACKEND={backend} keras-vitnorm ablate-job {shlex.quote(path)}")
+        commands.append(f"KERAS_BACKEND={backend_name} keras-vitnorm ablate-job "
+                        f"{shlex.quote(path)}")
     durable.write_text(os.path.join(folder, COMMANDS_FILE),
                        "".join(command + "\n" for command in commands))
     for file_name in sorted(os.listdir(folder)):

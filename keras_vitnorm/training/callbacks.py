@@ -11,6 +11,7 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm import durable
 from keras_vitnorm.training import run_files
 
@@ -40,29 +41,9 @@ def training_variables(model):
     ]
 
 
-def _global_random_state():
-    """PyTorch's global random state as a uint8 array on the torch backend, else `None`.
-
-    Keras' dropout on PyTorch, when it has no noise shape, draws from PyTorch's global
-    generator instead of the layer's seed generator, so that state decides the next
-    dropout masks too.
-    """
-    if keras.backend.backend() != "torch":
-        return None
-    import torch
-
-    return torch.get_rng_state().numpy()
-
-
-def set_global_random_state(state):
-    import torch
-
-    torch.set_rng_state(torch.from_numpy(np.array(state, dtype="uint8")))
-
-
 def save_training_state(model, path, random_state=None):
     """Writes `training_variables(model)` to the NumPy archive `path` (`v<i>` keys),
-    and `random_state` (PyTorch's global random state, `_global_random_state`) if given.
+    and `random_state` (`keras_vitnorm.backend.global_random_state`) if given.
 
     A NumPy archive written by Python's own file I/O: a full disk is a plain
     `OSError`. (A Keras `.weights.h5` goes through h5py, whose failed writes on a full
@@ -240,10 +221,10 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._random_state is not None:
-            set_global_random_state(self._random_state)
+            backend.set_global_random_state(self._random_state)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._random_state = _global_random_state()
+        self._random_state = backend.global_random_state()
         self._batches_done = self.batch_offset + batch + 1
         if self.save_freq != "epoch":
             self._since_save += 1

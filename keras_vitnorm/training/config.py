@@ -8,12 +8,12 @@ import os
 from keras_vitnorm import hub
 from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import DISTRIBUTIONS
-from keras_vitnorm.choices import INPUT_PIPELINES
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.training.data import Augmentation
+from keras_vitnorm.training.data import check_pipeline
 from keras_vitnorm.training.data import parse_dataset
 from keras_vitnorm.training.recipes import get_recipe
 
@@ -193,7 +193,7 @@ class TrainConfig:
                 )
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)
-        check_choice("input_pipeline", self.input_pipeline, INPUT_PIPELINES)
+        check_pipeline(self.input_pipeline, self.dataset)
         if self.distribute not in (None, False, True):
             check_choice("distribute", self.distribute, DISTRIBUTIONS)
         if self.optimizer is not None:

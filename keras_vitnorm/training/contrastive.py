@@ -20,12 +20,13 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import run_files
-from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.training.optimizer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
@@ -168,6 +169,6 @@ def _train_lit(config, verbose):
                                                                       TRAIN_TEMPLATES),
         "history": {key: [float(v) for v in values] for key, values in history.history.items()},
         "train_seconds": round(time.time() - started, 2),
-        "backend": keras.backend.backend(),
+        "backend": backend.name(),
     }
     return metrics, model

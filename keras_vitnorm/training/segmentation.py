@@ -15,6 +15,7 @@ import time
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
 from keras_vitnorm.models.segmenter import PixelAccuracy
 from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
@@ -23,7 +24,7 @@ from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.segmentation_data import model_inputs
 from keras_vitnorm.training import run_files
-from keras_vitnorm.training.trainer import adamw
+from keras_vitnorm.training.optimizer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
@@ -133,7 +134,7 @@ def _train_segmenter(config, verbose, data):
         "test_loss": float(test["loss"]),
         "history": {key: [float(v) for v in values] for key, values in history.history.items()},
         "train_seconds": round(train_seconds, 2),
-        "backend": keras.backend.backend(),
+        "backend": backend.name(),
     }
     return metrics, model
 

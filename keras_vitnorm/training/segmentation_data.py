@@ -27,7 +27,6 @@ import os
 import numpy as np
 
 from keras_vitnorm.training.data import IMAGE_EXTENSIONS
-from keras_vitnorm.training.data import prepared_tfds_builder
 from keras_vitnorm.validation import did_you_mean
 
 DATASET_CHOICES = ("digit_scenes", "tfds:<name>", "folder:<path>")
@@ -81,7 +80,12 @@ def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"{name!r} needs num_classes (a positive integer): its masks do not record it.")
         kind, _, source = name.partition(":")
-        splits = _tfds_splits(source, image_size) if kind == "tfds" else _folder_splits(source, image_size)
+        if kind == "tfds":
+            from keras_vitnorm.training.data import tfds_source
+
+            splits = tfds_source.segmentation_splits(source, image_size)
+        else:
+            splits = _folder_splits(source, image_size)
         splits = _complete(splits)
         for split, (_, masks) in zip(("train", "validation", "test"), splits):
             check_labels(masks, num_classes, f"{name} ({split})")
@@ -140,42 +144,6 @@ def digit_scenes(count, image_size=32, split="train", seed=None):
     return images, masks
 
 
-def _resize(images, masks, image_size):
-    import tensorflow as tf
-
-    images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
-    masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]
-    return np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8), masks.numpy().astype(np.int32)
-
-
-def _tfds_splits(dataset_name, image_size):
-    import tensorflow_datasets as tfds
-
-    builder, available = prepared_tfds_builder(dataset_name, ("image", "segmentation_mask"),
-                                               "segmentation")
-    splits = []
-    for names in (("train",), ("validation", "val"), ("test",)):
-        name = next((n for n in names if n in available), None)
-        if name is None:
-            splits.append(None)
-            continue
-        images, masks = [], []
-        for example in tfds.as_numpy(builder.as_dataset(split=name)):
-            image, mask = example["image"], np.asarray(example["segmentation_mask"])
-            mask = mask[..., 0] if mask.ndim == 3 else mask
-            if image.shape[:2] != mask.shape[:2]:
-                raise ValueError(
-                    f"tfds:{dataset_name} ({name}): an image of {image.shape[:2]} has a mask of {mask.shape[:2]}."
-                )
-            resized = _resize(image[None], mask[None].astype(np.int32), image_size)
-            images.append(resized[0][0])
-            masks.append(resized[1][0])
-        splits.append((np.stack(images), np.stack(masks)))
-    if splits[0] is None:
-        raise ValueError(f"tfds:{dataset_name} has no 'train' split (it has {', '.join(available)}).")
-    return splits
-
-
 def _folder_pairs(directory):
     image_dir, mask_dir = os.path.join(directory, "images"), os.path.join(directory, "masks")
     if not (os.path.isdir(image_dir) and os.path.isdir(mask_dir)):
@@ -199,6 +167,8 @@ def _folder_pairs(directory):
 def _read_folder(directory, image_size):
     from PIL import Image
 
+    from keras_vitnorm.training.data.tf_pipeline import resize_images_and_masks
+
     images, masks = [], []
     for image_path, mask_path in _folder_pairs(directory):
         try:
@@ -215,7 +185,7 @@ def _read_folder(directory, image_size):
                 f"{mask_path} is {mask.shape[1]}x{mask.shape[0]} but its image {image_path} is "
                 f"{image.shape[1]}x{image.shape[0]}: a mask must match its image's size."
             )
-        image, mask = _resize(image[None], mask[None], image_size)
+        image, mask = resize_images_and_masks(image[None], mask[None], image_size)
         images.append(image[0])
         masks.append(mask[0])
     return np.stack(images), np.stack(masks)

@@ -2,7 +2,9 @@
 
 `keras.utils.PyDataset` is the loader Keras' `fit` accepts on every backend, so a JAX
 or PyTorch user trains on the bundled digits or on a folder of images without
-installing TensorFlow. It gives the batches `keras_vitnorm.training.data` describes:
+installing TensorFlow. Its functions are those of
+`keras_vitnorm.training.data.tf_pipeline` (`eval_batches`, `train_batches`,
+`errors_named`), and it gives the batches `keras_vitnorm.training.data` describes:
 
 - Images are decoded with Pillow (the folder's files) and resized with the
   half-pixel bilinear interpolation of `tf.image.resize` (written out in NumPy below,
@@ -24,12 +26,34 @@ a CPU (`benchmarks/bench_input.py` measures both), and a split whose decoded ima
 take less than 1 GiB is decoded once and kept, which keeps a GPU fed.
 """
 
+import contextlib
 import math
 
 import keras
 import numpy as np
 
-from keras_vitnorm.training.image_files import unreadable_file_error
+from keras_vitnorm.training.data.augmentation import randaugment
+from keras_vitnorm.training.data.image_files import unreadable_file_error
+
+NAME = "python"
+
+
+def eval_batches(data, split, image_size, channels, batch_size, pad=False):
+    """`EvalBatches` of a split (`keras_vitnorm.training.data.eval_dataset`)."""
+    return EvalBatches(data, split, image_size, channels, batch_size, pad)
+
+
+def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
+                  shuffle_buffer, share):
+    """`TrainBatches` of the training split (`keras_vitnorm.training.data.train_stream`);
+    each pass is shuffled whole, so `shuffle_buffer` does not apply."""
+    return TrainBatches(data, image_size, channels, batch_size, seed, augmentation, start_step,
+                        end_step, share, stateful=randaugment(augmentation, channels, seed))
+
+
+def errors_named(data):
+    """Nothing to translate: Pillow's errors name their file already (`load_image`)."""
+    return contextlib.nullcontext()
 
 
 def load_image(path, channels):
@@ -87,8 +111,8 @@ def _sample_bilinear(image, ys, xs):
 def keyed_crop_and_flip(image, augmentation, image_size, rng):
     """The crop and flip of one example, drawn from `rng` (seeded by its position).
 
-    The transformations of `keras_vitnorm.training.data._keyed_augmentation`: `pad` zero-pads by
-    `crop_padding` and takes a random `image_size` window; `zoom` zooms in about the
+    The transformations of `keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`:
+    `pad` zero-pads by `crop_padding` and takes a random `image_size` window; `zoom` zooms in about the
     centre by a random factor in `[1 - zoom, 1]` per axis (bilinear, as
     `tf.image.crop_and_resize` samples); `flip` mirrors half of the images.
     """
@@ -138,7 +162,7 @@ class _Images:
 
     def __init__(self, data, split, image_size, channels, keep_decoded=True):
         self.raws, self.labels = split.arrays
-        self.folder = data.files is not None
+        self.folder = data.kind == "folder"
         self.image_size = tuple(image_size)
         self.channels = channels
         self.fits = split.size * math.prod(self.image_size) * channels * 4 < KEEP_DECODED_BYTES

@@ -1,0 +1,89 @@
+"""JAX forms of `keras_vitnorm.backend` (imported only under the JAX backend)."""
+
+import os
+import pickle
+
+import jax
+import keras
+import numpy as np
+from jax.experimental import multihost_utils
+
+#: Processes seeded alike create equal variables: a JAX program spans all of them.
+PROCESSES_START_EQUAL = True
+#: Dropout draws from the layers' seed generators, which are model variables.
+HAS_GLOBAL_RANDOM_STATE = False
+
+
+def value_and_gradients(model, inputs, loss_fn, training):
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def compute(x, trainable_values):
+        outputs, _ = model.stateless_call(trainable_values, non_trainable, x, training=training)
+        return loss_fn(outputs)
+
+    loss, (input_grad, grads) = jax.value_and_grad(compute, argnums=(0, 1))(
+        jax.numpy.asarray(inputs), trainable
+    )
+    return loss, input_grad, grads
+
+
+def distribution_scope(kind, sharded_layout):
+    processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))
+    if processes > 1:
+        if kind == "fsdp":
+            raise ValueError(
+                "distribute='fsdp' shards the weights over the devices of one process; "
+                f"with KERAS_DISTRIBUTION_NUM_PROCESSES={processes} use distribute='data' "
+                "(each process would hold only part of the weights it saves)."
+            )
+        keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    if kind == "data":
+        return keras.distribution.DataParallel(devices=devices).scope(), len(devices)
+    mesh = keras.distribution.DeviceMesh((len(devices),), ["batch"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in sharded_layout.items():
+        layout_map[pattern] = axes
+    fsdp = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    return fsdp.scope(), len(devices)
+
+
+def process_index_and_count():
+    return jax.process_index(), jax.process_count()
+
+
+def process_share():
+    return 0, 1  # Keras feeds each process its share of every batch itself
+
+
+def average_gradients(optimizer):
+    raise ValueError("JAX averages the gradients over its devices itself.")
+
+
+def share_variables(variables, values, lead):
+    # One variable at a time: every process offers an array of the variable's shape
+    # (its own value), and the first process's is the one that arrives.
+    for index, variable in enumerate(variables):
+        value = values[index] if lead and values is not None else variable
+        variable.assign(multihost_utils.broadcast_one_to_all(keras.ops.convert_to_numpy(value)))
+
+
+def from_first_process(value):
+    data = np.frombuffer(pickle.dumps(value), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(data.size)))
+    buffer = np.zeros(size, np.uint8)
+    buffer[: min(size, data.size)] = data[:size]
+    return pickle.loads(np.asarray(multihost_utils.broadcast_one_to_all(buffer)).tobytes())
+
+
+def any_process(flag):
+    return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+
+
+def global_random_state():
+    return None
+
+
+def set_global_random_state(state):
+    pass  # dropout draws from the layers' seed generators, restored with the model

@@ -1,0 +1,66 @@
+"""TensorFlow forms of `keras_vitnorm.backend` (imported only under the TensorFlow backend).
+
+A TensorFlow run is one process (`tf.distribute.MirroredStrategy` over its devices),
+so what the processes of a run exchange is the identity here.
+"""
+
+import tensorflow as tf
+
+PROCESSES_START_EQUAL = True
+HAS_GLOBAL_RANDOM_STATE = False
+
+
+def value_and_gradients(model, inputs, loss_fn, training):
+    x = tf.convert_to_tensor(inputs)
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = loss_fn(model(x, training=training))
+    grads = tape.gradient(loss, [x] + variables)
+    return loss, grads[0], grads[1:]
+
+
+def distribution_scope(kind, sharded_layout):
+    if kind == "fsdp":
+        raise ValueError(
+            "distribute='fsdp' is available on the JAX backend only (keras.distribution."
+            "ModelParallel); the 'tensorflow' backend trains with distribute='data'."
+        )
+    # All GPUs, else every logical CPU (one unless the process split the CPU).
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in devices])
+    return strategy.scope(), strategy.num_replicas_in_sync
+
+
+def process_index_and_count():
+    return 0, 1
+
+
+def process_share():
+    return 0, 1
+
+
+def average_gradients(optimizer):
+    raise ValueError("TensorFlow averages the gradients over its replicas itself.")
+
+
+def share_variables(variables, values, lead):
+    if values is not None:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+
+def from_first_process(value):
+    return value
+
+
+def any_process(flag):
+    return bool(flag)
+
+
+def global_random_state():
+    return None
+
+
+def set_global_random_state(state):
+    pass  # dropout draws from the layers' seed generators, restored with the model

@@ -1,0 +1,75 @@
+"""The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `evaluate`, `convert`,
+`segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors` maps what ends a command to
+its exit status.
+
+The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
+Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
+"""
+
+import argparse
+import sys
+
+from keras_vitnorm.cli import ablate
+from keras_vitnorm.cli import ablate_job
+from keras_vitnorm.cli import convert
+from keras_vitnorm.cli import evaluate
+from keras_vitnorm.cli import lit
+from keras_vitnorm.cli import segment
+from keras_vitnorm.cli import train
+from keras_vitnorm.cli import vtab
+from keras_vitnorm.cli.arguments import train_config_from_args
+from keras_vitnorm.cli.errors import run_command
+
+__all__ = ["COMMANDS", "build_parser", "console", "main", "train_config_from_args"]
+
+#: The commands, in the order `--help` lists them.
+COMMANDS = {command.NAME: command for command in (train, ablate, ablate_job, evaluate, convert,
+                                                   vtab, lit, segment)}
+#: The commands that train: long CPU work whose step time the allocator setting changes.
+TRAINING_COMMANDS = ("train", "ablate", "ablate-job", "segment", "vtab", "lit")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-vitnorm",
+        allow_abbrev=False,
+        description="Train and evaluate Vision Transformers whose normalization is a config "
+        "choice.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS.values():
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv=None, hide_framework_logs=False):
+    """Runs the command line; returns the exit status (`keras_vitnorm.cli.errors`).
+
+    With `hide_framework_logs` (the console command), the frameworks' own log lines
+    are kept off stderr unless `--verbose 2` (`keras_vitnorm.framework_logs`).
+    """
+    args = build_parser().parse_args(argv)
+    command = COMMANDS[args.command]
+    if hide_framework_logs and args.verbose < 2:
+        from keras_vitnorm import framework_logs
+
+        with framework_logs.hidden():
+            return run_command(command, args)
+    return run_command(command, args)
+
+
+def console(argv=None):
+    """Entry point of the `keras-vitnorm` console script, `python -m keras_vitnorm` and
+    the scripts in `recipes/`: runs the command `argv` (default `sys.argv[1:]`) and exits
+    with its status.
+
+    Before a command that trains, it makes the process keep freed memory
+    (`keras_vitnorm.host_memory.retain_freed_memory`; its effect on the training step
+    is in docs/performance.md). `convert` and `evaluate` leave the allocator as it is.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:
+        from keras_vitnorm.host_memory import retain_freed_memory
+
+        retain_freed_memory()
+    sys.exit(main(argv, hide_framework_logs=True))

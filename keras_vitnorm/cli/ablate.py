@@ -1,0 +1,117 @@
+"""`keras-vitnorm ablate`: the normalization study, `keras_vitnorm.study.run_study`."""
+
+import argparse
+
+from keras_vitnorm.choices import VARIANT_GROUP_NAMES
+from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
+from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import train_config_from_args
+
+NAME = "ablate"
+EXTRA = "study"
+INTERRUPTED = "Rerun the same command to continue."
+
+EXAMPLES = """examples:
+  keras-vitnorm ablate --groups placements stems --seeds 0 1 2 --output-dir studies/digits
+  keras-vitnorm ablate --groups stems --variants stems:dual_patchnorm stems:conv \\
+      --dataset folder:/data/cifar10 --epochs 30 --output-dir studies/cifar
+
+  keras-vitnorm ablate --groups converged --lr-sweep 5e-4 1e-3 2e-3 --seeds 0 1 2 \\
+      --dataset folder:/data/cifar10 --epochs 30 --output-dir studies/cifar-lr
+  keras-vitnorm ablate --groups stems --output-dir studies/digits --plan
+      # one command per run in studies/digits/plan/commands.txt, for a scheduler
+
+The base is the small recipe with the plain ti16 preset unless --preset/--recipe say
+otherwise; every training option of `train` applies to every run. See docs/study.md.
+"""
+
+
+def add_parser(commands):
+    parser = commands.add_parser(
+        NAME,
+        allow_abbrev=False,
+        help="run the normalization study: variant groups x seeds, tables and figures",
+        description="Train every variant of the chosen groups with every seed on top of "
+        "a base recipe, then write results.csv, a markdown table per group and figures. "
+        "Rerunning the same command skips finished runs and resumes interrupted ones.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    study = parser.add_argument_group("study")
+    study.add_argument("--groups", nargs="+", required=True, choices=VARIANT_GROUP_NAMES,
+                       help="variant groups to run")
+    study.add_argument("--variants", nargs="+", default=[], metavar="GROUP:NAME",
+                       help="run only these variants (the group's baseline is always run)")
+    study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
+    study.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
+                       + LOGS_NOTE)
+    study.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
+    study.add_argument("--parallel", type=int, default=1, metavar="N",
+                       help="train N runs at once, each in its own process with its output in "
+                       "<output-dir>/logs/ (default 1: one after another)")
+    study.add_argument("--threads-per-run", type=int, metavar="K",
+                       help="compute threads of each parallel run (default: the CPU cores "
+                       "shared out over --parallel)")
+    study.add_argument("--tables-only", action="store_true",
+                       help="train nothing: write the tables and figures from the runs that "
+                       "have finished, naming the others (a study part-way re-tabled, or the "
+                       "runs of a --plan collected)")
+    study.add_argument("--plan", action="store_true",
+                       help="train nothing: write <output-dir>/plan/commands.txt, one command "
+                       "per run that can train now (`keras-vitnorm ablate-job FILE`), for any "
+                       "scheduler to run; --tables-only then collects the finished runs")
+    study.add_argument("--lr-sweep", nargs="+", type=float, metavar="LR",
+                       help="train every variant at each of these peak learning rates first "
+                       "(with --sweep-seeds), then compare each at the rate with its best final "
+                       "validation accuracy (<group>_lr_selection.md)")
+    study.add_argument("--sweep-seeds", nargs="+", type=int, metavar="SEED",
+                       help="seeds of the --lr-sweep runs (default: the first of --seeds)")
+    add_training_arguments(parser)
+
+
+def study_config(args):
+    """`(base TrainConfig, {group: [variant names]})` of the parsed `ablate` arguments.
+
+    The base is the small recipe on the plain ti16 preset unless --preset/--recipe say
+    otherwise, with gradient norms recorded every 25 steps unless asked otherwise; each
+    run gets its own directory in the study.
+    """
+    preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
+    config = train_config_from_args(argparse.Namespace(**{**vars(args), "preset": preset,
+                                                          "output_dir": None}))
+    if config.grad_norm_every is None:
+        config.grad_norm_every = 25
+    variants = {}
+    for item in args.variants:
+        group, _, name = item.partition(":")
+        if group not in args.groups or not name:
+            raise ValueError(
+                f"--variants {item!r} must be GROUP:NAME with GROUP one of --groups "
+                f"({', '.join(args.groups)})."
+            )
+        variants.setdefault(group, []).append(name)
+    return config, variants
+
+
+def run(args):
+    from keras_vitnorm.study import markdown_table
+    from keras_vitnorm.study import run_study
+    from keras_vitnorm.study import summarize
+
+    if args.tables_only and args.plan:
+        raise ValueError("--tables-only and --plan are two ways of training nothing: give one.")
+    mode = "tables" if args.tables_only else "plan" if args.plan else "train"
+    config, variants = study_config(args)
+    rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
+                     take_over_lock=args.take_over_lock, parallel=args.parallel,
+                     threads_per_run=args.threads_per_run, mode=mode, lr_sweep=args.lr_sweep,
+                     sweep_seeds=args.sweep_seeds)
+    if mode == "plan":
+        return  # run_study named the commands it wrote
+    for group in args.groups:
+        group_rows = [r for r in rows if r["group"] == group]
+        if group_rows:  # with a sweep, a group whose rates are not chosen yet has none
+            print(f"\n{group}\n" + markdown_table(summarize(group_rows)))

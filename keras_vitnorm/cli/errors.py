@@ -1,0 +1,81 @@
+"""How a command ends: the one mapping from an error to the exit status and message, and
+the check that the extra a command needs is installed.
+
+Exit statuses: 0 success; 1 a run of a parallel study failed (its log is named); 2 bad
+arguments, bad input files, a run directory in use or a missing package; 3 training
+diverged; 4 a file could not be written (full disk, permissions; the last checkpoint
+is intact); 130 interrupted.
+"""
+
+import importlib.util
+import sys
+
+#: The extras of the lab: the packages each brings (pip name, module name).
+EXTRAS = {
+    "train": (("scikit-learn", "sklearn"), ("tensorflow-datasets", "tensorflow_datasets"),
+              ("pillow", "PIL"), ("tensorboard", "tensorboard")),
+    "study": (("matplotlib", "matplotlib"), ("scipy", "scipy")),
+}
+#: An extra includes the extras it builds on.
+_INCLUDES = {"train": ("train",), "study": ("train", "study")}
+
+#: `(module, class name, exit status)` of the errors that end a command, the first that
+#: matches deciding. A class whose module was never imported cannot have been raised,
+#: so nothing is imported to check it (`convert` runs without the lab).
+EXIT_STATUSES = (
+    ("keras_vitnorm.training.fit_loop", "TrainingDiverged", 3),
+    ("keras_vitnorm.study.workers", "RunsFailed", None),  # 4 if every run failed to write, else 1
+    ("keras_vitnorm.training.run_files", "StorageError", 4),
+    ("keras_vitnorm.training.run_files", "LockedError", 2),
+    ("builtins", "ValueError", 2),
+    ("builtins", "OSError", 2),  # FileExistsError included
+    ("builtins", "ImportError", 2),  # a package to install, named in the message
+)
+
+
+def fail(command, message, status=2):
+    """Prints `keras-vitnorm <command>: error: <message>` to stderr; returns `status`."""
+    print(f"keras-vitnorm {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def exit_status(error):
+    """The exit status that `error` ends a command with, or `None` for an error that is
+    a bug (its traceback is shown)."""
+    for module, name, status in EXIT_STATUSES:
+        kind = getattr(sys.modules.get(module), name, None)
+        if kind is not None and isinstance(error, kind):
+            if status is None:  # RunsFailed: each failed run's own status
+                from keras_vitnorm.study.workers import STORAGE_EXIT_CODE
+
+                codes = {code for _, code in error.failures}
+                return STORAGE_EXIT_CODE if codes == {STORAGE_EXIT_CODE} else 1
+            return status
+    return None
+
+
+def missing_packages(extra):
+    """The pip names of the packages of `extra` (and the extras it builds on) that are
+    not installed."""
+    return [package for part in _INCLUDES[extra] for package, module in EXTRAS[part]
+            if importlib.util.find_spec(module) is None]
+
+
+def run_command(command, args):
+    """Runs `command.run(args)` (a module of `keras_vitnorm.cli`); returns the exit status."""
+    if command.EXTRA is not None:
+        missing = missing_packages(command.EXTRA)
+        if missing:
+            return fail(command.NAME, f"this command needs the {command.EXTRA!r} extra: pip "
+                        f"install 'keras-vitnorm[{command.EXTRA}]' "
+                        f"(missing: {', '.join(missing)}).")
+    try:
+        command.run(args)
+    except KeyboardInterrupt:
+        return fail(command.NAME, f"interrupted. {command.INTERRUPTED}", 130)
+    except Exception as error:
+        status = exit_status(error)
+        if status is None:
+            raise
+        return fail(command.NAME, str(error), status)
+    return 0

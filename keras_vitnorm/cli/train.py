@@ -1,0 +1,72 @@
+"""`keras-vitnorm train`: one training run, `keras_vitnorm.training.train`."""
+
+import argparse
+
+from keras_vitnorm.choices import DISTRIBUTIONS
+from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
+from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import train_config_from_args
+
+NAME = "train"
+#: The extra whose packages the command needs.
+EXTRA = "train"
+INTERRUPTED = "Continue with the same command plus --resume --output-dir <the run directory>."
+
+EXAMPLES = """examples:
+  keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
+  keras-vitnorm train --norm rmsnorm --stem patch       # same recipe, other normalization
+  keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
+  keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224 \\
+      --patch-size 16 --width 384 --mlp-dim 1536 --depth 12   # S/16 as it is: the default
+                                        # recipe cuts any preset to its small size
+  keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
+  keras-vitnorm train --recipe finetune_384 --preset runs/b16/preset --manual-dir ~/imagenet
+  keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
+
+Settings not given here come from the recipe (--recipe); see docs/training.md.
+The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
+"""
+
+
+def add_parser(commands):
+    parser = commands.add_parser(
+        NAME,
+        allow_abbrev=False,
+        help="train a ViT (default: a small DPN ViT on the bundled digits)",
+        description="Train a ViT preset on a dataset with model.fit.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_training_arguments(parser)
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
+    overwrite = run.add_mutually_exclusive_group()
+    overwrite.add_argument("--resume", action="store_true",
+                           help="continue the interrupted run in --output-dir")
+    overwrite.add_argument("--overwrite", action="store_true",
+                           help="delete an existing --output-dir and start again")
+    run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
+    run.add_argument("--backup-every", type=int,
+                     help="steps between mid-epoch backups (default: each epoch end)")
+    run.add_argument("--shuffle-buffer", type=int,
+                     help="tf.data shuffle buffer size (the python pipeline shuffles whole passes)")
+    run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
+                     help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
+                     "the processes torchrun started (PyTorch); the default when the flag is "
+                     "given alone. fsdp: also shard every block kernel and its optimizer state "
+                     "over the devices (JAX)")
+    run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
+                     help="do not write TensorBoard logs")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+
+
+def run(args):
+    from keras_vitnorm.training import train
+
+    metrics = train(train_config_from_args(args), resume=args.resume, overwrite=args.overwrite,
+                    verbose=args.verbose, take_over_lock=args.take_over_lock)
+    if args.verbose:
+        print(f"metrics: test_accuracy={metrics['test_accuracy']:.4f} "
+              f"val_accuracy={metrics['val_accuracy']:.4f}")

@@ -1,0 +1,185 @@
+"""Datasets and their input pipelines for `keras-vitnorm train` and `evaluate`.
+
+Three sources, named by a string (`keras_vitnorm.training.data.sources`):
+
+- `"digits"`: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes,
+  grayscale), upsampled to the model's image size. Needs no download.
+- `"tfds:<name>"`: any tensorflow-datasets image-classification dataset
+  (`tfds:cifar10`, `tfds:cifar100`, `tfds:imagenette`, `tfds:imagenet2012`, ...).
+- `"folder:<path>"`: a user's class-per-folder images (`<path>/<class>/*.jpg`), or a
+  folder with `train/` (and optionally `val/` or `validation/`, and `test/`) subfolders
+  laid out that way.
+
+Two input pipelines give the same batches in the same form, behind the functions
+below: tf.data (`tf_pipeline`; every source, the default where TensorFlow is
+installed) and Keras' `PyDataset` without TensorFlow (`python_pipeline`; digits and
+folders). `load_dataset` chooses one once, from its `pipeline` argument
+(`TrainConfig.input_pipeline`), and the dataset it returns carries it.
+
+Images enter the model as float32 in [-1, 1] (big_vision's `value_range(-1, 1)`).
+"""
+
+from keras_vitnorm.choices import INPUT_PIPELINES
+from keras_vitnorm.training.data import python_pipeline
+from keras_vitnorm.training.data import sources
+from keras_vitnorm.training.data import tf_pipeline
+from keras_vitnorm.training.data.augmentation import Augmentation
+from keras_vitnorm.training.data.augmentation import resumes_exactly
+from keras_vitnorm.training.data.sources import DATASET_CHOICES
+from keras_vitnorm.training.data.sources import IMAGE_EXTENSIONS
+from keras_vitnorm.training.data.sources import Dataset
+from keras_vitnorm.training.data.sources import Split
+from keras_vitnorm.training.data.sources import parse_dataset
+from keras_vitnorm.training.data.sources import subset
+from keras_vitnorm.validation import check_choice
+
+__all__ = [
+    "Augmentation", "DATASET_CHOICES", "Dataset", "IMAGE_EXTENSIONS", "Split", "check_pipeline",
+    "eval_arrays", "eval_dataset", "load_dataset", "padded_size", "parse_dataset",
+    "resumes_exactly", "subset", "train_stream", "unreadable_images_named",
+]
+
+_PIPELINES = {module.NAME: module for module in (tf_pipeline, python_pipeline)}
+
+
+def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None,
+                 skip_bad_images=False, val_examples=None, pipeline="auto"):
+    """Loads the train, validation and test splits of a dataset.
+
+    Args:
+        spec: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
+        val_fraction: float in (0, 1). Fraction of the training data held out for
+            validation when the source has no validation split.
+        data_dir: tfds data directory (default: tfds' own, `~/tensorflow_datasets`).
+        manual_dir: directory holding manually downloaded archives, for datasets such
+            as `imagenet2012` that tfds cannot download itself.
+        train_examples: int or None. Train on a subset of this many training
+            examples (validation and test are unchanged). For digits and folders the
+            subset is stratified by class with seed 0, the same for every run; for
+            tfds it is the first `train_examples` of the training split (tfds
+            shuffles a dataset's examples when it prepares it).
+        skip_bad_images: bool, default `False`. For folders: every file is checked
+            first (`check_image_file`); unreadable ones are an error naming them, or,
+            with `True`, left out and listed by `Dataset.describe`.
+        val_examples: int or None. Validate on this many training examples instead
+            of the source's validation split, taken apart from the `train_examples`
+            (VTAB-1k's `train800` and `val200`): for tfds the next `val_examples`
+            after the first `train_examples`; for digits and folders a
+            class-stratified draw of both with seed 0, split stratified.
+        pipeline: `"auto"` (default), `"tf.data"` or `"python"`: the input pipeline
+            that `train_stream` and `eval_dataset` build. `"python"` is Keras'
+            `PyDataset` without TensorFlow (`python_pipeline`), for
+            digits and folders; `"auto"` is tf.data where TensorFlow is installed and
+            `"python"` elsewhere. tfds datasets need tf.data.
+
+    Returns:
+        A `Dataset`.
+    """
+    if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
+    for name, value in (("train_examples", train_examples), ("val_examples", val_examples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    kind, argument = parse_dataset(spec)
+    pipeline = _PIPELINES[check_pipeline(pipeline, spec)]
+    if pipeline is tf_pipeline:
+        tf_pipeline.import_tensorflow()  # says how to install TensorFlow, or to use 'python'
+    if kind == "digits":
+        data = sources.digits(val_fraction)
+    elif kind == "tfds":
+        from keras_vitnorm.training.data import tfds_source
+
+        data = tfds_source.classification(argument, val_fraction, data_dir, manual_dir)
+    else:
+        data = sources.folder(argument, val_fraction, skip_bad_images)
+    if val_examples is not None:
+        count = data.train.size - val_examples if train_examples is None else train_examples
+        if count < 1:
+            raise ValueError(
+                f"val_examples={val_examples} leaves no training examples of the {data.train.size} "
+                f"in {spec} ({data.train.name})."
+            )
+        stratified = kind != "tfds"
+        pool = sources.train_subset(data.train, count + val_examples, stratified, name=spec)
+        data.train, data.validation = sources.split_off(pool, val_examples, stratified)
+    elif train_examples is not None:
+        data.train = sources.train_subset(data.train, train_examples, stratified=kind != "tfds",
+                                          name=spec)
+    data.pipeline = pipeline
+    return data
+
+
+def check_pipeline(pipeline, spec):
+    """The input pipeline, `"tf.data"` or `"python"`, that `pipeline` (one of
+    `INPUT_PIPELINES`) names for the dataset `spec` (see `load_dataset`); raises a
+    `ValueError` naming the value if it is not one, or cannot read the dataset.
+    `TrainConfig.validate` and `load_dataset` check with it; nothing is imported."""
+    check_choice("input_pipeline", pipeline, INPUT_PIPELINES)
+    tfds = parse_dataset(spec)[0] == "tfds"
+    if pipeline == "auto":
+        pipeline = tf_pipeline.NAME if tfds or tf_pipeline.available() else python_pipeline.NAME
+    if pipeline == python_pipeline.NAME and tfds:
+        raise ValueError(
+            f"input_pipeline='python' reads digits and folder datasets; {spec} is read by "
+            "tensorflow-datasets through tf.data (input_pipeline='tf.data' or 'auto')."
+        )
+    return pipeline
+
+
+def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation, from
+    the dataset's pipeline.
+
+    With `pad`, the split is padded with blank examples to whole batches and each
+    batch carries sample weights (1 for the split's examples, 0 for the blanks):
+    `(images, labels, weights)`. Every batch is then full, which JAX's processes need
+    to split each batch among themselves; the accuracy is the split's own, and a
+    loss averaged over the batches is the split's times `padded_size(...) / size`.
+    """
+    return data.pipeline.eval_batches(data, split, image_size, channels, batch_size, pad)
+
+
+def eval_arrays(data, split, image_size, channels, batch_size=500):
+    """`(images, labels)` of a split as NumPy arrays, in order: the images of
+    `eval_dataset` (float32, in [-1, 1]) and integer labels."""
+    import numpy as np
+
+    images, labels = [], []
+    for x, y in eval_dataset(data, split, image_size, channels, batch_size):
+        images.append(np.asarray(x))
+        labels.append(np.argmax(np.asarray(y), axis=-1))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def padded_size(size, batch_size):
+    """`size` rounded up to whole batches of `batch_size` (`eval_dataset(pad=True)`)."""
+    return -(-size // batch_size) * batch_size
+
+
+def train_stream(data, image_size, channels, batch_size, seed, augmentation, start_step=0,
+                 end_step=None, shuffle_buffer=50_000, share=(0, 1)):
+    """Augmented training batches for steps `start_step` up to `end_step`, from the
+    dataset's pipeline.
+
+    With `share=(index, count)`, the batches hold only this process's share of each
+    global batch of `batch_size`: its `index`-th slice of `batch_size // count`
+    examples, augmented as in the whole batch (MixUp and CutMix mix within the share).
+
+    Pass `p` over the training split is shuffled with the seed `seed + p` (tf.data
+    within `shuffle_buffer` examples; the Python pipeline shuffles each pass whole), so
+    the batches are the same sequence whatever step the stream starts from: a resumed
+    run continues with the examples it would have seen next instead of replaying the
+    interrupted epoch, and skips at most one pass to get there. A pass never repeats an
+    example; a batch may span the end of one pass and the start of the next. Crops and
+    flips are keyed by the example's position, so the augmented batches are the same too
+    (`resumes_exactly` says when that holds for the whole augmentation).
+    """
+    end_step = end_step if end_step is not None else start_step + 1_000_000
+    return data.pipeline.train_batches(data, image_size, channels, batch_size, seed, augmentation,
+                                       start_step, end_step, shuffle_buffer, share)
+
+
+def unreadable_images_named(data):
+    """A context in which the pipeline's decode error of a damaged image file becomes
+    a `ValueError` naming the files that do not decode."""
+    return data.pipeline.errors_named(data)

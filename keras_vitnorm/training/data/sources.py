@@ -1,0 +1,304 @@
+"""Dataset sources: digits, image folders and tfds, each read into three splits.
+
+A source is named by a string (`parse_dataset`): `"digits"`, `"folder:<path>"` or
+`"tfds:<name>"` (`keras_vitnorm.training.data.tfds_source`). Every source gives three
+splits that never share an example: train, validation (for model selection and the
+per-epoch numbers) and test (scored once, at the end). When a source has no
+validation or test split, one is carved off the training split with a fixed seed (0),
+the same for every run, so runs with different seeds are comparable.
+
+A source says what its examples are, not how to decode them: digits and folder splits
+hold NumPy arrays (images, or file paths), a tfds split a tf.data dataset of encoded
+images; each input pipeline decodes them its own way.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from keras_vitnorm.training.data.image_files import check_image_file
+from keras_vitnorm.training.data.image_files import list_bad_files
+from keras_vitnorm.training.data.image_files import unreadable_file_error
+
+DATASET_CHOICES = ("digits", "tfds:<name>", "folder:<path>")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# Fraction held out as the test split when a source has none (folders without test/).
+TEST_FRACTION = 0.2
+
+
+class Split:
+    """One split: its `(raw, label)` pairs and its size.
+
+    `raw` is whatever the source stores: a uint8 image (digits), an image file's path
+    (folders) or encoded image bytes (tfds). A tfds split is a tf.data dataset
+    (`source`); a digits or folder split holds NumPy arrays `arrays = (raws, labels)`,
+    which each input pipeline reads its own way (the one without TensorFlow never
+    imports it).
+    """
+
+    def __init__(self, name, source=None, size=None, arrays=None):
+        if (source is None) == (arrays is None):
+            raise ValueError("A Split has either a tf.data source or arrays.")
+        self.name, self.source, self.arrays = name, source, arrays
+        self.size = len(arrays[1]) if size is None else size
+
+
+@dataclasses.dataclass
+class Dataset:
+    """The three splits of a dataset and what the model needs to know about it.
+
+    `kind` is the source (`"digits"`, `"folder"` or `"tfds"`), which says how an
+    example's raw form decodes; `pipeline` is the input pipeline that reads it
+    (`keras_vitnorm.training.data.tf_pipeline` or `python_pipeline`), chosen once by
+    `load_dataset`.
+    """
+
+    name: str
+    kind: str
+    train: Split
+    validation: Split
+    test: Split
+    num_classes: int
+    channels: int
+    class_names: list
+    files: list = None
+    skipped: list = None
+    pipeline: object = None
+
+    def describe(self):
+        text = (
+            f"{self.name}: {self.num_classes} classes, {self.channels} channel(s); "
+            f"train {self.train.size} ({self.train.name}), validation "
+            f"{self.validation.size} ({self.validation.name}), test {self.test.size} "
+            f"({self.test.name})"
+        )
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)} unreadable image(s): " + list_bad_files(self.skipped)
+        return text
+
+
+def parse_dataset(spec):
+    """Splits `"tfds:cifar10"` into `("tfds", "cifar10")`; raises on an unknown form."""
+    if not isinstance(spec, str):
+        raise ValueError(f"dataset must be a string such as 'digits', got {spec!r}.")
+    if spec == "digits":
+        return "digits", None
+    for kind in ("tfds", "folder"):
+        if spec.startswith(kind + ":"):
+            argument = spec[len(kind) + 1 :]
+            if not argument:
+                raise ValueError(f"dataset={spec!r} names no {kind} {'dataset' if kind == 'tfds' else 'path'}.")
+            return kind, argument
+    raise ValueError(
+        f"Unknown dataset={spec!r}. Valid forms: {', '.join(DATASET_CHOICES)} "
+        "(e.g. 'tfds:cifar10' or 'folder:/data/flowers')."
+    )
+
+
+def split_off(split, count, stratified):
+    """`(rest, held_out)` of `split` with `count` examples held out: the last ones
+    (tfds order), or a class-stratified draw with seed 0."""
+    keep = split.size - count
+    if not stratified:
+        return (Split(f"first {keep} of {split.name}", split.source.take(keep), keep),
+                Split(f"next {count} of {split.name}", split.source.skip(keep).take(count), count))
+    raws, labels = split.arrays
+    kept, held_out = _stratified_split(labels, count / split.size)
+    return (Split(f"{len(kept)} of {split.name}", arrays=(raws[kept], labels[kept])),
+            Split(f"{len(held_out)} of {split.name}, held out",
+                  arrays=(raws[held_out], labels[held_out])))
+
+
+def subset(split, count, name):
+    """At most `count` examples of `split`: a class-stratified draw with seed 0 where
+    the split holds arrays (digits, folders), its first `count` otherwise (tfds); the
+    split itself where it has no more. `name` (the dataset) is for error messages."""
+    if count >= split.size:
+        return split
+    return train_subset(split, count, stratified=split.arrays is not None, name=name)
+
+
+def train_subset(split, count, stratified, name):
+    """The first `count` examples of `split` (tfds) or a class-stratified subset."""
+    if count > split.size:
+        raise ValueError(
+            f"train_examples={count} is more than the {split.size} training examples of "
+            f"{name} ({split.name})."
+        )
+    description = f"{count} of {split.name}"
+    if not stratified:
+        return Split(description, split.source.take(count), count)
+    raws, labels = split.arrays
+    if count < len(labels):
+        from sklearn.model_selection import train_test_split
+
+        indices = np.arange(len(labels))
+        try:
+            kept, _ = train_test_split(indices, train_size=count, stratify=labels, random_state=0)
+        except ValueError:  # fewer examples than classes: a plain random subset
+            kept, _ = train_test_split(indices, train_size=count, random_state=0)
+        kept = np.sort(kept)
+        raws, labels = raws[kept], labels[kept]
+    return Split(description + ", stratified", arrays=(raws, labels))
+
+
+def _stratified_split(labels, fraction, seed=0):
+    """Indices `(kept, held_out)` with `fraction` of every class held out."""
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(len(labels))
+    try:
+        kept, held_out = train_test_split(
+            indices, test_size=fraction, stratify=labels, random_state=seed
+        )
+    except ValueError:  # a class too small to stratify: split without stratification
+        kept, held_out = train_test_split(indices, test_size=fraction, random_state=seed)
+    return np.sort(kept), np.sort(held_out)
+
+
+def digits(val_fraction):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
+    labels = digits.target.astype("int64")
+    rest, test = _stratified_split(labels, TEST_FRACTION)
+    train_pos, val_pos = _stratified_split(labels[rest], val_fraction)
+    train, val = rest[train_pos], rest[val_pos]
+
+    def split(name, index):
+        return Split(name, arrays=(images[index], labels[index]))
+
+    return Dataset(
+        name="digits",
+        kind="digits",
+        train=split("train", train),
+        validation=split(f"{val_fraction:.0%} of the non-test images", val),
+        test=split(f"{TEST_FRACTION:.0%} of all images", test),
+        num_classes=10,
+        channels=1,
+        class_names=[str(i) for i in range(10)],
+    )
+
+
+def _list_images(directory, classes=None):
+    """`(paths, labels, classes)` of a class-per-folder tree."""
+    # Hidden entries (".ipynb_checkpoints", ".DS_Store", ...) are neither classes nor images.
+    found = sorted(
+        entry
+        for entry in os.listdir(directory)
+        if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry))
+    )
+    if classes is None:
+        classes = found
+    else:
+        extra = sorted(set(found) - set(classes))
+        if extra:
+            raise ValueError(
+                f"{directory} has class folder(s) {extra} that the training folder lacks; "
+                f"training classes: {classes}."
+            )
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        folder = os.path.join(directory, name)
+        if not os.path.isdir(folder):
+            continue
+        for file in sorted(os.listdir(folder)):
+            if not file.startswith(".") and file.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    if not paths:
+        raise ValueError(
+            f"{directory} holds no images in class subfolders (expected "
+            f"{directory}/<class>/<image> with extensions {', '.join(IMAGE_EXTENSIONS)})."
+        )
+    return np.array(paths), np.array(labels, "int64"), classes
+
+
+def _check_folder_images(splits, skip_bad_images):
+    """`(splits without unreadable files, [(path, why), ...])`; raises unless skipping."""
+    bad = []
+    for paths, _, _ in splits:
+        for file in paths:
+            why = check_image_file(file)
+            if why:
+                bad.append((str(file), why))
+    if bad and not skip_bad_images:
+        raise unreadable_file_error(bad)
+    rejected = {path for path, _ in bad}
+    kept = []
+    for paths, labels, name in splits:
+        keep = np.array([str(p) not in rejected for p in paths], bool)
+        kept.append((paths[keep], labels[keep], name))
+    return kept, bad
+
+
+def _channels_of(path):
+    """1 for a grayscale image file (with or without alpha), else 3 (read by Pillow)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+    except (OSError, ValueError, SyntaxError) as error:
+        raise unreadable_file_error([(str(path), f"does not decode ({error})")]) from None
+    return 1 if mode in ("1", "L", "LA", "La", "I", "I;16", "F") else 3
+
+
+def folder(path, val_fraction, skip_bad_images=False):
+    if not os.path.isdir(path):
+        raise ValueError(f"dataset folder {path!r} does not exist or is not a directory.")
+    train_root = os.path.join(path, "train")
+    if os.path.isdir(train_root):
+        paths, labels, classes = _list_images(train_root)
+        val_root = next(
+            (os.path.join(path, d) for d in ("val", "validation") if os.path.isdir(os.path.join(path, d))),
+            None,
+        )
+        test_root = os.path.join(path, "test")
+        if os.path.isdir(test_root):
+            test = (*_list_images(test_root, classes)[:2], f"{test_root}")
+        else:
+            kept, held = _stratified_split(labels, TEST_FRACTION)
+            test = (paths[held], labels[held], f"{TEST_FRACTION:.0%} of {train_root}")
+            paths, labels = paths[kept], labels[kept]
+        if val_root:
+            val = (*_list_images(val_root, classes)[:2], val_root)
+            train = (paths, labels, train_root)
+        else:
+            kept, held = _stratified_split(labels, val_fraction)
+            val = (paths[held], labels[held], f"{val_fraction:.0%} of {train_root}")
+            train = (paths[kept], labels[kept], f"the rest of {train_root}")
+    else:
+        paths, labels, classes = _list_images(path)
+        rest, test_index = _stratified_split(labels, TEST_FRACTION)
+        test = (paths[test_index], labels[test_index], f"{TEST_FRACTION:.0%} of {path}")
+        kept, held = _stratified_split(labels[rest], val_fraction)
+        val = (paths[rest][held], labels[rest][held], f"{val_fraction:.0%} of the rest")
+        train = (paths[rest][kept], labels[rest][kept], "the rest")
+    if len(classes) < 2:
+        raise ValueError(f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
+    (train, val, test), bad = _check_folder_images((train, val, test), skip_bad_images)
+    for split_paths, _, name in (train, val, test):
+        if not len(split_paths):
+            raise ValueError(f"dataset folder {path!r}: the split {name} has no readable images left.")
+
+    channels = _channels_of(train[0][0])
+
+    def split(paths_labels_name):
+        split_paths, split_labels, name = paths_labels_name
+        return Split(name, arrays=(split_paths, split_labels))
+
+    return Dataset(
+        name=f"folder:{path}",
+        kind="folder",
+        train=split(train),
+        validation=split(val),
+        test=split(test),
+        num_classes=len(classes),
+        channels=channels,
+        class_names=list(classes),
+        files=[str(p) for split_paths, _, _ in (train, val, test) for p in split_paths],
+        skipped=bad,
+    )

@@ -1,0 +1,313 @@
+"""The tf.data input pipeline: every source, on every backend.
+
+Keras documents tf.data as an input pipeline for JAX and PyTorch too. Images are
+decoded and resized by TensorFlow; crops and flips are keyed by each example's
+position in the stream (`_keyed_augmentation`), so that a resumed run sees exactly
+the augmented batches the uninterrupted run would have; RandAugment, MixUp and
+CutMix are Keras' layers, run by tf.data with TensorFlow's ops.
+
+Its functions are those of `keras_vitnorm.training.data.python_pipeline`
+(`eval_batches`, `train_batches`, `errors_named`); `keras_vitnorm.training.data.load_dataset`
+picks one of the two once.
+"""
+
+import contextlib
+import math
+
+import keras
+
+from keras_vitnorm.ops import fast_path_enabled
+from keras_vitnorm.training.data.augmentation import randaugment
+from keras_vitnorm.training.data.image_files import unreadable_file_error
+
+NAME = "tf.data"
+
+
+def import_tensorflow():
+    """TensorFlow, or an `ImportError` that says how to install it or do without it."""
+    try:
+        import tensorflow
+    except ImportError:
+        raise ImportError(
+            "The tf.data input pipeline (tfds datasets, input_pipeline='tf.data') needs "
+            "TensorFlow: pip install 'keras-vitnorm[tensorflow]' (or tensorflow). Digits and "
+            "folder datasets also train without it (input_pipeline='python')."
+        ) from None
+    return tensorflow
+
+
+def available():
+    """Whether TensorFlow is installed (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+@contextlib.contextmanager
+def errors_named(data):
+    """Turns TensorFlow's decode error inside the pipeline into an error naming the files.
+
+    The up-front check (`check_image_file`) reads only each file's ends; a file damaged
+    in the middle fails when TensorFlow decodes it, with a message that names no file.
+    Then every file of a folder dataset is decoded here to find the ones that fail.
+    """
+    try:
+        yield
+    except Exception as error:
+        if type(error).__name__ != "InvalidArgumentError" or not data.files:
+            raise
+        tf = import_tensorflow()
+        bad = []
+        for path in data.files:
+            try:
+                tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+            except Exception as decode_error:  # noqa: BLE001 (TensorFlow's error types vary)
+                bad.append((path, f"does not decode ({type(decode_error).__name__})"))
+        if not bad:
+            raise
+        raise unreadable_file_error(bad) from error
+
+def _source(split):
+    """The split as a tf.data dataset of `(raw, label)` pairs."""
+    if split.source is not None:
+        return split.source
+    return import_tensorflow().data.Dataset.from_tensor_slices(split.arrays)
+
+
+def _decoder(data):
+    """`raw -> uint8 image` for the dataset's source: digits hold images, folders file
+    paths, tfds encoded images."""
+    decode_image = import_tensorflow().io.decode_image
+    channels = data.channels
+    if data.kind == "digits":
+        return lambda raw: raw
+    if data.kind == "tfds":
+        return lambda raw: decode_image(raw, channels=channels, expand_animations=False)
+
+    def decode_file(path):
+        encoded = import_tensorflow().io.read_file(path)
+        image = decode_image(encoded, channels=channels, expand_animations=False)
+        image.set_shape([None, None, channels])
+        return image
+
+    return decode_file
+
+
+def _to_model_image(image, image_size, channels):
+    """uint8 image of any size -> float32 `(h, w, channels)` in [0, 255]."""
+    tf = import_tensorflow()
+    image = tf.convert_to_tensor(image)
+    have = image.shape[-1]
+    if have == 1 and channels == 3:
+        image = tf.image.grayscale_to_rgb(image)
+    elif have == 3 and channels == 1:
+        image = tf.image.rgb_to_grayscale(image)
+    image = tf.image.resize(tf.cast(image, "float32"), image_size, method="bilinear")
+    return tf.clip_by_value(image, 0.0, 255.0)
+
+
+def _to_model_range(image):
+    return image / 127.5 - 1.0
+
+
+def eval_batches(data, split, image_size, channels, batch_size, pad=False):
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
+
+    With `pad`, the split is padded with blank examples to whole batches and each
+    batch carries sample weights (1 for the split's examples, 0 for the blanks):
+    `(images, labels, weights)`. Every batch is then full, which JAX's processes need
+    to split each batch among themselves; the accuracy is the split's own, and a
+    loss averaged over the batches is the split's times
+    `keras_vitnorm.training.data.padded_size(...) / size`.
+    """
+    tf = import_tensorflow()
+    image_size = tuple(image_size)
+
+    decode = _decoder(data)
+
+    def prepare(raw, label):
+        image = _to_model_image(decode(raw), image_size, channels)
+        return _to_model_range(image), tf.one_hot(label, data.num_classes)
+
+    dataset = _source(split).map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    if pad:
+        blanks = -(-split.size // batch_size) * batch_size - split.size
+        blank = (tf.zeros((*image_size, channels)), tf.zeros((data.num_classes,)))
+        dataset = dataset.map(lambda x, y: (x, y, 1.0)).concatenate(
+            tf.data.Dataset.from_tensors((*blank, 0.0)).repeat(blanks))
+    dataset = dataset.batch(batch_size)
+    if split.size * math.prod(image_size) * channels * 4 < 2**30:
+        dataset = dataset.cache()
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
+                  shuffle_buffer, share):
+    """Augmented training batches for steps `start_step` up to `end_step`
+    (`keras_vitnorm.training.data.train_stream`).
+
+    Pass `p` over the training split is shuffled with the seed `seed + p` within a
+    buffer of `shuffle_buffer` examples.
+    """
+    tf = import_tensorflow()
+    image_size = tuple(image_size)
+    size = data.train.size
+    first_pass, offset = divmod(start_step * batch_size, size)
+    last_pass = (end_step * batch_size - 1) // size
+    source = _source(data.train)
+    if size <= 200_000:
+        source = source.cache()
+    buffer = min(size, shuffle_buffer)
+    passes = [
+        source.shuffle(buffer, seed=seed + index, reshuffle_each_iteration=False)
+        for index in range(first_pass, last_pass + 1)
+    ]
+    passes[0] = passes[0].skip(offset)
+    lengths = [size - offset] + [size] * (len(passes) - 1)
+    order = tf.data.Dataset.from_tensor_slices(tf.range(len(passes), dtype="int64"))
+    order = order.flat_map(
+        lambda index: tf.data.Dataset.from_tensors(index).repeat(tf.gather(tf.constant(lengths, "int64"), index))
+    )
+    stream = tf.data.Dataset.choose_from_datasets(passes, order, stop_on_empty_dataset=False)
+    positions = tf.data.Dataset.range(start_step * batch_size, end_step * batch_size)
+    stream = tf.data.Dataset.zip((positions, stream))
+    keyed = _keyed_augmentation(augmentation, image_size, channels, seed)
+    stateful = _stateful_augmentation(augmentation, channels, seed)
+    decode = _decoder(data)
+
+    index, count = share
+    local_batch = batch_size // count
+    if count > 1:
+        stream = stream.filter(lambda position, _: position % batch_size // local_batch == index)
+
+    def prepare(position, example):
+        raw, label = example
+        image = _to_model_image(decode(raw), image_size, channels)
+        return keyed(image, position), tf.one_hot(label, data.num_classes)
+
+    def augment(image, label):
+        for layer in stateful:
+            image = layer(image)
+        return image, label
+
+    stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Keras' RandAugment draws from a stateful seed generator: in a parallel map the
+    # order of the draws (so which image gets which operations) would depend on thread
+    # timing. Run it in order, so a seed gives the same augmented stream every time.
+    if stateful:
+        stream = stream.map(augment)
+    stream = stream.batch(local_batch, drop_remainder=True)
+    random_batches = bool(augmentation.mixup or augmentation.cutmix)
+    stream = stream.map(_batch_augmentation(augmentation, seed),
+                        num_parallel_calls=None if random_batches else tf.data.AUTOTUNE)
+    return stream.prefetch(tf.data.AUTOTUNE)
+
+
+def _keyed_augmentation(augmentation, image_size, channels, seed):
+    """`f(image, position)`: the crop and flip of the example at `position` in the stream.
+
+    Why not Keras' `RandomCrop`, `RandomZoom` and `RandomFlip`: they draw from a
+    stateful seed generator that cannot be seeded per call, so a stream restarted at
+    step `s` (a resumed run) would give other crops than the uninterrupted run did at
+    `s`. Here every random number comes from TensorFlow's stateless ops with the seed
+    `(seed, position)`, so an example's augmentation depends only on where it is in the
+    stream, and any stream position can be rebuilt exactly. Same transformations as
+    the Keras layers: `pad` zero-pads by `crop_padding` then crops a random
+    `image_size` window; `zoom` zooms in about the centre by a random factor in
+    `[1 - zoom, 1]` per axis (bilinear); `flip` mirrors half of the images.
+    """
+    tf = import_tensorflow()
+    height, width = image_size
+
+    def augment(image, position):
+        key = tf.stack([tf.constant(seed, "int64"), position])
+        crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+        if augmentation.crop == "pad":
+            pad = augmentation.crop_padding
+            image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
+            image = tf.image.stateless_random_crop(image, [height, width, channels], crop_key)
+        elif augmentation.crop == "zoom":
+            scale = tf.random.stateless_uniform([2], crop_key, 1.0 - augmentation.zoom, 1.0)
+            box = tf.concat([0.5 - scale / 2, 0.5 + scale / 2], axis=0)[None]
+            image = tf.image.crop_and_resize(image[None], box, [0], [height, width])[0]
+        if augmentation.flip:
+            image = tf.image.stateless_random_flip_left_right(image, flip_key)
+        return image
+
+    return augment
+
+
+def _stateful_augmentation(augmentation, channels, seed):
+    """Keras' RandAugment, if asked for, counting its histograms with `bincount` while
+    the fast path `bincount_histogram` is on (`count_histograms_with_bincount`)."""
+    layers = randaugment(augmentation, channels, seed)
+    if layers and fast_path_enabled("bincount_histogram"):
+        count_histograms_with_bincount(getattr(layers[0], "equalization", None))
+    return layers
+
+
+def count_histograms_with_bincount(equalization):
+    """Makes a Keras `Equalization` layer count its histogram with `bincount` whenever it
+    computes with TensorFlow (in a tf.data stream); returns whether it could.
+
+    Keras 3.15's `Equalization` chooses how to count its 256-bin histogram by the global
+    backend, not by the backend it computes with: under JAX, inside tf.data, it takes
+    the JAX code, a Python loop over the 256 bins of every channel, which tf.data builds
+    op by op: the stream then takes eight times as long to build and to give its
+    first batch, and delivers a quarter of the images per second after it
+    (`benchmarks/bench_randaugment.py`;
+    docs/performance.md, "RandAugment under JAX"). This replaces the layer's private
+    `_custom_histogram_fixed_width` on this one layer, counting as Keras does (each
+    value's bin, clipped to the range) with `tf.math.bincount`. Where the layer has no
+    such method (another Keras version), it is left as Keras made it: the stream is
+    slower under JAX, and the same.
+    """
+    keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
+    if keras_histogram is None:
+        return False
+
+    def histogram(values, value_range, nbins):
+        if equalization.backend.name != "tensorflow":
+            return keras_histogram(values, value_range, nbins)
+        tf = import_tensorflow()
+        low, high = (tf.cast(bound, "float32") for bound in value_range)
+        bins = tf.cast((tf.cast(values, "float32") - low) * (nbins - 1) / (high - low), "int32")
+        bins = tf.reshape(tf.clip_by_value(bins, 0, nbins - 1), [-1])
+        return tf.math.bincount(bins, minlength=nbins, maxlength=nbins, dtype="int32")
+
+    equalization._custom_histogram_fixed_width = histogram
+    return True
+
+
+def _batch_augmentation(augmentation, seed):
+    tf = import_tensorflow()
+    mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
+    cutmix = keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix else None
+
+    def apply(layer, images, labels):
+        out = layer({"images": images, "labels": labels})
+        return out["images"], out["labels"]
+
+    def augment(images, labels):
+        if mixup and cutmix:
+            images, labels = tf.cond(
+                tf.random.uniform([]) < 0.5,
+                lambda: apply(mixup, images, labels),
+                lambda: apply(cutmix, images, labels),
+            )
+        elif mixup or cutmix:
+            images, labels = apply(mixup or cutmix, images, labels)
+        return _to_model_range(images), labels
+
+    return augment
+
+
+def resize_images_and_masks(images, masks, image_size):
+    """uint8 images resized bilinearly (antialiased) and integer masks by nearest
+    neighbour to `image_size` squares, as NumPy arrays (the segmentation data)."""
+    import numpy as np
+
+    tf = import_tensorflow()
+    images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
+    masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]
+    return np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8), masks.numpy().astype(np.int32)

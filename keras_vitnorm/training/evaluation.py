@@ -1,0 +1,91 @@
+"""`evaluate`: a saved model, or a finished run's, scored again on a split of a dataset."""
+
+import os
+
+from keras_vitnorm import durable
+from keras_vitnorm.models import ViT
+from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training.optimizer import compile_classifier
+from keras_vitnorm.training.run_directory import METRICS_FILE
+from keras_vitnorm.training.run_directory import SETTINGS_FILE
+from keras_vitnorm.validation import check_choice
+
+
+def image_size(model):
+    """`(height, width)` of the images `model` takes."""
+    size = model.get_config()["image_size"]
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
+             data_dir=None, manual_dir=None, verbose=1):
+    """Scores a saved model on a split of a dataset.
+
+    Args:
+        path: a preset directory (`save_to_preset`) or a run directory from `train`
+            (its `preset/` is scored, and its dataset and validation fraction are the
+            defaults).
+        dataset: dataset string; default the run's dataset.
+        split: `"test"`, `"validation"` or `"train"`.
+        batch_size: int.
+        val_fraction: float; default the run's (0.1 outside a run directory).
+
+    Returns:
+        `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
+    """
+    check_choice("split", split, ("test", "validation", "train"))
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"{path!r} does not exist or is not a directory.")
+    run_settings = durable.read_json(os.path.join(path, SETTINGS_FILE)) or {}
+    preset_dir = os.path.join(path, "preset") if run_settings else path
+    metrics = (durable.read_json(os.path.join(path, METRICS_FILE)) or {}) if run_settings else {}
+    if run_settings and metrics.get("status") != "completed":
+        status = metrics.get("status", "unfinished (no metrics.json)")
+        last = os.path.join(path, "checkpoints", "last")
+        raise ValueError(
+            f"The run in {path!r} has not completed, so it has no final model to score: its "
+            f"status is {status}. "
+            + ("Start a new run." if status == "diverged" else
+               f"Finish it with `keras-vitnorm train --resume --output-dir {path}`.")
+            + (f" Its model at the latest epoch end is the preset {last}."
+               if os.path.exists(last) else "")
+        )
+    if not run_settings and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(
+            f"{path!r} is neither a preset directory (config.json, model.weights.npz) nor a "
+            f"run directory ({SETTINGS_FILE})."
+        )
+    dataset = dataset or run_settings.get("dataset")
+    if dataset is None:
+        raise ValueError(f"{path} is not a run directory; name the dataset to score it on.")
+    val_fraction = val_fraction or run_settings.get("val_fraction", 0.1)
+    model = ViT.from_preset(preset_dir)
+    # The run's own dataset is split as the run split it (a held-out val_examples too).
+    own = dataset == run_settings.get("dataset")
+    data = data_lib.load_dataset(
+        dataset, val_fraction, data_dir, manual_dir,
+        skip_bad_images=bool(run_settings.get("skip_bad_images")),
+        train_examples=run_settings.get("train_examples") if own else None,
+        val_examples=run_settings.get("val_examples") if own else None,
+    )
+    classes = model.get_config()["num_classes"]
+    if classes != data.num_classes:
+        raise ValueError(
+            f"The model in {preset_dir} has {classes} classes but {data.name} has "
+            f"{data.num_classes}; it was not trained on this dataset."
+        )
+    chosen = getattr(data, split)
+    images = data_lib.eval_dataset(
+        data, chosen, image_size(model), model.get_config()["num_channels"], batch_size
+    )
+    compile_classifier(model, "sgd", 0.0)  # the optimizer is unused: evaluate only
+    result = model.evaluate(images, return_dict=True, verbose=verbose)
+    return {
+        "preset": preset_dir,
+        "dataset": data.name,
+        "split": f"{split} ({chosen.name})",
+        "examples": chosen.size,
+        "accuracy": float(result["accuracy"]),
+        "loss": float(result["loss"]),
+    }

@@ -1,0 +1,362 @@
+"""The fit loop of a training run: `model.fit` over the planned steps from where the run
+starts, with the callbacks that log, checkpoint and stop on a NaN; then the final
+evaluation and results.
+
+Every file is written under a temporary name and renamed into place; the order of the
+final writes (preset, then metrics.json, then the checkpoint is deleted) means a kill at
+any moment leaves a run that `--resume` finishes with the same weights (docs/training.md,
+"What survives a crash").
+"""
+
+import contextlib
+import dataclasses
+import importlib.util
+import math
+import os
+import shutil
+import time
+
+import keras
+import numpy as np
+
+from keras_vitnorm import backend
+from keras_vitnorm import durable
+from keras_vitnorm.analysis.probes import GradientNormRecorder
+from keras_vitnorm.models import ViT
+from keras_vitnorm.training import callbacks as callbacks_lib
+from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import run_files
+from keras_vitnorm.training.evaluation import image_size
+from keras_vitnorm.training.optimizer import compile_classifier
+from keras_vitnorm.training.optimizer import make_optimizer
+from keras_vitnorm.training.processes import first_process_then_all
+from keras_vitnorm.training.run_directory import read_log
+from keras_vitnorm.training.run_directory import truncate_csv
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised when the training loss becomes NaN or infinite; `.step` says when."""
+
+    def __init__(self, message, step):
+        super().__init__(message)
+        self.step = step
+
+
+def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
+    """Splits the remaining training into `fit` calls of whole epochs.
+
+    Returns `[(initial_epoch, epochs, steps_per_epoch, batch_offset), ...]`: the rest
+    of an interrupted epoch (if `batches_done`), the full epochs, then a shorter last
+    epoch if `total_steps` is not a multiple of `steps_per_epoch`.
+    """
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    last = total_steps - (epochs - 1) * steps_per_epoch
+
+    def length(epoch):
+        return last if epoch == epochs - 1 else steps_per_epoch
+
+    segments = []
+    epoch = start_epoch
+    if batches_done and epoch < epochs:
+        segments.append((epoch, epoch + 1, length(epoch) - batches_done, batches_done))
+        epoch += 1
+    full_end = epochs if last == steps_per_epoch else epochs - 1
+    if epoch < full_end:
+        segments.append((epoch, full_end, steps_per_epoch, 0))
+        epoch = full_end
+    if epoch < epochs:
+        segments.append((epoch, epochs, length(epoch), 0))
+    return segments
+
+
+def describe_model(config):
+    """The preset and the model settings the run changes in it (the recipe's and the
+    given ones), as the line that opens a run names them: `"s16_dpn with depth=6, ..."`."""
+    changes = ", ".join(f"{key}={value}" for key, value in sorted(config.model.items()))
+    return f"{config.preset} with {changes}" if changes else str(config.preset)
+
+
+def augmentation_of(config):
+    """The `Augmentation` that a `TrainConfig`'s fields of the same names describe."""
+    return data_lib.Augmentation(**{field.name: getattr(config, field.name)
+                                    for field in dataclasses.fields(data_lib.Augmentation)})
+
+
+class Run:
+    """One training run in its (locked) directory: where it starts (the last checkpoint
+    when it resumes), `fit`, the final results.
+
+    Args:
+        config: the validated `TrainConfig`.
+        data: its `keras_vitnorm.training.data.Dataset`.
+        directory: its `RunDirectory`, locked and prepared.
+        plan: its `keras_vitnorm.training.processes.Plan`.
+        resume: whether it continues from the directory's last checkpoint.
+        say: `print`, or nothing.
+    """
+
+    def __init__(self, config, data, directory, plan, resume, say):
+        self.config = config
+        self.data = data
+        self.directory = directory
+        self.output_dir = directory.path
+        self.plan = plan
+        self.resume = resume
+        self.say = say
+        self.backup_dir = directory.backup
+        self.log_path = directory.log
+        self.grad_norms_path = directory.grad_norms
+        self.preset_dir = directory.preset
+        self.model_checkpoints = directory.checkpoints
+
+    def execute(self, extra_callbacks, verbose):
+        """Trains (from the start, or from the last checkpoint); returns the metrics."""
+        resume = self.resume
+        config, plan = self.config, self.plan
+        model = ViT.from_preset(config.preset, **plan.overrides)
+        self.image_size = image_size(model)
+        self.channels = model.get_config()["num_channels"]
+        compile_classifier(model, make_optimizer(config, plan.total_steps, model),
+                           config.label_smoothing)
+        if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
+            backend.average_gradients(model.optimizer)
+        self.say(
+            f"Model {describe_model(config)} ({model.count_params():,} parameters, "
+            f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
+            f"{plan.total_steps} steps of batch {config.batch_size}, {plan.steps_per_epoch} steps "
+            f"per epoch; output in {self.output_dir}"
+        )
+        self.checkpoint = callbacks_lib.RunCheckpoint(
+            self.backup_dir, save_freq=config.backup_every or "epoch"
+        )
+        start, restored = (0, 0, 0), None
+        several = plan.process[1] > 1
+        if several:
+            # With several processes, every one creates and assigns variables at once
+            # (on JAX each is a step of all processes): the optimizer's first.
+            model.optimizer.build(model.trainable_variables)
+        if resume:
+            start, restored = first_process_then_all(
+                plan, lambda: self._restore(model, assign=not several)) or (start, restored)
+        if several:  # every process starts where the first one restored
+            start = backend.from_first_process(start)
+            # A fresh start where every process seeded the same (set_random_seed above)
+            # and so created its variables equal (JAX) needs nothing.
+            if resume or not backend.processes_start_equal():
+                backend.share_variables(callbacks_lib.training_variables_of(model), restored)
+            if resume:
+                # Every process draws its dropout masks from the global generator (PyTorch's),
+                # whose state is the same on all of them at every step: the restored one.
+                backend.share_global_random_state(self.checkpoint.random_state, plan.lead)
+        start_epoch, batches_done, start_step = start
+        eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
+        pad = plan.processes_split_batches
+        self.val_data, self.test_data = (
+            data_lib.eval_dataset(self.data, split, self.image_size, self.channels, eval_batch, pad)
+            for split in (self.data.validation, self.data.test))
+        # A padded split's mean loss counts the blanks (weight 0): scaled back to its own.
+        self.loss_scale = {
+            role: data_lib.padded_size(split.size, eval_batch) / split.size if pad else 1.0
+            for role, split in (("validation", self.data.validation), ("test", self.data.test))}
+        began = self.checkpoint.began = time.perf_counter()
+        nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
+        seconds = time.perf_counter() - began
+        before = self.checkpoint.seconds_before
+        total = None if before is None else round(before + seconds, 2)
+        record = {
+            "backend": backend.name(),
+            "dataset": self.data.name,
+            "preset": config.preset,
+            "planned_steps": plan.total_steps,
+            "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+            "resumed_from_step": start_step,
+            "train_seconds_this_run": round(seconds, 2),
+            # Summed over every run that trained this model's steps (None if unknown).
+            "train_seconds": total,
+            "replicas": plan.replicas,
+            "class_names": self.data.class_names,
+            "model_config": {k: v for k, v in model.get_config().items() if k in ViT.CONFIG_KEYS},
+        }
+        if nan_stop.step is not None:
+            self._diverged(nan_stop, record)
+        return self._finish(model, record, seconds)
+
+    def _restore(self, model, assign=True):
+        """Loads the last checkpoint; returns `((epoch, batches done in it, step), values)`:
+        the checkpoint's variable values if `assign` is False (else `None`)."""
+        for directory in (self.preset_dir, *self.model_checkpoints.values()):
+            durable.recover_directory(directory)
+        found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
+        epoch, batch, step = 0, 0, 0
+        values = None
+        if found:
+            path, state = found
+            epoch, batch, step = state["epoch"], state["batch"], state["step"]
+            if step != epoch * self.plan.steps_per_epoch + batch:
+                raise ValueError(
+                    f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
+                    f"not fit {self.plan.steps_per_epoch} steps per epoch."
+                )
+            values = self.checkpoint.restore(model, path, assign=assign)
+            # A checkpoint whose state has no `train_seconds` leaves the total unknown.
+            self.checkpoint.seconds_before = state.get("train_seconds")
+            if batch >= self.plan.steps_per_epoch:
+                epoch, batch = epoch + 1, 0
+            where = ("all steps done: final evaluation" if step >= self.plan.total_steps
+                     else f"epoch {epoch + 1}, batch {batch}")
+            self.say(f"Resuming from step {step} ({where}).")
+        # Logs hold exactly the rows up to the checkpoint (a kill may have left more).
+        truncate_csv(self.log_path, lambda row: int(row["epoch"]) < epoch)
+        if step == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.grad_norms_path)
+        else:
+            truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
+        return (epoch, batch, step), values
+
+    def _callbacks(self, extra_callbacks):
+        config = self.config
+        previous_best = max(
+            (row.get("val_accuracy", -1.0) for row in read_log(self.log_path)), default=None
+        )
+        nan_stop = callbacks_lib.StopOnNaN(
+            agree=backend.any_process if self.plan.process[1] > 1 else None)
+        scale = callbacks_lib.ScaleLog("val_loss", self.loss_scale["validation"])
+        checkpoint = self.checkpoint
+        recorders = []
+        if config.grad_norm_every:
+            probe = data_lib.eval_dataset(
+                self.data, self.data.validation, self.image_size, self.channels, 64
+            )
+            images, labels = next(iter(probe))
+            recorders.append(
+                GradientNormRecorder(
+                    np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
+                    # Every process computes the records (a step of JAX's processes runs
+                    # on all of them); the first one writes them.
+                    path=self.grad_norms_path if self.plan.lead else None,
+                )
+            )
+        if not self.plan.lead:  # the first process writes the logs and checkpoints
+            return [nan_stop, scale, *recorders, *extra_callbacks], nan_stop, checkpoint
+        log = keras.callbacks.CSVLogger(self.log_path, append=True)
+        checkpoint.flush = [recorder.flush for recorder in recorders]
+        # Order matters: the NaN stop acts before anything saves; records and the log
+        # row of a step are written before the checkpoint of that step.
+        callbacks = [
+            nan_stop,
+            scale,
+            *recorders,
+            log,
+            callbacks_lib.PresetCheckpoint(
+                self.model_checkpoints["best"],
+                monitor="val_accuracy",
+                initial_best=previous_best,
+                stage="best",
+            ),
+            callbacks_lib.PresetCheckpoint(self.model_checkpoints["last"], stage="last"),
+            checkpoint,
+            *extra_callbacks,
+        ]
+        if config.tensorboard and importlib.util.find_spec("tensorflow") is None:
+            self.say("No TensorBoard logs: keras.callbacks.TensorBoard needs TensorFlow, which "
+                     "is not installed; log.csv has every epoch (--no-tensorboard drops this note).")
+        elif config.tensorboard:
+            callbacks.append(
+                keras.callbacks.TensorBoard(self.directory.tensorboard, write_graph=False)
+            )
+        return callbacks, nan_stop, checkpoint
+
+    def _fit(self, model, start_epoch, batches_done, extra_callbacks, verbose):
+        config, plan = self.config, self.plan
+        callbacks, nan_stop, checkpoint = self._callbacks(extra_callbacks)
+        augmentation = augmentation_of(config)
+        for initial_epoch, epochs, steps, offset in plan_segments(
+            plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done
+        ):
+            stream = data_lib.train_stream(
+                self.data,
+                self.image_size,
+                self.channels,
+                config.batch_size,
+                config.seed,
+                augmentation,
+                start_step=initial_epoch * plan.steps_per_epoch + offset,
+                end_step=plan.total_steps,
+                shuffle_buffer=config.shuffle_buffer,
+                share=plan.share,
+            )
+            checkpoint.batch_offset = nan_stop.batch_offset = offset
+            try:
+                model.fit(
+                    stream,
+                    initial_epoch=initial_epoch,
+                    epochs=epochs,
+                    steps_per_epoch=steps,
+                    validation_data=self.val_data,
+                    shuffle=False,  # the stream is shuffled by pass, reproducibly
+                    callbacks=callbacks,
+                    verbose=verbose if plan.lead else 0,
+                )
+            except callbacks_lib.LossIsNaN:
+                break
+        return nan_stop
+
+    def _diverged(self, nan_stop, record):
+        last = self.model_checkpoints["last"]
+        message = (
+            f"Training diverged: the loss became NaN/inf at step {nan_stop.step} "
+            f"(epoch {nan_stop.epoch}, batch {nan_stop.batch}). Stopped. "
+            + (f"The model at the last epoch end before it is in {last} "
+               "(ViT.from_preset)." if os.path.exists(last)
+               else "No checkpoint was written before it.")
+        )
+        if self.plan.lead:
+            durable.write_json(
+                self.directory.metrics,
+                {"status": "diverged", "diverged_at_step": nan_stop.step, **record},
+            )
+        raise TrainingDiverged(message, nan_stop.step)
+
+    def _finish(self, model, record, seconds):
+        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint goes.
+
+        Each is written atomically and in this order, so a kill anywhere here leaves
+        the checkpoint of the last step: `--resume` comes back to this evaluation.
+        """
+        val = model.evaluate(self.val_data, return_dict=True, verbose=0)
+        test = model.evaluate(self.test_data, return_dict=True, verbose=0)
+        val["loss"] *= self.loss_scale["validation"]
+        test["loss"] *= self.loss_scale["test"]
+        durable.fault_point("final:evaluated")
+        log = read_log(self.log_path) if self.plan.lead else []
+        best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
+        metrics = {
+            "status": "completed",
+            "val_accuracy": float(val["accuracy"]),
+            "val_loss": float(val["loss"]),
+            "test_accuracy": float(test["accuracy"]),
+            "test_loss": float(test["loss"]),
+            "best_val_accuracy": best.get("val_accuracy"),
+            "best_epoch": best["epoch"] + 1 if "epoch" in best else None,
+            "val_examples": self.data.validation.size,
+            "test_examples": self.data.test.size,
+            **record,
+        }
+        if not self.plan.lead:  # the first process writes the results
+            return metrics
+        safe = f"The checkpoint in {self.backup_dir} is intact."
+        with run_files.storage_errors(self.preset_dir, safe):
+            durable.write_directory(self.preset_dir, model.save_to_preset, stage="preset")
+        metrics_path = self.directory.metrics
+        with run_files.storage_errors(metrics_path, safe):
+            durable.write_json(metrics_path, metrics, stage="metrics")
+        durable.fault_point("final:completed")
+        shutil.rmtree(self.backup_dir, ignore_errors=True)
+        self.say(
+            f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
+            f"test accuracy {metrics['test_accuracy']:.4f} ({self.data.test.size} images). "
+            f"Model saved to {self.preset_dir}."
+        )
+        return metrics
+
