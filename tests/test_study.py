@@ -58,7 +58,7 @@ def test_summary_gains_and_divergent_runs_are_reported():
 
 
 def test_depth_profile_skips_the_zero_gradient_first_record(tmp_path):
-    from keras_vitnorm.study.figures import depth_profile
+    from keras_vitnorm.study.model_figures import depth_profile
 
     path = tmp_path / "grad_norms.csv"
     path.write_text(
@@ -724,7 +724,7 @@ def test_residual_stream_table_is_the_mean_and_ci_over_runs():
 def test_residual_stream_figure_puts_models_of_different_depths_on_one_axis(tmp_path):
     import matplotlib.pyplot as plt
 
-    from keras_vitnorm.study.figures import plot_residual_stream
+    from keras_vitnorm.study.model_figures import plot_residual_stream
 
     def stream(depth, scale):
         names = ["stem"] + [f"block_{i}" for i in range(depth)]
@@ -741,8 +741,8 @@ def test_gradient_norm_figure_aligns_models_with_and_without_a_final_norm(tmp_pa
 
     import matplotlib.pyplot as plt
 
-    from keras_vitnorm.study.figures import aligned_depth_profiles
-    from keras_vitnorm.study.figures import plot_gradient_norms
+    from keras_vitnorm.study.model_figures import aligned_depth_profiles
+    from keras_vitnorm.study.model_figures import plot_gradient_norms
 
     pre = {"stem/projection": 1.0, "block_0/mlp/fc1": 0.5, "final_norm": 0.1, "head": 2.0}
     post = {"stem/projection": 1e-5, "block_0/mlp/fc1": 1e-4, "head": 9.0}
@@ -761,8 +761,8 @@ def test_gradient_norm_figure_aligns_models_with_and_without_a_final_norm(tmp_pa
 def test_accuracy_by_depth_gives_each_placement_and_warmup_a_line_over_depth(tmp_path):
     import matplotlib.pyplot as plt
 
-    from keras_vitnorm.study.figures import accuracy_by_depth
-    from keras_vitnorm.study.figures import plot_accuracy_by_depth
+    from keras_vitnorm.study.model_figures import accuracy_by_depth
+    from keras_vitnorm.study.model_figures import plot_accuracy_by_depth
 
     group = "depth_stability"
     rows = [factor_row("pre_ln-depth_24", 0, 0.30, group), factor_row("pre_ln-depth_24", 1, 0.34, group),
@@ -1269,13 +1269,13 @@ def drawn_figures(monkeypatch):
     """A list that gets each figure the study's figure functions save, as they save it."""
     from keras_vitnorm.study import figures
 
-    drawn, save = [], figures._save
+    drawn, save = [], figures.save
 
     def recording_save(figure, path):
         drawn.append(figure)
         return save(figure, path)
 
-    monkeypatch.setattr(figures, "_save", recording_save)
+    monkeypatch.setattr(figures, "save", recording_save)
     return drawn
 
 

@@ -7,29 +7,25 @@
   (from three seeds) or range (two seeds), `curve_band`.
 - `plot_gain_curves`: validation accuracy gain over the baseline per epoch, paired by
   seed, mean and the same band.
-- `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
-  several runs, e.g. plain ViT vs DPN (Figure 2 style).
-- `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
-  channel (Figure 3 style).
 - `plot_lr_sweep`: final validation accuracy by peak learning rate per variant, the
   chosen rate marked.
+
+Figures of what is inside the trained models (by depth, the stem's scale, the residual
+stream) are in `keras_vitnorm.study.model_figures`.
 """
 
 import csv
-import math
 import os
-import re
 
 import numpy as np
 
-from keras_vitnorm.analysis.probes import depth_group
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.variants import level_text
-from keras_vitnorm.study.variants import variant_factors
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,11 +34,12 @@ def _pyplot():
     return plt
 
 
-def _save(figure, path):
+def save(figure, path):
+    """Saves `figure` as a PNG at `path`, atomically, closes it and returns `path`."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.tight_layout()
     durable.write_file(path, lambda temporary: figure.savefig(temporary, dpi=120))
-    _pyplot().close(figure)
+    pyplot().close(figure)
     return path
 
 
@@ -51,7 +48,7 @@ def _signed_bars(names, values, errors, width=7):
     the first name on top and a line at 0: `(figure, axes)` for the caller to label.
     An error of `None` or NaN (no interval: one run) draws no bar, where 0 would draw
     a tight one."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(width, 0.45 * len(names) + 1.5))
     colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
     errors = [np.nan if e is None else e for e in errors]
@@ -75,7 +72,7 @@ def plot_gains(summary, title, path):
             axes.text(gains[index], index, f"  {entry['diverged']} diverged", va="center")
     axes.set_xlabel(f"accuracy gain over {summary[0]['variant']} (points)")
     axes.set_title(title)
-    return _save(figure, path)
+    return save(figure, path)
 
 
 def plot_stem_differences(differences, title, path):
@@ -91,10 +88,10 @@ def plot_stem_differences(differences, title, path):
     axes.set_xlim(-reach, reach)  # zero in the middle: the sign reads at a glance
     axes.set_xlabel("test accuracy minus the plain stem's\nat the same level (points)")
     axes.set_title(title)
-    return _save(figure, path)
+    return save(figure, path)
 
 
-def _legend(axes, **kwargs):
+def legend(axes, **kwargs):
     """The legend, or where no curve was drawn (no run of the variants logged an
     epoch: all diverged or none finished), a note saying so instead of an empty plot."""
     if axes.get_legend_handles_labels()[0]:
@@ -116,7 +113,7 @@ def _read_csv(path):
 
 def plot_loss_curves(rows, title, path):
     """Mean training (solid) and validation (dashed) loss per epoch of each variant."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
         curves = {"loss": [], "val_loss": []}
@@ -138,8 +135,8 @@ def plot_loss_curves(rows, title, path):
     axes.set_ylabel("loss (solid: train, dashed: validation)")
     axes.set_yscale("log")
     axes.set_title(title)
-    _legend(axes, fontsize=7, ncol=2)
-    return _save(figure, path)
+    legend(axes, fontsize=7, ncol=2)
+    return save(figure, path)
 
 
 def _curves_by_seed(rows, variant, column="val_accuracy"):
@@ -227,7 +224,7 @@ def plot_gain_curves(rows, title, path):
     seeds pair, and the band named under `title`. Shows when a variant pulls ahead and
     whether it stays there, which the final gain alone does not."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     axes.axhline(0, color="black", linewidth=0.8)
     kinds = []
@@ -240,15 +237,15 @@ def plot_gain_curves(rows, title, path):
     axes.set_xlabel("epoch")
     axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
     axes.set_title(_band_title(title, kinds, "paired by seed; mean"))
-    _legend(axes, fontsize=7, ncol=2)
-    return _save(figure, path)
+    legend(axes, fontsize=7, ncol=2)
+    return save(figure, path)
 
 
 def plot_accuracy_curves(rows, title, path):
     """Validation accuracy per epoch of each variant: mean over seeds, with
     `curve_band` shaded where there are two or more seeds, and the band named under
     `title`."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     kinds = []
     for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
@@ -260,154 +257,8 @@ def plot_accuracy_curves(rows, title, path):
     axes.set_xlabel("epoch")
     axes.set_ylabel("validation accuracy (%)")
     axes.set_title(_band_title(title, kinds, "mean over seeds"))
-    _legend(axes, fontsize=7, ncol=2)
-    return _save(figure, path)
-
-
-def _depth_order(name):
-    """Sort key of a depth group: patch embedding, stem, blocks, final norm, head."""
-    match = re.fullmatch(r"block_(\d+)", name)
-    if name == "patch_embedding":
-        return (0, 0)
-    if name == "stem":
-        return (1, 0)
-    if match:
-        return (2, int(match.group(1)))
-    return (3, 0 if name == "final_norm" else 1)
-
-
-def accuracy_by_depth(rows, group="depth_stability"):
-    """`{(placement, warm-up): [(depth, mean, ci, runs), ...]}` of a depth group's test
-    accuracy (completed runs; a stalled run counts at its accuracy), by depth."""
-    accuracies = {}
-    for row in rows:
-        if row["group"] == group and row["status"] == "completed":
-            factors = variant_factors(group, row["variant"])
-            key = (factors["placement"], factors.get("warmup", True))
-            accuracies.setdefault(key, {}).setdefault(factors["depth"], []).append(float(row["test_accuracy"]))
-    return {key: [(depth, *confidence_interval(values), len(values)) for depth, values in sorted(by_depth.items())]
-            for key, by_depth in accuracies.items()}
-
-
-def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
-    """Test accuracy against depth, a line per placement (solid: with warm-up, dashed:
-    without), with 95% CIs over seeds."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    colors, series = {}, accuracy_by_depth(rows, group)
-    axes.set_xscale("log", base=2)
-    for (placement, warmup), points in series.items():
-        color = colors.setdefault(placement, f"C{len(colors) % 10}")
-        depths = [p[0] for p in points]
-        errors = [100 * p[2] if np.isfinite(p[2]) else 0.0 for p in points]
-        axes.errorbar(depths, [100 * p[1] for p in points], yerr=errors, color=color, marker="o",
-                      capsize=3, linestyle="-" if warmup else "--",
-                      label=f"{placement}, {'with' if warmup else 'no'} warm-up")
-    depths = sorted({point[0] for points in series.values() for point in points})
-    axes.set_xticks(depths, [str(depth) for depth in depths])
-    axes.minorticks_off()
-    axes.set_xlabel("depth (blocks)")
-    axes.set_ylabel("test accuracy (%)")
-    axes.set_title(title)
-    axes.legend(fontsize=7)
-    return _save(figure, path)
-
-
-def depth_profile(grad_norms_csv):
-    """`(groups, norms)`: gradient norm per depth group, averaged over the records.
-
-    Groups are ordered patch embedding, stem (other stem weights), block_0 ... and
-    head; each record's layer norms are combined as a root sum of squares. The step-0
-    record is left out when later ones exist: with the zero-initialized head, every
-    gradient but the head's is exactly zero before the first step.
-    """
-    per_step = {}
-    for row in _read_csv(grad_norms_csv):
-        group = depth_group(row["group"] + "/weight")
-        step = per_step.setdefault(int(row["step"]), {})
-        step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
-    if len(per_step) > 1:
-        per_step.pop(0, None)
-    groups = sorted({g for step in per_step.values() for g in step}, key=_depth_order)
-    norms = [float(np.mean([np.sqrt(step.get(g, 0.0)) for step in per_step.values()])) for g in groups]
-    return groups, norms
-
-
-def aligned_depth_profiles(runs):
-    """`(groups, {label: norms})`: `depth_profile` of each of `runs` (labels to
-    grad_norms.csv paths) on the union of their groups, `nan` where a run has no such
-    group (a post-LN model has no final norm), so that every position is the same
-    layer for every run."""
-    profiles = {label: dict(zip(*depth_profile(path))) for label, path in runs.items()}
-    groups = sorted({g for profile in profiles.values() for g in profile}, key=_depth_order)
-    return groups, {label: [profile.get(g, math.nan) for g in groups]
-                    for label, profile in profiles.items()}
-
-
-def plot_gradient_norms(runs, title, path):
-    """Gradient norm by depth for several runs: `runs` maps labels to grad_norms.csv."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(8, 4.5))
-    groups, profiles = aligned_depth_profiles(runs)
-    for label, norms in profiles.items():
-        present = [i for i, norm in enumerate(norms) if not math.isnan(norm)]
-        axes.plot(present, [norms[i] for i in present], marker="o", label=label)
-    if groups:
-        axes.set_xticks(range(len(groups)))
-        axes.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
-    axes.set_yscale("log")
-    axes.set_ylabel("gradient L2 norm (mean over training)")
-    axes.set_title(title)
-    axes.legend()
-    return _save(figure, path)
-
-
-def plot_stem_scales(scale, title, path):
-    """One panel per channel of a `(P, P, C)` stem scale map."""
-    plt = _pyplot()
-    channels = scale.shape[-1]
-    figure, axes = plt.subplots(1, channels, figsize=(max(4.5, 3 * channels + 0.5), 3.3), squeeze=False)
-    for channel in range(channels):
-        image = axes[0, channel].imshow(scale[..., channel], cmap="viridis")
-        axes[0, channel].set_title(f"channel {channel}")
-        axes[0, channel].axis("off")
-        figure.colorbar(image, ax=axes[0, channel], fraction=0.046)
-    figure.suptitle(title, fontsize=10)
-    return _save(figure, path)
-
-
-def plot_residual_stream(streams, title, path):
-    """Residual-stream RMS and consecutive-stage cosine similarity by depth, each the
-    mean over a model's runs.
-
-    `streams` maps labels to lists of `keras_vitnorm.analysis.residual_stream` results
-    (one per run); models of different depths share the axes, stage by stage.
-    """
-    plt = _pyplot()
-    figure, (rms_axes, similarity_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = []
-    for label, runs in streams.items():
-        if not runs:
-            continue
-        names = max(names, runs[0]["names"], key=len)
-        rms = np.mean([stream["rms"] for stream in runs], axis=0)
-        similarity = np.mean([stream["similarity"] for stream in runs], axis=0)
-        label = f"{label} ({len(runs)} runs)" if len(runs) > 1 else label
-        rms_axes.plot(range(len(rms)), rms, marker="o", markersize=3, label=label)
-        similarity_axes.plot(range(1, len(rms)), similarity, marker="o", markersize=3, label=label)
-    if names:
-        step = max(1, len(names) // 13)  # at most about 13 labelled stages
-        for axes in (rms_axes, similarity_axes):
-            axes.set_xticks(range(0, len(names), step))
-            axes.set_xticklabels(names[::step], rotation=45, ha="right", fontsize=8)
-    rms_axes.set_ylabel("token RMS after the stage")
-    rms_axes.set_yscale("log")
-    similarity_axes.set_ylabel("cosine similarity with the previous stage")
-    if names:
-        similarity_axes.legend(fontsize=6)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    return _save(figure, path)
+    legend(axes, fontsize=7, ncol=2)
+    return save(figure, path)
 
 
 def plot_lr_sweep(selection, rates, title, path):
@@ -416,7 +267,7 @@ def plot_lr_sweep(selection, rates, title, path):
     the chosen rate is a filled marker. `selection`: `{variant: choice}` as
     `keras_vitnorm.study.lr_sweep.select` gives. Rates without a completed run, or
     with a diverged one, are left off the line."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, choice in selection.items():
         points = [(rate, *confidence_interval(choice["scores"][rate]["values"]))
@@ -436,5 +287,5 @@ def plot_lr_sweep(selection, rates, title, path):
     axes.set_xlabel("peak learning rate")
     axes.set_ylabel("final validation accuracy (%)")
     axes.set_title(title + "\n(filled: the rate chosen)")
-    _legend(axes, fontsize=8)
-    return _save(figure, path)
+    legend(axes, fontsize=8)
+    return save(figure, path)

@@ -35,6 +35,7 @@ def make_figures(rows, figure_dir, probe_images=None):
         The paths written.
     """
     from keras_vitnorm.study import figures
+    from keras_vitnorm.study import model_figures
 
     paths = []
     for group in dict.fromkeys(row["group"] for row in rows):
@@ -64,7 +65,7 @@ def make_figures(rows, figure_dir, probe_images=None):
     for group, pair in STEM_PAIRS.items():
         paths.extend(_stem_figures(rows, group, pair, figure_dir))
     if any(r["group"] == "depth_stability" for r in rows):
-        paths.append(figures.plot_accuracy_by_depth(
+        paths.append(model_figures.plot_accuracy_by_depth(
             rows, "test accuracy by depth (mean, 95% CI over seeds)",
             os.path.join(figure_dir, "depth_stability_by_depth.png")))
     deepest = [r for r in rows if r["group"] == "depth_stability" and r["status"] == "completed"]
@@ -74,14 +75,14 @@ def make_figures(rows, figure_dir, probe_images=None):
         if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
             grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
     if len(grad_runs) > 1:
-        paths.append(figures.plot_gradient_norms(
+        paths.append(model_figures.plot_gradient_norms(
             grad_runs, f"gradient norm by depth, depth {max(DEPTHS)}",
             os.path.join(figure_dir, "depth_gradient_norms.png")))
     return paths
 
 
 def _stem_figures(rows, group, pair, figure_dir):
-    from keras_vitnorm.study import figures
+    from keras_vitnorm.study import model_figures
 
     finished = [r for r in rows if r["group"] == group and r["status"] == "completed"]
     paths, grad_runs = [], {}
@@ -90,13 +91,13 @@ def _stem_figures(rows, group, pair, figure_dir):
         if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
             grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
     if len(grad_runs) == 2:
-        paths.append(figures.plot_gradient_norms(
+        paths.append(model_figures.plot_gradient_norms(
             grad_runs, f"{group}: gradient norm by depth",
             os.path.join(figure_dir, f"{group}_gradient_norms.png")))
     dpn = next((r for r in finished if r["variant"] == pair[1]), None)
     analysis = run_analysis(dpn["run_dir"]) if dpn else None
     if analysis and analysis.get("stem_scale") is not None:
-        paths.append(figures.plot_stem_scales(
+        paths.append(model_figures.plot_stem_scales(
             np.asarray(analysis["stem_scale"]),
             f"{group}: learned scale of DPN's first stem LayerNorm",
             os.path.join(figure_dir, f"{group}_stem_scales.png")))
@@ -104,7 +105,7 @@ def _stem_figures(rows, group, pair, figure_dir):
 
 
 def _residual_stream_outputs(group, rows, images, figure_dir):
-    from keras_vitnorm.study import figures
+    from keras_vitnorm.study import model_figures
 
     streams = {}
     for run in rows:
@@ -115,7 +116,7 @@ def _residual_stream_outputs(group, rows, images, figure_dir):
         return []
     table = os.path.join(figure_dir, f"{group}_residual_stream.md")
     durable.write_text(table, factors.residual_stream_table(streams))
-    return [figures.plot_residual_stream(
+    return [model_figures.plot_residual_stream(
         streams, f"{group}: residual stream of trained models, mean over seeds "
                  f"({len(images)} validation images)",
         os.path.join(figure_dir, f"{group}_residual_stream.png")), table]
