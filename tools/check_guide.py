@@ -1,0 +1,195 @@
+"""Recomputes the numbers of the normalization guide's short answer from the committed
+result files, and checks that the guide states each of them.
+
+    python tools/check_guide.py            # exit 0: every number checked is in the text
+
+Each check computes one number (or a few, as they are written in the guide) from a
+study folder under docs/study-results/ with the study's own statistics
+(`keras_vitnorm.study.stats`) and looks for the formatted text in the guide's short
+answer, with line breaks and repeated spaces ignored. A number that moved in the
+results, or a sentence rewritten without its number, fails the check, which names
+both.
+"""
+
+import csv
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "study-results")
+GUIDE = os.path.join(ROOT, "docs", "normalization-guide.md")
+sys.path.insert(0, ROOT)
+
+from keras_vitnorm.study.stats import difference_interval  # noqa: E402
+from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
+from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
+
+
+def rows(folder):
+    with open(os.path.join(RESULTS, folder, "results.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def accuracies(folder, group, variant, column="test_accuracy"):
+    """`{seed: value}` of the completed runs of a variant."""
+    return {int(r["seed"]): float(r[column]) for r in rows(folder)
+            if r["group"] == group and r["variant"] == variant and r["status"] == "completed"}
+
+
+def points(value, signed=True, digits=1):
+    return f"{100 * value:+.{digits}f}" if signed else f"{100 * value:.{digits}f}"
+
+
+def difference(folder, group, variant, baseline, digits=1, signed=True):
+    """`+d ± ci` in points, the Welch interval of `variant` minus `baseline`."""
+    treated, control = accuracies(folder, group, variant), accuracies(folder, group, baseline)
+    value, ci = difference_interval(list(treated.values()), list(control.values()))
+    return f"{points(value, signed, digits)} ± {points(ci, False, digits)}"
+
+
+def seed_differences(folder, group, variant, baseline):
+    """`(+a, +b, +c`: each seed's difference in points, as the guide opens its brackets."""
+    treated, control = accuracies(folder, group, variant), accuracies(folder, group, baseline)
+    return "(" + ", ".join(points(treated[s] - control[s]) for s in sorted(treated))
+
+
+def converged_p_values(variant):
+    """Welch and Holm-adjusted p of a converged variant against pre-LN, over the
+    comparisons of `converged_differences.md`."""
+    names = list(dict.fromkeys(r["variant"] for r in rows("cifar10-converged")))[1:]
+    control = list(accuracies("cifar10-converged", "converged", "pre_ln").values())
+    p = [welch_p_value(list(accuracies("cifar10-converged", "converged", n).values()), control)
+         for n in names]
+    adjusted = holm_adjusted(p)
+    return p[names.index(variant)], adjusted[names.index(variant)]
+
+
+def table_cell(path, row_start, column):
+    """A cell of a committed markdown table: the row whose text starts with `row_start`."""
+    with open(os.path.join(RESULTS, path)) as f:
+        lines = [line for line in f if line.startswith(row_start)]
+    if len(lines) != 1:
+        raise ValueError(f"{path}: {len(lines)} rows start with {row_start!r}")
+    return [cell.strip() for cell in lines[0].strip().strip("|").split("|")][column]
+
+
+def mean_of_table(path, row_start, column):
+    return float(table_cell(path, row_start, column).split(" ± ")[0])
+
+
+def depth_mean(variant):
+    return points(np.mean(list(accuracies("cifar10-depth", "depth_stability", variant).values())),
+                  signed=False)
+
+
+def checks():
+    """`(what, text the guide must state)` pairs, computed from the result files."""
+    found = []
+    c = ("cifar10-converged", "converged")
+    for variant, label, signed in (("deepnorm", "DeepNorm", True), ("post_ln", "post-LN", False),
+                                   ("conv_stem", "conv stem", True),
+                                   ("batchnorm", "BatchNorm", True),
+                                   ("dual_patchnorm", "DPN", False), ("rmsnorm", "RMSNorm", True)):
+        found.append((f"converged {label} against pre-LN",
+                      difference(*c, variant, "pre_ln", signed=signed)))
+        found.append((f"converged {label} against pre-LN by seed",
+                      seed_differences(*c, variant, "pre_ln")))
+    significant = [converged_p_values(v)[1] for v in ("deepnorm", "conv_stem", "post_ln",
+                                                       "batchnorm")]
+    found.append(("range of their Holm-adjusted p",
+                  f"Holm-adjusted p {min(significant):.3f} to {max(significant):.3f}"))
+    dpn_p, dpn_holm = converged_p_values("dual_patchnorm")
+    found.append(("converged DPN's p, alone and after Holm",
+                  f"p-value is {dpn_p:.3f} alone and {dpn_holm:.3f} after Holm's correction"))
+    dyt_p, dyt_holm = converged_p_values("dyt")
+    found.append(("converged DyT below pre-LN", difference(*c, "pre_ln", "dyt", signed=False)))
+    found.append(("converged DyT by seed", seed_differences(*c, "dyt", "pre_ln")))
+    found.append(("converged DyT's p", f"p {dyt_p:.3f} alone, {dyt_holm:.3f} after correction"))
+    # depth: test accuracy at 6 / 12 / 24 blocks with warm-up
+    found.append(("DeepNorm by depth", " / ".join(
+        depth_mean(f"deepnorm-depth_{d}") + "%" for d in (6, 12, 24))))
+    found.append(("pre-LN by depth", " / ".join(
+        depth_mean(f"pre_ln-depth_{d}") for d in (6, 12, 24))))
+    rms = mean_of_table("cifar10-depth/figures/depth_stability_residual_stream.md",
+                        "| pre_ln-depth_24 |", 4)
+    found.append(("pre-LN's residual-stream RMS after 24 blocks", f"(RMS {rms:.0f} after 24"))
+    stalled = [float(r["test_accuracy"]) for r in rows("cifar10-depth")
+               if r["group"] == "depth_stability" and r["variant"].startswith("post_ln-depth_")
+               and not r["variant"].startswith("post_ln-depth_6")]
+    at_chance = sum(a < 0.11 for a in stalled)
+    above = sorted(100 * a for a in stalled if a >= 0.11)
+    found.append(("post-LN from 12 blocks: at chance and above",
+                  f"in all {len(stalled)} runs ({at_chance} at chance, {len(above)} at "
+                  f"{above[0]:.1f} to {above[-1]:.1f}%)"))
+    for warmup, key in (("yes", "with"), ("no", "without")):
+        cell = table_cell("cifar10-depth/depth_stability_summary.md",
+                          f"| post_ln | 24 | {warmup} |", 8).split(" ")[0]
+        exponent = math.floor(math.log10(float(cell)))
+        rounded = f"{round(float(cell) / 10**exponent):d}e{exponent:d}".replace("e-0", "e-")
+        found.append((f"post-LN's first-to-last gradient at depth 24 {key} warm-up", rounded))
+    behind = [np.mean(list(accuracies("cifar10-depth", "depth_stability", "pre_ln-depth_6" + s)
+                           .values()))
+              - np.mean(list(accuracies("cifar10-depth", "depth_stability", "post_ln-depth_6" + s)
+                             .values())) for s in ("", "-no_warmup")]
+    found.append(("post-LN behind pre-LN at 6 blocks",
+                  f"{100 * behind[0]:.0f} points behind pre-LN with warm-up and "
+                  f"{100 * behind[1]:.0f} without"))
+    # DPN in the 3,000-step factor runs
+    f = ("cifar10-factors", "dpn_factors")
+    levels = ("p4-n2500", "p4-n10000", "p4-n40000", "p8-n10000")
+    gaps = [np.mean(list(accuracies(*f, f"patch-{lv}").values()))
+            - np.mean(list(accuracies(*f, f"dpn-{lv}").values())) for lv in levels]
+    found.append(("DPN's 3,000-step deficit range",
+                  f"{100 * min(gaps):.1f} to {100 * max(gaps):.1f} points below"))
+    found.append(("DPN at 40,000 images, Holm-adjusted p", "p " + table_cell(
+        "cifar10-factors/dpn_factors_differences.md", "| 4 | 40,000 | dpn |", 8)))
+    schedule = [difference("cifar10-factors", "dpn_schedule", f"dpn-s{n}", f"patch-s{n}",
+                           digits=2) for n in (3000, 12000)]
+    found.append(("DPN by schedule length", f"from {schedule[0]} points to {schedule[1]}"))
+    # gradient norms
+    for folder, group, stems, label in (
+            ("cifar10-factors", "dpn_factors", ("patch-p4-n10000", "dpn-p4-n10000"), "3,000 steps"),
+            ("cifar10-factors", "dpn_schedule", ("patch-s12000", "dpn-s12000"), "12,000 steps"),
+            ("cifar10-converged", "converged", ("pre_ln", "dual_patchnorm"), "converged")):
+        cells = [table_cell(f"{folder}/gradient_norms.md", f"| {group} | {stem} |", 6)
+                 .split(" ± ")[0] for stem in stems]
+        ratios = [table_cell(f"{folder}/gradient_norms.md", f"| {group} | {stem} |", 3)
+                  .split(" ± ")[0] for stem in stems]
+        found.append((f"patch embedding's gradient norm, {label}", f"{cells[0]} to {cells[1]}"))
+        found.append((f"its ratio to the largest block layer, {label}",
+                      f"{ratios[0]}x and {ratios[1]}x"))
+    early = [table_cell("cifar10/gradient_norms.md", f"| {stem} |", 2).split(" ± ")[0]
+             for stem in ("patch", "dual_patchnorm")]
+    found.append(("early gradient-norm ratios", f"{early[0]}x without DPN and {early[1]}x"))
+    digits = [table_cell("digits/gradient_norms.md", f"| {stem} |", 2).split(" ± ")[0]
+              for stem in ("patch", "dual_patchnorm")]
+    found.append(("digits gradient-norm ratios", f"ratio is {digits[0]} without DPN, {digits[1]}"))
+    # stems in the early studies
+    for folder, label in (("digits", "*digits*"), ("cifar10", "*early*")):
+        gain = float(table_cell(f"{folder}/stems_differences.md", "| conv |", 4).split(" ± ")[0])
+        found.append((f"{label} conv stem", f"{label} {gain:+.1f}"))
+    return found
+
+
+def short_answer():
+    with open(GUIDE) as f:
+        text = f.read()
+    section = text.split("## The short answer", 1)[1].split("\n## ", 1)[0]
+    return re.sub(r"\s+", " ", section)
+
+
+def main():
+    text = short_answer()
+    missing = [(what, expected) for what, expected in checks() if expected not in text]
+    for what, expected in missing:
+        print(f"not in the short answer: {what}: {expected!r}")
+    print(f"{len(checks()) - len(missing)} of {len(checks())} numbers found as computed")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
