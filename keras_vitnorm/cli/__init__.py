@@ -48,7 +48,9 @@ def main(argv=None, hide_framework_logs=False):
     With `hide_framework_logs` (the console command), the frameworks' own log lines
     are kept off stderr unless `--verbose 2` (`keras_vitnorm.framework_logs`).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what the advice after an interrupt repeats
     command = COMMANDS[args.command]
     if hide_framework_logs and args.verbose < 2:
         from keras_vitnorm import framework_logs

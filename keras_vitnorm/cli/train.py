@@ -1,6 +1,7 @@
 """`keras-vitnorm train`: one training run, `keras_vitnorm.training.train`."""
 
 import argparse
+import shlex
 
 from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.cli.arguments import LOGS_NOTE
@@ -11,7 +12,18 @@ from keras_vitnorm.cli.arguments import train_config_from_args
 NAME = "train"
 #: The extra whose packages the command needs.
 EXTRA = "train"
-INTERRUPTED = "Continue with the same command plus --resume --output-dir <the run directory>."
+
+def interrupted(args, stop):
+    """The advice after a signal stopped the run (`stop`): the command that continues it."""
+    if not getattr(stop, "resumable", False):
+        return "Nothing was trained: run the same command again."
+    argv = list(args.argv)
+    if not args.resume:
+        argv.append("--resume")
+    if not args.output_dir:
+        argv += ["--output-dir", stop.run_dir]
+    return f"Continue it with: keras-vitnorm {shlex.join(argv)}"
+
 
 EXAMPLES = """examples:
   keras-vitnorm train                                   # small DPN ViT on digits (default recipe)

@@ -25,6 +25,7 @@ from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import ViT
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import interrupts
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.evaluation import image_size
 from keras_vitnorm.training.optimizer import compile_classifier
@@ -93,10 +94,13 @@ class Run:
         plan: its `keras_vitnorm.training.processes.Plan`.
         resume: whether it continues from the directory's last checkpoint.
         say: `print`, or nothing.
+        stop: the `keras_vitnorm.training.interrupts.StopRequest` that the run's
+            signals set (`None`: signals keep their own handlers).
     """
 
-    def __init__(self, config, data, directory, plan, resume, say):
+    def __init__(self, config, data, directory, plan, resume, say, stop=None):
         self.config = config
+        self.stop = stop or interrupts.StopRequest()
         self.data = data
         self.directory = directory
         self.output_dir = directory.path
@@ -237,8 +241,12 @@ class Run:
                     path=self.grad_norms_path if self.plan.lead else None,
                 )
             )
+        # Last: a signal ends the step with every other callback's work of it done.
+        stop = interrupts.StopOnSignal(
+            self.stop, checkpoint if self.plan.lead else None,
+            agree=backend.any_process if self.plan.process[1] > 1 else None)
         if not self.plan.lead:  # the first process writes the logs and checkpoints
-            return [nan_stop, scale, *recorders, *extra_callbacks], nan_stop, checkpoint
+            return [nan_stop, scale, *recorders, *extra_callbacks, stop], nan_stop, checkpoint
         log = keras.callbacks.CSVLogger(self.log_path, append=True)
         checkpoint.flush = [recorder.flush for recorder in recorders]
         # Order matters: the NaN stop acts before anything saves; records and the log
@@ -265,11 +273,18 @@ class Run:
             callbacks.append(
                 keras.callbacks.TensorBoard(self.directory.tensorboard, write_graph=False)
             )
-        return callbacks, nan_stop, checkpoint
+        return [*callbacks, stop], nan_stop, checkpoint
 
     def _fit(self, model, start_epoch, batches_done, extra_callbacks, verbose):
-        config, plan = self.config, self.plan
         callbacks, nan_stop, checkpoint = self._callbacks(extra_callbacks)
+        with self.stop.deferred():
+            self._fit_segments(model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
+                               verbose)
+        return nan_stop
+
+    def _fit_segments(self, model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
+                      verbose):
+        config, plan = self.config, self.plan
         augmentation = augmentation_of(config)
         for initial_epoch, epochs, steps, offset in plan_segments(
             plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done
@@ -300,7 +315,6 @@ class Run:
                 )
             except callbacks_lib.LossIsNaN:
                 break
-        return nan_stop
 
     def _diverged(self, nan_stop, record):
         last = self.model_checkpoints["last"]
@@ -324,8 +338,9 @@ class Run:
         Each is written atomically and in this order, so a kill anywhere here leaves
         the checkpoint of the last step: `--resume` comes back to this evaluation.
         """
-        val = model.evaluate(self.val_data, return_dict=True, verbose=0)
-        test = model.evaluate(self.test_data, return_dict=True, verbose=0)
+        with self.stop.deferred():  # a signal here: resumed, the run evaluates again
+            val = model.evaluate(self.val_data, return_dict=True, verbose=0)
+            test = model.evaluate(self.test_data, return_dict=True, verbose=0)
         val["loss"] *= self.loss_scale["validation"]
         test["loss"] *= self.loss_scale["test"]
         durable.fault_point("final:evaluated")
