@@ -520,6 +520,52 @@ def test_cli_train_then_evaluate(capsys, tmp_path):
     assert status == 2
 
 
+TINY_ARGV = ["--steps", "2", "--batch-size", "32", "--warmup-steps", "1", "--no-tensorboard",
+             *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
+
+
+@pytest.mark.one_backend
+def test_resume_without_output_dir_finds_the_latest_unfinished_run_of_its_settings(
+        tmp_path, monkeypatch, capsys):
+    from keras_vitnorm.cli import build_parser
+    from keras_vitnorm.training import run_directory
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", *TINY_ARGV, "--verbose", "2"]
+    status, err = cli_error(capsys, *argv, "--resume")
+    assert status == 2, err
+    assert "no unfinished run of these settings in runs" in err and "--output-dir" in err
+    status, err = cli_error(capsys, *argv, "--resume", "--output-dir", "runs/nowhere")
+    assert status == 2 and "runs/nowhere holds no run" in err, err
+    assert not (tmp_path / "runs").exists()  # a failed resume leaves nothing behind
+
+    config = train_config_from_argv(build_parser, argv)
+    other = train_config_from_argv(build_parser, [*argv, "--steps", "3"])
+    runs = {}
+    for stamp, settings, status in (("20240101-000000", config, None),
+                                    ("20240102-000000", config, None),
+                                    ("20240103-000000", other, None),
+                                    ("20240104-000000", config, "completed")):
+        runs[stamp] = path = tmp_path / "runs" / f"ti16_dpn-digits-{stamp}"
+        path.mkdir(parents=True)
+        run_directory.prepare(settings, str(path), resume=False, overwrite=False)
+        if status:
+            (path / "metrics.json").write_text(json.dumps({"status": status}))
+    assert cli.main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    latest = os.path.join("runs", "ti16_dpn-digits-20240102-000000")
+    assert f"Resuming {latest}, the latest unfinished run of these settings" in out
+    assert json.loads((runs["20240102-000000"] / "metrics.json").read_text())["steps"] == 2
+    assert not (runs["20240101-000000"] / "metrics.json").exists()
+    assert len(os.listdir(tmp_path / "runs")) == 4
+
+
+def train_config_from_argv(build_parser, argv):
+    from keras_vitnorm.cli import train_config_from_args
+
+    return train_config_from_args(build_parser().parse_args(argv))
+
+
 # ----------------------------------------------------------------------------- devices
 
 

@@ -35,6 +35,7 @@ EXAMPLES = """examples:
   keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
   keras-vitnorm train --recipe finetune_384 --preset runs/b16/preset --manual-dir ~/imagenet
   keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
+  keras-vitnorm train --resume         # continue the latest unfinished run of these settings
 
 Settings not given here come from the recipe (--recipe); see docs/training.md.
 The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
@@ -55,7 +56,8 @@ def add_parser(commands):
     run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
     overwrite = run.add_mutually_exclusive_group()
     overwrite.add_argument("--resume", action="store_true",
-                           help="continue the interrupted run in --output-dir")
+                           help="continue the interrupted run in --output-dir (default: the latest "
+                           "unfinished run of these settings in runs/)")
     overwrite.add_argument("--overwrite", action="store_true",
                            help="delete an existing --output-dir and start again")
     run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)

@@ -128,8 +128,6 @@ def _described(interrupted, directory=None, plan=None):
 
 def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
     """`train`, with `stop` listening for signals."""
-    directory = run_directory.RunDirectory(
-        config.output_dir or run_directory.default_output_dir(config))
     say = print if verbose else (lambda *args, **kwargs: None)
     data = data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
@@ -139,6 +137,17 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
     plan = plan_run(config, data, _model_overrides(config, data))
     if not plan.lead:  # another process of a torch run: its first process owns the files
         say = lambda *args, **kwargs: None  # noqa: E731
+    if config.output_dir:
+        path = config.output_dir
+    elif resume:
+        path = run_directory.find_run_to_resume(config)
+        say(f"Resuming {path}, the latest unfinished run of these settings (--output-dir "
+            "names another).")
+    else:
+        path = run_directory.default_output_dir(config)
+    if resume:  # nothing to resume: refused before the lock creates anything
+        run_directory.check_resumable(path)
+    directory = run_directory.RunDirectory(path)
     with contextlib.ExitStack() as held:
         claimed = []
 
