@@ -480,7 +480,9 @@ def cli_error(capsys, *argv):
         (["--label-smoothing", "1.5"], "label_smoothing must be a number in [0.0, 1.0)"),
         (["--set", "depht=2"], "Unknown model setting(s) ['depht']"),
         (["--set", "num_heads=5"], "num_heads"),
-        (["--steps", "5"], "warmup_steps=100 leaves no steps"),
+        (["--steps", "5", "--warmup-steps", "100"],
+         "warmup_steps=100 leaves no steps to decay over: the run has 5 steps. Pass "
+         "--warmup-steps 0 (a tenth of the run; any below 5 works)"),
         (["--norm", "rmsnrom"], "invalid choice: 'rmsnrom'"),
         (["--recipe", "big"], "invalid choice: 'big'"),
         (["--learning-rat", "1"], "unrecognized arguments"),
@@ -558,6 +560,40 @@ def test_resume_without_output_dir_finds_the_latest_unfinished_run_of_its_settin
     assert json.loads((runs["20240102-000000"] / "metrics.json").read_text())["steps"] == 2
     assert not (runs["20240101-000000"] / "metrics.json").exists()
     assert len(os.listdir(tmp_path / "runs")) == 4
+
+
+@pytest.mark.one_backend
+def test_a_small_image_folder_trains_with_the_recipes_defaults_fitted_to_it(tmp_path, capsys):
+    """3 classes of 20 images: 43 to train on, fewer than the recipe's batch of 64, and
+    30 steps, fewer than its 100 warm-up steps. Defaults the user did not set are
+    fitted, with a note; the same values given as flags are errors that name a value
+    that works."""
+    root = tmp_path / "images"
+    write_image_folder(root, per_class=20)
+    argv = ["train", "--dataset", f"folder:{root}", "--no-tensorboard", "--verbose", "2",
+            *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
+    assert cli.main([*argv, "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert ("Note: batch size 32 instead of the recipe's 64, which is more than the 43 "
+            "training examples (--batch-size sets it).") in out
+    assert ("Note: 3 warm-up steps instead of the recipe's 100, which leave no steps to decay "
+            "over in the run's 30 (--warmup-steps sets it).") in out
+    settings = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (settings["batch_size"], settings["warmup_steps"]) == (32, 3)
+    status, err = cli_error(capsys, *argv, "--batch-size", "64", "--output-dir",
+                            str(tmp_path / "x"))
+    assert status == 2 and ("batch_size=64 is more than the 43 training examples of "
+                            f"folder:{root}: each batch would repeat examples. Pass "
+                            "--batch-size 43 or less") in err, err
+    # with --steps-per-epoch too: a batch that repeats examples is refused all the same
+    status, err = cli_error(capsys, *argv, "--batch-size", "64", "--steps-per-epoch", "5",
+                            "--output-dir", str(tmp_path / "x"))
+    assert status == 2 and "each batch would repeat examples" in err, err
+    status, err = cli_error(capsys, *argv, "--warmup-steps", "100", "--output-dir",
+                            str(tmp_path / "x"))
+    assert status == 2 and "Pass --warmup-steps 3 (a tenth of the run; any below 30 works)" \
+        in err, err
+    assert not (tmp_path / "x").exists()
 
 
 def train_config_from_argv(build_parser, argv):

@@ -27,6 +27,7 @@ from keras_vitnorm.training.fit_loop import TrainingDiverged
 from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
 from keras_vitnorm.training.processes import first_process_then_all
+from keras_vitnorm.training.processes import fit_to_data
 from keras_vitnorm.training.processes import plan_run
 
 __all__ = ["TrainingDiverged", "describe_model", "train"]
@@ -134,7 +135,10 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
         val_examples=config.val_examples, pipeline=config.input_pipeline,
     )
+    config, notes = fit_to_data(config, data.train.size)
     plan = plan_run(config, data, _model_overrides(config, data))
+    for note in notes:
+        say(note)
     if not plan.lead:  # another process of a torch run: its first process owns the files
         say = lambda *args, **kwargs: None  # noqa: E731
     if config.output_dir:
