@@ -483,8 +483,10 @@ def cli_error(capsys, *argv):
         (["--steps", "5", "--warmup-steps", "100"],
          "warmup_steps=100 leaves no steps to decay over: the run has 5 steps. Pass "
          "--warmup-steps 0 (a tenth of the run; any below 5 works)"),
-        (["--norm", "rmsnrom"], "invalid choice: 'rmsnrom'"),
+        (["--norm", "rmsnrom"], "argument --norm: invalid choice: 'rmsnrom'. Did you mean "
+                                "'rmsnorm'? Valid: layernorm, rmsnorm,"),
         (["--recipe", "big"], "invalid choice: 'big'"),
+        (["--crop", "zom"], "invalid choice: 'zom'. Did you mean 'zoom'?"),
         (["--learning-rat", "1"], "unrecognized arguments"),
         (["--resume", "--overwrite"], "not allowed with argument"),
         (["--train-examples", "-3"], "train_examples must be a positive integer, got -3"),
@@ -494,6 +496,8 @@ def test_bad_cli_arguments_exit_nonzero_with_a_clear_message(capsys, tmp_path, a
     status, err = cli_error(capsys, "train", "--output-dir", str(tmp_path / "x"), *argv)
     assert status == 2
     assert message in err
+    # one line, not argparse's usage of every option before it
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
     assert not (tmp_path / "x").exists()
 
 

@@ -7,6 +7,7 @@ from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.cli.arguments import LOGS_NOTE
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "train"
@@ -65,7 +66,8 @@ def add_parser(commands):
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int,
                      help="tf.data shuffle buffer size (the python pipeline shuffles whole passes)")
-    run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
+    run.add_argument("--distribute", nargs="?", const="data", **one_of(DISTRIBUTIONS),
+                     default=None,
                      help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
                      "the processes torchrun started (PyTorch); the default when the flag is "
                      "given alone. fsdp: also shard every block kernel and its optimizer state "
