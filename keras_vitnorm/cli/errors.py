@@ -11,6 +11,7 @@ step it stopped at, `keras_vitnorm.training.interrupts`).
 
 import contextlib
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -36,6 +37,30 @@ EXIT_STATUSES = (
     ("builtins", "OSError", 2),  # FileExistsError included
     ("builtins", "ImportError", 2),  # a package to install, named in the message
 )
+
+
+#: The Keras backends; each is an extra of the package of the same name.
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def missing_backend(error):
+    """The message for `error` where it is Keras' backend that is not installed (a plain
+    `pip install keras-vitnorm` has none), else `None`."""
+    if not isinstance(error, ModuleNotFoundError):
+        return None
+    name = (error.name or "").split(".")[0]
+    if name not in BACKENDS:
+        return None
+    chosen = os.environ.get("KERAS_BACKEND")
+    keras = sys.modules.get("keras")  # absent where importing it failed on its backend
+    if keras is not None and hasattr(keras, "config"):
+        chosen = keras.config.backend()
+    if chosen not in (None, name):
+        return None  # a module other than the backend (TensorFlow for tf.data under JAX)
+    default = "" if os.environ.get("KERAS_BACKEND") else ", the default"
+    return (f"Keras' backend {name!r} is not installed (KERAS_BACKEND={name}{default}). Install "
+            f"it with pip install 'keras-vitnorm[{name}]', or another one "
+            f"({', '.join(BACKENDS)}) and set KERAS_BACKEND to it.")
 
 
 def fail(command, message, status=2):
@@ -120,5 +145,5 @@ def run_command(command, args):
         status = exit_status(error)
         if status is None:
             raise
-        return fail(command.NAME, str(error), status)
+        return fail(command.NAME, missing_backend(error) or str(error), status)
     return 0
