@@ -507,9 +507,13 @@ def test_an_image_damaged_inside_is_named_when_it_fails_to_decode(tmp_path):
 def test_storage_errors_are_recognized_from_their_errno():
     from keras_vitnorm.training.run_files import storage_errors
 
-    with pytest.raises(StorageError, match="Could not write x.*intact"):
+    with pytest.raises(StorageError, match="Could not write x.*intact") as error:
         with storage_errors("x", "The thing is intact."):
             raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    # the reason once, without errno numbers
+    assert str(error.value) == ("Could not write x: Disk quota exceeded. The thing is intact. "
+                                "Free space (or fix the permissions), then continue with --resume.")
+    assert error.value.errno == errno.EDQUOT
     with pytest.raises(KeyError):
         with storage_errors("x", "safe"):
             raise KeyError("not a storage error")
@@ -538,8 +542,11 @@ def test_a_failed_lock_write_leaves_the_directory_free(tmp_path, monkeypatch):
 
     with monkeypatch.context() as patched:
         patched.setattr(run_files.json, "dump", full_disk)
-        with pytest.raises(StorageError, match="Could not write .*run.lock"):
+        with pytest.raises(StorageError, match="Could not write .*run.lock") as error:
             run_files.RunLock(str(tmp_path), "run.lock").acquire()
+    # nothing to resume: the advice is to run the command again
+    assert str(error.value).endswith("Nothing was written. Free space (or fix the "
+                                     "permissions), then run the same command again."), error.value
     with run_files.RunLock(str(tmp_path), "run.lock"):  # nothing holds it
         pass
 
@@ -945,3 +952,51 @@ def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resum
     got, want = final_weights(stopped_dir), final_weights(whole_dir)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+# ----------------------------------------------------------------------------- failed commands
+
+
+@pytest.mark.one_backend
+def test_failed_commands_leave_no_directory_they_made(tmp_path, capsys):
+    """A segment, vtab or study command that fails before writing anything takes back
+    the directories its lock made; one that existed before stays."""
+    from keras_vitnorm.training.run_files import RunLock
+
+    out = tmp_path / "segment"
+    status = cli.main(["segment", "--scenes", "20", "10", "10", "--epochs", "1", "--batch-size",
+                       "10", "--warmup-steps", "100", "--output-dir", str(out), "--verbose", "0"])
+    assert status == 2 and "warmup_steps=100" in capsys.readouterr().err
+    assert not out.exists()
+    preset = tmp_path / "preset"
+    ViT(**TINY, num_classes=3).save_to_preset(str(preset))
+    out = tmp_path / "vtab"
+    status = cli.main(["vtab", "--presets", str(preset), "--datasets", f"folder:{tmp_path}/none",
+                       "--output-dir", str(out), "--verbose", "0"])
+    assert status == 2 and "does not exist" in capsys.readouterr().err
+    assert not out.exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ZeroDivisionError):
+        with RunLock(str(tmp_path / "mine" / "a" / "b")):
+            1 / 0
+    assert sorted(os.listdir(tmp_path / "mine")) == []  # made a/ and a/b/: both gone
+    with RunLock(str(tmp_path / "mine")):
+        pass
+    assert (tmp_path / "mine").is_dir()  # not made by the lock: kept
+
+
+def test_segment_names_a_bad_scene_count(capsys, tmp_path):
+    status = cli.main(["segment", "--scenes", "0", "10", "10", "--output-dir", str(tmp_path / "s")])
+    error = capsys.readouterr().err
+    assert status == 2 and "scenes must be three positive integers (train, validation, test; " \
+        "--scenes), got (0, 10, 10)" in error, error
+    assert "warmup" not in error
+
+
+def test_evaluate_names_a_bad_batch_size(capsys, tmp_path):
+    preset = tmp_path / "preset"
+    ViT(**TINY, num_classes=10, num_channels=1).save_to_preset(str(preset))
+    status = cli.main(["evaluate", str(preset), "--dataset", "digits", "--batch-size", "0"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.strip() == (
+        "keras-vitnorm evaluate: error: batch_size must be a positive integer, got 0."), error

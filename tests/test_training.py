@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -310,6 +311,20 @@ def test_tiny_model_trains_on_digits_and_beats_chance(tmp_path):
     assert reloaded.get_config()["num_channels"] == 1
 
 
+@pytest.mark.one_backend
+def test_evaluate_reproduces_the_metrics_a_run_reported(tmp_path):
+    """`evaluate` on a run directory scores its model as the run's final evaluation did:
+    with its loss (label smoothing), its dtype policy and its input pipeline."""
+    config = tiny_config(tmp_path, steps=2, label_smoothing=0.2, mixed_precision="mixed_bfloat16",
+                         input_pipeline="python")
+    metrics = train(config, verbose=0)
+    for split, key in (("test", "test"), ("validation", "val")):
+        scored = evaluate(str(tmp_path / "run"), split=split, verbose=0)
+        assert scored["accuracy"] == metrics[f"{key}_accuracy"], split
+        assert scored["loss"] == pytest.approx(metrics[f"{key}_loss"], rel=1e-5), split
+    assert keras.config.dtype_policy().name == "float32"  # restored
+
+
 def test_tensorboard_and_mixed_bfloat16(tmp_path):
     config = tiny_config(tmp_path, steps=3, tensorboard=True, mixed_precision="mixed_bfloat16")
     metrics = train(config, verbose=0)
@@ -598,6 +613,33 @@ def test_a_small_image_folder_trains_with_the_recipes_defaults_fitted_to_it(tmp_
     assert status == 2 and "Pass --warmup-steps 3 (a tenth of the run; any below 30 works)" \
         in err, err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.one_backend
+def test_resume_without_a_checkpoint_refuses_to_train_a_trained_run_again(tmp_path, capsys):
+    """A run whose metrics.json was deleted, or whose checkpoints were, has no step to
+    resume from: resuming would train it from step 0 and replace what it has. Only a
+    run killed before its first checkpoint starts again from step 0, and says so."""
+    config = tiny_config(tmp_path, steps=4, steps_per_epoch=2)
+    train(config, verbose=0)
+    run = tmp_path / "run"
+    (run / "metrics.json").unlink()
+    saved = (run / "preset" / "model.weights.npz").read_bytes()
+    with pytest.raises(ValueError, match=f"Cannot resume {run}: it has no checkpoint to resume "
+                       r"from but a final model \(preset/\): it finished, and its metrics.json "
+                       r"is gone.*--overwrite"):
+        train(config, resume=True, verbose=0)
+    assert (run / "preset" / "model.weights.npz").read_bytes() == saved
+    shutil.rmtree(run / "preset")
+    with pytest.raises(ValueError, match=f"Cannot resume {run}: it has no checkpoint to resume "
+                       r"from, but log.csv records 2 trained epochs.*--overwrite"):
+        train(config, resume=True, verbose=0)
+    fresh = tiny_config(tmp_path, name="fresh", steps=2)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "train_config.json").write_text(fresh.to_json())
+    assert train(fresh, resume=True, verbose=1)["steps"] == 2
+    assert "No checkpoint yet (the run stopped before its first): training from step 0." in (
+        capsys.readouterr().out)
 
 
 def train_config_from_argv(build_parser, argv):

@@ -193,6 +193,8 @@ class Run:
         found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
         epoch, batch, step = 0, 0, 0
         values = None
+        if not found:
+            self._check_nothing_trained()
         if found:
             path, state = found
             epoch, batch, step = state["epoch"], state["batch"], state["step"]
@@ -217,6 +219,25 @@ class Run:
         else:
             truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
         return (epoch, batch, step), values
+
+    def _check_nothing_trained(self):
+        """Raises unless the run, which has no checkpoint, trained nothing yet (it was
+        stopped before its first): resuming it from step 0 would train the run again
+        and replace what it has."""
+        where = f"Cannot resume {self.output_dir}: it has no checkpoint to resume from"
+        if os.path.exists(self.preset_dir):
+            raise ValueError(
+                f"{where} but a final model (preset/): it finished, and its metrics.json is "
+                "gone. Score the model with ViT.from_preset, or train it again with "
+                "--overwrite instead of --resume.")
+        # Every epoch end writes a checkpoint, so a log of two epochs had one; a log of
+        # one may be a kill at the first epoch end, between its log row and checkpoint.
+        epochs = len(read_log(self.log_path))
+        if epochs > 1:
+            raise ValueError(
+                f"{where}, but log.csv records {epochs} trained epochs: its checkpoints "
+                "were removed. Train it again with --overwrite instead of --resume.")
+        self.say("No checkpoint yet (the run stopped before its first): training from step 0.")
 
     def _callbacks(self, extra_callbacks):
         config = self.config

@@ -180,7 +180,7 @@ def prepare(config, output_dir, resume, overwrite):
             shutil.rmtree(path)
         else:
             os.remove(path)
-    with run_files.storage_errors(settings, "Nothing was trained yet."):
+    with run_files.storage_errors(settings, "Nothing was trained yet.", run_files.AGAIN):
         durable.write_text(settings, config.to_json())
 
 
