@@ -491,6 +491,52 @@ def test_unreadable_images_are_named_before_training_or_skipped_by_a_flag(tmp_pa
     assert metrics["status"] == "completed"
 
 
+@pytest.mark.one_backend
+def test_image_files_in_formats_the_pipelines_do_not_read_are_named_not_ignored(tmp_path):
+    """TIFF and WebP files (where 32-bit integer and float images live) used to be left
+    out without a word: a class of TIFFs became an empty class."""
+    from PIL import Image
+
+    root = tmp_path / "images"
+    write_image_folder(root)
+    Image.new("F", (12, 12)).save(root / "cat" / "float.tiff")
+    Image.new("RGB", (12, 12)).save(root / "dog" / "photo.webp")
+    with pytest.raises(ValueError) as error:
+        load_dataset(f"folder:{root}")
+    message = str(error.value)
+    assert "2 file(s)" in message
+    assert (f"{root / 'cat' / 'float.tiff'} is a TIFF image; image folders hold JPEG, PNG, GIF "
+            "or BMP files (convert it)") in message
+    assert f"{root / 'dog' / 'photo.webp'} is a WebP image" in message
+    data = load_dataset(f"folder:{root}", skip_bad_images=True)
+    assert len(data.skipped) == 2 and data.train.size + data.validation.size + data.test.size == 30
+
+
+@pytest.mark.one_backend
+def test_a_class_folder_without_images_is_named(tmp_path):
+    root = tmp_path / "images"
+    write_image_folder(root)
+    (root / "fox").mkdir()
+    (root / "fox" / "notes.txt").write_text("no images here")
+    write_image_folder(root / "owl", classes=("2020",), per_class=3)  # one folder too deep
+    with pytest.raises(ValueError, match=r"class folder\(s\) fox, owl of .* hold no images "
+                       r"\(files ending in .jpg.*directly inside them; subfolders are not read\)"):
+        load_dataset(f"folder:{root}")
+
+
+@pytest.mark.one_backend
+def test_a_class_too_small_to_stratify_leaves_the_other_classes_stratified(tmp_path):
+    """A class of one image used to turn every split into a plain random draw (a class
+    could then miss the training split); now each class is split on its own."""
+    root = tmp_path / "images"
+    write_image_folder(root, per_class=10)
+    write_image_folder(root, classes=("fox",), per_class=1)
+    data = load_dataset(f"folder:{root}")
+    counts = [np.bincount(split.arrays[1], minlength=4).tolist()
+              for split in (data.train, data.validation, data.test)]
+    assert counts == [[7, 7, 7, 1], [1, 1, 1, 0], [2, 2, 2, 0]]
+
+
 def test_an_image_damaged_inside_is_named_when_it_fails_to_decode(tmp_path):
     root = tmp_path / "images"
     write_image_folder(root)
