@@ -440,6 +440,19 @@ def test_a_weight_of_the_wrong_shape_or_a_bad_config_value_names_the_preset(pres
         ViT.from_preset(str(preset_dir))
 
 
+def test_a_preset_whose_config_disagrees_with_its_weights_is_an_error(preset_dir):
+    """config.json says 24 px, the weights are for 16 px (a 4x4 grid): loaded without an
+    override, that is a damaged preset, not an image size to resample to."""
+    saved = json.loads((preset_dir / "config.json").read_text())
+    saved["config"]["image_size"] = 24
+    (preset_dir / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*position embedding.*4x4 -> "
+                                         r"6x6.*image_size"):
+        ViT.from_preset(str(preset_dir))
+    # asked for, the same resampling is what an override does
+    assert ViT.from_preset(str(preset_dir), image_size=16).get_config()["image_size"] == 16
+
+
 def test_convert_re_saves_a_preset_with_overrides(preset_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["convert", str(preset_dir), str(out), "--image-size", "24"]) == 0, capsys.readouterr().err
