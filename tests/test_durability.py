@@ -938,6 +938,22 @@ def test_a_signal_outside_the_training_steps_stops_at_once_and_a_second_ctrl_c_e
     assert "Stopping at once" in child.stderr
 
 
+@pytest.mark.one_backend
+def test_every_command_says_what_a_sigterm_stopped(monkeypatch, capsys, signals_raise):
+    """Outside a training run too (here `evaluate`), SIGTERM ends a command with its
+    message and status 143, not without a word."""
+    from keras_vitnorm.cli import evaluate as evaluate_command
+
+    def stopped(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+
+    monkeypatch.setattr(evaluate_command, "run", stopped)
+    assert cli.main(["evaluate", "runs/x"]) == 143
+    assert capsys.readouterr().err == (
+        "keras-vitnorm evaluate: error: Stopped by SIGTERM. Nothing was written.\n")
+
+
 class TerminatedChild:
     """A worker that records the SIGTERM passed on to it (`terminate`) and exits 143."""
 
