@@ -164,3 +164,39 @@ def test_a_command_without_its_extra_says_which_extra_to_install(monkeypatch, ca
         error = capsys.readouterr().err.strip()
         assert error == (f"keras-vitnorm {command}: error: this command needs the 'study' extra: "
                          "pip install 'keras-vitnorm[study]' (missing: not-installed)."), error
+
+
+NO_BACKEND = """
+import importlib.abc, sys
+
+class NoBackend(importlib.abc.MetaPathFinder):
+    # As an environment with no backend installed (a plain `pip install keras-vitnorm`).
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "jax", "jaxlib", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+        return None
+
+sys.meta_path.insert(0, NoBackend())
+from keras_vitnorm.cli import console
+sys.argv = ["keras-vitnorm", "train", "--steps", "2"]
+console()
+"""
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("backend", [None, "jax"])
+def test_a_command_without_a_backend_says_which_extra_to_install(tmp_path, backend):
+    environment = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    if backend:
+        environment["KERAS_BACKEND"] = backend
+    # Keras reads its default backend from KERAS_HOME's keras.json: none here (tensorflow).
+    environment["KERAS_HOME"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-c", NO_BACKEND], cwd=ROOT, env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    expected = backend or "tensorflow"
+    assert result.stderr.strip().splitlines() == [
+        f"keras-vitnorm train: error: Keras' backend {expected!r} is not installed "
+        f"(KERAS_BACKEND={expected}{'' if backend else ', the default'}). Install it with "
+        f"pip install 'keras-vitnorm[{expected}]', or another one (jax, tensorflow, torch) and "
+        "set KERAS_BACKEND to it."], result.stderr

@@ -440,6 +440,19 @@ def test_a_weight_of_the_wrong_shape_or_a_bad_config_value_names_the_preset(pres
         ViT.from_preset(str(preset_dir))
 
 
+def test_a_preset_whose_config_disagrees_with_its_weights_is_an_error(preset_dir):
+    """config.json says 24 px, the weights are for 16 px (a 4x4 grid): loaded without an
+    override, that is a damaged preset, not an image size to resample to."""
+    saved = json.loads((preset_dir / "config.json").read_text())
+    saved["config"]["image_size"] = 24
+    (preset_dir / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=rf"Preset '{preset_dir}'.*position embedding.*4x4 -> "
+                                         r"6x6.*image_size"):
+        ViT.from_preset(str(preset_dir))
+    # asked for, the same resampling is what an override does
+    assert ViT.from_preset(str(preset_dir), image_size=16).get_config()["image_size"] == 16
+
+
 def test_convert_re_saves_a_preset_with_overrides(preset_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["convert", str(preset_dir), str(out), "--image-size", "24"]) == 0, capsys.readouterr().err
@@ -491,6 +504,52 @@ def test_unreadable_images_are_named_before_training_or_skipped_by_a_flag(tmp_pa
     assert metrics["status"] == "completed"
 
 
+@pytest.mark.one_backend
+def test_image_files_in_formats_the_pipelines_do_not_read_are_named_not_ignored(tmp_path):
+    """TIFF and WebP files (where 32-bit integer and float images live) used to be left
+    out without a word: a class of TIFFs became an empty class."""
+    from PIL import Image
+
+    root = tmp_path / "images"
+    write_image_folder(root)
+    Image.new("F", (12, 12)).save(root / "cat" / "float.tiff")
+    Image.new("RGB", (12, 12)).save(root / "dog" / "photo.webp")
+    with pytest.raises(ValueError) as error:
+        load_dataset(f"folder:{root}")
+    message = str(error.value)
+    assert "2 file(s)" in message
+    assert (f"{root / 'cat' / 'float.tiff'} is a TIFF image; image folders hold JPEG, PNG, GIF "
+            "or BMP files (convert it)") in message
+    assert f"{root / 'dog' / 'photo.webp'} is a WebP image" in message
+    data = load_dataset(f"folder:{root}", skip_bad_images=True)
+    assert len(data.skipped) == 2 and data.train.size + data.validation.size + data.test.size == 30
+
+
+@pytest.mark.one_backend
+def test_a_class_folder_without_images_is_named(tmp_path):
+    root = tmp_path / "images"
+    write_image_folder(root)
+    (root / "fox").mkdir()
+    (root / "fox" / "notes.txt").write_text("no images here")
+    write_image_folder(root / "owl", classes=("2020",), per_class=3)  # one folder too deep
+    with pytest.raises(ValueError, match=r"class folder\(s\) fox, owl of .* hold no images "
+                       r"\(files ending in .jpg.*directly inside them; subfolders are not read\)"):
+        load_dataset(f"folder:{root}")
+
+
+@pytest.mark.one_backend
+def test_a_class_too_small_to_stratify_leaves_the_other_classes_stratified(tmp_path):
+    """A class of one image used to turn every split into a plain random draw (a class
+    could then miss the training split); now each class is split on its own."""
+    root = tmp_path / "images"
+    write_image_folder(root, per_class=10)
+    write_image_folder(root, classes=("fox",), per_class=1)
+    data = load_dataset(f"folder:{root}")
+    counts = [np.bincount(split.arrays[1], minlength=4).tolist()
+              for split in (data.train, data.validation, data.test)]
+    assert counts == [[7, 7, 7, 1], [1, 1, 1, 0], [2, 2, 2, 0]]
+
+
 def test_an_image_damaged_inside_is_named_when_it_fails_to_decode(tmp_path):
     root = tmp_path / "images"
     write_image_folder(root)
@@ -507,9 +566,13 @@ def test_an_image_damaged_inside_is_named_when_it_fails_to_decode(tmp_path):
 def test_storage_errors_are_recognized_from_their_errno():
     from keras_vitnorm.training.run_files import storage_errors
 
-    with pytest.raises(StorageError, match="Could not write x.*intact"):
+    with pytest.raises(StorageError, match="Could not write x.*intact") as error:
         with storage_errors("x", "The thing is intact."):
             raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    # the reason once, without errno numbers
+    assert str(error.value) == ("Could not write x: Disk quota exceeded. The thing is intact. "
+                                "Free space (or fix the permissions), then continue with --resume.")
+    assert error.value.errno == errno.EDQUOT
     with pytest.raises(KeyError):
         with storage_errors("x", "safe"):
             raise KeyError("not a storage error")
@@ -538,8 +601,11 @@ def test_a_failed_lock_write_leaves_the_directory_free(tmp_path, monkeypatch):
 
     with monkeypatch.context() as patched:
         patched.setattr(run_files.json, "dump", full_disk)
-        with pytest.raises(StorageError, match="Could not write .*run.lock"):
+        with pytest.raises(StorageError, match="Could not write .*run.lock") as error:
             run_files.RunLock(str(tmp_path), "run.lock").acquire()
+    # nothing to resume: the advice is to run the command again
+    assert str(error.value).endswith("Nothing was written. Free space (or fix the "
+                                     "permissions), then run the same command again."), error.value
     with run_files.RunLock(str(tmp_path), "run.lock"):  # nothing holds it
         pass
 
@@ -736,3 +802,276 @@ def test_without_file_locks_the_file_is_the_lock_and_a_dead_holders_is_taken_ove
         RunLock(str(tmp_path)).acquire()
     with RunLock(str(tmp_path), take_over=True):
         pass
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def run_argv(run_dir):
+    """The `keras-vitnorm train` arguments of `run_config(run_dir)`."""
+    model = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    return ["train", *model, "--set", "dropout=0.1", "--drop-path", "0.1", "--steps", "12",
+            "--steps-per-epoch", "4", "--backup-every", "3", "--batch-size", "32",
+            "--warmup-steps", "1", "--lr", "3e-3", "--flip", "--grad-norm-every", "2",
+            "--no-tensorboard", "--verbose", "0", "--output-dir", str(run_dir)]
+
+
+SIGNAL_AT = """
+import os, sys, keras
+import keras_vitnorm.training as training
+from keras_vitnorm.cli import console
+
+class SignalAt(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == {step}:
+            os.kill(os.getpid(), {signal})
+
+trains = training.train
+training.train = lambda config, **kwargs: trains(config, callbacks=[SignalAt()], **kwargs)
+sys.argv = ["keras-vitnorm", *{argv!r}]
+console()
+"""
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends `signal` to this process as step `step + 1` begins (step 0: before the
+    first step, which compiles the training function): it stops at the end of that step."""
+
+    def __init__(self, step, signal_number):
+        super().__init__()
+        self.step, self.signal = step, signal_number
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == self.step:
+            os.kill(os.getpid(), self.signal)
+
+
+class UnhandledSignal(Exception):
+    pass
+
+
+@pytest.fixture
+def signals_raise():
+    """SIGTERM and SIGINT raise `UnhandledSignal` here unless the code under test handles
+    them, so that an unhandled one fails the test instead of ending pytest."""
+    def unhandled(number, frame):
+        raise UnhandledSignal(signal.Signals(number).name)
+
+    previous = {number: signal.signal(number, unhandled)
+                for number in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+def signal_during(monkeypatch, step, signal_number):
+    """`keras_vitnorm.training.train` as the CLI calls it, with `SignalAt(step, signal)`."""
+    import keras_vitnorm.training as training
+
+    trains = training.train
+    monkeypatch.setattr(training, "train", lambda config, **kwargs: trains(
+        config, callbacks=[SignalAt(step, signal_number)], **kwargs))
+
+
+def test_sigint_and_sigterm_stop_at_a_step_with_its_checkpoint_and_the_same_command_resumes(
+        tmp_path, reference, monkeypatch, capsys, signals_raise):
+    """Ctrl-C as the first step compiles (a JAX run used to swallow it or crash as it
+    exited), then a scheduler's SIGTERM mid-epoch in the resumed run: each ends the
+    command with its exit status and the command that continues, the checkpoint of the
+    step it stopped at and the lock free; the same command with --resume then finishes
+    on the uninterrupted run's weights."""
+    run_dir = tmp_path / "run"
+    argv = run_argv(run_dir)
+    child = run_python(SIGNAL_AT.format(step=0, signal=int(signal.SIGINT), argv=argv))
+    assert child.returncode == 130, child.stderr[-3000:]
+    resume_command = "keras-vitnorm " + " ".join(argv + ["--resume"])
+    assert child.stderr.strip().splitlines()[-1] == (
+        f"keras-vitnorm train: error: Stopped by SIGINT at step 1 of 12: the run in {run_dir} "
+        f"resumes from its checkpoint of that step ({run_dir / 'backup' / 'step-000000001'}). "
+        f"Continue it with: {resume_command}")
+    assert sorted(os.listdir(run_dir / "backup")) == ["step-000000001"]
+    assert not (run_dir / "metrics.json").exists()
+    assert_unlocked(run_dir)
+
+    signal_during(monkeypatch, 5, signal.SIGTERM)  # stops after step 6, batch 2 of epoch 2
+    assert cli.main(argv + ["--resume"]) == 143
+    error = capsys.readouterr().err
+    assert f"Stopped by SIGTERM at step 6 of 12: the run in {run_dir} resumes" in error
+    assert error.strip().endswith(f"Continue it with: {resume_command}")
+    state = json.loads((run_dir / "backup" / "step-000000006" / "state.json").read_text())
+    assert {key: state[key] for key in ("epoch", "batch", "step")} == {
+        "epoch": 1, "batch": 2, "step": 6}
+    assert_unlocked(run_dir)
+
+    monkeypatch.undo()
+    assert cli.main(argv + ["--resume"]) == 0
+    assert_same_as_reference(run_dir, reference)
+
+
+@pytest.mark.one_backend
+def test_a_signal_outside_the_training_steps_stops_at_once_and_a_second_ctrl_c_ends_it(
+        signals_raise):
+    """Loading data or building the model, nothing needs finishing: the signal raises
+    at once. Inside a step, a second Ctrl-C ends the process by SIGINT's own action."""
+    from keras_vitnorm.training.interrupts import RunInterrupted
+    from keras_vitnorm.training.interrupts import StopRequest
+
+    outside = signal.getsignal(signal.SIGTERM)
+    with StopRequest(say=lambda text: None).listening():
+        with pytest.raises(RunInterrupted) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises first
+    assert stopped.value.exit_status == 143 and "SIGTERM" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) is outside  # the handlers are given back
+    child = run_python("""
+        import os, signal, time
+        from keras_vitnorm.training.interrupts import StopRequest
+
+        request = StopRequest()
+        with request.listening(), request.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+    """)
+    assert child.returncode == -signal.SIGINT, child.stderr[-3000:]
+    assert "SIGINT received: stopping at the end of this step" in child.stderr
+    assert "Stopping at once" in child.stderr
+
+
+@pytest.mark.one_backend
+def test_every_command_says_what_a_sigterm_stopped(monkeypatch, capsys, signals_raise):
+    """Outside a training run too (here `evaluate`), SIGTERM ends a command with its
+    message and status 143, not without a word."""
+    from keras_vitnorm.cli import evaluate as evaluate_command
+
+    def stopped(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+
+    monkeypatch.setattr(evaluate_command, "run", stopped)
+    assert cli.main(["evaluate", "runs/x"]) == 143
+    assert capsys.readouterr().err == (
+        "keras-vitnorm evaluate: error: Stopped by SIGTERM. Nothing was written.\n")
+
+
+class TerminatedChild:
+    """A worker that records the SIGTERM passed on to it (`terminate`) and exits 143."""
+
+    def __init__(self):
+        self.terminated = False
+
+    def poll(self):
+        return None
+
+    def terminate(self):
+        self.terminated = True
+
+    def wait(self):
+        return 143 if self.terminated else None
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_a_parallel_study_passes_a_signal_on_to_its_workers_and_waits_for_them(
+        signals_raise, signal_number):
+    from keras_vitnorm.study import workers
+    from keras_vitnorm.training.interrupts import RunInterrupted
+
+    children = []
+
+    def start(job):
+        children.append(TerminatedChild())
+        if len(children) == 2:
+            os.kill(os.getpid(), signal_number)
+        return children[-1]
+
+    jobs = [{"group": "g", "name": f"v{i}", "seed": 0, "log": "/nowhere"} for i in range(4)]
+    with pytest.raises(RunInterrupted) as stopped:
+        workers.train_in_workers(jobs, 2, start, poll_seconds=0, say=None)
+    assert stopped.value.exit_status == 128 + signal_number
+    assert len(children) == 2 and all(child.terminated for child in children)
+    assert "The runs in training ([g] v0 seed 0, [g] v1 seed 0) stopped" in str(stopped.value)
+
+
+@pytest.mark.one_backend
+def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resumes(
+        tmp_path, monkeypatch, capsys, signals_raise):
+    """What a scheduler's SIGTERM to `ablate-job` (or `ablate --parallel`'s SIGTERM to a
+    worker) does: the run stops with the checkpoint of its step, exit status 143; the
+    same job then finishes on the weights of a job never stopped."""
+    from keras_vitnorm.study import plan as plan_lib
+    from keras_vitnorm.study import runs
+    from keras_vitnorm.study import workers
+
+    config = TrainConfig.from_recipe("small", **STUDY)
+
+    def job_file(study_dir):
+        run_dir = study_dir / "norm_types" / "layernorm" / "seed_0"
+        path = study_dir / "plan" / "run.job.json"
+        path.parent.mkdir(parents=True)
+        durable.write_json(str(path), plan_lib.job("norm_types", "layernorm", config,
+                                                   str(run_dir), str(study_dir)))
+        return str(path), run_dir
+
+    whole, whole_dir = job_file(tmp_path / "whole")
+    plan_lib.run_job(whole, verbose=0)
+    stopped, stopped_dir = job_file(tmp_path / "stopped")
+    trains = runs.train
+    monkeypatch.setattr(runs, "train", lambda config, **kwargs: trains(
+        config, callbacks=[SignalAt(1, signal.SIGTERM)], **kwargs))
+    assert workers.main([stopped]) == 143
+    assert "Stopped by SIGTERM at step 2 of 6" in capsys.readouterr().err
+    assert sorted(os.listdir(stopped_dir / "backup")) == ["step-000000002"]
+    monkeypatch.undo()
+    assert cli.main(["ablate-job", stopped, "--verbose", "0"]) == 0
+    got, want = final_weights(stopped_dir), final_weights(whole_dir)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+# ----------------------------------------------------------------------------- failed commands
+
+
+@pytest.mark.one_backend
+def test_failed_commands_leave_no_directory_they_made(tmp_path, capsys):
+    """A segment, vtab or study command that fails before writing anything takes back
+    the directories its lock made; one that existed before stays."""
+    from keras_vitnorm.training.run_files import RunLock
+
+    out = tmp_path / "segment"
+    status = cli.main(["segment", "--scenes", "20", "10", "10", "--epochs", "1", "--batch-size",
+                       "10", "--warmup-steps", "100", "--output-dir", str(out), "--verbose", "0"])
+    assert status == 2 and "warmup_steps=100" in capsys.readouterr().err
+    assert not out.exists()
+    preset = tmp_path / "preset"
+    ViT(**TINY, num_classes=3).save_to_preset(str(preset))
+    out = tmp_path / "vtab"
+    status = cli.main(["vtab", "--presets", str(preset), "--datasets", f"folder:{tmp_path}/none",
+                       "--output-dir", str(out), "--verbose", "0"])
+    assert status == 2 and "does not exist" in capsys.readouterr().err
+    assert not out.exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ZeroDivisionError):
+        with RunLock(str(tmp_path / "mine" / "a" / "b")):
+            1 / 0
+    assert sorted(os.listdir(tmp_path / "mine")) == []  # made a/ and a/b/: both gone
+    with RunLock(str(tmp_path / "mine")):
+        pass
+    assert (tmp_path / "mine").is_dir()  # not made by the lock: kept
+
+
+def test_segment_names_a_bad_scene_count(capsys, tmp_path):
+    status = cli.main(["segment", "--scenes", "0", "10", "10", "--output-dir", str(tmp_path / "s")])
+    error = capsys.readouterr().err
+    assert status == 2 and "scenes must be three positive integers (train, validation, test; " \
+        "--scenes), got (0, 10, 10)" in error, error
+    assert "warmup" not in error
+
+
+def test_evaluate_names_a_bad_batch_size(capsys, tmp_path):
+    preset = tmp_path / "preset"
+    ViT(**TINY, num_classes=10, num_channels=1).save_to_preset(str(preset))
+    status = cli.main(["evaluate", str(preset), "--dataset", "digits", "--batch-size", "0"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.strip() == (
+        "keras-vitnorm evaluate: error: batch_size must be a positive integer, got 0."), error

@@ -163,3 +163,95 @@ def test_training_runs_with_tensorflow_unimportable(tmp_path):
     assert metrics["status"] == "completed" and metrics["steps"] == 6
     settings = json.loads((run_dir / "train_config.json").read_text())
     assert settings["input_pipeline"] == "auto"
+
+
+def png_16_bit_rgb(path, image):
+    """Writes `image` (uint16, `(h, w, 3)`) as a 48-bit PNG (Pillow writes none)."""
+    import struct
+    import zlib
+
+    height, width = image.shape[:2]
+    rows = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in image)
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def image_modes_folder(root):
+    """A folder with a class per image mode and format Pillow writes; returns
+    `{path: (expected uint8 RGB image, lossy)}`: the 8-bit image each file holds (16-bit
+    values as their high byte), and whether its format is lossy (JPEG)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    expected = {}
+
+    def palette(image):
+        with_transparency = image.convert("P")
+        with_transparency.info["transparency"] = 0
+        return with_transparency
+
+    writers = {  # class: (extension, Pillow image of an RGB array)
+        "mode_1": ("png", lambda rgb: rgb.convert("1")),
+        "mode_L": ("png", lambda rgb: rgb.convert("L")),
+        "mode_P": ("png", lambda rgb: rgb.convert("P")),
+        "mode_P_transparency": ("png", palette),
+        "mode_RGBA": ("png", lambda rgb: rgb.convert("RGBA")),
+        "mode_LA": ("png", lambda rgb: rgb.convert("LA")),
+        "grayscale_jpeg": ("jpg", lambda rgb: rgb.convert("L")),
+        "rgb_jpeg": ("jpg", lambda rgb: rgb),
+        "cmyk_jpeg": ("jpg", lambda rgb: rgb.convert("CMYK")),
+        "gif": ("gif", lambda rgb: rgb.convert("P")),
+        "bmp": ("bmp", lambda rgb: rgb),
+    }
+    for name, (extension, write) in writers.items():
+        (root / name).mkdir(parents=True)
+        for i in range(2):
+            path = root / name / f"{i}.{extension}"
+            write(Image.fromarray(rng.integers(0, 256, (12, 12, 3)).astype("uint8"))).save(path)
+            with Image.open(path) as image:
+                expected[str(path)] = (np.asarray(image.convert("RGB")), extension == "jpg")
+    for name in ("gray_16_bit_png", "rgb_16_bit_png"):
+        (root / name).mkdir()
+        for i in range(2):
+            path = root / name / f"{i}.png"
+            high = rng.integers(0, 65536, (12, 12, 3)).astype("uint16")
+            if name == "gray_16_bit_png":
+                high = high[..., :1]
+                Image.fromarray(high[..., 0]).save(path)
+            else:
+                png_16_bit_rgb(path, high)
+            eight = np.broadcast_to((high >> 8).astype("uint8"), (12, 12, 3))
+            expected[str(path)] = (eight, False)
+    return expected
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("pipeline", ["tf.data", "python"])
+def test_every_image_mode_and_bit_depth_reads_as_its_8_bit_image(tmp_path, pipeline):
+    """1, L, P (with transparency too), RGBA, LA, 16-bit grayscale and RGB PNGs,
+    grayscale, RGB and CMYK JPEGs, GIF and BMP, read as RGB and as grayscale: each the
+    8-bit image it holds (a 16-bit value's high byte; grayscale within a grey level of
+    Pillow's weighting; JPEG within 4 levels: TensorFlow's fast IDCT against libjpeg's
+    accurate one in Pillow)."""
+    expected = image_modes_folder(tmp_path / "images")
+    data = data_lib.load_dataset(f"folder:{tmp_path / 'images'}", pipeline=pipeline,
+                                 val_fraction=0.5)
+    seen = 0
+    for split in (data.train, data.validation, data.test):
+        for channels in (3, 1):
+            images = np.concatenate([np.asarray(batch[0]) for batch in data_lib.eval_dataset(
+                data, split, (12, 12), channels, 8)])
+            for path, image in zip(split.arrays[0], (images + 1.0) * 127.5):
+                want, lossy = expected[str(path)]
+                if channels == 1:
+                    want = want.astype("float32") @ np.float32([0.299, 0.587, 0.114])[:, None]
+                levels = (4.0 if lossy else 0.0) + (1.0 if channels == 1 else 0.0)
+                np.testing.assert_allclose(image, want, atol=levels + 1e-3, err_msg=str(path))
+                seen += 1
+    assert seen == 2 * len(expected)

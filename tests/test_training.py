@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -310,6 +311,20 @@ def test_tiny_model_trains_on_digits_and_beats_chance(tmp_path):
     assert reloaded.get_config()["num_channels"] == 1
 
 
+@pytest.mark.one_backend
+def test_evaluate_reproduces_the_metrics_a_run_reported(tmp_path):
+    """`evaluate` on a run directory scores its model as the run's final evaluation did:
+    with its loss (label smoothing), its dtype policy and its input pipeline."""
+    config = tiny_config(tmp_path, steps=2, label_smoothing=0.2, mixed_precision="mixed_bfloat16",
+                         input_pipeline="python")
+    metrics = train(config, verbose=0)
+    for split, key in (("test", "test"), ("validation", "val")):
+        scored = evaluate(str(tmp_path / "run"), split=split, verbose=0)
+        assert scored["accuracy"] == metrics[f"{key}_accuracy"], split
+        assert scored["loss"] == pytest.approx(metrics[f"{key}_loss"], rel=1e-5), split
+    assert keras.config.dtype_policy().name == "float32"  # restored
+
+
 def test_tensorboard_and_mixed_bfloat16(tmp_path):
     config = tiny_config(tmp_path, steps=3, tensorboard=True, mixed_precision="mixed_bfloat16")
     metrics = train(config, verbose=0)
@@ -480,9 +495,13 @@ def cli_error(capsys, *argv):
         (["--label-smoothing", "1.5"], "label_smoothing must be a number in [0.0, 1.0)"),
         (["--set", "depht=2"], "Unknown model setting(s) ['depht']"),
         (["--set", "num_heads=5"], "num_heads"),
-        (["--steps", "5"], "warmup_steps=100 leaves no steps"),
-        (["--norm", "rmsnrom"], "invalid choice: 'rmsnrom'"),
+        (["--steps", "5", "--warmup-steps", "100"],
+         "warmup_steps=100 leaves no steps to decay over: the run has 5 steps. Pass "
+         "--warmup-steps 0 (a tenth of the run; any below 5 works)"),
+        (["--norm", "rmsnrom"], "argument --norm: invalid choice: 'rmsnrom'. Did you mean "
+                                "'rmsnorm'? Valid: layernorm, rmsnorm,"),
         (["--recipe", "big"], "invalid choice: 'big'"),
+        (["--crop", "zom"], "invalid choice: 'zom'. Did you mean 'zoom'?"),
         (["--learning-rat", "1"], "unrecognized arguments"),
         (["--resume", "--overwrite"], "not allowed with argument"),
         (["--train-examples", "-3"], "train_examples must be a positive integer, got -3"),
@@ -492,6 +511,8 @@ def test_bad_cli_arguments_exit_nonzero_with_a_clear_message(capsys, tmp_path, a
     status, err = cli_error(capsys, "train", "--output-dir", str(tmp_path / "x"), *argv)
     assert status == 2
     assert message in err
+    # one line, not argparse's usage of every option before it
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
     assert not (tmp_path / "x").exists()
 
 
@@ -518,6 +539,113 @@ def test_cli_train_then_evaluate(capsys, tmp_path):
     assert status == 2 and "already exists" in err
     status, err = cli_error(capsys, "evaluate", out, "--dataset", f"folder:{tmp_path}")
     assert status == 2
+
+
+TINY_ARGV = ["--steps", "2", "--batch-size", "32", "--warmup-steps", "1", "--no-tensorboard",
+             *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
+
+
+@pytest.mark.one_backend
+def test_resume_without_output_dir_finds_the_latest_unfinished_run_of_its_settings(
+        tmp_path, monkeypatch, capsys):
+    from keras_vitnorm.cli import build_parser
+    from keras_vitnorm.training import run_directory
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", *TINY_ARGV, "--verbose", "2"]
+    status, err = cli_error(capsys, *argv, "--resume")
+    assert status == 2, err
+    assert "no unfinished run of these settings in runs" in err and "--output-dir" in err
+    status, err = cli_error(capsys, *argv, "--resume", "--output-dir", "runs/nowhere")
+    assert status == 2 and "runs/nowhere holds no run" in err, err
+    assert not (tmp_path / "runs").exists()  # a failed resume leaves nothing behind
+
+    config = train_config_from_argv(build_parser, argv)
+    other = train_config_from_argv(build_parser, [*argv, "--steps", "3"])
+    runs = {}
+    for stamp, settings, status in (("20240101-000000", config, None),
+                                    ("20240102-000000", config, None),
+                                    ("20240103-000000", other, None),
+                                    ("20240104-000000", config, "completed")):
+        runs[stamp] = path = tmp_path / "runs" / f"ti16_dpn-digits-{stamp}"
+        path.mkdir(parents=True)
+        run_directory.prepare(settings, str(path), resume=False, overwrite=False)
+        if status:
+            (path / "metrics.json").write_text(json.dumps({"status": status}))
+    assert cli.main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    latest = os.path.join("runs", "ti16_dpn-digits-20240102-000000")
+    assert f"Resuming {latest}, the latest unfinished run of these settings" in out
+    assert json.loads((runs["20240102-000000"] / "metrics.json").read_text())["steps"] == 2
+    assert not (runs["20240101-000000"] / "metrics.json").exists()
+    assert len(os.listdir(tmp_path / "runs")) == 4
+
+
+@pytest.mark.one_backend
+def test_a_small_image_folder_trains_with_the_recipes_defaults_fitted_to_it(tmp_path, capsys):
+    """3 classes of 20 images: 43 to train on, fewer than the recipe's batch of 64, and
+    30 steps, fewer than its 100 warm-up steps. Defaults the user did not set are
+    fitted, with a note; the same values given as flags are errors that name a value
+    that works."""
+    root = tmp_path / "images"
+    write_image_folder(root, per_class=20)
+    argv = ["train", "--dataset", f"folder:{root}", "--no-tensorboard", "--verbose", "2",
+            *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
+    assert cli.main([*argv, "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert ("Note: batch size 32 instead of the recipe's 64, which is more than the 43 "
+            "training examples (--batch-size sets it).") in out
+    assert ("Note: 3 warm-up steps instead of the recipe's 100, which leave no steps to decay "
+            "over in the run's 30 (--warmup-steps sets it).") in out
+    settings = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (settings["batch_size"], settings["warmup_steps"]) == (32, 3)
+    status, err = cli_error(capsys, *argv, "--batch-size", "64", "--output-dir",
+                            str(tmp_path / "x"))
+    assert status == 2 and ("batch_size=64 is more than the 43 training examples of "
+                            f"folder:{root}: each batch would repeat examples. Pass "
+                            "--batch-size 43 or less") in err, err
+    # with --steps-per-epoch too: a batch that repeats examples is refused all the same
+    status, err = cli_error(capsys, *argv, "--batch-size", "64", "--steps-per-epoch", "5",
+                            "--output-dir", str(tmp_path / "x"))
+    assert status == 2 and "each batch would repeat examples" in err, err
+    status, err = cli_error(capsys, *argv, "--warmup-steps", "100", "--output-dir",
+                            str(tmp_path / "x"))
+    assert status == 2 and "Pass --warmup-steps 3 (a tenth of the run; any below 30 works)" \
+        in err, err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.one_backend
+def test_resume_without_a_checkpoint_refuses_to_train_a_trained_run_again(tmp_path, capsys):
+    """A run whose metrics.json was deleted, or whose checkpoints were, has no step to
+    resume from: resuming would train it from step 0 and replace what it has. Only a
+    run killed before its first checkpoint starts again from step 0, and says so."""
+    config = tiny_config(tmp_path, steps=4, steps_per_epoch=2)
+    train(config, verbose=0)
+    run = tmp_path / "run"
+    (run / "metrics.json").unlink()
+    saved = (run / "preset" / "model.weights.npz").read_bytes()
+    with pytest.raises(ValueError, match=f"Cannot resume {run}: it has no checkpoint to resume "
+                       r"from but a final model \(preset/\): it finished, and its metrics.json "
+                       r"is gone.*--overwrite"):
+        train(config, resume=True, verbose=0)
+    assert (run / "preset" / "model.weights.npz").read_bytes() == saved
+    shutil.rmtree(run / "preset")
+    with pytest.raises(ValueError, match=f"Cannot resume {run}: it has no checkpoint to resume "
+                       r"from, but log.csv records 2 trained epochs.*--overwrite"):
+        train(config, resume=True, verbose=0)
+    fresh = tiny_config(tmp_path, name="fresh", steps=2)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "train_config.json").write_text(fresh.to_json())
+    assert train(fresh, resume=True, verbose=1)["steps"] == 2
+    assert "No checkpoint yet (the run stopped before its first): training from step 0." in (
+        capsys.readouterr().out)
+
+
+def train_config_from_argv(build_parser, argv):
+    from keras_vitnorm.cli import train_config_from_args
+
+    return train_config_from_args(build_parser().parse_args(argv))
 
 
 # ----------------------------------------------------------------------------- devices

@@ -1,12 +1,12 @@
 """The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `evaluate`, `convert`,
-`segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors` maps what ends a command to
-its exit status.
+`segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors` maps what ends
+a command to its exit status. A bad argument is one line (`arguments.Parser`) that names
+a close spelling of a misspelt choice (`arguments.one_of`).
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
 """
 
-import argparse
 import sys
 
 from keras_vitnorm.cli import ablate
@@ -17,6 +17,7 @@ from keras_vitnorm.cli import lit
 from keras_vitnorm.cli import segment
 from keras_vitnorm.cli import train
 from keras_vitnorm.cli import vtab
+from keras_vitnorm.cli.arguments import Parser
 from keras_vitnorm.cli.arguments import train_config_from_args
 from keras_vitnorm.cli.errors import run_command
 
@@ -30,7 +31,7 @@ TRAINING_COMMANDS = ("train", "ablate", "ablate-job", "segment", "vtab", "lit")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="keras-vitnorm",
         allow_abbrev=False,
         description="Train and evaluate Vision Transformers whose normalization is a config "
@@ -48,7 +49,9 @@ def main(argv=None, hide_framework_logs=False):
     With `hide_framework_logs` (the console command), the frameworks' own log lines
     are kept off stderr unless `--verbose 2` (`keras_vitnorm.framework_logs`).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what the advice after an interrupt repeats
     command = COMMANDS[args.command]
     if hide_framework_logs and args.verbose < 2:
         from keras_vitnorm import framework_logs

@@ -6,6 +6,7 @@ from keras_vitnorm.choices import VARIANT_GROUP_NAMES
 from keras_vitnorm.cli.arguments import LOGS_NOTE
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "ablate"
@@ -39,7 +40,7 @@ def add_parser(commands):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     study = parser.add_argument_group("study")
-    study.add_argument("--groups", nargs="+", required=True, choices=VARIANT_GROUP_NAMES,
+    study.add_argument("--groups", nargs="+", required=True, **one_of(VARIANT_GROUP_NAMES),
                        help="variant groups to run")
     study.add_argument("--variants", nargs="+", default=[], metavar="GROUP:NAME",
                        help="run only these variants (the group's baseline is always run)")

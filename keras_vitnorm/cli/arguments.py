@@ -15,6 +15,7 @@ from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.choices import RECIPE_NAMES
 from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.choices import STEM_TYPES
+from keras_vitnorm.validation import did_you_mean
 
 # (flag, ViT config key, type, choices, help)
 MODEL_FLAGS = (
@@ -44,6 +45,30 @@ TAKE_OVER_LOCK_HELP = ("on a file system without file locks, take over a directo
                        "ends with its process: nothing to take over)")
 
 
+class Parser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose error is one line: the error and where the options
+    are listed. argparse's own prints the usage of every option first (45 lines for
+    `train`), which hides the error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+def one_of(choices):
+    """`add_argument` keywords of an option that takes one of the strings `choices`.
+
+    As `choices=` does, but a value that is not one names the closest spelling
+    (`--norm rmsnrom`: "Did you mean 'rmsnorm'?"), as the config's own checks do.
+    """
+    def parse(text):
+        if text in choices:
+            return text
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r}.{did_you_mean(text, choices)} Valid: {', '.join(choices)}.")
+
+    return {"type": parse, "metavar": "{" + ",".join(choices) + "}"}
+
+
 def _model_flag_help(key, choices, text):
     return f"{text} ({', '.join(choices)})" if choices else text
 
@@ -65,7 +90,8 @@ def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None
     notes = notes or {}
     for flag, key, kind, choices, text in MODEL_FLAGS:
         if key not in fixed:
-            group.add_argument(flag, dest=f"model_{key}", type=kind, choices=choices,
+            kinds = one_of(choices) if choices else {"type": kind}
+            group.add_argument(flag, dest=f"model_{key}", **kinds,
                                help=_model_flag_help(key, choices, text) + notes.get(key, ""))
     if qk_norm:
         group.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
@@ -81,7 +107,7 @@ def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None
 def add_training_arguments(parser):
     """Adds the options shared by `train` and `ablate`: model, data, optimization, augmentation."""
     what = parser.add_argument_group("what to train")
-    what.add_argument("--recipe", choices=RECIPE_NAMES, default="small",
+    what.add_argument("--recipe", **one_of(RECIPE_NAMES), default="small",
                       help="named set of defaults (default: small)")
     what.add_argument("--preset", help="built-in preset name (see docs/presets.md), or a preset "
                       "directory or standard ViT checkpoint to fine-tune from "
@@ -102,7 +128,7 @@ def add_training_arguments(parser):
     what.add_argument("--data-dir", help="tensorflow-datasets data directory")
     what.add_argument("--manual-dir", help="folder of manually downloaded archives "
                       "(imagenet2012)")
-    what.add_argument("--input-pipeline", choices=INPUT_PIPELINES, default=None,
+    what.add_argument("--input-pipeline", **one_of(INPUT_PIPELINES), default=None,
                       help="tf.data, or python (Keras' PyDataset: digits and folders without "
                       "TensorFlow); auto (default): tf.data where TensorFlow is installed")
 
@@ -128,7 +154,7 @@ def add_training_arguments(parser):
     schedule.add_argument("--weight-decay", type=float,
                           help="AdamW decoupled weight decay (Keras convention: times the "
                           "learning rate); kernels only")
-    schedule.add_argument("--optimizer", choices=OPTIMIZERS,
+    schedule.add_argument("--optimizer", **one_of(OPTIMIZERS),
                           help="adamw (default) or sgd (with momentum, for fine-tuning)")
     schedule.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
     schedule.add_argument("--beta1", dest="beta_1", type=float, help="Adam beta_1")
@@ -136,14 +162,14 @@ def add_training_arguments(parser):
     schedule.add_argument("--grad-clip", type=float, help="global-norm clipping, 0 = off")
     schedule.add_argument("--label-smoothing", type=float, help="label smoothing in [0, 1)")
     schedule.add_argument("--drop-path", type=float, help="stochastic depth rate of the last block")
-    schedule.add_argument("--mixed-precision", choices=PRECISIONS, help="dtype policy")
+    schedule.add_argument("--mixed-precision", **one_of(PRECISIONS), help="dtype policy")
     schedule.add_argument("--seed", type=int, help="seed of weights, data order, augmentation")
 
     schedule.add_argument("--grad-norm-every", type=int,
                           help="record per-layer gradient norms every N steps (grad_norms.csv)")
 
     augment = parser.add_argument_group("augmentation (Keras preprocessing layers)")
-    augment.add_argument("--crop", choices=CROP_MODES,
+    augment.add_argument("--crop", **one_of(CROP_MODES),
                          help="pad = zero-pad then random crop; zoom = random zoom-in")
     augment.add_argument("--crop-padding", type=int, help="pixels of padding for --crop pad")
     augment.add_argument("--zoom", type=float, help="largest zoom-in for --crop zoom")

@@ -5,6 +5,7 @@ import argparse
 from keras_vitnorm.choices import RESAMPLE_METHODS
 from keras_vitnorm.cli.arguments import add_model_overrides
 from keras_vitnorm.cli.arguments import model_overrides
+from keras_vitnorm.cli.arguments import one_of
 
 NAME = "convert"
 EXTRA = None
@@ -42,7 +43,7 @@ def add_parser(commands):
                         help="1 the conversion report (default), 2 also the frameworks' log lines")
     parser.add_argument("--num-classes", dest="model_num_classes", type=int,
                         help="classes of a new head (0 = features only)")
-    parser.add_argument("--resample", choices=RESAMPLE_METHODS, default="bilinear",
+    parser.add_argument("--resample", **one_of(RESAMPLE_METHODS), default="bilinear",
                         help="how --image-size resamples the position embedding: bilinear "
                         "(big_vision, default) or bicubic (timm)")
     overrides = parser.add_argument_group("model overrides (normalization and image size)")

@@ -4,11 +4,17 @@ the check that the extra a command needs is installed.
 Exit statuses: 0 success; 1 a run of a parallel study failed (its log is named); 2 bad
 arguments, bad input files, a run directory in use or a missing package; 3 training
 diverged; 4 a file could not be written (full disk, permissions; the last checkpoint
-is intact); 130 interrupted.
+is intact); 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM (a scheduler's stop), each
+with a message that says how to continue (a training run leaves a checkpoint of the
+step it stopped at, `keras_vitnorm.training.interrupts`).
 """
 
+import contextlib
 import importlib.util
+import os
+import signal
 import sys
+import threading
 
 #: The extras of the lab: the packages each brings (pip name, module name).
 EXTRAS = {
@@ -31,6 +37,30 @@ EXIT_STATUSES = (
     ("builtins", "OSError", 2),  # FileExistsError included
     ("builtins", "ImportError", 2),  # a package to install, named in the message
 )
+
+
+#: The Keras backends; each is an extra of the package of the same name.
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def missing_backend(error):
+    """The message for `error` where it is Keras' backend that is not installed (a plain
+    `pip install keras-vitnorm` has none), else `None`."""
+    if not isinstance(error, ModuleNotFoundError):
+        return None
+    name = (error.name or "").split(".")[0]
+    if name not in BACKENDS:
+        return None
+    chosen = os.environ.get("KERAS_BACKEND")
+    keras = sys.modules.get("keras")  # absent where importing it failed on its backend
+    if keras is not None and hasattr(keras, "config"):
+        chosen = keras.config.backend()
+    if chosen not in (None, name):
+        return None  # a module other than the backend (TensorFlow for tf.data under JAX)
+    default = "" if os.environ.get("KERAS_BACKEND") else ", the default"
+    return (f"Keras' backend {name!r} is not installed (KERAS_BACKEND={name}{default}). Install "
+            f"it with pip install 'keras-vitnorm[{name}]', or another one "
+            f"({', '.join(BACKENDS)}) and set KERAS_BACKEND to it.")
 
 
 def fail(command, message, status=2):
@@ -61,6 +91,42 @@ def missing_packages(extra):
             if importlib.util.find_spec(module) is None]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received by a command outside a training run's own handling of it."""
+
+    exit_status = 128 + signal.SIGTERM
+
+    def __init__(self):
+        super().__init__("Stopped by SIGTERM.")
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises `Terminated` (as SIGINT raises KeyboardInterrupt), so that a
+    command it stops ends with its message instead of no word at all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(number, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_message(command, args, error):
+    """What a command stopped by a signal (`error`, a KeyboardInterrupt) prints: what
+    stopped it, where it stands, how to continue."""
+    what = str(error) or "Interrupted."
+    advice = (command.interrupted(args, error) if hasattr(command, "interrupted")
+              else command.INTERRUPTED)
+    return f"{what} {advice}"
+
+
 def run_command(command, args):
     """Runs `command.run(args)` (a module of `keras_vitnorm.cli`); returns the exit status."""
     if command.EXTRA is not None:
@@ -70,12 +136,14 @@ def run_command(command, args):
                         f"install 'keras-vitnorm[{command.EXTRA}]' "
                         f"(missing: {', '.join(missing)}).")
     try:
-        command.run(args)
-    except KeyboardInterrupt:
-        return fail(command.NAME, f"interrupted. {command.INTERRUPTED}", 130)
+        with sigterm_raises():
+            command.run(args)
+    except KeyboardInterrupt as error:  # a signal: Ctrl-C, a scheduler's SIGTERM
+        return fail(command.NAME, interrupted_message(command, args, error),
+                    getattr(error, "exit_status", 128 + signal.SIGINT))
     except Exception as error:
         status = exit_status(error)
         if status is None:
             raise
-        return fail(command.NAME, str(error), status)
+        return fail(command.NAME, missing_backend(error) or str(error), status)
     return 0

@@ -3,6 +3,7 @@
 import json
 
 from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import one_of
 
 NAME = "evaluate"
 EXTRA = "train"
@@ -19,7 +20,7 @@ def add_parser(commands):
     parser.add_argument("path", help="preset directory, or run directory (uses its preset/)")
     parser.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> "
                         "(default: the run's dataset)")
-    parser.add_argument("--split", choices=("test", "validation", "train"), default="test")
+    parser.add_argument("--split", **one_of(("test", "validation", "train")), default="test")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--val-fraction", type=float, help="as used in training")
     parser.add_argument("--data-dir")

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 
 from keras_vitnorm.cli.arguments import add_seed_run_arguments
+from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import parse_setting
 from keras_vitnorm.cli.seeds import run_seeds
 
@@ -45,7 +46,7 @@ def add_parser(commands):
                         help="train on this many examples (default: all)")
     parser.add_argument("--trainable-image-tower", dest="freeze_image_tower", action="store_false",
                         help="train the image tower too (default: frozen, as LiT)")
-    parser.add_argument("--loss", choices=("softmax", "sigmoid"), default="softmax")
+    parser.add_argument("--loss", **one_of(("softmax", "sigmoid")), default="softmax")
     parser.add_argument("--set", dest="model_set", action="append", type=parse_setting, default=[],
                         metavar="KEY=VALUE",
                         help="image tower ViT overrides (for a built-in preset)")

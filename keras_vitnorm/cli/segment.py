@@ -8,6 +8,7 @@ from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.cli.arguments import add_model_overrides
 from keras_vitnorm.cli.arguments import add_seed_run_arguments
 from keras_vitnorm.cli.arguments import model_overrides
+from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.seeds import run_seeds
 
 NAME = "segment"
@@ -52,7 +53,7 @@ def add_parser(commands):
     schedule.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, default=1e-3)
     schedule.add_argument("--warmup-steps", type=int, default=100)
     schedule.add_argument("--weight-decay", type=float, default=0.05)
-    schedule.add_argument("--mixed-precision", choices=PRECISIONS, default="float32")
+    schedule.add_argument("--mixed-precision", **one_of(PRECISIONS), default="float32")
     schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
     add_seed_run_arguments(parser)
 

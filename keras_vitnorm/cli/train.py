@@ -1,17 +1,30 @@
 """`keras-vitnorm train`: one training run, `keras_vitnorm.training.train`."""
 
 import argparse
+import shlex
 
 from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.cli.arguments import LOGS_NOTE
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "train"
 #: The extra whose packages the command needs.
 EXTRA = "train"
-INTERRUPTED = "Continue with the same command plus --resume --output-dir <the run directory>."
+
+def interrupted(args, stop):
+    """The advice after a signal stopped the run (`stop`): the command that continues it."""
+    if not getattr(stop, "resumable", False):
+        return "Nothing was trained: run the same command again."
+    argv = list(args.argv)
+    if not args.resume:
+        argv.append("--resume")
+    if not args.output_dir:
+        argv += ["--output-dir", stop.run_dir]
+    return f"Continue it with: keras-vitnorm {shlex.join(argv)}"
+
 
 EXAMPLES = """examples:
   keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
@@ -23,6 +36,7 @@ EXAMPLES = """examples:
   keras-vitnorm train --recipe augreg_i1k --manual-dir ~/imagenet --distribute
   keras-vitnorm train --recipe finetune_384 --preset runs/b16/preset --manual-dir ~/imagenet
   keras-vitnorm train --output-dir runs/a --resume      # continue an interrupted run
+  keras-vitnorm train --resume         # continue the latest unfinished run of these settings
 
 Settings not given here come from the recipe (--recipe); see docs/training.md.
 The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
@@ -43,7 +57,8 @@ def add_parser(commands):
     run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
     overwrite = run.add_mutually_exclusive_group()
     overwrite.add_argument("--resume", action="store_true",
-                           help="continue the interrupted run in --output-dir")
+                           help="continue the interrupted run in --output-dir (default: the latest "
+                           "unfinished run of these settings in runs/)")
     overwrite.add_argument("--overwrite", action="store_true",
                            help="delete an existing --output-dir and start again")
     run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
@@ -51,7 +66,8 @@ def add_parser(commands):
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int,
                      help="tf.data shuffle buffer size (the python pipeline shuffles whole passes)")
-    run.add_argument("--distribute", nargs="?", const="data", choices=DISTRIBUTIONS, default=None,
+    run.add_argument("--distribute", nargs="?", const="data", **one_of(DISTRIBUTIONS),
+                     default=None,
                      help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
                      "the processes torchrun started (PyTorch); the default when the flag is "
                      "given alone. fsdp: also shard every block kernel and its optimizer state "

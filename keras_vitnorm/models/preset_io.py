@@ -121,6 +121,13 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
         )
     except ValueError as error:
         raise ValueError(f"Preset {preset!r}: {error}") from error
+    if not changes and report.resampled:  # saved for another image size than its config's
+        raise ValueError(
+            f"Preset {preset!r}: its weights do not fit its config.json: they hold a position "
+            f"embedding of another grid ({report.resampled[0]}) than its "
+            f"image_size={config.get('image_size')} makes. A preset holds "
+            "its own model's weights; pass image_size=<the size they were saved for> to load "
+            "them, or another size to resample them on purpose.")
     if report.resampled or report.converted or report.new or report.dropped:
         print(report)
     return model

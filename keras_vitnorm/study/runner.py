@@ -128,7 +128,8 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             for group in groups]
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
                            what="study directory"):
-        with run_files.storage_errors(output_dir, "Finished runs are intact; rerun to continue."):
+        with run_files.storage_errors(output_dir, "Finished runs are intact.",
+                                      "rerun the same command to continue"):
             study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
                            mode)
             return study.run(plan, seeds, lr_sweep, sweep_seeds)

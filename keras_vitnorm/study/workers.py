@@ -9,7 +9,10 @@ by environment variables that PyTorch, TensorFlow and XLA read when they start
 
 A child that fails stops new launches; the running ones finish, and the error names
 every failed run and its log. Each run is resumable on its own, so rerunning the study
-continues where it stopped. Interrupting the parent stops its children.
+continues where it stopped. A SIGTERM or SIGINT to the parent (a scheduler's stop,
+Ctrl-C) is passed on to its children as SIGTERM, and the parent waits for them: each
+child's run ends with a checkpoint of the step it was at
+(`keras_vitnorm.training.interrupts`), and the child exits with 143.
 """
 
 import os
@@ -93,37 +96,61 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
     Raises:
         RunsFailed: after the running children have finished, if any child failed.
             No child is started once one has failed.
+        RunInterrupted: SIGTERM or SIGINT reached this process; the running children
+            were stopped (each with a checkpoint) before it is raised.
     """
-    pending, running, failures, done = list(jobs), [], [], 0
-    try:
-        while running or (pending and not failures):
-            while pending and not failures and len(running) < parallel:
-                job = pending.pop(0)
+    from keras_vitnorm.training.interrupts import RunInterrupted
+    from keras_vitnorm.training.interrupts import StopRequest
+
+    # The stop waits for the loop (a child started is a child to stop) and its next poll.
+    request = StopRequest(say=lambda text: None)
+    running = []
+    with request.listening():
+        try:
+            with request.deferred():
+                _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, running,
+                                  stopped=lambda: request.signal is not None)
+        except RunInterrupted as stop:
+            if running:
+                names = ", ".join(f"[{job['group']}] {job['name']} seed {job['seed']}"
+                                  for job, _ in running)
+                stop.describe(f"{stop} The runs in training ({names}) stopped, each with a "
+                              "checkpoint of the step it was at.")
+            raise
+        finally:  # only left with running children by an exception or a signal
+            for _, process in running:
+                process.terminate()
+            for _, process in running:
+                process.wait()
+
+
+def _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, running, stopped):
+    """`train_in_workers` until `stopped()`; `running` holds the `(job, process)` pairs
+    still running."""
+    pending, failures, done = list(jobs), [], 0
+    while (running or (pending and not failures)) and not stopped():
+        while pending and not failures and len(running) < parallel and not stopped():
+            job = pending.pop(0)
+            if say:
+                say(f"[{job['group']}] {job['name']} seed {job['seed']}: training in a "
+                    f"worker process (log: {job['log']})")
+            running.append((job, start(job)))
+        time.sleep(poll_seconds)
+        still_running = []
+        for job, process in running:
+            code = process.poll()
+            if code is None:
+                still_running.append((job, process))
+            elif code == 0:
+                done += 1
                 if say:
-                    say(f"[{job['group']}] {job['name']} seed {job['seed']}: training in a "
-                        f"worker process (log: {job['log']})")
-                running.append((job, start(job)))
-            time.sleep(poll_seconds)
-            still_running = []
-            for job, process in running:
-                code = process.poll()
-                if code is None:
-                    still_running.append((job, process))
-                elif code == 0:
-                    done += 1
-                    if say:
-                        say(f"[{job['group']}] {job['name']} seed {job['seed']}: finished "
-                            f"({done} of {len(jobs)})")
-                    if on_finish:
-                        on_finish(job)
-                else:
-                    failures.append((job, code))
-            running = still_running
-    finally:
-        for _, process in running:  # only left here by an exception in the parent
-            process.terminate()
-        for _, process in running:
-            process.wait()
+                    say(f"[{job['group']}] {job['name']} seed {job['seed']}: finished "
+                        f"({done} of {len(jobs)})")
+                if on_finish:
+                    on_finish(job)
+            else:
+                failures.append((job, code))
+        running[:] = still_running
     if failures:
         raise RunsFailed(failures)
 
@@ -145,8 +172,13 @@ def main(argv=None):
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError
 
+    from keras_vitnorm.training.interrupts import RunInterrupted
+
     try:
         run_job(argv[0])
+    except RunInterrupted as stop:  # the parent passed on a scheduler's stop or Ctrl-C
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.exit_status
     except StorageError as error:
         print(f"error: {error}", file=sys.stderr)
         return STORAGE_EXIT_CODE

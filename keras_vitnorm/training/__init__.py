@@ -12,4 +12,5 @@ from keras_vitnorm.training.segmentation import train_segmenter
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.evaluation import evaluate
 from keras_vitnorm.training.fit_loop import TrainingDiverged
+from keras_vitnorm.training.interrupts import RunInterrupted
 from keras_vitnorm.training.trainer import train

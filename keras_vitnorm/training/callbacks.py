@@ -146,6 +146,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         #: `time.perf_counter()` at which this process's training began (the trainer sets it).
         self.seconds_before = 0.0
         self.began = None
+        #: The step of the checkpoint this callback wrote last (`None` before its first).
+        self.saved_step = None
 
     @staticmethod
     def latest(directory):
@@ -237,6 +239,11 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.batch_offset = 0
         self.save()
 
+    def save_if_new(self):
+        """Writes the checkpoint of the current step unless it is written already."""
+        if _step(self.model) != self.saved_step:
+            self.save()
+
     def save(self):
         """Writes `step-<N>/` for the current state and deletes the older checkpoints."""
         self._since_save = 0
@@ -262,6 +269,7 @@ class RunCheckpoint(keras.callbacks.Callback):
             # A checkpoint of the same step (an epoch end right after a backup) is
             # replaced as a whole too: a kill in between leaves one of the two in place.
             durable.write_directory(final, write, stage="checkpoint:state")
+        self.saved_step = step
         durable.fault_point("checkpoint:renamed")
         for name in os.listdir(self.directory):
             match = _STEP_DIRECTORY.match(name)

@@ -172,7 +172,13 @@ class TrainConfig:
         model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
         config.validate()
+        config.given = frozenset(overrides)
         return config
+
+    #: The settings given to `from_recipe`; the others are the recipe's defaults, which
+    #: a run fits to a dataset too small for them (`processes.fit_to_data`). A config
+    #: made otherwise counts every setting as given.
+    given = None
 
     def validate(self):
         """Raises a `ValueError` naming the first bad setting."""

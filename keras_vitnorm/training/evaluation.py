@@ -2,6 +2,8 @@
 
 import os
 
+import keras
+
 from keras_vitnorm import durable
 from keras_vitnorm.models import ViT
 from keras_vitnorm.training import data as data_lib
@@ -9,6 +11,7 @@ from keras_vitnorm.training.optimizer import compile_classifier
 from keras_vitnorm.training.run_directory import METRICS_FILE
 from keras_vitnorm.training.run_directory import SETTINGS_FILE
 from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_int
 
 
 def image_size(model):
@@ -20,6 +23,11 @@ def image_size(model):
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
              data_dir=None, manual_dir=None, verbose=1):
     """Scores a saved model on a split of a dataset.
+
+    A run's own model on its own dataset is scored as the run's final evaluation scored
+    it, so the numbers are the ones in its `metrics.json`: through the run's input
+    pipeline, under its dtype policy (`mixed_precision`), and with its loss (label
+    smoothing included).
 
     Args:
         path: a preset directory (`save_to_preset`) or a run directory from `train`
@@ -34,6 +42,7 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
     """
     check_choice("split", split, ("test", "validation", "train"))
+    check_positive_int("batch_size", batch_size)
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} does not exist or is not a directory.")
@@ -60,7 +69,6 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
     if dataset is None:
         raise ValueError(f"{path} is not a run directory; name the dataset to score it on.")
     val_fraction = val_fraction or run_settings.get("val_fraction", 0.1)
-    model = ViT.from_preset(preset_dir)
     # The run's own dataset is split as the run split it (a held-out val_examples too).
     own = dataset == run_settings.get("dataset")
     data = data_lib.load_dataset(
@@ -68,7 +76,19 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         skip_bad_images=bool(run_settings.get("skip_bad_images")),
         train_examples=run_settings.get("train_examples") if own else None,
         val_examples=run_settings.get("val_examples") if own else None,
+        pipeline=run_settings.get("input_pipeline") or "auto",
     )
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(run_settings.get("mixed_precision") or "float32")
+    try:
+        return _score(preset_dir, data, split, batch_size,
+                      run_settings.get("label_smoothing") or 0.0, verbose)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _score(preset_dir, data, split, batch_size, label_smoothing, verbose):
+    model = ViT.from_preset(preset_dir)
     classes = model.get_config()["num_classes"]
     if classes != data.num_classes:
         raise ValueError(
@@ -79,7 +99,7 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
     images = data_lib.eval_dataset(
         data, chosen, image_size(model), model.get_config()["num_channels"], batch_size
     )
-    compile_classifier(model, "sgd", 0.0)  # the optimizer is unused: evaluate only
+    compile_classifier(model, "sgd", label_smoothing)  # the optimizer is unused: evaluate only
     result = model.evaluate(images, return_dict=True, verbose=verbose)
     return {
         "preset": preset_dir,

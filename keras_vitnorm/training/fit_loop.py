@@ -25,6 +25,7 @@ from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.models import ViT
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import interrupts
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.evaluation import image_size
 from keras_vitnorm.training.optimizer import compile_classifier
@@ -93,10 +94,13 @@ class Run:
         plan: its `keras_vitnorm.training.processes.Plan`.
         resume: whether it continues from the directory's last checkpoint.
         say: `print`, or nothing.
+        stop: the `keras_vitnorm.training.interrupts.StopRequest` that the run's
+            signals set (`None`: signals keep their own handlers).
     """
 
-    def __init__(self, config, data, directory, plan, resume, say):
+    def __init__(self, config, data, directory, plan, resume, say, stop=None):
         self.config = config
+        self.stop = stop or interrupts.StopRequest()
         self.data = data
         self.directory = directory
         self.output_dir = directory.path
@@ -189,6 +193,8 @@ class Run:
         found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
         epoch, batch, step = 0, 0, 0
         values = None
+        if not found:
+            self._check_nothing_trained()
         if found:
             path, state = found
             epoch, batch, step = state["epoch"], state["batch"], state["step"]
@@ -214,6 +220,25 @@ class Run:
             truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
         return (epoch, batch, step), values
 
+    def _check_nothing_trained(self):
+        """Raises unless the run, which has no checkpoint, trained nothing yet (it was
+        stopped before its first): resuming it from step 0 would train the run again
+        and replace what it has."""
+        where = f"Cannot resume {self.output_dir}: it has no checkpoint to resume from"
+        if os.path.exists(self.preset_dir):
+            raise ValueError(
+                f"{where} but a final model (preset/): it finished, and its metrics.json is "
+                "gone. Score the model with ViT.from_preset, or train it again with "
+                "--overwrite instead of --resume.")
+        # Every epoch end writes a checkpoint, so a log of two epochs had one; a log of
+        # one may be a kill at the first epoch end, between its log row and checkpoint.
+        epochs = len(read_log(self.log_path))
+        if epochs > 1:
+            raise ValueError(
+                f"{where}, but log.csv records {epochs} trained epochs: its checkpoints "
+                "were removed. Train it again with --overwrite instead of --resume.")
+        self.say("No checkpoint yet (the run stopped before its first): training from step 0.")
+
     def _callbacks(self, extra_callbacks):
         config = self.config
         previous_best = max(
@@ -237,8 +262,12 @@ class Run:
                     path=self.grad_norms_path if self.plan.lead else None,
                 )
             )
+        # Last: a signal ends the step with every other callback's work of it done.
+        stop = interrupts.StopOnSignal(
+            self.stop, checkpoint if self.plan.lead else None,
+            agree=backend.any_process if self.plan.process[1] > 1 else None)
         if not self.plan.lead:  # the first process writes the logs and checkpoints
-            return [nan_stop, scale, *recorders, *extra_callbacks], nan_stop, checkpoint
+            return [nan_stop, scale, *recorders, *extra_callbacks, stop], nan_stop, checkpoint
         log = keras.callbacks.CSVLogger(self.log_path, append=True)
         checkpoint.flush = [recorder.flush for recorder in recorders]
         # Order matters: the NaN stop acts before anything saves; records and the log
@@ -265,11 +294,18 @@ class Run:
             callbacks.append(
                 keras.callbacks.TensorBoard(self.directory.tensorboard, write_graph=False)
             )
-        return callbacks, nan_stop, checkpoint
+        return [*callbacks, stop], nan_stop, checkpoint
 
     def _fit(self, model, start_epoch, batches_done, extra_callbacks, verbose):
-        config, plan = self.config, self.plan
         callbacks, nan_stop, checkpoint = self._callbacks(extra_callbacks)
+        with self.stop.deferred():
+            self._fit_segments(model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
+                               verbose)
+        return nan_stop
+
+    def _fit_segments(self, model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
+                      verbose):
+        config, plan = self.config, self.plan
         augmentation = augmentation_of(config)
         for initial_epoch, epochs, steps, offset in plan_segments(
             plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done
@@ -300,7 +336,6 @@ class Run:
                 )
             except callbacks_lib.LossIsNaN:
                 break
-        return nan_stop
 
     def _diverged(self, nan_stop, record):
         last = self.model_checkpoints["last"]
@@ -324,8 +359,9 @@ class Run:
         Each is written atomically and in this order, so a kill anywhere here leaves
         the checkpoint of the last step: `--resume` comes back to this evaluation.
         """
-        val = model.evaluate(self.val_data, return_dict=True, verbose=0)
-        test = model.evaluate(self.test_data, return_dict=True, verbose=0)
+        with self.stop.deferred():  # a signal here: resumed, the run evaluates again
+            val = model.evaluate(self.val_data, return_dict=True, verbose=0)
+            test = model.evaluate(self.test_data, return_dict=True, verbose=0)
         val["loss"] *= self.loss_scale["validation"]
         test["loss"] *= self.loss_scale["test"]
         durable.fault_point("final:evaluated")

@@ -18,7 +18,8 @@ def check_warmup(warmup_steps, total_steps):
     if warmup_steps >= total_steps:
         raise ValueError(
             f"warmup_steps={warmup_steps} leaves no steps to decay over: the run has "
-            f"{total_steps} steps. Pass a smaller --warmup-steps (or train longer)."
+            f"{total_steps} steps. Pass --warmup-steps {total_steps // 10} (a tenth of the "
+            f"run; any below {total_steps} works), or train longer."
         )
 
 

@@ -43,15 +43,49 @@ class Plan:
         return self.process[0] == 0
 
 
+def _largest_power_of_two(limit):
+    return 1 << (max(limit, 1).bit_length() - 1)
+
+
+def _given(config, name):
+    return config.given is None or name in config.given
+
+
+def fit_to_data(config, train_size):
+    """`(config, notes)`: `config` with the recipe's defaults that `train_size` training
+    examples cannot take fitted to them, and a note on each.
+
+    A batch larger than the training split becomes the largest power of two it holds,
+    and a warm-up as long as the run a tenth of it. A setting the user gave
+    (`TrainConfig.given`) is kept as it is: `plan_run` refuses it, naming a value that
+    works.
+    """
+    changes, notes = {}, []
+    if config.batch_size > train_size and not _given(config, "batch_size"):
+        changes["batch_size"] = _largest_power_of_two(train_size)
+        notes.append(f"Note: batch size {changes['batch_size']} instead of the recipe's "
+                     f"{config.batch_size}, which is more than the {train_size} training "
+                     "examples (--batch-size sets it).")
+    batch_size = changes.get("batch_size", config.batch_size)
+    total = config.steps or config.epochs * (config.steps_per_epoch or train_size // batch_size)
+    if config.warmup_steps >= total and not _given(config, "warmup_steps"):
+        changes["warmup_steps"] = total // 10
+        notes.append(f"Note: {total // 10} warm-up steps instead of the recipe's "
+                     f"{config.warmup_steps}, which leave no steps to decay over in the run's "
+                     f"{total} (--warmup-steps sets it).")
+    return (dataclasses.replace(config, **changes) if changes else config), notes
+
+
 def plan_run(config, data, overrides):
     """The `Plan` of `config` on `data`; the model's `overrides` are checked against the
     preset, and the distribution scope is made (which starts torchrun's process group)."""
-    steps_per_epoch = config.steps_per_epoch or data.train.size // config.batch_size
-    if steps_per_epoch < 1:
+    if config.batch_size > data.train.size:
         raise ValueError(
-            f"batch_size={config.batch_size} is larger than the training split "
-            f"({data.train.size} examples)."
+            f"batch_size={config.batch_size} is more than the {data.train.size} training "
+            f"examples of {data.name}: each batch would repeat examples. Pass --batch-size "
+            f"{data.train.size} or less."
         )
+    steps_per_epoch = config.steps_per_epoch or data.train.size // config.batch_size
     total_steps = config.steps or config.epochs * steps_per_epoch
     check_warmup(config.warmup_steps, total_steps)
     if config.preset in PRESETS and not os.path.isdir(config.preset):

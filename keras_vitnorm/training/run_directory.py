@@ -47,12 +47,75 @@ class RunDirectory:
                             for name in ("best", "last")}
 
 
+#: Where runs without an `output_dir` go.
+RUNS_FOLDER = "runs"
+
+
+def _run_name(config):
+    preset = os.path.basename(os.path.normpath(config.preset))
+    dataset = config.dataset.replace(":", "-").replace(os.sep, "_").strip("_")
+    return f"{preset}-{dataset}"
+
+
 def default_output_dir(config):
     """`runs/<preset>-<dataset>-<time>`."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    preset = os.path.basename(os.path.normpath(config.preset))
-    dataset = config.dataset.replace(":", "-").replace(os.sep, "_").strip("_")
-    return os.path.join("runs", f"{preset}-{dataset}-{stamp}")
+    return os.path.join(RUNS_FOLDER, f"{_run_name(config)}-{stamp}")
+
+
+def _unfinished_settings(path):
+    """The settings of the unfinished run in `path`, or `None` (no run, or finished)."""
+    try:
+        settings = durable.read_json(os.path.join(path, SETTINGS_FILE))
+        metrics = durable.read_json(os.path.join(path, METRICS_FILE))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(settings, dict):
+        return None
+    if isinstance(metrics, dict) and metrics.get("status") in ("completed", "diverged"):
+        return None
+    return settings
+
+
+def find_run_to_resume(config):
+    """The run that `config` without an `output_dir` resumes: the latest unfinished run
+    in `runs/` with the same settings (`default_output_dir`'s name with the latest time).
+
+    Raises:
+        ValueError: there is none; the message names the unfinished runs there are
+            and what to pass.
+    """
+    names = sorted(os.listdir(RUNS_FOLDER)) if os.path.isdir(RUNS_FOLDER) else []
+    same, others = [], []
+    for name in names:
+        path = os.path.join(RUNS_FOLDER, name)
+        saved = _unfinished_settings(path)
+        if saved is None:
+            continue
+        current = {**config.to_dict(), "output_dir": saved.get("output_dir")}
+        (others if setting_changes(saved, current) else same).append(path)
+    if same:
+        return same[-1]  # the names of runs of the same settings differ in their time only
+    listed = (f" (unfinished runs of other settings there: {', '.join(others[-3:])})"
+              if others else "")
+    raise ValueError(
+        f"--resume without --output-dir continues the latest unfinished run of these settings "
+        f"in {RUNS_FOLDER}/, and there is no unfinished run of these settings in "
+        f"{RUNS_FOLDER}/{listed}. Pass the run to continue: --resume --output-dir "
+        f"{RUNS_FOLDER}/<run>, with the settings it was started with."
+    )
+
+
+def check_resumable(output_dir):
+    """Raises the `ValueError` of `prepare` if `output_dir` holds no run to resume,
+    before anything is locked or created there."""
+    if not os.path.isdir(output_dir) or not _contents(output_dir):
+        raise ValueError(f"Cannot resume: {output_dir} holds no run.")
+    if not os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
+        raise ValueError(
+            f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
+            "keras-vitnorm run directory."
+        )
 
 
 
@@ -117,7 +180,7 @@ def prepare(config, output_dir, resume, overwrite):
             shutil.rmtree(path)
         else:
             os.remove(path)
-    with run_files.storage_errors(settings, "Nothing was trained yet."):
+    with run_files.storage_errors(settings, "Nothing was trained yet.", run_files.AGAIN):
         durable.write_text(settings, config.to_json())
 
 

@@ -21,7 +21,14 @@ _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.E
 
 
 class StorageError(OSError):
-    """A run's file could not be written (full disk, quota, permissions, read-only)."""
+    """A run's file could not be written (full disk, quota, permissions, read-only).
+
+    Its text is its message alone: the message gives the reason in words, so the errno
+    number `OSError` puts before it would repeat it.
+    """
+
+    def __str__(self):
+        return str(self.strerror)
 
 
 def _storage_error(error):
@@ -41,14 +48,20 @@ def _related(file, path):
     return os.path.commonpath([file, path]) in (file, path)
 
 
+#: What a `StorageError`'s message advises where nothing of the run was written yet.
+AGAIN = "run the same command again"
+
+
 @contextlib.contextmanager
-def storage_errors(path, safe):
+def storage_errors(path, safe, then="continue with --resume"):
     """Turns a storage failure while writing `path` into a `StorageError`.
 
     Args:
         path: the file or directory being written (the message names the error's own
             file instead where it has one).
         safe: str, what is still intact (e.g. the last good checkpoint), for the message.
+        then: str, what to do once the write can succeed (`AGAIN` where nothing is
+            there to resume).
     """
     try:
         yield
@@ -59,10 +72,11 @@ def storage_errors(path, safe):
         if not _storage_error(error) or (named and not _related(named, path)):
             raise  # not a write of `path` (e.g. an unreadable preset elsewhere): as it is
         where = named or path
+        reason = getattr(error, "strerror", None) or str(error)
         raise StorageError(
             getattr(error, "errno", None) or errno.EIO,
-            f"Could not write {where}: {error}. {safe} Free space (or fix the permissions) "
-            "and continue with --resume.",
+            f"Could not write {where}: {reason}. {safe} Free space (or fix the permissions), "
+            f"then {then}.",
         ) from error
 
 
@@ -119,6 +133,10 @@ class RunLock:
     whose processes cannot be checked from here. Where the kernel holds the lock there
     is nothing to take over, and `take_over` changes nothing.
 
+    A lock that made its directory (and folders above it) and is released with nothing
+    written there takes them back, so a command that fails before its first file
+    leaves nothing behind.
+
     Example:
     >>> with RunLock("runs/a"):
     ...     pass  # only this process writes runs/a here
@@ -131,6 +149,7 @@ class RunLock:
         self.what = what
         self._held = False
         self._file = None  # the open lock file whose flock this lock holds
+        self._made = []  # the folders acquire made, deepest first
 
     def _record(self):
         import sys
@@ -167,7 +186,12 @@ class RunLock:
             "must not write one run.")
 
     def acquire(self):
-        with storage_errors(self.path, "Nothing was written."):
+        with storage_errors(self.path, "Nothing was written.", AGAIN):
+            self._made = []
+            folder = os.path.abspath(self.directory)
+            while not os.path.exists(folder):
+                self._made.append(folder)
+                folder = os.path.dirname(folder)
             os.makedirs(self.directory, exist_ok=True)
             created = not os.path.exists(self.path)
             descriptor = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -187,7 +211,7 @@ class RunLock:
             return self._acquire_file()
         self._file = os.fdopen(descriptor, "r+")
         try:
-            with storage_errors(self.path, "Nothing was written."):
+            with storage_errors(self.path, "Nothing was written.", AGAIN):
                 self._file.truncate(0)
                 json.dump(self._record(), self._file)
                 self._file.flush()
@@ -202,13 +226,13 @@ class RunLock:
         """The lock without the kernel's: a file created atomically (`O_EXCL`)."""
         for _ in range(2):
             try:
-                with storage_errors(self.path, "Nothing was written."):
+                with storage_errors(self.path, "Nothing was written.", AGAIN):
                     descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 self._handle_existing()
                 continue
             try:
-                with storage_errors(self.path, "Nothing was written."), \
+                with storage_errors(self.path, "Nothing was written.", AGAIN), \
                         os.fdopen(descriptor, "w") as f:
                     json.dump(self._record(), f)
             except BaseException:  # an empty lock would refuse the next run
@@ -241,6 +265,13 @@ class RunLock:
         os.remove(self.path)
 
     def release(self):
+        try:
+            unused = bool(self._held and self._made) and os.listdir(self.directory) == [
+                os.path.basename(self.path)]
+        except OSError:
+            unused = False
+        if unused and self._file is not None:
+            os.remove(self.path)  # while the lock is held: no other process took this file
         if self._file is not None:
             self._file.close()  # the kernel lets go of the lock with the file
             self._file = None
@@ -248,6 +279,12 @@ class RunLock:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
         self._held = False
+        if unused:
+            for folder in self._made:  # only while empty: another process may write there
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
 
     def __enter__(self):
         return self.acquire()
@@ -278,7 +315,7 @@ def results_run(output_dir, what, overwrite=False, take_over_lock=False):
     def save(model, model_file, metrics):
         if output_dir is None:
             return
-        with storage_errors(output_dir, "Nothing of this run was kept."):
+        with storage_errors(output_dir, "Nothing of this run was kept.", AGAIN):
             durable.write_file(os.path.join(output_dir, model_file), model.save)
             durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
 

@@ -66,6 +66,11 @@ class SegmentationConfig:
         for name in ("image_size", "epochs", "batch_size"):
             check_positive_int(name, getattr(self, name))
         check_positive_float("learning_rate", self.learning_rate)
+        scenes = tuple(self.scenes)
+        if len(scenes) != 3 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in scenes):
+            raise ValueError("scenes must be three positive integers (train, validation, test; "
+                             f"--scenes), got {scenes}.")
         if self.weight_decay < 0 or self.warmup_steps < 0:
             raise ValueError(
                 f"weight_decay and warmup_steps must be >= 0, got {self.weight_decay} and {self.warmup_steps}."

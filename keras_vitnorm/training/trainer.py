@@ -10,12 +10,15 @@ locks and prepares its directory, and runs the fit loop from the start or, with
 """
 
 import contextlib
+import os
 
 import keras
 
 from keras_vitnorm import backend
 from keras_vitnorm.models import ViT
+from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training import interrupts
 from keras_vitnorm.training import run_directory
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import names_trained_model
@@ -24,6 +27,7 @@ from keras_vitnorm.training.fit_loop import TrainingDiverged
 from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
 from keras_vitnorm.training.processes import first_process_then_all
+from keras_vitnorm.training.processes import fit_to_data
 from keras_vitnorm.training.processes import plan_run
 
 __all__ = ["TrainingDiverged", "describe_model", "train"]
@@ -85,36 +89,98 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         run_files.LockedError: another process owns the run directory.
         run_files.StorageError: a file of the run could not be written (full disk,
             permissions); the last checkpoint is intact.
+        RunInterrupted: SIGTERM or SIGINT (Ctrl-C) stopped the run, at the end of the
+            step under way and with its checkpoint (`keras_vitnorm.training.interrupts`);
+            its message says where the run stands. A `KeyboardInterrupt`.
     """
     config.validate()
-    directory = run_directory.RunDirectory(
-        config.output_dir or run_directory.default_output_dir(config))
+    stop = interrupts.StopRequest()
+    with stop.listening():
+        try:
+            return _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop)
+        except interrupts.RunInterrupted as interrupted:
+            if interrupted.run_dir is None:  # stopped before the run's directory was claimed
+                raise _described(interrupted) from None
+            raise
+
+
+def _described(interrupted, directory=None, plan=None):
+    """`interrupted` with a message that says where the run stands and what resumes it
+    (read while the run's lock is held)."""
+    name = interrupts.signal_name(interrupted.signal)
+    settings = directory and os.path.isfile(os.path.join(directory.path,
+                                                         run_directory.SETTINGS_FILE))
+    if not settings:
+        return interrupted.describe(
+            f"Stopped by {name} before the run directory was set up: nothing was written.")
+    found = callbacks_lib.RunCheckpoint.latest(directory.backup)
+    step = found[1]["step"] if found else None
+    if step is None:
+        where = f"before its first checkpoint: resumed, the run in {directory.path} starts " \
+                "from step 0."
+    elif step >= plan.total_steps:
+        where = (f"after the last step ({step}): resumed, the run in {directory.path} goes "
+                 "straight to its final evaluation.")
+    else:
+        where = (f"at step {step} of {plan.total_steps}: the run in {directory.path} resumes "
+                 f"from its checkpoint of that step ({found[0]}).")
+    return interrupted.describe(f"Stopped by {name} {where}", directory.path, resumable=True)
+
+
+def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
+    """`train`, with `stop` listening for signals."""
     say = print if verbose else (lambda *args, **kwargs: None)
     data = data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
         val_examples=config.val_examples, pipeline=config.input_pipeline,
     )
+    config, notes = fit_to_data(config, data.train.size)
     plan = plan_run(config, data, _model_overrides(config, data))
+    for note in notes:
+        say(note)
     if not plan.lead:  # another process of a torch run: its first process owns the files
         say = lambda *args, **kwargs: None  # noqa: E731
+    if config.output_dir:
+        path = config.output_dir
+    elif resume:
+        path = run_directory.find_run_to_resume(config)
+        say(f"Resuming {path}, the latest unfinished run of these settings (--output-dir "
+            "names another).")
+    else:
+        path = run_directory.default_output_dir(config)
+    if resume:  # nothing to resume: refused before the lock creates anything
+        run_directory.check_resumable(path)
+    directory = run_directory.RunDirectory(path)
     with contextlib.ExitStack() as held:
+        claimed = []
+
         def claim_output_dir():  # the first process locks and prepares the run directory
             held.enter_context(run_files.RunLock(directory.path, run_directory.LOCK_FILE,
                                                  take_over=take_over_lock))
+            claimed.append(directory)
             run_directory.prepare(config, directory.path, resume, overwrite)
 
-        first_process_then_all(plan, claim_output_dir)
-        keras.utils.set_random_seed(config.seed)
-        say(data.describe())
-        if plan.replicas > 1:
-            say(f"Data-parallel over {plan.replicas} devices ({backend.name()}).")
-        if not data_lib.resumes_exactly(augmentation_of(config)) and resume:
-            say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
-                "the resumed run sees other (equally distributed) draws of them.")
-        # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
-        safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
-        with (_dtype_policy(config.mixed_precision), plan.scope,
-              data_lib.unreadable_images_named(data),
-              run_files.storage_errors(directory.path, safe)):
-            return Run(config, data, directory, plan, resume, say).execute(callbacks, verbose)
+        try:
+            first_process_then_all(plan, claim_output_dir)
+            return _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
+        except interrupts.RunInterrupted as interrupted:
+            raise _described(interrupted, claimed[0] if claimed else None, plan) from None
+
+
+def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
+    """Trains in the claimed run directory."""
+    keras.utils.set_random_seed(config.seed)
+    say(data.describe())
+    if plan.replicas > 1:
+        say(f"Data-parallel over {plan.replicas} devices ({backend.name()}).")
+    if not data_lib.resumes_exactly(augmentation_of(config)) and resume:
+        say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
+            "the resumed run sees other (equally distributed) draws of them.")
+    # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
+    safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
+    with (_dtype_policy(config.mixed_precision), plan.scope,
+          data_lib.unreadable_images_named(data),
+          run_files.storage_errors(directory.path, safe)):
+        return Run(config, data, directory, plan, resume, say, stop).execute(callbacks,
+                                                                             verbose)

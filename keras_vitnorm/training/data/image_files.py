@@ -16,6 +16,15 @@ _SIGNATURES = (
     (b"BM", "BMP"),
 )
 
+#: Image formats that neither input pipeline reads (TensorFlow's decoders read JPEG, PNG,
+#: GIF and BMP alone), by file extension: a folder's files of these are named, not left
+#: out without a word.
+OTHER_IMAGE_FORMATS = {
+    ".tif": "TIFF", ".tiff": "TIFF", ".webp": "WebP", ".jp2": "JPEG 2000", ".heic": "HEIF",
+    ".heif": "HEIF", ".avif": "AVIF", ".ppm": "PPM", ".pgm": "PGM", ".pbm": "PBM",
+    ".ico": "ICO",
+}
+
 
 def check_image_file(path):
     """Why the file at `path` is not a whole image, or `None` if it looks whole.
@@ -34,6 +43,9 @@ def check_image_file(path):
             tail = f.read()
     except OSError as error:
         return f"cannot be read ({error.strerror or error})"
+    other = OTHER_IMAGE_FORMATS.get(os.path.splitext(path)[1].lower())
+    if other:
+        return f"is a {other} image; image folders hold JPEG, PNG, GIF or BMP files (convert it)"
     if size == 0:
         return "is empty"
     kind = next((name for signature, name in _SIGNATURES if head.startswith(signature)), None)

@@ -11,7 +11,8 @@ installing TensorFlow. Its functions are those of
   because Pillow's bilinear filter smooths when it shrinks and TensorFlow's does not),
   so an evaluation batch is the tf.data pipeline's, to float32 rounding (within one
   grey level where a colour file is read as grayscale: TensorFlow's decoders and
-  Pillow weight the channels differently).
+  Pillow weight the channels differently; within 4 levels for a JPEG, which
+  TensorFlow decodes with the fast inverse DCT and Pillow with libjpeg's accurate one).
 - Each pass over the training split is a permutation drawn with the seed
   `(seed, pass)`; crops and flips are drawn with the seed `(seed, position in the
   stream)`. A stream started at any step is the uninterrupted stream from that step,
@@ -59,6 +60,8 @@ def errors_named(data):
 def load_image(path, channels):
     """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow.
 
+    A 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it.
+
     Raises:
         ValueError: naming the file, if Pillow cannot decode it.
     """
@@ -66,6 +69,10 @@ def load_image(path, channels):
 
     try:
         with Image.open(path) as image:
+            if image.mode.startswith("I"):  # 16-bit grayscale ("I;16", "I"): its high byte
+                # (Pillow's own conversion saturates every value above 255 to white)
+                high = np.right_shift(np.clip(np.asarray(image), 0, 65535).astype(np.uint16), 8)
+                image = Image.fromarray(high.astype(np.uint8), "L")
             image = image.convert("L" if channels == 1 else "RGB")
             array = np.asarray(image, np.uint8)
     except (OSError, ValueError, SyntaxError) as error:  # Pillow's errors for a damaged file

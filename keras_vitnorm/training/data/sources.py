@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from keras_vitnorm.training.data.image_files import OTHER_IMAGE_FORMATS
 from keras_vitnorm.training.data.image_files import check_image_file
 from keras_vitnorm.training.data.image_files import list_bad_files
 from keras_vitnorm.training.data.image_files import unreadable_file_error
@@ -152,9 +153,24 @@ def _stratified_split(labels, fraction, seed=0):
         kept, held_out = train_test_split(
             indices, test_size=fraction, stratify=labels, random_state=seed
         )
-    except ValueError:  # a class too small to stratify: split without stratification
-        kept, held_out = train_test_split(indices, test_size=fraction, random_state=seed)
+    except ValueError:  # a class too small for scikit-learn to stratify
+        return _split_each_class(labels, fraction, seed)
     return np.sort(kept), np.sort(held_out)
+
+
+def _split_each_class(labels, fraction, seed=0):
+    """Indices `(kept, held_out)`: `fraction` of each class held out (rounded; a class
+    keeps at least one example), and at least one example overall where a class has
+    two. For classes too small for scikit-learn's stratified split, which needs two
+    examples of every class."""
+    rng = np.random.default_rng(seed)
+    groups = [rng.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
+    counts = [min(round(len(group) * fraction), len(group) - 1) for group in groups]
+    if not sum(counts):
+        largest = max(range(len(groups)), key=lambda i: len(groups[i]))
+        counts[largest] = min(1, len(groups[largest]) - 1)
+    held_out = np.sort(np.concatenate([group[:count] for group, count in zip(groups, counts)]))
+    return np.setdiff1d(np.arange(len(labels)), held_out), held_out.astype(np.int64)
 
 
 def digits(val_fraction):
@@ -190,7 +206,8 @@ def _list_images(directory, classes=None):
         for entry in os.listdir(directory)
         if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry))
     )
-    if classes is None:
+    training = classes is None  # else a validation or test folder of the training classes
+    if training:
         classes = found
     else:
         extra = sorted(set(found) - set(classes))
@@ -199,15 +216,25 @@ def _list_images(directory, classes=None):
                 f"{directory} has class folder(s) {extra} that the training folder lacks; "
                 f"training classes: {classes}."
             )
+    # Files of other image formats are listed too, for the check to name them.
+    extensions = IMAGE_EXTENSIONS + tuple(OTHER_IMAGE_FORMATS)
     paths, labels = [], []
     for label, name in enumerate(classes):
         folder = os.path.join(directory, name)
         if not os.path.isdir(folder):
             continue
         for file in sorted(os.listdir(folder)):
-            if not file.startswith(".") and file.lower().endswith(IMAGE_EXTENSIONS):
+            if not file.startswith(".") and file.lower().endswith(extensions):
                 paths.append(os.path.join(folder, file))
                 labels.append(label)
+    present = set(labels)
+    empty = [name for label, name in enumerate(classes) if label not in present]
+    if paths and empty and training:
+        raise ValueError(
+            f"class folder(s) {', '.join(empty)} of {directory} hold no images (files ending in "
+            f"{', '.join(IMAGE_EXTENSIONS)} directly inside them; subfolders are not read). "
+            "Add images, or move the folder(s) out."
+        )
     if not paths:
         raise ValueError(
             f"{directory} holds no images in class subfolders (expected "

@@ -1,0 +1,162 @@
+"""SIGTERM and SIGINT end a training run at a step it resumes from.
+
+SIGTERM is what a scheduler sends before it preempts or cancels a job (Slurm, Kubernetes,
+a preemptible VM), SIGINT what Ctrl-C sends. While `train` runs, `StopRequest` holds
+handlers for both:
+
+- While training steps run (`StopRequest.deferred`: `model.fit` and the final
+  evaluation), a signal only records the request. `StopOnSignal`, the last callback of
+  `fit`, acts on it at the end of the step under way: it writes the checkpoint of that
+  step and raises `RunInterrupted` out of `fit`. A step is never cut in the middle, so
+  the checkpoint is the state after a whole step, and `--resume` continues from it
+  exactly.
+- Elsewhere (loading the data, building the model) the signal raises `RunInterrupted`
+  at once: nothing there needs finishing, and the last checkpoint on disk is whole.
+
+A KeyboardInterrupt raised inside a training step is not reliable: under JAX, Keras
+converts each step's logs inside a bare `except` that swallows it (the run goes on),
+and one raised while XLA compiles leaves the process to crash as it exits. SIGTERM's
+own action ends the process with no checkpoint of the steps since the last one.
+
+A second Ctrl-C stops the process at once, by SIGINT's own action (the last checkpoint
+on disk stays whole, and the kernel releases the run's lock).
+"""
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+import keras
+
+#: The signals that stop a run.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def signal_name(number):
+    """`"SIGTERM"` for `signal.SIGTERM`, ..."""
+    return signal.Signals(number).name
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal.
+
+    A `KeyboardInterrupt`, so that code which handles errors (`except Exception`)
+    lets it through, as it lets Ctrl-C through.
+
+    Attributes:
+        signal: the signal's number.
+        exit_status: `128 + signal`, the status a process ended by the signal has
+            (130 for SIGINT, 143 for SIGTERM).
+        run_dir: the run directory, or `None` if the run had not set it up.
+        resumable: whether `run_dir` holds a run that `--resume` continues.
+    """
+
+    def __init__(self, signal_number, message=None, run_dir=None, resumable=False):
+        self.signal = signal_number
+        self.run_dir = run_dir
+        self.resumable = resumable
+        super().__init__(message or f"Stopped by {signal_name(signal_number)}.")
+
+    @property
+    def exit_status(self):
+        return 128 + self.signal
+
+    def describe(self, message, run_dir=None, resumable=False):
+        """Sets the message, run directory and whether it resumes; returns `self`."""
+        self.args = (message,)
+        self.run_dir, self.resumable = run_dir, resumable
+        return self
+
+
+class StopRequest:
+    """Turns SIGTERM and SIGINT into a request to stop, while `listening()`.
+
+    `signal` is the first signal received (`None` until one is). Handlers are only
+    installed in the main thread (Python runs signal handlers there alone); elsewhere
+    the signals keep their own handlers.
+    """
+
+    def __init__(self, say=None):
+        self.signal = None
+        self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._deferred = False
+
+    def _handle(self, number, frame):
+        if self.signal is not None:
+            if number == signal.SIGINT and self._deferred:  # Ctrl-C again: stop now
+                self.say("Stopping at once: the last checkpoint on disk is whole.")
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            return
+        self.signal = number
+        if not self._deferred:
+            raise RunInterrupted(number)
+        self.say(f"{signal_name(number)} received: stopping at the end of this step, with a "
+                 "checkpoint of it" + (" (Ctrl-C again stops at once)."
+                                       if number == signal.SIGINT else "."))
+
+    @contextlib.contextmanager
+    def listening(self):
+        """Holds the handlers; the previous ones come back on exit."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {number: signal.getsignal(number) for number in SIGNALS}
+        for number in SIGNALS:
+            signal.signal(number, self._handle)
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """While training steps run: a signal waits for the step's end (`StopOnSignal`).
+
+        A request still pending when the block ends (a signal during the last step's
+        validation, or the final evaluation) raises `RunInterrupted` then.
+        """
+        self._deferred = True
+        try:
+            yield self
+        finally:
+            self._deferred = False
+        if self.signal is not None:
+            raise RunInterrupted(self.signal)
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Ends `fit` at the end of a step once `request` holds a signal: writes the
+    checkpoint of that step (`checkpoint`, a `RunCheckpoint`, or `None` on a process
+    that writes none) and raises `RunInterrupted`.
+
+    With `agree` (a function every training process calls each step, True where any
+    process's flag is), the processes of a distributed run stop at the same step.
+    Last in the callback list, so the step's other callbacks have run.
+    """
+
+    def __init__(self, request, checkpoint=None, agree=None):
+        super().__init__()
+        self.request = request
+        self.checkpoint = checkpoint
+        self.agree = agree
+
+    def _stop_requested(self):
+        requested = self.request.signal is not None
+        return self.agree(requested) if self.agree is not None else requested
+
+    def _stop(self):
+        if self.checkpoint is not None:
+            self.checkpoint.save_if_new()
+        raise RunInterrupted(self.request.signal or signal.SIGTERM)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._stop_requested():
+            self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._stop_requested():  # the epoch's checkpoint is written already
+            self._stop()
