@@ -50,6 +50,7 @@ CASES = {
     **{f"norm_{norm}_standardize_only": _norm(norm, learnable=False)
        for norm in layers.NORM_TYPES if norm != "identity"},
     "layer_scale": (layers.LayerScale, {"init_value": 0.1}, TOKENS, TOKENS),
+    "class_token_pooling": (layers.ClassTokenPooling, {}, TOKENS, (TOKENS[0], WIDTH)),
     "fused_dense": (layers.FusedDense, {"units": 16, "activation": "gelu"}, TOKENS, TOKENS),
     "fused_dense_standardized": (layers.FusedDense, {"units": 16, "weight_standardization": True},
                                  TOKENS, TOKENS),

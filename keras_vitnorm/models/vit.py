@@ -9,6 +9,7 @@ from keras_vitnorm.choices import BLOCK_STYLES
 from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.choices import STEM_TYPES
+from keras_vitnorm.layers import ClassTokenPooling
 from keras_vitnorm.layers import EncoderBlock
 from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.layers import make_norm
@@ -290,7 +291,7 @@ class ViT(keras.Model):
                 norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm", dtype=policy
             )(x)
         if pooling == "cls":
-            x = keras.layers.Lambda(lambda t: t[:, 0], name="cls_pool", dtype=policy)(x)
+            x = ClassTokenPooling(name="cls_pool", dtype=policy)(x)
         else:
             x = keras.layers.GlobalAveragePooling1D(name="gap_pool", dtype=policy)(x)
         if num_classes:
