@@ -97,6 +97,39 @@ def validate_config(config):
     check_weight_standardization(c["weight_standardization"], c["block_style"])
 
 
+def dtype_with_quantized_layers(model, dtype):
+    """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
+
+    `dtype` itself (None, a policy name, a serialized or `keras.DTypePolicy`) unless a
+    layer of `model` has been quantized (`model.quantize`): then a
+    `keras.dtype_policies.DTypePolicyMap` with `dtype` as its default and each quantized
+    layer's policy under its path, as keras-hub's backbones record it, so that a saved
+    quantized model is rebuilt with the variables its file holds.
+    """
+    if isinstance(dtype, dict):
+        dtype = keras.dtype_policies.deserialize(dtype)
+    if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
+        return dtype  # every layer's policy is already in it, quantized or not
+    quantized = {layer.path: layer.dtype_policy for layer in model._flatten_layers(include_self=False)
+                 if layer.quantization_mode is not None}
+    if not quantized:
+        return dtype
+    return keras.dtype_policies.DTypePolicyMap(default_policy=dtype, policy_map=quantized)
+
+
+def vit_config_with_quantized_layers(model, vit_config):
+    """`vit_config` of the ViT a model is built on, its `dtype` taking the model's quantized layers.
+
+    A model built on a ViT (`Segmenter`, `LiT`) takes the ViT's dtype policy, so its own
+    quantized layers go into the ViT's `dtype` too, and the ViT rebuilt from that config
+    gives them back.
+    """
+    dtype = dtype_with_quantized_layers(model, vit_config["dtype"])
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = keras.dtype_policies.serialize(dtype)
+    return {**vit_config, "dtype": dtype}
+
+
 def default_final_norm(mlp_norm):
     """Whether a norm follows the last block when `final_norm` is not given.
 
@@ -303,6 +336,10 @@ class ViT(keras.Model):
         outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
         kwargs.setdefault("name", "vit")
         super().__init__(inputs=images, outputs=outputs, **kwargs)
+        if policy is not None:
+            # A functional model takes the global policy whatever its layers use; its
+            # own policy is what `compile` reads (loss scaling under mixed_float16).
+            self.dtype_policy = policy
 
         for key, value in config.items():
             setattr(self, key, value)
@@ -314,7 +351,7 @@ class ViT(keras.Model):
             config["image_size"] = list(config["image_size"])
         config["name"] = self.name
         config["trainable"] = self.trainable
-        dtype = self._dtype_argument
+        dtype = dtype_with_quantized_layers(self, self._dtype_argument)
         if dtype is not None and not isinstance(dtype, str):
             dtype = keras.dtype_policies.serialize(dtype)
         config["dtype"] = dtype
@@ -340,12 +377,14 @@ class ViT(keras.Model):
             `tokens[:, 0]` and the patch tokens follow in row-major order of the
             `(height // patch_size, width // patch_size)` grid; with `"gap"` every
             token is a patch token. Features come in the dtype policy's compute
-            dtype.
+            dtype; the backbone has this ViT's dtype policy.
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
-        return keras.Model(inputs=self.input, outputs={"tokens": pool.input, "pooled": pool.output},
-                           name=f"{self.name}_backbone")
+        backbone = keras.Model(inputs=self.input, outputs={"tokens": pool.input, "pooled": pool.output},
+                               name=f"{self.name}_backbone")
+        backbone.dtype_policy = self.dtype_policy
+        return backbone
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
