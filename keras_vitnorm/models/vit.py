@@ -25,6 +25,7 @@ from keras_vitnorm.layers.encoder_block import resolve_placements
 from keras_vitnorm.convert import Checkpoint
 from keras_vitnorm.convert import POSITION_EMBEDDING
 from keras_vitnorm.models import preset_io
+from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
 
@@ -145,7 +146,7 @@ def default_final_norm(mlp_norm):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class ViT(keras.Model):
+class ViT(PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its config.
 
     A Keras functional model, configured only by JSON-safe values, so that a norm
