@@ -72,7 +72,8 @@ class PrePostNormResidual(Residual):
         self.post_norm = post_norm
 
     def __call__(self, x, training=None):
-        h = self.post_norm(self.sublayer(self.norm(x, training=training), training), training=training)
+        h = self.sublayer(self.norm(x, training=training), training)
+        h = self.post_norm(h, training=training)
         return residual_fence(x + self.branch(h, training))
 
 

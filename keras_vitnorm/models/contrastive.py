@@ -181,8 +181,8 @@ class LiT(PortableCompileConfig, keras.Model):
         self.image_encoder.trainable = not freeze_image_tower
         policy = self.dtype_policy
         self.image_projection = keras.layers.Dense(embed_dim, name="image_projection", dtype=policy)
-        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder", dtype=policy,
-                                        **self.text_settings)
+        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder",
+                                        dtype=policy, **self.text_settings)
         self.text_projection = keras.layers.Dense(embed_dim, name="text_projection", dtype=policy)
         self.log_temperature = self.add_weight(
             name="log_temperature", shape=(), initializer=keras.initializers.Constant(math.log(temperature)))
@@ -275,7 +275,8 @@ class LiT(PortableCompileConfig, keras.Model):
 
     def get_config(self):
         return {
-            "vit": vit_config_with_quantized_layers(self, self.vit_config), "vocabulary": self.vocabulary, "max_length": self.max_length,
+            "vit": vit_config_with_quantized_layers(self, self.vit_config),
+            "vocabulary": self.vocabulary, "max_length": self.max_length,
             "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower, "loss": self.loss_name,
             "text_width": self.text_settings["width"], "text_depth": self.text_settings["depth"],
             "text_heads": self.text_settings["num_heads"], "text_mlp_dim": self.text_settings["mlp_dim"],

@@ -83,7 +83,8 @@ class Segmenter(PortableCompileConfig, keras.Model):
         tokens = vit.backbone()(images)["tokens"]
         if config["pooling"] == "cls":
             tokens = tokens[:, 1:]
-        patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid", dtype=policy)(tokens)
+        patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid",
+                                       dtype=policy)(tokens)
         logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="segmentation_head",
                                     dtype=policy)(patches)
         logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(logits)

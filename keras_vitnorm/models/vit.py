@@ -111,7 +111,8 @@ def dtype_with_quantized_layers(model, dtype):
         dtype = keras.dtype_policies.deserialize(dtype)
     if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
         return dtype  # every layer's policy is already in it, quantized or not
-    quantized = {layer.path: layer.dtype_policy for layer in model._flatten_layers(include_self=False)
+    layers = model._flatten_layers(include_self=False)
+    quantized = {layer.path: layer.dtype_policy for layer in layers
                  if layer.quantization_mode is not None}
     if not quantized:
         return dtype
@@ -382,8 +383,8 @@ class ViT(PortableCompileConfig, keras.Model):
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
-        backbone = keras.Model(inputs=self.input, outputs={"tokens": pool.input, "pooled": pool.output},
-                               name=f"{self.name}_backbone")
+        outputs = {"tokens": pool.input, "pooled": pool.output}
+        backbone = keras.Model(inputs=self.input, outputs=outputs, name=f"{self.name}_backbone")
         backbone.dtype_policy = self.dtype_policy
         return backbone
 

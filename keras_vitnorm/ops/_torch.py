@@ -15,7 +15,8 @@ def linear(x, kernel, bias, use_onednn):
     oneDNN's linear runs instead (`onednn_linear`), except under `torch.compile`,
     which picks its own kernel (and would have to trace `onednn_linear`'s check).
     """
-    if use_onednn and x.dtype == torch.float32 and x.device.type == "cpu" and not compiling() and not (
+    on_cpu = x.dtype == torch.float32 and x.device.type == "cpu"
+    if use_onednn and on_cpu and not compiling() and not (
         torch.is_grad_enabled()
         and (x.requires_grad or kernel.requires_grad or (bias is not None and bias.requires_grad))
     ):
