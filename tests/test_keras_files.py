@@ -1,8 +1,9 @@
 """`.keras` files saved under each backend load, predict and train on the others.
 
 tests/fixtures/keras_files/<backend>/ holds a ViT (conv stem, BatchNorm: moving
-statistics in the file), a Segmenter and a LiT, each saved by `model.save` after one
-AdamW step under that backend (tools/make_keras_fixtures.py).
+statistics in the file) and a LiT (a ViT tower, a text tower, its vocabulary), each
+saved by `model.save` after one AdamW step under that backend
+(tools/make_keras_fixtures.py).
 Under the running backend, every other backend's files load with Keras' default
 `safe_mode=True` (nothing in them is a Python lambda or an unregistered callable),
 give the outputs the saving backend computed, and continue `fit` from the saved
@@ -46,7 +47,7 @@ def test_every_backend_has_saved_its_files():
     paths = glob.glob(os.path.join(FIXTURE_DIR, "*", "*.keras"))
     names = {os.path.relpath(path, FIXTURE_DIR) for path in paths}
     expected = {f"{backend}/{model}.keras" for backend in ("jax", "tensorflow", "torch")
-                for model in ("vit", "segmenter", "lit")}
+                for model in ("vit", "lit")}
     assert names == expected
 
 

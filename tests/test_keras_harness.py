@@ -52,35 +52,32 @@ CASES = {
        for norm in ("rmsnorm", "dyt", "batchnorm")},
     "layer_scale": (layers.LayerScale, {"init_value": 0.1}, TOKENS, TOKENS),
     "class_token_pooling": (layers.ClassTokenPooling, {}, TOKENS, (TOKENS[0], WIDTH)),
-    "fused_dense": (layers.FusedDense, {"units": 16, "activation": "gelu"}, TOKENS, TOKENS),
-    "fused_dense_standardized": (layers.FusedDense, {"units": 16, "weight_standardization": True},
+    "fused_dense_standardized": (layers.FusedDense, {"units": 16, "activation": "gelu",
+                                                     "weight_standardization": True},
                                  TOKENS, TOKENS),
     "standardized_conv": (layers.StandardizedConv2D, {"filters": 4, "kernel_size": 3, "strides": 2,
                                                       "padding": "same"}, IMAGES, (3, 4, 4, 4)),
-    "attention": (layers.MultiHeadSelfAttention, {"num_heads": 4}, TOKENS, TOKENS),
     "attention_normformer_sub_ln": (
         layers.MultiHeadSelfAttention,
         {"num_heads": 4, "qk_norm": "layernorm", "head_scale": True, "inner_norm": "layernorm",
          "qkv_bias": False, "init_scale": 0.5, "dropout": 0.1, "weight_standardization": True},
         TOKENS, TOKENS),
-    "mlp": (layers.MLP, {"hidden_dim": 32}, TOKENS, TOKENS),
     "mlp_mid_norm": (layers.MLP, {"hidden_dim": 32, "mid_norm": "dyt", "init_scale": 0.5,
                                   "dropout": 0.1, "weight_standardization": True}, TOKENS, TOKENS),
-    # Every placement for each sublayer, every block style, QK-norm, LayerScale, drop path.
+    # Every placement for each sublayer, every block style, QK-norm, LayerScale, drop path;
+    # the plain attention, MLP and dense layers are inside.
     "block_pre_pre_post_layernorm": _block("pre", "pre_post", "standard", "layernorm", qk_norm=True,
                                            layer_scale=0.1, weight_standardization=True),
     "block_pre_post_none_normformer_rmsnorm": _block("pre_post", "none", "normformer", "rmsnorm",
                                                      qk_norm=True, drop_path_rate=0.1, dropout=0.1),
     "block_none_pre_sub_ln_groupnorm": _block("none", "pre", "sub_ln", "groupnorm"),
     "block_deepnorm_dyt": _block("post", "post", "deepnorm", "dyt", qk_norm=True),
-    # Every stem, the stem-norm ablations, weight standardization.
+    # Every stem and the stem-norm ablations.
     **{f"stem_{stem}": _stem(stem) for stem in layers.STEM_TYPES},
     "stem_dual_patchnorm_affine": _stem("dual_patchnorm", stem_norm="affine"),
     "stem_dual_patchnorm_rmsnorm_fixed": _stem("dual_patchnorm", stem_norm="rmsnorm",
                                                stem_norm_learnable=False),
     "stem_post_posemb_dyt_gap": _stem("post_posemb", class_token=False, stem_norm="dyt"),
-    "stem_conv_groupnorm_standardized": _stem("conv", stem_norm="groupnorm",
-                                              weight_standardization=True),
 }
 
 #: `(case, dtype)` rerun with bfloat16 or float16 variables: the norms written here in

@@ -29,7 +29,7 @@ TINY = {"image_size": 8, "patch_size": 4, "width": 8, "depth": 1, "num_heads": 2
         "num_classes": 3}
 CAPTIONS = ["a red square", "a blue circle", "two green lines", "one red line"]
 #: The models saved, by file name.
-MODELS = ("vit", "segmenter", "lit")
+MODELS = ("vit", "lit")
 
 
 def build(name):
@@ -38,10 +38,8 @@ def build(name):
     import numpy as np
 
     from keras_vitnorm import LiT
-    from keras_vitnorm import Segmenter
     from keras_vitnorm import ViT
     from keras_vitnorm.models.contrastive import caption_vocabulary
-    from keras_vitnorm.models.segmenter import segmentation_loss
 
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (4, 8, 8, 3)).astype("float32")
@@ -52,10 +50,6 @@ def build(name):
     if name == "vit":
         vit.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return vit, images, np.array([0, 1, 2, 0])
-    if name == "segmenter":
-        model = Segmenter(ViT(**TINY, stem="dual_patchnorm", norm="rmsnorm", qk_norm=True), 3)
-        model.compile(optimizer, segmentation_loss())
-        return model, images, rng.integers(0, 3, (4, 8, 8)).astype("int32")
     model = LiT(ViT(**TINY, stem="post_posemb", norm="dyt"), caption_vocabulary(CAPTIONS),
                 max_length=4, embed_dim=8, text_width=8, text_depth=1, text_heads=2,
                 text_mlp_dim=16, loss="sigmoid", freeze_image_tower=False)

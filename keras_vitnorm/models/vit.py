@@ -206,6 +206,9 @@ class ViT(PortableCompileConfig, keras.Model):
             the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
             not, as in BiT); not with `deepnorm` or `sub_ln`.
         dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
+            The model is then what it is under that global policy: its layers' and
+            its own `dtype_policy` (which `compile` reads for loss scaling), and
+            those of `backbone()`, `Segmenter` and `LiT` built on it.
         **kwargs: `name`, `trainable`.
 
     Example:
