@@ -66,11 +66,12 @@ CASES = {
                                   "dropout": 0.1, "weight_standardization": True}, TOKENS, TOKENS),
     # Every placement for each sublayer, every block style, QK-norm, LayerScale, drop path;
     # the plain attention, MLP and dense layers are inside.
-    "block_pre_pre_post_layernorm": _block("pre", "pre_post", "standard", "layernorm", qk_norm=True,
-                                           layer_scale=0.1, weight_standardization=True),
-    "block_pre_post_none_normformer_rmsnorm": _block("pre_post", "none", "normformer", "rmsnorm",
-                                                     qk_norm=True, drop_path_rate=0.1, dropout=0.1),
-    "block_none_pre_sub_ln_groupnorm": _block("none", "pre", "sub_ln", "groupnorm"),
+    "block_attn_pre_mlp_pre_post_layernorm": _block(
+        "pre", "pre_post", "standard", "layernorm", qk_norm=True, layer_scale=0.1,
+        weight_standardization=True),
+    "block_attn_pre_post_mlp_none_normformer_rmsnorm": _block(
+        "pre_post", "none", "normformer", "rmsnorm", qk_norm=True, drop_path_rate=0.1, dropout=0.1),
+    "block_attn_none_mlp_pre_sub_ln_groupnorm": _block("none", "pre", "sub_ln", "groupnorm"),
     "block_deepnorm_dyt": _block("post", "post", "deepnorm", "dyt", qk_norm=True),
     # Every stem and the stem-norm ablations.
     **{f"stem_{stem}": _stem(stem) for stem in layers.STEM_TYPES},
@@ -86,7 +87,7 @@ CASES = {
 DTYPE_CASES = (
     *((norm, dtype) for norm in ("norm_rmsnorm", "norm_dyt", "norm_affine", "norm_batchnorm")
       for dtype in ("bfloat16", "float16")),
-    ("block_pre_pre_post_layernorm", "float16"),
+    ("block_attn_pre_mlp_pre_post_layernorm", "float16"),
     ("stem_dual_patchnorm", "bfloat16"),
     ("standardized_conv", "bfloat16"),
 )
