@@ -54,9 +54,11 @@ class FusedDense(keras.layers.Dense):
             x = self.activation(x)
         return x
 
-    def quantize(self, *args, **kwargs):
+    def quantize(self, mode=None, type_check=True, config=None):
         _refuse_quantization(self)
-        return super().quantize(*args, **kwargs)
+        # Keras' Dense refuses its subclasses by default (their `call` might not be its
+        # own); a quantized FusedDense runs Keras' quantized call, so the check is moot.
+        return super().quantize(mode, type_check=False, config=config)
 
     def get_config(self):
         return {**super().get_config(), "weight_standardization": self.weight_standardization}

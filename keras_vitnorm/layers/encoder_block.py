@@ -17,7 +17,11 @@ from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import make_norm
-from keras_vitnorm.ops import residual_fence
+from keras_vitnorm.layers.residual import PostNormResidual
+from keras_vitnorm.layers.residual import PreNormResidual
+from keras_vitnorm.layers.residual import PrePostNormResidual
+from keras_vitnorm.layers.residual import Residual
+from keras_vitnorm.layers.residual import Sublayer
 
 
 def default_placements(block_style):
@@ -126,12 +130,12 @@ class EncoderBlock(keras.layers.Layer):
     Each sublayer `F` is wrapped according to its placement, with `N` a norm of
     type `norm`, `S` the optional LayerScale and `D` stochastic depth:
 
-    | placement  | sublayer output                  |
-    |------------|----------------------------------|
-    | `pre`      | `x + D(S(F(N(x))))`              |
-    | `post`     | `N(alpha * x + D(S(F(x))))`      |
-    | `pre_post` | `x + D(S(N2(F(N1(x)))))`         |
-    | `none`     | `x + D(S(F(x)))`                 |
+    | placement  | sublayer output                  | wrapper               |
+    |------------|----------------------------------|-----------------------|
+    | `pre`      | `x + D(S(F(N(x))))`              | `PreNormResidual`     |
+    | `post`     | `N(alpha * x + D(S(F(x))))`      | `PostNormResidual`    |
+    | `pre_post` | `x + D(S(N2(F(N1(x)))))`         | `PrePostNormResidual` |
+    | `none`     | `x + D(S(F(x)))`                 | `Residual`            |
 
     `alpha` is 1 except for `block_style="deepnorm"`. The block style adds, on top
     of the placement:
@@ -324,43 +328,30 @@ class EncoderBlock(keras.layers.Layer):
         self.drop_path = keras.layers.Dropout(
             self.drop_path_rate, noise_shape=(None, 1, 1), name="drop_path", dtype=self.dtype_policy
         )
+        # NormFormer as fairseq orders it: the attention, its output norm, then the dropout.
+        attention = Sublayer(self.attention, self.attn_out_norm,
+                             self.attn_out_dropout if self.dropout else None)
+        self.attention_residual = self._residual(
+            self.resolved_attn_norm, attention, self.attn_norms, self.attn_scale)
+        self.mlp_residual = self._residual(
+            self.resolved_mlp_norm, Sublayer(self.mlp), self.mlp_norms, self.mlp_scale)
 
-    def _sublayer(self, x, branch, placement, norms, scale, training):
-        first, second = norms
-        h = branch(first(x, training=training) if placement in ("pre", "pre_post") else x)
-        if second is not None:
-            h = second(h, training=training)
-        if scale is not None:
-            h = scale(h)
-        if self.drop_path_rate:  # a rate of 0 is the identity: no layer call
-            h = self.drop_path(h, training=training)
+    def _residual(self, placement, sublayer, norms, scale):
+        """The wrapper of `sublayer` for its placement (see the table above)."""
+        norm, post_norm = norms
+        # A rate of 0 is the identity: no layer call (Keras' per-call cost is eager on PyTorch).
+        wrap = {"scale": scale, "drop_path": self.drop_path if self.drop_path_rate else None}
+        if placement == "pre":
+            return PreNormResidual(sublayer, norm, **wrap)
         if placement == "post":
-            alpha = self.residual_alpha
-            residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
-            return residual_fence(first(residual + h, training=training))
-        return residual_fence(x + h)
+            return PostNormResidual(sublayer, norm, alpha=self.residual_alpha, **wrap)
+        if placement == "pre_post":
+            return PrePostNormResidual(sublayer, norm, post_norm, **wrap)
+        return Residual(sublayer, **wrap)
 
     def call(self, x, training=None):
-        def attention(h):
-            h = self.attention(h, training=training)
-            if self.attn_out_norm is not None:
-                # NormFormer as fairseq orders it: the norm, then the dropout.
-                h = self.attn_out_norm(h, training=training)
-                if self.dropout:
-                    h = self.attn_out_dropout(h, training=training)
-            return h
-
-        x = self._sublayer(
-            x, attention, self.resolved_attn_norm, self.attn_norms, self.attn_scale, training
-        )
-        return self._sublayer(
-            x,
-            lambda h: self.mlp(h, training=training),
-            self.resolved_mlp_norm,
-            self.mlp_norms,
-            self.mlp_scale,
-            training,
-        )
+        x = self.attention_residual(x, training)
+        return self.mlp_residual(x, training)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -31,6 +31,12 @@ def _to_compute_dtype(layer, x):
     return ops.cast(x, layer.compute_dtype)
 
 
+def _float32(weight):
+    # Weights are float16 or bfloat16 under such a variable dtype; TensorFlow does not
+    # promote them to the float32 they are combined with here.
+    return ops.cast(weight, "float32")
+
+
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class RMSNorm(keras.layers.Layer):
     """Root mean square normalization over the last axis.
@@ -71,7 +77,7 @@ class RMSNorm(keras.layers.Layer):
             )
 
     def call(self, x):
-        scale = None if self.gamma is None else ops.cast(self.gamma, "float32")
+        scale = None if self.gamma is None else _float32(self.gamma)
         y = ops.rms_normalization(ops.cast(x, "float32"), scale=scale, axis=-1, epsilon=self.epsilon)
         return _to_compute_dtype(self, y)
 
@@ -155,9 +161,9 @@ class DyT(keras.layers.Layer):
             self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
     def call(self, x):
-        y = ops.tanh(self.alpha * ops.cast(x, "float32"))
+        y = ops.tanh(_float32(self.alpha) * ops.cast(x, "float32"))
         if self.affine:
-            y = y * self.gamma + self.beta
+            y = y * _float32(self.gamma) + _float32(self.beta)
         return _to_compute_dtype(self, y)
 
     def compute_output_shape(self, input_shape):
@@ -193,7 +199,7 @@ class Affine(keras.layers.Layer):
         self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
     def call(self, x):
-        y = ops.cast(x, "float32") * self.gamma + self.beta
+        y = ops.cast(x, "float32") * _float32(self.gamma) + _float32(self.beta)
         return _to_compute_dtype(self, y)
 
     def compute_output_shape(self, input_shape):

@@ -16,6 +16,7 @@ whitespace, the vocabulary kept in the model's config), so a saved model encodes
 prompts (zero-shot classification) after reload on any backend.
 """
 
+import functools
 import math
 
 import keras
@@ -25,6 +26,8 @@ from keras import ops
 from keras_vitnorm.layers.encoder_block import EncoderBlock
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.models.compile_config import PortableCompileConfig
+from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 
@@ -115,7 +118,7 @@ class TextEncoder(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class LiT(keras.Model):
+class LiT(PortableCompileConfig, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
     `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):
@@ -135,6 +138,8 @@ class LiT(keras.Model):
         text_width, text_depth, text_heads, text_mlp_dim: the text tower's size.
         temperature: float, default 10 (LiT's and SigLIP's initial `t`), learned as `log t`.
         bias: float, default -10, the sigmoid loss's initial bias.
+        **kwargs: `keras.Model` arguments; `dtype` defaults to the ViT's dtype policy,
+            which the text tower and the projections take too.
 
     Example:
     >>> vit = ViT.from_preset("runs/b16_dpn/preset")
@@ -147,9 +152,9 @@ class LiT(keras.Model):
     def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True, loss="softmax",
                  text_width=128, text_depth=2, text_heads=4, text_mlp_dim=512, temperature=10.0, bias=-10.0,
                  **kwargs):
-        super().__init__(**kwargs)
         if not isinstance(vit, ViT):
             raise ValueError(f"LiT needs a keras_vitnorm ViT as its image tower, got {type(vit).__name__}.")
+        super().__init__(**{"dtype": vit.dtype_policy, **kwargs})
         check_choice("loss", loss, CONTRASTIVE_LOSSES)
         check_positive_int("embed_dim", embed_dim)
         if not isinstance(freeze_image_tower, bool):
@@ -174,16 +179,17 @@ class LiT(keras.Model):
                               "mlp_dim": text_mlp_dim}
         self.image_encoder = vit.backbone()
         self.image_encoder.trainable = not freeze_image_tower
-        self.image_projection = keras.layers.Dense(embed_dim, name="image_projection")
-        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder", **self.text_settings)
-        self.text_projection = keras.layers.Dense(embed_dim, name="text_projection")
+        policy = self.dtype_policy
+        self.image_projection = keras.layers.Dense(embed_dim, name="image_projection", dtype=policy)
+        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder",
+                                        dtype=policy, **self.text_settings)
+        self.text_projection = keras.layers.Dense(embed_dim, name="text_projection", dtype=policy)
         self.log_temperature = self.add_weight(
             name="log_temperature", shape=(), initializer=keras.initializers.Constant(math.log(temperature)))
         self.logit_bias = None
         if loss == "sigmoid":
             self.logit_bias = self.add_weight(name="logit_bias", shape=(),
                                               initializer=keras.initializers.Constant(bias))
-        self._tokenizer = None
         # Built here, whole, so that a saved model reloads into the same variables.
         self.image_projection.build((None, self.vit_config["width"]))
         self.text_encoder.build((None, max_length))
@@ -194,6 +200,15 @@ class LiT(keras.Model):
         """Nothing left to build: every variable is made in the constructor."""
         self.built = True
 
+    @functools.cached_property
+    def _tokenizer(self):
+        # Kept out of Keras' tracking (a cached property bypasses `__setattr__`): it is
+        # rebuilt from the vocabulary in the config, and as a sublayer it would go into
+        # saved files and stop `quantize` (its StringLookup is never built).
+        return keras.layers.TextVectorization(
+            standardize="lower_and_strip_punctuation", output_sequence_length=self.max_length,
+            vocabulary=self.vocabulary[2:])
+
     def tokenize(self, captions):
         """Token ids `(len(captions), max_length)` int32 NumPy of a list of strings."""
         captions = list(captions)
@@ -201,10 +216,6 @@ class LiT(keras.Model):
             raise ValueError("tokenize got no captions: pass a non-empty list of strings.")
         if not all(isinstance(c, str) for c in captions):
             raise ValueError("tokenize takes a list of strings.")
-        if self._tokenizer is None:
-            self._tokenizer = keras.layers.TextVectorization(
-                standardize="lower_and_strip_punctuation", output_sequence_length=self.max_length,
-                vocabulary=self.vocabulary[2:])
         return np.asarray(keras.ops.convert_to_numpy(self._tokenizer(captions)), "int32")
 
     def encode_images(self, images, training=None):
@@ -264,7 +275,8 @@ class LiT(keras.Model):
 
     def get_config(self):
         return {
-            "vit": self.vit_config, "vocabulary": self.vocabulary, "max_length": self.max_length,
+            "vit": vit_config_with_quantized_layers(self, self.vit_config),
+            "vocabulary": self.vocabulary, "max_length": self.max_length,
             "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower, "loss": self.loss_name,
             "text_width": self.text_settings["width"], "text_depth": self.text_settings["depth"],
             "text_heads": self.text_settings["num_heads"], "text_mlp_dim": self.text_settings["mlp_dim"],

@@ -11,6 +11,8 @@ import keras
 from keras import ops
 
 from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.models.compile_config import PortableCompileConfig
+from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 
 
 def segmentation_loss(ignore_class=None):
@@ -44,7 +46,7 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class Segmenter(keras.Model):
+class Segmenter(PortableCompileConfig, keras.Model):
     """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
 
     The encoder is `vit.backbone()`: it shares the ViT's layers and weights, so a
@@ -54,7 +56,8 @@ class Segmenter(keras.Model):
     laid out on their grid. The head starts at zero, as the classifier head does.
 
     Outputs are float32 logits `(batch, height, width, num_classes)`; train them with
-    `segmentation_loss` and score them with `mean_iou`.
+    `segmentation_loss` and score them with `mean_iou`. The segmenter and its head take
+    the ViT's dtype policy, as if built under it as the global policy.
 
     Args:
         vit: a `ViT` (any preset, checkpoint or config); its `num_classes` is unused.
@@ -80,19 +83,22 @@ class Segmenter(keras.Model):
         tokens = vit.backbone()(images)["tokens"]
         if config["pooling"] == "cls":
             tokens = tokens[:, 1:]
-        patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid")(tokens)
+        patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid",
+                                       dtype=policy)(tokens)
         logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="segmentation_head",
                                     dtype=policy)(patches)
         logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(logits)
         logits = keras.layers.UpSampling2D(size=(size // grid[0], size // grid[1]), interpolation="bilinear",
                                            name="upsample", dtype="float32")(logits)
         super().__init__(inputs=images, outputs=logits, **kwargs)
+        self.dtype_policy = policy
         self.vit_config = config
         self.num_classes = num_classes
         self.grid_size = grid
 
     def get_config(self):
-        return {"vit": self.vit_config, "num_classes": self.num_classes, "name": self.name}
+        return {"vit": vit_config_with_quantized_layers(self, self.vit_config),
+                "num_classes": self.num_classes, "name": self.name}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

@@ -7,14 +7,17 @@ import numpy as np
 
 from keras_vitnorm.convert import Checkpoint
 from keras_vitnorm.convert import POSITION_EMBEDDING
+from keras_vitnorm.layers import ClassTokenPooling
 from keras_vitnorm.layers import EncoderBlock
 from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.layers import make_norm
 from keras_vitnorm.layers.encoder_block import resolve_placements
 from keras_vitnorm.models import preset_io
+from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
 from keras_vitnorm.models.vit_config import default_final_norm
+from keras_vitnorm.models.vit_config import dtype_with_quantized_layers
 from keras_vitnorm.models.vit_config import image_hw
 from keras_vitnorm.models.vit_config import validate_config
 from keras_vitnorm.validation import check_known_keys
@@ -24,7 +27,7 @@ _BASE_MODEL_KEYS = ("name", "trainable")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class ViT(keras.Model):
+class ViT(PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its config.
 
     A Keras functional model, configured only by JSON-safe values, so that a norm
@@ -83,6 +86,9 @@ class ViT(keras.Model):
             the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
             not, as in BiT); not with `deepnorm` or `sub_ln`.
         dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
+            The model is then what it is under that global policy: its layers' and
+            its own `dtype_policy` (which `compile` reads for loss scaling), and
+            those of `backbone()`, `Segmenter` and `LiT` built on it.
         **kwargs: `name`, `trainable`.
 
     Example:
@@ -203,7 +209,7 @@ class ViT(keras.Model):
                 norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm", dtype=policy
             )(x)
         if pooling == "cls":
-            x = keras.layers.Lambda(lambda t: t[:, 0], name="cls_pool", dtype=policy)(x)
+            x = ClassTokenPooling(name="cls_pool", dtype=policy)(x)
         else:
             x = keras.layers.GlobalAveragePooling1D(name="gap_pool", dtype=policy)(x)
         if num_classes:
@@ -215,6 +221,10 @@ class ViT(keras.Model):
         outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
         kwargs.setdefault("name", "vit")
         super().__init__(inputs=images, outputs=outputs, **kwargs)
+        if policy is not None:
+            # A functional model takes the global policy whatever its layers use; its
+            # own policy is what `compile` reads (loss scaling under mixed_float16).
+            self.dtype_policy = policy
 
         for key, value in config.items():
             setattr(self, key, value)
@@ -226,7 +236,7 @@ class ViT(keras.Model):
             config["image_size"] = list(config["image_size"])
         config["name"] = self.name
         config["trainable"] = self.trainable
-        dtype = self._dtype_argument
+        dtype = dtype_with_quantized_layers(self, self._dtype_argument)
         if dtype is not None and not isinstance(dtype, str):
             dtype = keras.dtype_policies.serialize(dtype)
         config["dtype"] = dtype
@@ -252,12 +262,14 @@ class ViT(keras.Model):
             `tokens[:, 0]` and the patch tokens follow in row-major order of the
             `(height // patch_size, width // patch_size)` grid; with `"gap"` every
             token is a patch token. Features come in the dtype policy's compute
-            dtype.
+            dtype; the backbone has this ViT's dtype policy.
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
-        return keras.Model(inputs=self.input, outputs={"tokens": pool.input, "pooled": pool.output},
-                           name=f"{self.name}_backbone")
+        outputs = {"tokens": pool.input, "pooled": pool.output}
+        backbone = keras.Model(inputs=self.input, outputs=outputs, name=f"{self.name}_backbone")
+        backbone.dtype_policy = self.dtype_policy
+        return backbone
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

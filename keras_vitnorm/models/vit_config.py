@@ -1,4 +1,7 @@
-"""The ViT's config: what each value may be, checked before a layer is built."""
+"""The ViT's config: what each value may be, checked before a layer is built, and the
+`dtype` that rebuilds a quantized model."""
+
+import keras
 
 from keras_vitnorm.choices import BLOCK_STYLES
 from keras_vitnorm.choices import NORM_TYPES
@@ -93,3 +96,37 @@ def default_final_norm(mlp_norm):
         mlp_norm: str, the resolved MLP placement.
     """
     return mlp_norm != "post"
+
+
+def dtype_with_quantized_layers(model, dtype):
+    """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
+
+    `dtype` itself (None, a policy name, a serialized or `keras.DTypePolicy`) unless a
+    layer of `model` has been quantized (`model.quantize`): then a
+    `keras.dtype_policies.DTypePolicyMap` with `dtype` as its default and each quantized
+    layer's policy under its path, as keras-hub's backbones record it, so that a saved
+    quantized model is rebuilt with the variables its file holds.
+    """
+    if isinstance(dtype, dict):
+        dtype = keras.dtype_policies.deserialize(dtype)
+    if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
+        return dtype  # every layer's policy is already in it, quantized or not
+    layers = model._flatten_layers(include_self=False)
+    quantized = {layer.path: layer.dtype_policy for layer in layers
+                 if layer.quantization_mode is not None}
+    if not quantized:
+        return dtype
+    return keras.dtype_policies.DTypePolicyMap(default_policy=dtype, policy_map=quantized)
+
+
+def vit_config_with_quantized_layers(model, vit_config):
+    """`vit_config` of the ViT a model is built on, its `dtype` taking the model's quantized layers.
+
+    A model built on a ViT (`Segmenter`, `LiT`) takes the ViT's dtype policy, so its own
+    quantized layers go into the ViT's `dtype` too, and the ViT rebuilt from that config
+    gives them back.
+    """
+    dtype = dtype_with_quantized_layers(model, vit_config["dtype"])
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = keras.dtype_policies.serialize(dtype)
+    return {**vit_config, "dtype": dtype}

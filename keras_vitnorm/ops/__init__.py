@@ -36,23 +36,36 @@ def backend_name():
     return keras.backend.backend()
 
 
-@functools.cache
+def _import_native():
+    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(backend_name())
+    return None if module is None else importlib.import_module(f"keras_vitnorm.ops.{module}")
+
+
+# Imported with this module, not at an op's first call: torch.compile, tracing an op,
+# cannot trace an import (nor see through a cache around one) and would split the
+# compiled graph there.
+_NATIVE = _import_native()
+
+
 def _native():
     """This backend's module of fast forms."""
-    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(backend_name())
-    if module is None:
+    if _NATIVE is None:
         raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
-    return importlib.import_module(f"keras_vitnorm.ops.{module}")
+    return _NATIVE
 
 
 def _fast(name, *backends):
     return backend_name() in backends and fast_path_enabled(name)
 
 
-@functools.cache
 def _xla_or_graph_on_cpu():
     """JAX or TensorFlow computing on a CPU (no GPU or TPU in use)."""
-    return backend_name() in ("jax", "tensorflow") and _native().on_cpu()
+    return backend_name() in ("jax", "tensorflow") and _on_cpu()
+
+
+@functools.cache
+def _on_cpu():
+    return _native().on_cpu()
 
 
 def linear(x, kernel, bias=None):
@@ -60,8 +73,9 @@ def linear(x, kernel, bias=None):
 
     Fast path `linear` (PyTorch): one `torch.nn.functional.linear`, the bias add fused
     into the matmul; and `onednn_linear` on top of it (float32 on an x86 CPU where
-    no gradient is recorded): oneDNN's linear, a private PyTorch op used only after
-    a check that it exists and computes the same.
+    no gradient is recorded, outside `torch.compile`): oneDNN's linear, a private
+    PyTorch op used only after a check that it exists and computes the same. Under
+    `torch.compile` it steps aside: the compiler picks its own kernel for the linear.
     """
     x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
     bias = None if bias is None else ops.convert_to_tensor(bias)
@@ -144,6 +158,10 @@ def attention(q, k, v):
       mode too (the gradient-norm probes do), so the mode does not tell; Keras would
       try cuDNN's there and fall back to the same XLA attention after logging a
       traceback.
+    - PyTorch under `torch.compile`, otherwise: Keras' attention without its check
+      whether FlashAttention fits, which builds a PyTorch object that `torch.compile`
+      cannot trace (the compiled graph would split there); PyTorch's attention picks
+      its kernel itself.
     """
     q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
     backend = backend_name()
@@ -157,7 +175,10 @@ def attention(q, k, v):
             return _native().attention(q, k, v)
         if odd_tokens_on_jax and _native().cudnn_attention_fits(q, k, v):
             return _native().padded_attention(q, k, v)
-    return ops.dot_product_attention(q, k, v, flash_attention=False if odd_tokens_on_jax else None)
+    flash_attention = None
+    if odd_tokens_on_jax or (backend == "torch" and _native().compiling()):
+        flash_attention = False
+    return ops.dot_product_attention(q, k, v, flash_attention=flash_attention)
 
 
 def heads_first_attention(q, k, v):

@@ -12,9 +12,11 @@ def linear(x, kernel, bias, use_onednn):
     `keras.ops` has no matmul-plus-bias op, and eager PyTorch runs Keras' separate
     bias add as a second pass over the output; `torch.nn.functional.linear` fuses it
     (`addmm`). With `use_onednn`, where no gradient is recorded on a float32 x86 CPU,
-    oneDNN's linear runs instead (`onednn_linear`).
+    oneDNN's linear runs instead (`onednn_linear`), except under `torch.compile`,
+    which picks its own kernel (and would have to trace `onednn_linear`'s check).
     """
-    if use_onednn and x.dtype == torch.float32 and x.device.type == "cpu" and not (
+    on_cpu = x.dtype == torch.float32 and x.device.type == "cpu"
+    if use_onednn and on_cpu and not compiling() and not (
         torch.is_grad_enabled()
         and (x.requires_grad or kernel.requires_grad or (bias is not None and bias.requires_grad))
     ):
@@ -24,6 +26,11 @@ def linear(x, kernel, bias, use_onednn):
     return torch.nn.functional.linear(x, kernel.T, bias)
 
 
+def compiling():
+    """Whether `torch.compile` is tracing the code that calls this."""
+    return torch.compiler.is_compiling()
+
+
 @functools.cache
 def onednn_linear():
     """PyTorch's oneDNN float32 linear op (`torch.ops.mkldnn._linear_pointwise`), or `None`.
@@ -31,7 +38,8 @@ def onednn_linear():
     PyTorch's CPU wheels run a float32 `torch.nn.functional.linear` through MKL; the
     oneDNN library that the same wheel ships (and that Inductor calls for linear
     layers on x86 CPUs) runs it at XLA's rate (docs/performance.md). The op has no
-    autograd formula, so `linear` calls it only where no gradient is recorded.
+    autograd formula, so `linear` calls it only where no gradient is recorded, and
+    only outside `torch.compile`.
 
     It is a private op, so it is used only where it exists, the CPU is x86-64 with
     oneDNN available, and a small product through it matches
