@@ -1,7 +1,7 @@
 """Training and inference speed and training memory of each norm, placement and stem.
 
     python benchmarks/bench_variants.py --model s16 --batch-size 8
-    python benchmarks/bench_variants.py --model b16 --batch-size 4 --measure time memory
+    python benchmarks/bench_variants.py --model b16 --batch-size 4 --measure train memory
     python benchmarks/bench_variants.py --model s16 --batch-size 128 --device gpu \
         --backends jax torch
 
@@ -12,10 +12,11 @@ the same models; each changes one thing against the baseline: the placement
 (`post_ln`, `deepnorm`), the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
 (`dual_patchnorm`, `conv_stem`).
 
-`--measure time`: per backend, one process builds every variant's model, compiles it
-as `fit` does and warms it up; then rounds time, for each model in turn in a rotating
-order, `--steps` training steps (`train_on_batch`: forward, backward, AdamW update)
-and `--steps` inference steps (`predict_on_batch`). A variant's ratio is the median
+`--measure train inference` (the default): per backend, one process builds every
+variant's model, compiles it as `fit` does and warms it up; then rounds time, for each
+model in turn in a rotating order, `--steps` training steps (`train_on_batch`:
+forward, backward, AdamW update) and `--steps` inference steps (`predict_on_batch`),
+or either alone. A variant's ratio is the median
 over rounds of its step time divided by the baseline's step time in the same round,
 with the range over rounds; so drift of the machine between rounds cancels.
 
@@ -74,9 +75,10 @@ VARIANTS = {
     "batchnorm": {"norm": "batchnorm"},
 }
 BASELINE = next(iter(VARIANTS))
-MEASURES = ("time", "memory")
-#: result key of each timed step -> its name in the tables.
-TIMED = {"seconds": "Training-step", "inference_seconds": "Inference-step"}
+#: `--measure` of each timed step -> (its key in the results, its name in the tables).
+TIMED = {"train": ("seconds", "Training-step"),
+         "inference": ("inference_seconds", "Inference-step")}
+MEASURES = (*TIMED, "memory")
 #: JAX reserves most of a GPU's memory at start unless told not to; memory processes
 #: may share the GPU, and its allocator's peak counts what is used, not what is reserved.
 MEMORY_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -114,15 +116,17 @@ def worker(args):
     """Per-round seconds per training and per inference step of every variant, in one process."""
     config, x, y = prepare(args)
     names = chosen_variants(args.variants)
+    timed = [TIMED[mode][0] for mode in TIMED if mode in args.measure]
     calls = {}
     for name in names:
         model = build(config, name)
+        steps = {"seconds": lambda model=model: model.train_on_batch(x, y),
+                 "inference_seconds": lambda model=model: model.predict_on_batch(x)}
+        calls[name] = {key: steps[key] for key in timed}
         for _ in range(args.warmup):
-            model.train_on_batch(x, y)
-            model.predict_on_batch(x)
-        calls[name] = {"seconds": lambda model=model: model.train_on_batch(x, y),
-                       "inference_seconds": lambda model=model: model.predict_on_batch(x)}
-    result = {key: {name: [] for name in names} for key in TIMED}
+            for call in calls[name].values():
+                call()
+    result = {key: {name: [] for name in names} for key in timed}
     for index in range(args.rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
@@ -191,11 +195,12 @@ def _header(backends):
     return ["", "| variant | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
 
 
-def time_table(results, args, key):
+def time_table(results, args, mode):
     """One timed step's markdown table: the baseline's seconds, each variant's ratio."""
+    key, title = TIMED[mode]
     backends = list(results)
     where = "GPU" if args.device == "gpu" else "CPU"
-    lines = [f"{TIMED[key]} time against pre-LN LayerNorm: {args.model}, {where}, batch "
+    lines = [f"{title} time against pre-LN LayerNorm: {args.model}, {where}, batch "
              f"{args.batch_size}, {args.mixed_precision}, {args.rounds} rounds of {args.steps} "
              "steps (median ratio, range over rounds; baseline seconds per step in the first row).",
              *_header(backends)]
@@ -239,7 +244,7 @@ def memory_table(results, args):
 
 def markdown(results, args):
     """The tables of what was measured: training and inference time, peak memory."""
-    tables = [time_table(results, args, key) for key in TIMED] if "time" in args.measure else []
+    tables = [time_table(results, args, mode) for mode in TIMED if mode in args.measure]
     if "memory" in args.measure:
         tables.append(memory_table(results, args))
     return "\n\n".join(tables)
@@ -257,9 +262,9 @@ def parse_arguments(argv=None):
                         default=list(KERAS_BACKENDS))
     parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS),
                         help=f"the variants to measure (default: all; {BASELINE} always)")
-    parser.add_argument("--measure", nargs="+", choices=MEASURES, default=["time"],
-                        help="time: training and inference steps in rotating rounds; "
-                             "memory: peak memory, one process per variant")
+    parser.add_argument("--measure", nargs="+", choices=MEASURES, default=list(TIMED),
+                        help="train, inference: the time of that step in rotating rounds; "
+                             "memory: peak training memory, one process per variant")
     parser.add_argument("--memory-repeats", type=int, default=1,
                         help="processes per variant for --measure memory")
     parser.add_argument("--memory-parallel", type=int, default=1,
@@ -290,11 +295,12 @@ def main(argv=None):
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size), "--rounds",
                  str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
                  "--mixed-precision", args.mixed_precision, "--device", args.device,
-                 "--host-memory", args.host_memory, "--variants", *chosen_variants(args.variants)]
+                 "--host-memory", args.host_memory, "--measure", *args.measure,
+                 "--variants", *chosen_variants(args.variants)]
     results = {}
     for backend in args.backends:
         results[backend] = {}
-        if "time" in args.measure:
+        if set(TIMED) & set(args.measure):
             print(f"{backend}: timing {len(chosen_variants(args.variants))} variants ...",
                   file=sys.stderr, flush=True)
             results[backend].update(run_worker(__file__, arguments, backend, args.threads,

@@ -371,7 +371,7 @@ def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_opt
 def _variant_arguments(**changes):
     return argparse.Namespace(**{**dict(
         model="study", batch_size=2, rounds=2, steps=1, warmup=1, mixed_precision="float32",
-        device="cpu", host_memory="default", variants=["rmsnorm"], measure=["time"],
+        device="cpu", host_memory="default", variants=["rmsnorm"], measure=["train", "inference"],
         memory_repeats=1, memory_of=None), **changes})
 
 
@@ -510,7 +510,7 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
     monkeypatch.setattr(bench_variants, "run_worker", run_worker)
     output = tmp_path / "variants.json"
     assert bench_variants.main([
-        "--model", "study", "--backends", "torch", "--variants", "rmsnorm", "--measure", "time",
+        "--model", "study", "--backends", "torch", "--variants", "rmsnorm", "--measure", "train",
         "memory", "--memory-repeats", "2", "--json", str(output)]) == 0
     assert [c[2] for c in calls] == [None] + [bench_variants.MEMORY_ENV] * 4
     assert [c[0][-1] for c in calls[1:]] == ["pre_ln", "rmsnorm", "pre_ln", "rmsnorm"]
@@ -519,7 +519,9 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
     assert result["peak_bytes"] == {"pre_ln": [200 * 2 ** 20] * 2, "rmsnorm": [100 * 2 ** 20]}
     assert result["memory_errors"] == {"rmsnorm": "out of memory"}
     assert result["seconds"]["rmsnorm"] == [0.5]
+    assert calls[0][0][calls[0][0].index("--measure") + 1] == "train"  # what the worker times
     out = capsys.readouterr().out
+    assert "Training-step time" in out and "Inference-step" not in out
     memory = out[out.index("Peak memory"):]
     assert "(host peak RSS)" in memory and "median over 2 process(es)" in memory
     assert "| pre_ln | 200 MiB |" in memory and "| rmsnorm | 100 MiB (0.500) |" in memory
