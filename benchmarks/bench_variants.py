@@ -24,9 +24,9 @@ with the range over rounds; so drift of the machine between rounds cancels.
 variant and trains `--warmup` + 1 steps; its peak memory above what it held before
 the model was built is the variant's (`_common.peak_memory`: the device allocator's
 peak on a GPU, the peak resident set size on a CPU). A one-block model of the same
-variant trains first, so that what the libraries load on first use is not counted. `--memory-repeats` processes per
-variant, `--memory-parallel` of them at a time (memory is not timed, so they may
-share the machine).
+variant trains first, so that what the libraries load on first use is not counted.
+`--memory-repeats` processes per variant, `--memory-parallel` of them at a time
+(memory is not timed, so they may share the machine).
 
 `--model s16` and `b16` are ViT-S/16 and ViT-B/16 at 224 px; `--model study` the
 converged study's ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512). With
@@ -168,14 +168,15 @@ def measure_memory(args, backend, arguments):
         return name, run_worker(__file__, arguments + ["--memory-of", name], backend,
                                 args.threads, args.device, env=MEMORY_ENV)
 
-    result = {"peak_bytes": {}, "memory": None}
+    result = {"peak_bytes": {name: [] for name in chosen_variants(args.variants)}, "memory": None}
     with ThreadPoolExecutor(args.memory_parallel) as pool:
         for name, found in pool.map(one, jobs):
             if "error" in found:
                 result.setdefault("memory_errors", {})[name] = found["error"]
                 continue
-            result["peak_bytes"].setdefault(name, []).append(found["bytes"])
+            result["peak_bytes"][name].append(found["bytes"])
             result["memory"] = found["what"]
+    result["peak_bytes"] = {name: peaks for name, peaks in result["peak_bytes"].items() if peaks}
     return result
 
 

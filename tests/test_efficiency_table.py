@@ -137,11 +137,16 @@ def test_table_combines_benchmark_files_and_the_study_in_the_studys_order(tmp_pa
                   "inference_seconds": {"pre_ln": [0.02, 0.02], "fast": [0.02, 0.02]},
                   "peak_bytes": {"pre_ln": [10 * mib], "fast": [12 * mib]},
                   "memory": "GPU max_memory_allocated (PyTorch)"},
-        "jax": {"error": "no GPU"}}, model="b16", batch_size=128, device="gpu")
+        "jax": {"error": "no GPU", "peak_bytes": {"fast": [mib]},
+                "memory_errors": {"pre_ln": "out of memory"}}},
+        model="b16", batch_size=128, device="gpu")
     output = tmp_path / "table.md"
     assert efficiency_table.main([cpu, gpu, "--study", fake_study(tmp_path, CURVES),
                                   "--group", "g", "--output", str(output)]) == 0
-    assert "jax failed, left out: no GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "jax's time left out: no GPU" in err
+    assert "jax's memory of pre_ln left out: out of memory" in err
+    assert "jax's memory left out: no measurement of pre_ln" in err
     lines = output.read_text().splitlines()
     assert lines[0] == "| setting | pre_ln | fast | never | conv_stem | most efficient |"
     rows = {line.split(" | ")[0][2:]: line for line in lines[2:]}

@@ -1,18 +1,17 @@
-"""The efficiency table: per setting, what each variant costs against pre-LN, and the most
-efficient choice where the measurements resolve one.
+"""The efficiency table: each variant against pre-LN per setting, and the most efficient.
 
     python tools/efficiency_table.py docs/study-results/efficiency/variants_*.json \\
         --study docs/study-results/cifar10-converged --group converged \\
-        --step-time docs/study-results/efficiency/gpu_variants_study256_jax.json:jax \\
+        --step-time docs/study-results/efficiency/gpu_variants_study_b256.json:jax \\
         --output docs/study-results/efficiency/efficiency_table.md
 
 Reads the JSON files of `benchmarks/bench_variants.py --json` (one model, batch,
-device and precision each, for one or more backends) and, with `--study`, a study
-folder's `results.csv` and run logs. Every row of the table is one setting: training
-or inference throughput of a model on a backend and device, its peak training memory,
-or the study's steps and seconds to the baseline's final validation accuracy
-(`keras_vitnorm.study.time_to_accuracy`). The baseline's column gives its own figure;
-every other column the variant's against it:
+device and precision each, for one or more backends; the baseline `pre_ln`) and,
+with `--study`, a study folder's `results.csv` and run logs. Every row of the table
+is one setting: training or inference throughput of a model on a backend and device,
+its peak training memory, or the study's steps and seconds to the baseline's final
+validation accuracy (`keras_vitnorm.study.time_to_accuracy`). The baseline's column
+gives its own figure; every other column the variant's against it:
 
 - throughput: images per second as a ratio to the baseline's in the same round (above
   1 is faster), median and range over rounds;
@@ -49,18 +48,25 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from keras_vitnorm import durable  # noqa: E402
 from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
 from keras_vitnorm.study.stats import p_value_text  # noqa: E402
 from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 
 MODEL_NAMES = {"s16": "S/16", "b16": "B/16", "study": "study ViT"}
+#: The variant every benchmark measures against (bench_variants.py's first).
+BASELINE = "pre_ln"
 #: Variant names of benchmark files that name each variant by its change, as the study's.
 BENCHMARK_NAMES = {"layernorm (baseline)": "pre_ln", "dual_patchnorm stem": "dual_patchnorm",
                    "conv stem": "conv_stem"}
 
 
 def _renamed(by_variant):
-    return {BENCHMARK_NAMES.get(name, name): value for name, value in by_variant.items()}
+    """`{variant: figures}` under the study's names, the baseline first; `None` without it."""
+    renamed = {BENCHMARK_NAMES.get(name, name): value for name, value in by_variant.items()}
+    if BASELINE not in renamed:
+        return None
+    return {BASELINE: renamed.pop(BASELINE), **renamed}
 
 
 def _ratio_text(values):
@@ -164,19 +170,27 @@ def benchmark_rows(path):
     where = arguments.get("device", "cpu").upper()
     detail = f"batch {arguments['batch_size']}, {arguments['mixed_precision']}"
     rows = []
+
+    def left_out(backend, what, why):
+        print(f"{path}: {backend}'s {what} left out: {why[:200]}", file=sys.stderr)
+
     for backend, result in data["results"].items():
         if "error" in result:
-            print(f"{path}: {backend} failed, left out: {result['error'][:200]}", file=sys.stderr)
+            left_out(backend, "time", result["error"])
+        for name, error in result.get("memory_errors", {}).items():
+            left_out(backend, f"memory of {name}", error)
         for key, mode in (("seconds", "training"), ("inference_seconds", "inference")):
-            if key in result:
-                rounds = len(next(iter(result[key].values())))
+            figures = _renamed(result.get(key, {}))
+            if figures:
                 rows.append(throughput_row(
-                    f"{model} {mode}, {where} {backend} ({detail}, {rounds} rounds)",
-                    _renamed(result[key]), arguments["batch_size"]))
-        if result.get("peak_bytes"):
+                    f"{model} {mode}, {where} {backend} ({detail}, "
+                    f"{len(figures[BASELINE])} rounds)", figures, arguments["batch_size"]))
+        peaks = _renamed(result.get("peak_bytes", {}))
+        if peaks:
             rows.append(memory_row(f"{model} peak training memory, {where} {backend} "
-                                   f"({detail}; {result['memory']})",
-                                   _renamed(result["peak_bytes"])))
+                                   f"({detail}; {result['memory']})", peaks))
+        elif result.get("peak_bytes"):
+            left_out(backend, "memory", f"no measurement of {BASELINE}")
     return rows
 
 
@@ -326,8 +340,7 @@ def main(argv=None):
     except (OSError, ValueError) as error:
         parser.error(str(error))
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(table)
+        durable.write_text(args.output, table)
     else:
         print(table, end="")
     return 0
