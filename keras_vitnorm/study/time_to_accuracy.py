@@ -8,7 +8,8 @@ each run's per-epoch `log.csv`, so a step count is resolved to the evaluation
 interval (the first evaluation at or above the target). Seconds are each run's own
 training time up to that step at its average rate; where several runs shared a
 device (the GPU studies train 8 at once), multiply the steps by a step time measured
-alone instead (`benchmarks/bench_variants.py`, docs/performance.md).
+alone instead (`tools/efficiency_table.py --step-time` does, from a
+`benchmarks/bench_variants.py` file).
 """
 
 import csv
