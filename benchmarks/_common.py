@@ -233,21 +233,102 @@ def worker_env(backend, threads, device="cpu"):
     return env
 
 
-def run_worker(script, arguments, backend, threads, device="cpu"):
+def run_worker(script, arguments, backend, threads, device="cpu", env=None):
     """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
 
     With `device="cpu"` the child sees no GPU (so a GPU machine can still be
-    benchmarked on its CPU); with `"gpu"` it sees what the machine has.
+    benchmarked on its CPU); with `"gpu"` it sees what the machine has. `env` adds
+    variables to the child's environment.
     The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
     with the last lines of its output, so one broken backend does not stop a table.
     """
     command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
-    done = subprocess.run(command, env=worker_env(backend, threads, device), capture_output=True, text=True)
+    done = subprocess.run(command, env={**worker_env(backend, threads, device), **(env or {})},
+                          capture_output=True, text=True)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if done.returncode or line is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         return {"error": " | ".join(tail)}
     return json.loads(line[len("RESULT "):])
+
+
+def _host_memory_bytes(field):
+    """A `/proc/self/status` field (`"VmRSS"`, `"VmHWM"`) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field} line")
+
+
+def _reset_host_peak():
+    """Resets this process's peak resident set size (`VmHWM`) to its present size;
+    `False` where the kernel does not let it (Linux before 4.0, no /proc)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(run, device="cpu", backend=None):
+    """The peak memory that `run()` (build and train a model) adds to what the process holds.
+
+    On a GPU, the device allocator's peak above its use before `run`: JAX's
+    `peak_bytes_in_use`, PyTorch's `max_memory_allocated` (reset first),
+    TensorFlow's `get_memory_info` peak (reset first). JAX cannot reset its peak,
+    so call this in a fresh process that has allocated little else. On a CPU (Linux),
+    the peak resident set size above the size before `run`, the peak reset before
+    it (`/proc/self/clear_refs`); where it cannot be reset, the process's peak since
+    its start (`getrusage`).
+
+    Args:
+        run: a function of no arguments.
+        device: "cpu" or "gpu".
+        backend: the Keras backend on the GPU; default: the running one.
+
+    Returns:
+        `(bytes, what)`: the peak added, and in words what was measured.
+    """
+    if backend is None:
+        import keras
+
+        backend = keras.backend.backend()
+    if device == "gpu":
+        if backend == "jax":
+            import jax
+
+            stats = jax.local_devices()[0].memory_stats
+            before = stats()["bytes_in_use"]
+            run()
+            return stats()["peak_bytes_in_use"] - before, "GPU peak_bytes_in_use (JAX)"
+        if backend == "torch":
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            run()
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - before, "GPU max_memory_allocated (PyTorch)"
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats("GPU:0")
+        before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+        run()
+        return (tf.config.experimental.get_memory_info("GPU:0")["peak"] - before,
+                "GPU get_memory_info peak (TensorFlow)")
+    before = _host_memory_bytes("VmRSS")
+    if _reset_host_peak():
+        run()
+        return _host_memory_bytes("VmHWM") - before, "host peak RSS"
+    import resource
+
+    run()
+    # ru_maxrss is in kilobytes on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak - before, "host peak RSS since the process started"
 
 
 def failure_row(label, result, columns):

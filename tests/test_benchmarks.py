@@ -1,7 +1,10 @@
 """The benchmark scripts' FLOP count, argument checks and micro-benchmark worker (not their timings)."""
 
 import argparse
+import json
+import mmap
 import os
+import re
 import sys
 
 import numpy as np
@@ -63,8 +66,12 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_vit, ["--rounds", "0"]),
     (bench_vit, ["--warmup", "-1"]),
     (bench_variants, ["--rounds", "0"]),
-    (bench_variants, ["--model", "b16"]),
+    (bench_variants, ["--model", "l16"]),
     (bench_variants, ["--device", "tpu"]),
+    (bench_variants, ["--variants", "groupnorm"]),
+    (bench_variants, ["--measure", "speed"]),
+    (bench_variants, ["--memory-parallel", "0"]),
+    (bench_variants, ["--warmup", "-1"]),
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
@@ -84,7 +91,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_randaugment, ["--randaugment-ops", "0"]),
     (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
-    (bench_parallel, ["--model", "b16"]),
+    (bench_parallel, ["--model", "l16"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -361,23 +368,33 @@ def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_opt
     assert lines[0].startswith("| kernel |") and len(lines) >= 2 + 5
 
 
-def test_variant_worker_times_every_variant_in_every_round(monkeypatch):
+def _variant_arguments(**changes):
+    return argparse.Namespace(**{**dict(
+        model="study", batch_size=2, rounds=2, steps=1, warmup=1, mixed_precision="float32",
+        device="cpu", host_memory="default", variants=["rmsnorm"], measure=["train", "inference"],
+        memory_repeats=1, memory_of=None), **changes})
+
+
+def test_variant_worker_times_training_and_inference_of_every_variant_in_every_round(monkeypatch):
     import keras
 
     # The worker's bookkeeping is the same for any model; a one-block one compiles quickly.
     monkeypatch.setitem(bench_variants.MODELS, "study", dict(
         image_size=16, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10))
-    args = argparse.Namespace(model="study", batch_size=2, rounds=2, steps=1, warmup=1,
-                              mixed_precision="float32", device="cpu")
+    args = _variant_arguments()
     result = bench_variants.worker(args)
-    assert list(result["seconds"]) == list(bench_variants.VARIANTS)
-    assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
-    summary = bench_variants.summarize(result)
-    ratio, low, high, seconds = summary["layernorm (baseline)"]
+    assert list(result) == ["seconds", "inference_seconds"]
+    for seconds in result.values():
+        # the baseline is measured though only rmsnorm was asked for
+        assert list(seconds) == ["pre_ln", "rmsnorm"]
+        assert all(len(times) == 2 and min(times) > 0 for times in seconds.values())
+    ratio, low, high, seconds = bench_variants.summarize(result, "inference_seconds")["pre_ln"]
     assert ratio == low == high == 1.0 and seconds > 0
-    table = bench_variants.markdown({keras.backend.backend(): result}, argparse.Namespace(
-        model="study", batch_size=2, mixed_precision="float32", rounds=2, steps=1, device="cpu"))
-    assert "| conv stem | " in table and table.count("\n|") == 2 + len(bench_variants.VARIANTS)
+    table = bench_variants.markdown({keras.backend.backend(): result}, args)
+    training, inference = table[:table.index("Inference")], table[table.index("Inference"):]
+    assert training.startswith("Training-step time") and inference.startswith("Inference-step")
+    for part in (training, inference):
+        assert "| rmsnorm | " in part and part.count("\n|") == 2 + 2
 
 
 def test_variant_worker_refuses_a_gpu_run_where_the_backend_has_no_gpu():
@@ -385,10 +402,8 @@ def test_variant_worker_refuses_a_gpu_run_where_the_backend_has_no_gpu():
 
     if _common.keras_backend_device() == "gpu":
         pytest.skip("this backend computes on a GPU here; the check is for one without")
-    args = argparse.Namespace(model="study", batch_size=2, rounds=1, steps=1, warmup=0,
-                              mixed_precision="float32", device="gpu")
     with pytest.raises(RuntimeError, match="--device gpu"):
-        bench_variants.worker(args)
+        bench_variants.worker(_variant_arguments(device="gpu"))
 
 
 def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
@@ -396,6 +411,122 @@ def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
     result["seconds"]["rmsnorm"] = [1.0, 4.0]  # faster in round 1 only, as its baseline drifted
     ratio, low, high, _ = bench_variants.summarize(result)["rmsnorm"]
     assert (low, high) == (0.5, 1.0) and ratio == 0.75
+
+
+@pytest.mark.one_backend
+def test_variants_are_the_model_changes_of_the_studys_converged_group():
+    from keras_vitnorm.study.variants import VARIANT_GROUPS
+
+    converged = VARIANT_GROUPS["converged"]
+    assert bench_variants.VARIANTS == {name: model for name, (model, _) in converged.items()}
+    assert bench_variants.BASELINE == next(iter(converged))
+
+
+def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
+    import _common
+
+    def allocate():
+        # 64 MiB of fresh pages (not memory the allocator kept), every one written
+        block = mmap.mmap(-1, 64 * 2 ** 20)
+        np.frombuffer(block, dtype=np.uint8)[:] = 1
+        block.close()
+
+    peak, what = _common.peak_memory(allocate, "cpu")
+    assert what == "host peak RSS"
+    assert 60 * 2 ** 20 <= peak < 200 * 2 ** 20
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("backend", ["jax", "tensorflow", "torch"])
+def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_before(
+        backend, monkeypatch):
+    """The GPU branch against stand-ins of each library's allocator statistics (this
+    machine has no GPU); `monkeypatch` fails where the library lacks the function."""
+    import _common
+
+    used = {"now": 1000, "peak": 1000}
+
+    def run():
+        used["peak"] = max(used["peak"], 5000)
+        used["now"] = 1500
+
+    def reset(*_):
+        used["peak"] = used["now"]
+
+    if backend == "jax":
+        jax = pytest.importorskip("jax")
+
+        class Device:
+            def memory_stats(self):
+                return {"bytes_in_use": used["now"], "peak_bytes_in_use": used["peak"]}
+
+        monkeypatch.setattr(jax, "local_devices", lambda: [Device()])
+    elif backend == "torch":
+        torch = pytest.importorskip("torch")
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: used["now"])
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: used["peak"])
+    else:
+        tf = pytest.importorskip("tensorflow")
+        monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", reset)
+        monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                            lambda _: {"current": used["now"], "peak": used["peak"]})
+    if backend != "jax":
+        used["peak"] = 9000  # before the measurement, forgotten by the reset (JAX has none)
+    peak, what = _common.peak_memory(run, "gpu", backend)
+    assert peak == 4000 and what.startswith("GPU")
+
+
+def test_variant_memory_worker_measures_the_variant_it_is_given(monkeypatch):
+    monkeypatch.setitem(bench_variants.MODELS, "study", dict(
+        image_size=16, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10))
+    built = []
+    build = bench_variants.build
+    monkeypatch.setattr(bench_variants, "build", lambda config, name: built.append(
+        (config["width"], name)) or build(config, name))
+    result = bench_variants.memory_worker(_variant_arguments(memory_of="dyt"))
+    assert result["what"] == "host peak RSS" and result["bytes"] >= 0
+    # the one-block warm-up model of the same variant first, then the measured one
+    assert built == [(bench_variants.WARM_UP_MODEL["width"], "dyt"), (16, "dyt")]
+
+
+@pytest.mark.one_backend
+def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
+        tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def run_worker(script, arguments, backend, threads, device="cpu", env=None):
+        calls.append((arguments, backend, env))
+        if "--memory-of" not in arguments:
+            return {"seconds": {"pre_ln": [1.0], "rmsnorm": [0.5]},
+                    "inference_seconds": {"pre_ln": [0.2], "rmsnorm": [0.2]}}
+        variant = arguments[arguments.index("--memory-of") + 1]
+        if variant == "pre_ln" and len(calls) == 2:  # its first process
+            return {"error": "out of memory"}
+        return {"bytes": {"pre_ln": 200, "rmsnorm": 100}[variant] * 2 ** 20,
+                "what": "host peak RSS"}
+
+    monkeypatch.setattr(bench_variants, "run_worker", run_worker)
+    output = tmp_path / "variants.json"
+    assert bench_variants.main([
+        "--model", "study", "--backends", "torch", "--variants", "rmsnorm", "--measure", "train",
+        "memory", "--memory-repeats", "2", "--json", str(output)]) == 0
+    assert [c[2] for c in calls] == [None] + [bench_variants.MEMORY_ENV] * 4
+    assert [c[0][-1] for c in calls[1:]] == ["pre_ln", "rmsnorm", "pre_ln", "rmsnorm"]
+    assert all(c[0][c[0].index("--variants") + 1:][:2] == ["pre_ln", "rmsnorm"] for c in calls)
+    result = json.loads(output.read_text())["results"]["torch"]
+    assert result["peak_bytes"] == {"pre_ln": [200 * 2 ** 20], "rmsnorm": [100 * 2 ** 20] * 2}
+    # the baseline first, though a process of another variant finished before its first did
+    assert list(result["peak_bytes"]) == ["pre_ln", "rmsnorm"]
+    assert result["memory_errors"] == {"pre_ln": "out of memory"}
+    assert result["seconds"]["rmsnorm"] == [0.5]
+    assert calls[0][0][calls[0][0].index("--measure") + 1] == "train"  # what the worker times
+    out = capsys.readouterr().out
+    assert "Training-step time" in out and "Inference-step" not in out
+    memory = out[out.index("Peak memory"):]
+    assert "(host peak RSS)" in memory and "median over 2 process(es)" in memory
+    assert "| pre_ln | 200 MiB |" in memory and "| rmsnorm | 100 MiB (0.500) |" in memory
 
 
 @pytest.mark.one_backend
@@ -454,7 +585,8 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
     assert "| torch | failed: boom | | |" in table
 
 
-@pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_vit, profile_tensorflow])
+@pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_variants, bench_vit,
+                                    profile_tensorflow])
 def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
     import _common
 

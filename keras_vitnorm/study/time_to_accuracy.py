@@ -8,7 +8,8 @@ each run's per-epoch `log.csv`, so a step count is resolved to the evaluation
 interval (the first evaluation at or above the target). Seconds are each run's own
 training time up to that step at its average rate; where several runs shared a
 device (the GPU studies train 8 at once), multiply the steps by a step time measured
-alone instead (`benchmarks/bench_variants.py`, docs/performance.md).
+alone instead (`tools/efficiency_table.py --step-time` does, from a
+`benchmarks/bench_variants.py` file).
 """
 
 import csv
@@ -56,25 +57,43 @@ def steps_to_reach(run_dir, target):
     return None, None
 
 
-def time_to_accuracy_table(rows):
-    """Markdown for one group's result rows: the baseline's (first variant's) final
-    validation accuracy, mean over its completed runs, is the target; per variant, how
-    many completed runs reached it, their steps to it (mean and range), the mean as a
-    fraction of the baseline's, and the mean seconds. `""` when the runs have no logs."""
+def runs_to_target(rows):
+    """The baseline's target and each completed run's way to it, for one group's rows.
+
+    The target is the baseline's (first variant's) final validation accuracy, mean
+    over its completed runs.
+
+    Returns:
+        `(target, {variant: [(steps, seconds) per completed run]})`, with
+        `(None, None)` for a run that never reaches the target (`steps_to_reach`);
+        `(None, {})` when the baseline has no final accuracy or none of its runs a log.
+    """
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     completed = {v: [r for r in rows if r["variant"] == v and r["status"] == "completed"]
                  for v in variants}
     baseline = [float(r["val_accuracy"]) for r in completed[variants[0]]
                 if r.get("val_accuracy") not in (None, "")]
     if not baseline or not any(evaluation_steps(r["run_dir"]) for r in completed[variants[0]]):
-        return ""
+        return None, {}
     target = float(np.mean(baseline))
+    return target, {v: [steps_to_reach(r["run_dir"], target) for r in completed[v]]
+                    for v in variants}
+
+
+def time_to_accuracy_table(rows):
+    """Markdown for one group's result rows: the baseline's (first variant's) final
+    validation accuracy, mean over its completed runs, is the target; per variant, how
+    many completed runs reached it, their steps to it (mean and range), the mean as a
+    fraction of the baseline's, and the mean seconds. `""` when the runs have no logs."""
+    target, runs = runs_to_target(rows)
+    if target is None:
+        return ""
+    variants = list(runs)
     lines = [f"| variant | runs | runs reaching {100 * target:.2f}% | steps to it, mean (range) "
              f"| steps against {variants[0]}'s | seconds to it, mean |",
              "|---|---|---|---|---|---|"]
-    reached = {v: [steps_to_reach(r["run_dir"], target) for r in completed[v]] for v in variants}
     reached = {v: [found for found in results if found[0] is not None]
-               for v, results in reached.items()}
+               for v, results in runs.items()}
     base_steps = np.mean([s for s, _ in reached[variants[0]]]) if reached[variants[0]] else None
     for variant in variants:
         found = reached[variant]
@@ -85,6 +104,6 @@ def time_to_accuracy_table(rows):
             cells[0] = f"{np.mean(steps):,.0f} ({min(steps):,} to {max(steps):,})"
             cells[1] = f"{np.mean(steps) / base_steps:.2f}x" if base_steps else "n/a"
             cells[2] = f"{np.mean(seconds):,.0f}" if seconds else "n/a"
-        lines.append(f"| {variant} | {len(completed[variant])} | {len(found)} | "
+        lines.append(f"| {variant} | {len(runs[variant])} | {len(found)} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
