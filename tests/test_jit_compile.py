@@ -143,21 +143,10 @@ def test_torch_compiles_every_op_whole(name, gradient, fast_paths):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="oneDNN's linear is a PyTorch op")
-def test_onednn_linear_steps_aside_under_torch_compile_and_is_taken_without_it(monkeypatch):
+def test_onednn_linear_steps_aside_under_torch_compile_and_is_taken_without_it(onednn_linear_calls):
     import torch
 
-    from keras_vitnorm.ops import _torch
-
-    if _torch.onednn_linear() is None:
-        pytest.skip("no oneDNN linear in this PyTorch build on this CPU")
-    calls = []
-    original = _torch.onednn_linear()
-
-    def counting(*args):
-        calls.append(args[0].shape)
-        return original(*args)
-
-    monkeypatch.setattr(_torch, "onednn_linear", lambda: counting)
+    calls = onednn_linear_calls
     x, kernel = torch.ones(2, 3, 8), torch.ones(8, 4)
     function = functools.partial(vitnorm_ops.linear, bias=torch.zeros(4))
     with torch.no_grad(), vitnorm_ops.fast_paths(True, ["linear", "onednn_linear"]):

@@ -216,23 +216,12 @@ def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activat
 
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
 @pytest.mark.parametrize("use_bias", [True, False])
-def test_onednn_linear_only_where_no_gradient_is_recorded_and_only_while_switched_on(monkeypatch, use_bias):
-    import platform
-
+def test_onednn_linear_only_where_no_gradient_is_recorded_and_only_while_switched_on(
+    onednn_linear_calls, use_bias
+):
     import torch
 
-    from keras_vitnorm.ops import _torch
-
-    if _torch.onednn_linear() is None:
-        pytest.skip(f"no oneDNN linear in this PyTorch build on {platform.machine()}")
-    calls = []
-    original = _torch.onednn_linear()
-
-    def counting(*args):
-        calls.append(args[0].shape)
-        return original(*args)
-
-    monkeypatch.setattr(_torch, "onednn_linear", lambda: counting)
+    calls = onednn_linear_calls
     rng = np.random.default_rng(2)
     x = torch.from_numpy(rng.normal(size=(2, 7, 24)).astype("float32"))
     kernel = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(24, 40)).astype("float32")))
