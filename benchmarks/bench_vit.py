@@ -530,6 +530,10 @@ def main(argv=None):
     parser.add_argument("--largest-batch-only", action="store_true",
                         help="--largest-batch without the throughput table (each search then "
                              "starts with a try at --batch-size)")
+    parser.add_argument("--largest-batch-known", metavar="TABLE.json",
+                        help="with --largest-batch-only: this script's --json of a run of the same "
+                             "settings, whose training steps count as known fits (one try less "
+                             "each) and order the search by their compile times")
     parser.add_argument("--largest-batch-limit", type=int,
                         help="the largest batch --largest-batch tries (default 8192 on a GPU; "
                              "required on the CPU, where running out of memory means swapping or "
@@ -598,7 +602,7 @@ def main(argv=None):
     if args.keras_hub:
         runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
     if args.largest_batch_only:
-        results = {}
+        results = known_results(parser, args)
     elif args.interleave:
         results = interleaved(args, runs)
     else:
@@ -629,6 +633,29 @@ def main(argv=None):
     return 0
 
 
+#: The settings a `--largest-batch-known` table must share with the search.
+KNOWN_SETTINGS = ("preset", "image_size", "batch_size", "mixed_precision", "device", "overrides")
+
+
+def known_results(parser, args):
+    """The results of `--largest-batch-known` (`{}` without it); exits through
+    `parser.error` if the file cannot be read or was measured with other settings."""
+    if not args.largest_batch_known:
+        return {}
+    try:
+        with open(args.largest_batch_known) as f:
+            report = json.load(f)
+        settings, results = report["settings"], report["results"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"--largest-batch-known {args.largest_batch_known}: not a table of this "
+                     f"script's --json ({error})")
+    for name in KNOWN_SETTINGS:
+        if settings.get(name) != getattr(args, name):
+            parser.error(f"--largest-batch-known {args.largest_batch_known} was measured with "
+                         f"{name} {settings.get(name)!r}, this search has {getattr(args, name)!r}")
+    return results
+
+
 #: The table's labels and the workers' `--implementation` of each `--timm` kind.
 TIMM_LABELS = {"eager": "timm ViT (PyTorch eager)", "compiled": "timm ViT (torch.compile)"}
 TIMM_IMPLEMENTATIONS = {"eager": "timm", "compiled": "timm_compiled"}
@@ -638,6 +665,8 @@ def check_largest_batch_arguments(parser, args):
     """Exits through `parser.error` where the `--largest-batch` options do not fit together,
     and sets the GPU's default limit."""
     args.largest_batch = args.largest_batch or args.largest_batch_only
+    if args.largest_batch_known and not args.largest_batch_only:
+        parser.error("--largest-batch-known only applies with --largest-batch-only")
     if not args.largest_batch:
         if args.largest_batch_limit is not None:
             parser.error("--largest-batch-limit only applies with --largest-batch")

@@ -81,6 +81,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_vit, ["--largest-batch-seconds", "0", "--largest-batch-only",
                  "--largest-batch-limit", "64"]),
     (bench_vit, ["--overrides", '{"image_size": 32}']),
+    (bench_vit, ["--largest-batch-known", "table.json", "--largest-batch"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
     (profile_torch, ["--find-syncs"]),

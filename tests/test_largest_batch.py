@@ -281,3 +281,39 @@ def test_largest_batch_table_shows_the_peak_at_the_largest_batch_and_the_tries()
                         "512 fits, 1096 fits, 1160 does not fit |")
     assert lines[5] == ("| timm | none found (batch 256 failed: ImportError: no timm) | n/a "
                         "| n/a | 256 failed |")
+
+
+def _search_arguments(path, *more):
+    return ["--backends", "torch", "--no-reference", "--batch-size", "2", "--threads", "1",
+            "--largest-batch-only", "--largest-batch-limit", "8",
+            "--largest-batch-known", str(path), *more]
+
+
+def test_a_known_table_seeds_the_search_and_must_share_its_settings(tmp_path, monkeypatch, capsys):
+    tried = []
+
+    def fake_try(args, implementation, backend, batch, seconds):
+        tried.append((implementation, batch))
+        return {"fits": batch <= 4, "peak_bytes": None, "capacity_bytes": None}
+
+    monkeypatch.setattr(bench_vit, "try_batch", fake_try)
+    settings = {"preset": "s16", "image_size": 224, "batch_size": 2, "mixed_precision": "float32",
+                "device": "cpu", "overrides": "{}"}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"settings": settings, "results": {
+        "keras_vitnorm (torch)": {"train": {"compile_s": 1.0, "peak_bytes": 100}}}}))
+    out = tmp_path / "largest.json"
+    assert bench_vit.main(_search_arguments(table, "--json", str(out))) == 0
+    # The table's step at 2 fitted: the search starts by doubling it.
+    assert tried == [("keras", 4), ("keras", 8)]
+    found = json.loads(out.read_text())["largest_batch"]["keras_vitnorm (torch)"]
+    assert (found["largest"], found["does_not_fit"], found["stopped"]) == (4, 8, "bracket")
+    capsys.readouterr()
+    table.write_text(json.dumps({"settings": {**settings, "batch_size": 256}, "results": {}}))
+    with pytest.raises(SystemExit):
+        bench_vit.main(_search_arguments(table))
+    assert "was measured with batch_size 256, this search has 2" in capsys.readouterr().err
+    table.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        bench_vit.main(_search_arguments(table))
+    assert "not a table of this script's --json" in capsys.readouterr().err
