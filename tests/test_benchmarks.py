@@ -668,3 +668,44 @@ def test_gpu_table_gives_mfu_against_the_datasheet_and_peak_memory():
     assert row[header.index("peak memory (GiB)")] == "20.0"
     assert lines[5].count("|") == lines[2].count("|")  # the failure fills the row
     assert "| failed: RuntimeError: no GPU/here |" in lines[5]  # its last line, no "|" of its own
+
+
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fast"], "usage: "),
+    (["largest", "5m"], "SECONDS must be a whole number, got '5m'"),
+    (["table", "10"], "table takes no SECONDS"),
+])
+def test_gpu_perf_script_refuses_bad_arguments_before_it_starts(argv, message):
+    import subprocess
+
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "perf.sh"), *argv],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr
+
+
+@pytest.mark.large
+@pytest.mark.one_backend
+def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
+    """tools/gpu/perf.sh's CPU path with a one-block model: the table, then the search
+    seeded by the table's training step (about two minutes on a 2-core machine)."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, PERF_DEVICE="cpu",
+               PERF_BATCH="2", PERF_LIMIT="4", PERF_ROUNDS="1", PERF_STEPS="1", PERF_PRESETS="b16",
+               PERF_BACKENDS="torch", PERF_TIMM="eager", PERF_IMAGE_SIZE="32",
+               PERF_OVERRIDES='{"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64, '
+                              '"patch_size": 8, "num_classes": 10}')
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "perf.sh"), "all", "600"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (tmp_path / "perf.md").read_text()
+    assert "| keras_vitnorm (torch) | train |" in report
+    assert any(f"| timm ViT (PyTorch eager) | {cell}" in report for cell in ("failed: ", "train |"))
+    assert "Largest training batch of b16" in report
+    found = json.loads((tmp_path / "largest.json").read_text())["largest_batch"]
+    assert [t["batch"] for t in found["keras_vitnorm (torch)"]["tries"]] == [4]  # 2 from the table
+    assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
