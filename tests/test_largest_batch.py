@@ -289,7 +289,9 @@ def _search_arguments(path, *more):
             "--largest-batch-known", str(path), *more]
 
 
+@pytest.mark.one_backend
 def test_a_known_table_seeds_the_search_and_must_share_its_settings(tmp_path, monkeypatch, capsys):
+    """The driver's bookkeeping, the same under every backend (the tries are simulated)."""
     tried = []
 
     def fake_try(args, implementation, backend, batch, seconds):
