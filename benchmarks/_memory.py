@@ -191,11 +191,12 @@ def largest_batch(try_batch, start, limit, deadline, known=None, clock=time.mono
 
     Returns:
         dict: `largest` (the largest batch that fitted, None if none did),
-        `does_not_fit` (the smallest that did not, None if none failed), `tries`
-        (every try's batch and outcome, in order) and `stopped`: "bracket" (found to
-        the precision), "limit", "time", "nothing fits" or "error".
+        `does_not_fit` (the smallest that did not, None if none failed), `known`
+        (as given), `tries` (every try's batch and outcome, in order) and `stopped`:
+        "bracket" (found to the precision), "limit", "time", "nothing fits" or "error".
     """
-    peaks = dict(known or {})
+    known = dict(known or {})
+    peaks = dict(known)
     lower = max(peaks) if peaks else None
     upper, capacity, tries, last_seconds = None, None, [], 0.0
     while True:
@@ -220,7 +221,8 @@ def largest_batch(try_batch, start, limit, deadline, known=None, clock=time.mono
             capacity = outcome.get("capacity_bytes") or capacity
         else:
             upper = batch if upper is None else min(upper, batch)
-    return {"largest": lower, "does_not_fit": upper, "tries": tries, "stopped": stopped}
+    return {"largest": lower, "does_not_fit": upper, "known": known, "tries": tries,
+            "stopped": stopped}
 
 
 def describe_largest_batch(result):

@@ -490,15 +490,18 @@ def largest_batch_table(args, largest):
                "tries")
     lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for label, result in largest.items():
+        known = {int(batch): peak for batch, peak in result.get("known", {}).items()}
         fitted = [attempt for attempt in result["tries"] if attempt.get("fits")]
-        at_largest = next((a for a in fitted if a["batch"] == result["largest"]), {})
+        peaks = {**known, **{attempt["batch"]: attempt.get("peak_bytes") for attempt in fitted}}
         capacity = next((a["capacity_bytes"] for a in reversed(fitted) if a.get("capacity_bytes")),
                         None)
-        tries = ", ".join(f"{a['batch']} " + ("fits" if a.get("fits") else
-                                              "does not fit" if "fits" in a else "failed")
-                          for a in result["tries"]) or "none"
+        tries = [f"{batch} known" for batch in known]
+        tries += [f"{a['batch']} " + ("fits" if a.get("fits") else
+                                      "does not fit" if "fits" in a else "failed")
+                  for a in result["tries"]]
         lines.append(f"| {label} | {describe_largest_batch(result)} | "
-                     f"{_gib(at_largest.get('peak_bytes'))} | {_gib(capacity)} | {tries} |")
+                     f"{_gib(peaks.get(result['largest']))} | {_gib(capacity)} | "
+                     f"{', '.join(tries) or 'none'} |")
     return lines
 
 

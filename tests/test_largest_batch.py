@@ -91,7 +91,7 @@ def test_it_halves_when_the_first_batch_does_not_fit_and_says_when_nothing_does(
     assert result["largest"] <= 40 < result["does_not_fit"]
     nothing = Device(capacity=1e9).search(start=4)
     assert nothing == {"largest": None, "does_not_fit": 1, "stopped": "nothing fits",
-                       "tries": nothing["tries"]}
+                       "known": {}, "tries": nothing["tries"]}
     assert [attempt["batch"] for attempt in nothing["tries"]] == [4, 2, 1]
 
 
@@ -270,17 +270,22 @@ def test_largest_batch_table_shows_the_peak_at_the_largest_batch_and_the_tries()
     args = argparse.Namespace(device="gpu", preset="b16", image_size=224,
                               mixed_precision="mixed_bfloat16", batch_size=256,
                               largest_batch_limit=8192)
-    found = {"jax": {"largest": 1096, "does_not_fit": 1160, "stopped": "bracket", "tries": [
+    found = {"jax": {"largest": 1096, "does_not_fit": 1160, "stopped": "bracket",
+                     "known": {"256": 20 * 2**30}, "tries": [
         {"batch": 512, "fits": True, "peak_bytes": 40 * 2**30, "capacity_bytes": 76 * 2**30},
         {"batch": 1096, "fits": True, "peak_bytes": 75 * 2**30, "capacity_bytes": 76 * 2**30},
         {"batch": 1160, "fits": False}]},
         "timm": {"largest": None, "does_not_fit": None, "stopped": "error",
-                 "tries": [{"batch": 256, "error": "x | ImportError: no timm"}]}}
+                 "tries": [{"batch": 256, "error": "x | ImportError: no timm"}]},
+        "torch": {"largest": 256, "does_not_fit": None, "stopped": "time",
+                  "known": {256: 30 * 2**30}, "tries": []}}
     lines = bench_vit.largest_batch_table(args, found)
     assert lines[4] == ("| jax | 1096 (1160 does not fit) | 75.0 | 76.0 | "
-                        "512 fits, 1096 fits, 1160 does not fit |")
+                        "256 known, 512 fits, 1096 fits, 1160 does not fit |")
     assert lines[5] == ("| timm | none found (batch 256 failed: ImportError: no timm) | n/a "
                         "| n/a | 256 failed |")
+    # A search out of time before its first try: the table's step is its largest.
+    assert lines[6] == "| torch | >= 256 (out of time) | 30.0 | n/a | 256 known |"
 
 
 def _search_arguments(path, *more):
