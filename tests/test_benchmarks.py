@@ -690,7 +690,7 @@ def test_gpu_perf_script_refuses_bad_arguments_before_it_starts(argv, message):
 @pytest.mark.one_backend
 def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     """tools/gpu/perf.sh's CPU path with a one-block model: the table, then the search
-    seeded by the table's training step (about two minutes on a 2-core machine)."""
+    seeded by the table's training step (about a minute on a 2-core machine)."""
     import json
     import subprocess
 
