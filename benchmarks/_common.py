@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,11 +138,33 @@ def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32",
 
 
 def reference_steps(config, batch_size, modes, threads, device="cpu", mixed_precision="float32"):
-    """`{mode: step function}` for the transformers ViT, run as PyTorch users run it.
+    """`{mode: step function}` for the transformers ViT, run as PyTorch users run it
+    (`torch_steps`)."""
+    return torch_steps(reference_vit(config), lambda model, x: model(pixel_values=x).logits, config,
+                       batch_size, modes, threads, device, mixed_precision)
 
-    Inference is `model(x)` under `inference_mode`, training forward, backward and
-    `AdamW.step()`, both under `torch.autocast` in bfloat16 with
-    `mixed_precision="mixed_bfloat16"`; the batch is on the device.
+
+def timm_steps(config, batch_size, modes, threads, device="cpu", mixed_precision="float32",
+               compiled=False):
+    """`{mode: step function}` for timm's ViT (`timm_vit`), eager or under `torch.compile`."""
+    return torch_steps(timm_vit(config), lambda model, x: model(x), config, batch_size, modes,
+                       threads, device, mixed_precision, compiled)
+
+
+def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cpu",
+                mixed_precision="float32", compiled=False):
+    """`{mode: step function}` for a PyTorch classifier, run as PyTorch users run it.
+
+    Inference is the model's forward pass under `inference_mode`, training forward,
+    backward and `AdamW.step()`, both under `torch.autocast` in bfloat16 with
+    `mixed_precision="mixed_bfloat16"`; the batch is on the device. With
+    `compiled=True` the forward pass (and so its backward) runs through
+    `torch.compile(model)`, compiled at the first call of each mode.
+
+    Args:
+        model: a `torch.nn.Module` taking `(batch, 3, size, size)` images.
+        logits_of: `logits_of(forward, x)`, the logits of `x` through `forward` (the
+            model or its compiled form).
     """
     import torch
 
@@ -149,7 +172,8 @@ def reference_steps(config, batch_size, modes, threads, device="cpu", mixed_prec
     device = "cuda" if device == "gpu" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device gpu: PyTorch sees no CUDA GPU on this machine")
-    model = reference_vit(config).to(device)
+    model = model.to(device)
+    forward = torch.compile(model) if compiled else model
     dtype = torch.bfloat16 if mixed_precision == "mixed_bfloat16" else None
     rng = np.random.default_rng(0)
     size = config["image_size"]
@@ -165,7 +189,7 @@ def reference_steps(config, batch_size, modes, threads, device="cpu", mixed_prec
         def predict():
             model.eval()  # a no-op flag walk, so the two modes can alternate (--interleave)
             with torch.inference_mode(), autocast():
-                model(pixel_values=x).logits.float().cpu().numpy()
+                logits_of(forward, x).float().cpu().numpy()
 
         steps["inference"] = predict
     if "train" in modes:
@@ -176,7 +200,7 @@ def reference_steps(config, batch_size, modes, threads, device="cpu", mixed_prec
             model.train()
             optimizer.zero_grad(set_to_none=True)
             with autocast():
-                loss = loss_fn(model(pixel_values=x).logits.float(), y)
+                loss = loss_fn(logits_of(forward, x).float(), y)
             loss.backward()
             optimizer.step()
             loss.item()  # Keras' train_on_batch returns the loss as a Python float too
@@ -207,6 +231,44 @@ def reference_vit(config):
         num_labels=config["num_classes"], layer_norm_eps=1e-6))
 
 
+#: timm's names of the standard ViT widths; `timm_vit` gives timm every size anyway.
+TIMM_SIZE_NAMES = {192: "tiny", 384: "small", 768: "base", 1024: "large"}
+
+
+def timm_vit(config):
+    """timm's `VisionTransformer` (random weights) of the size of a keras_vitnorm config.
+
+    Built with `timm.create_model` under the standard name of its size (e.g.
+    `vit_base_patch16_224` for B/16), with every size given explicitly (image
+    and patch size, width, depth, heads, MLP width, classes), so that a config
+    of another size builds the same kind of model.
+
+    Raises:
+        ImportError: timm does not import here (it needs torchvision built for
+            this PyTorch).
+        ValueError: the MLP width is not a multiple timm can express as
+            `mlp_ratio * width`.
+    """
+    try:
+        import timm
+    except ImportError as error:
+        raise ImportError(f"timm does not import here: {error}") from error
+
+    width, patch_size = config["width"], config["patch_size"]
+    name = f"vit_{TIMM_SIZE_NAMES.get(width, 'base')}_patch{patch_size}_224"
+    if not timm.is_model(name):
+        name = "vit_base_patch16_224"
+    model = timm.create_model(
+        name, pretrained=False, img_size=config["image_size"], patch_size=patch_size,
+        embed_dim=width, depth=config["depth"], num_heads=config["num_heads"],
+        mlp_ratio=config["mlp_dim"] / width, num_classes=config["num_classes"])
+    hidden = model.blocks[0].mlp.fc1.out_features
+    if hidden != config["mlp_dim"]:
+        raise ValueError(f"timm builds an MLP width of {hidden} for mlp_dim={config['mlp_dim']} "
+                         f"at width {width}: use an mlp_dim that is a whole multiple of the width")
+    return model
+
+
 def median_seconds(step, warmup, steps, repeats):
     """Median seconds per call of `step` over `repeats` runs of `steps` calls, after `warmup` calls.
 
@@ -224,113 +286,112 @@ def median_seconds(step, warmup, steps, repeats):
     return statistics.median(runs), runs
 
 
-def worker_env(backend, threads, device="cpu"):
-    """The environment of a benchmark worker: its Keras backend and thread count, GPUs hidden for "cpu"."""
+#: `worker_env`'s GPU memory settings for JAX: "default" leaves JAX's own (it reserves 75%
+#: of the GPU at its first computation); "shared" makes JAX take memory as it needs it, for
+#: workers that share the GPU (`--interleave`); "whole" lets JAX use 95% of the GPU, for a
+#: worker that has it alone and is to find how much fits (`--largest-batch`).
+GPU_MEMORY_SETTINGS = ("default", "shared", "whole")
+
+
+def worker_env(backend, threads, device="cpu", gpu_memory="default"):
+    """The environment of a benchmark worker: its Keras backend and thread count, GPUs
+    hidden for "cpu", and with "gpu" JAX's memory setting `gpu_memory`
+    (`GPU_MEMORY_SETTINGS`)."""
+    if gpu_memory not in GPU_MEMORY_SETTINGS:
+        raise ValueError(f"GPU memory setting {gpu_memory!r} is not one of "
+                         f"{', '.join(GPU_MEMORY_SETTINGS)}")
     env = dict(os.environ, KERAS_BACKEND=backend, OMP_NUM_THREADS=str(threads),
                TF_NUM_INTRAOP_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL="2")
     if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    elif gpu_memory == "shared":
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    elif gpu_memory == "whole":
+        # JAX's CUDA plugin refuses the GPU if both spellings are set: keep the one in use.
+        new_name = "XLA_CLIENT_MEM_FRACTION"
+        env[new_name if new_name in env else "XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.95"
     return env
 
 
-def run_worker(script, arguments, backend, threads, device="cpu", env=None):
+def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="default",
+               timeout=None):
     """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
 
     With `device="cpu"` the child sees no GPU (so a GPU machine can still be
-    benchmarked on its CPU); with `"gpu"` it sees what the machine has. `env` adds
-    variables to the child's environment.
+    benchmarked on its CPU); with `"gpu"` it sees what the machine has, under JAX's
+    memory setting `gpu_memory` (`worker_env`).
     The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
-    with the last lines of its output, so one broken backend does not stop a table.
+    with the last lines of its output, so one broken backend does not stop a table,
+    and `"out_of_memory": True` where the child ran out of memory
+    (`is_out_of_memory`); a child still running after `timeout` seconds is killed
+    and returns `{"error": ..., "timed_out": True}`.
     """
     command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
-    done = subprocess.run(command, env={**worker_env(backend, threads, device), **(env or {})},
-                          capture_output=True, text=True)
+    try:
+        done = subprocess.run(
+            command, env=worker_env(backend, threads, device, gpu_memory),
+            capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"still running after {timeout:.0f} s, stopped", "timed_out": True}
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if done.returncode or line is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        return {"error": " | ".join(tail)}
+        failure = {"error": " | ".join(tail) or f"worker exited with code {done.returncode}"}
+        if is_out_of_memory(done.stderr + done.stdout, done.returncode):
+            failure["out_of_memory"] = True
+        return failure
     return json.loads(line[len("RESULT "):])
-
-
-def _host_memory_bytes(field):
-    """A `/proc/self/status` field (`"VmRSS"`, `"VmHWM"`) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {field} line")
-
-
-def _reset_host_peak():
-    """Resets this process's peak resident set size (`VmHWM`) to its present size;
-    `False` where the kernel does not let it (Linux before 4.0, no /proc)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def peak_memory(run, device="cpu", backend=None):
     """The peak memory that `run()` (build and train a model) adds to what the process holds.
 
-    On a GPU, the device allocator's peak above its use before `run`: JAX's
-    `peak_bytes_in_use`, PyTorch's `max_memory_allocated` (reset first),
-    TensorFlow's `get_memory_info` peak (reset first). JAX cannot reset its peak,
-    so call this in a fresh process that has allocated little else. On a CPU (Linux),
-    the peak resident set size above the size before `run`, the peak reset before
-    it (`/proc/self/clear_refs`); where it cannot be reset, the process's peak since
-    its start (`getrusage`).
+    The peak above the use before `run`, read by `_memory.WorkerMemory` (reset first
+    where it can be): on a GPU the backend's allocator (JAX's `peak_bytes_in_use`,
+    which cannot be reset, so call this in a fresh process that has allocated little
+    else; PyTorch's `max_memory_allocated`; TensorFlow's peak), on a CPU the
+    process's peak resident memory.
 
     Args:
         run: a function of no arguments.
         device: "cpu" or "gpu".
-        backend: the Keras backend on the GPU; default: the running one.
+        backend: the Keras backend; default: the running one.
 
     Returns:
         `(bytes, what)`: the peak added, and in words what was measured.
     """
+    from _memory import WorkerMemory
+
     if backend is None:
         import keras
 
         backend = keras.backend.backend()
-    if device == "gpu":
-        if backend == "jax":
-            import jax
-
-            stats = jax.local_devices()[0].memory_stats
-            before = stats()["bytes_in_use"]
-            run()
-            return stats()["peak_bytes_in_use"] - before, "GPU peak_bytes_in_use (JAX)"
-        if backend == "torch":
-            import torch
-
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            run()
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() - before, "GPU max_memory_allocated (PyTorch)"
-        import tensorflow as tf
-
-        tf.config.experimental.reset_memory_stats("GPU:0")
-        before = tf.config.experimental.get_memory_info("GPU:0")["current"]
-        run()
-        return (tf.config.experimental.get_memory_info("GPU:0")["peak"] - before,
-                "GPU get_memory_info peak (TensorFlow)")
-    before = _host_memory_bytes("VmRSS")
-    if _reset_host_peak():
-        run()
-        return _host_memory_bytes("VmHWM") - before, "host peak RSS"
-    import resource
-
+    memory = WorkerMemory(backend, device)
+    memory.reset()
+    before = memory.current()
     run()
-    # ru_maxrss is in kilobytes on Linux
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return peak - before, "host peak RSS since the process started"
+    return memory.peak() - before, memory.what
+
+
+#: How PyTorch, XLA, TensorFlow, cuDNN and cuBLAS, and Python say that memory ran out.
+OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "resource_exhausted",
+                         "resourceexhaustederror", "oom when allocating", "alloc_failed",
+                         "memoryerror", "cannot allocate memory")
+
+
+def is_out_of_memory(output, returncode=0):
+    """Whether a failed worker's `output` (stderr and stdout) or its `returncode` says it
+    ran out of memory: one of `OUT_OF_MEMORY_MARKERS`, or killed by SIGKILL, as Linux's
+    out-of-memory killer ends a process."""
+    return returncode == -signal.SIGKILL or any(marker in output.lower()
+                                                 for marker in OUT_OF_MEMORY_MARKERS)
 
 
 def failure_row(label, result, columns):
-    """A markdown table row for an implementation whose worker failed, padded to `columns` cells."""
-    return f"| {label} | failed: {result['error'][:150]} |" + " |" * (columns - 2)
+    """A markdown table row for an implementation whose worker failed, padded to `columns` cells.
+
+    It shows the error's last line (`run_worker` joins lines with " | "), where a
+    traceback names the exception, with no "|" left to split the row.
+    """
+    shown = result["error"].split(" | ")[-1].replace("|", "/")[:150]
+    return f"| {label} | failed: {shown} |" + " |" * (columns - 2)

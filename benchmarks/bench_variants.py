@@ -81,7 +81,7 @@ TIMED = {"train": ("seconds", "Training-step"),
 MEASURES = (*TIMED, "memory")
 #: JAX reserves most of a GPU's memory at start unless told not to; memory processes
 #: may share the GPU, and its allocator's peak counts what is used, not what is reserved.
-MEMORY_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+MEMORY_GPU_SETTING = "shared"
 
 
 def chosen_variants(names):
@@ -166,7 +166,7 @@ def measure_memory(args, backend, arguments):
 
     def one(name):
         return name, run_worker(__file__, arguments + ["--memory-of", name], backend,
-                                args.threads, args.device, env=MEMORY_ENV)
+                                args.threads, args.device, gpu_memory=MEMORY_GPU_SETTING)
 
     result = {"peak_bytes": {name: [] for name in chosen_variants(args.variants)}, "memory": None}
     with ThreadPoolExecutor(args.memory_parallel) as pool:

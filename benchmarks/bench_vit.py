@@ -1,10 +1,12 @@
 """Throughput of keras_vitnorm's ViT on every Keras backend, side by side with the
-reference PyTorch ViT (Hugging Face transformers, eager) and keras-hub's ViT.
+reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-hub's ViT.
 
     python benchmarks/bench_vit.py --preset s16 --batch-size 16            # docs/performance.md's CPU setup
     python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 --steps 2 --repeats 1
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
-    python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16
+    python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 \
+        --mixed-precision mixed_bfloat16 --backends jax torch --timm eager compiled \
+        --interleave --rounds 3 --largest-batch
 
 Each implementation runs in its own subprocess (a Keras backend is fixed per
 process), with the same thread count. Per implementation it reports:
@@ -28,15 +30,25 @@ process), with the same thread count. Per implementation it reports:
 - model FLOP utilization: the model's FLOPs per image (counted analytically, below)
   times images/s, as a fraction of this machine's measured float32 matmul rate
   (a large square matmul, the best of NumPy and PyTorch); with `--device gpu`, of
-  PyTorch's CUDA matmul rate in the compute dtype (bfloat16 under `mixed_bfloat16`).
+  PyTorch's CUDA matmul rate in the compute dtype (bfloat16 under `mixed_bfloat16`),
+  and of the datasheet's dense bfloat16 peak where the GPU is listed
+  (`DATASHEET_BF16_TFLOPS`);
+- peak memory of each mode's step: on a GPU the device memory the framework's
+  allocator held, on the CPU the worker's peak resident memory (`_memory.WorkerMemory`);
+- with `--largest-batch`, each implementation's largest training batch that fits,
+  each try in a fresh process (`_memory.largest_batch`), within
+  `--largest-batch-seconds`.
 
 Keras models are timed through the paths `fit` and `predict` use
 (`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
-functions, with AdamW and cross-entropy). The reference is timed as PyTorch users run
-it: `model(x)` under `inference_mode`, and forward + backward + `AdamW.step()`.
+functions, with AdamW and cross-entropy). The reference and timm are timed as
+PyTorch users run them: `model(x)` under `inference_mode`, and forward + backward +
+`AdamW.step()`; `--timm compiled` passes the model through `torch.compile` first.
+timm needs torchvision: where it does not import, its rows say so.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -54,7 +66,11 @@ from _common import keras_steps
 from _common import median_seconds
 from _common import reference_steps
 from _common import run_worker
+from _common import timm_steps
 from _common import worker_env
+from _memory import WorkerMemory
+from _memory import describe_largest_batch
+from _memory import largest_batches
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -142,15 +158,36 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     for _ in range(repeats):
         a @ a
     torch.cuda.synchronize()
-    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+    seconds = time.perf_counter() - start
+    del a
+    torch.cuda.empty_cache()  # the workers, --largest-batch's too, get the GPU's memory
+    return 2 * size**3 * repeats / seconds / 1e9
 
 
-def _timed(step, warmup, steps, repeats):
-    """`(compile s, median s per step, page faults per step, kernel s per step)`.
+#: Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s, from NVIDIA's H100 and H200
+#: datasheets (which give twice these, "with sparsity"), by a part of the name PyTorch
+#: reports for the GPU; the first match counts.
+DATASHEET_BF16_TFLOPS = (("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+                         ("H200 NVL", 835.0), ("H200", 989.0))
 
-    The last two are this process's minor page faults and system CPU time
-    (`getrusage`) over the timed runs, per step: the cost of memory the
-    allocator maps afresh (see `keras_vitnorm.host_memory.retain_freed_memory`).
+
+def datasheet_tflops(gpu_name, dtype):
+    """The datasheet's dense peak of `gpu_name` in `dtype` ("bfloat16"), or None if not listed."""
+    if dtype != "bfloat16":
+        return None
+    return next((tflops for part, tflops in DATASHEET_BF16_TFLOPS if part in gpu_name), None)
+
+
+def _timed(step, warmup, steps, repeats, memory=None):
+    """`{"compile_s", "step_s", "faults", "kernel_s"}` of `step`, and its memory with `memory`.
+
+    `compile_s` is the first call, `step_s` the median seconds per step after
+    `warmup` more calls. `faults` and `kernel_s` are this process's minor page
+    faults and system CPU time (`getrusage`) over the timed runs, per step: the
+    cost of memory the allocator maps afresh (see
+    `keras_vitnorm.host_memory.retain_freed_memory`). With a `WorkerMemory`, also
+    `peak_bytes` (the peak from the timed runs on, where it can be reset) and
+    `capacity_bytes`.
     """
     import resource
 
@@ -159,15 +196,26 @@ def _timed(step, warmup, steps, repeats):
     compile_seconds = time.perf_counter() - start
     for _ in range(warmup):
         step()
+    if memory is not None:
+        memory.reset()
     before = resource.getrusage(resource.RUSAGE_SELF)
     median = median_seconds(step, 0, steps, repeats)[0]
     after = resource.getrusage(resource.RUSAGE_SELF)
     count = steps * repeats
-    return (compile_seconds, median, (after.ru_minflt - before.ru_minflt) / count,
-            (after.ru_stime - before.ru_stime) / count)
+    result = {"compile_s": compile_seconds, "step_s": median,
+              "faults": (after.ru_minflt - before.ru_minflt) / count,
+              "kernel_s": (after.ru_stime - before.ru_stime) / count}
+    if memory is not None:
+        result.update(peak_bytes=memory.peak(), capacity_bytes=memory.capacity())
+    return result
 
 
 # ----------------------------------------------------------------------------- workers
+
+
+#: What `--implementation` names: Keras models, the transformers reference, timm eager
+#: and under `torch.compile`.
+IMPLEMENTATIONS = ("keras", "keras_hub", "reference", "timm", "timm_compiled")
 
 
 def worker_main(args):
@@ -180,28 +228,44 @@ def worker_main(args):
     if args.implementation in ("keras", "keras_hub"):
         steps = keras_steps(config, args.batch_size, args.modes, args.device, args.mixed_precision,
                             args.implementation)
-    else:
+        import keras
+
+        framework = keras.backend.backend()
+    elif args.implementation == "reference":
         steps = reference_steps(config, args.batch_size, args.modes, args.threads, args.device,
                                 args.mixed_precision)
+        framework = "torch"
+    else:
+        steps = timm_steps(config, args.batch_size, args.modes, args.threads, args.device,
+                           args.mixed_precision, compiled=args.implementation == "timm_compiled")
+        framework = "torch"
+    memory = WorkerMemory(framework, args.device)
     if args.serve:
-        return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout)
-    results = {mode: _timed(step, args.warmup, args.steps, args.repeats) for mode, step in steps.items()}
-    print("RESULT " + json.dumps({mode: {"compile_s": c, "step_s": s, "faults": f, "kernel_s": k}
-                                  for mode, (c, s, f, k) in results.items()}))
+        return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout, memory)
+    results = {mode: _timed(step, args.warmup, args.steps, args.repeats, memory)
+               for mode, step in steps.items()}
+    print("RESULT " + json.dumps(results))
 
 
-def serve(steps, warmup, count, repeats, requests, replies):
+def serve(steps, warmup, count, repeats, requests, replies, memory=None):
     """The worker's side of `--interleave`: compile and warm up every mode, then time on request.
 
-    Prints `READY {mode: compile s}`, then answers each line `<mode>` read from
-    `requests` with `TIMED {"step_s", "faults", "kernel_s"}`: one untimed step
+    Prints `READY {mode: {"compile_s", "peak_bytes", "capacity_bytes"}}` (the
+    memory figures with a `WorkerMemory`), then answers each line `<mode>` read
+    from `requests` with `TIMED {"step_s", "faults", "kernel_s"}`: one untimed step
     (the process may have sat idle while the others ran), then the median of
     `repeats` runs of `count` steps. Stops at `quit` or the end of `requests`.
+    After each reply it releases what `memory` can (`WorkerMemory.release`), as
+    the other workers run next.
     """
-    compile_seconds = {}
+    ready = {}
     for mode, step in steps.items():
-        compile_seconds[mode] = _timed(step, warmup, 1, 1)[0]  # first call, warm-up, one timed step
-    print("READY " + json.dumps(compile_seconds), file=replies, flush=True)
+        timing = _timed(step, warmup, 1, 1, memory)  # first call, warm-up, one timed step
+        ready[mode] = {key: timing[key] for key in ("compile_s", "peak_bytes", "capacity_bytes")
+                       if key in timing}
+    print("READY " + json.dumps(ready), file=replies, flush=True)
+    release = memory.release if memory is not None else (lambda: None)
+    release()
     for line in requests:
         mode = line.strip()
         if mode == "quit":
@@ -210,9 +274,10 @@ def serve(steps, warmup, count, repeats, requests, replies):
             print("ERROR " + json.dumps(f"unknown mode {mode!r}; valid: {', '.join(steps)}"), file=replies,
                   flush=True)
             continue
-        _, step_s, faults, kernel_s = _timed(steps[mode], 0, count, repeats)
-        print("TIMED " + json.dumps({"step_s": step_s, "faults": faults, "kernel_s": kernel_s}), file=replies,
-              flush=True)
+        timing = _timed(steps[mode], 0, count, repeats)
+        print("TIMED " + json.dumps({key: timing[key] for key in ("step_s", "faults", "kernel_s")}),
+              file=replies, flush=True)
+        release()
     return 0
 
 
@@ -220,19 +285,26 @@ def serve(steps, warmup, count, repeats, requests, replies):
 
 
 def combine_rounds(measured):
-    """One result from several rounds: the median step time and the first round's compile time.
+    """One result from several rounds: the median step time, the first round's compile time
+    and capacity, and the largest peak memory.
 
     A round that failed makes the whole result the first failure.
     """
     failed = [result for result in measured if "error" in result]
     if failed:
         return failed[0]
-    return {mode: {"compile_s": measured[0][mode]["compile_s"],
-                   "step_s": statistics.median(result[mode]["step_s"] for result in measured),
-                   "round_step_s": [result[mode]["step_s"] for result in measured],
-                   "faults": statistics.median(result[mode]["faults"] for result in measured),
-                   "kernel_s": statistics.median(result[mode]["kernel_s"] for result in measured)}
-            for mode in measured[0]}
+    combined = {}
+    for mode in measured[0]:
+        combined[mode] = {
+            "compile_s": measured[0][mode]["compile_s"],
+            "step_s": statistics.median(result[mode]["step_s"] for result in measured),
+            "round_step_s": [result[mode]["step_s"] for result in measured],
+            "faults": statistics.median(result[mode]["faults"] for result in measured),
+            "kernel_s": statistics.median(result[mode]["kernel_s"] for result in measured)}
+        if "peak_bytes" in measured[0][mode]:
+            combined[mode]["peak_bytes"] = max(result[mode]["peak_bytes"] for result in measured)
+            combined[mode]["capacity_bytes"] = measured[0][mode].get("capacity_bytes")
+    return combined
 
 
 def ratio_to_reference(timing, reference):
@@ -266,15 +338,22 @@ def spawn(args, implementation, backend):
 
 
 class Worker:
-    """One implementation's worker process under `--interleave`: started once, timed on request."""
+    """One implementation's worker process under `--interleave`: started once, timed on request.
+
+    The workers share the machine while they live: on a GPU, JAX takes its memory
+    as it needs it ("shared" in `_common.GPU_MEMORY_SETTINGS`) and PyTorch hands
+    its cached blocks back after each reply (`WorkerMemory.release`).
+    `ready` is the worker's `READY` reply: per mode, its compile time and memory.
+    """
 
     def __init__(self, args, implementation, backend):
         command = [sys.executable, os.path.abspath(__file__), "--worker", "--serve",
                    *worker_arguments(args, implementation), "--threads", str(args.threads)]
         self.log = tempfile.TemporaryFile("w+")  # stderr, read back if the worker fails
-        self.process = subprocess.Popen(command, env=worker_env(backend, args.threads, args.device), text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
-        self.compile_s = self._reply("READY")
+        env = worker_env(backend, args.threads, args.device, gpu_memory="shared")
+        self.process = subprocess.Popen(command, env=env, text=True, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log)
+        self.ready = self._reply("READY")
 
     def time(self, mode):
         """`{"step_s", "faults", "kernel_s"}` of one timing segment of `mode`."""
@@ -338,7 +417,7 @@ def interleaved(args, runs):
                         results[label] = {"error": str(error)}
             labels = [label for label in labels if label not in results]
             for label in labels:
-                rounds[label].append({mode: {**timing, "compile_s": workers[label].compile_s[mode]}
+                rounds[label].append({mode: {**timing, **workers[label].ready[mode]}
                                       for mode, timing in measured[label].items()})
         for label in labels:
             results[label] = combine_rounds(rounds[label])
@@ -346,6 +425,84 @@ def interleaved(args, runs):
         for worker in workers.values():
             worker.close()
     return {label: results[label] for label, _, _ in runs if label in results}
+
+
+def try_batch(args, implementation, backend, batch, seconds):
+    """One try of `--largest-batch`: a fresh worker trains at `batch` (its first call and
+    one more step) within `seconds`; `largest_batch`'s outcome of it."""
+    trial = argparse.Namespace(**{**vars(args), "batch_size": batch, "modes": ["train"],
+                                  "steps": 1, "warmup": 0, "repeats": 1})
+    result = run_worker(__file__, worker_arguments(trial, implementation), backend, args.threads,
+                        args.device, gpu_memory="whole", timeout=seconds)
+    if "error" in result:
+        if result.get("out_of_memory"):
+            return {"fits": False}
+        return {key: result[key] for key in ("error", "timed_out") if key in result}
+    train = result["train"]
+    return {"fits": True, "peak_bytes": train.get("peak_bytes"),
+            "capacity_bytes": train.get("capacity_bytes")}
+
+
+def _gib(count):
+    return "n/a" if count is None else f"{count / 2**30:.1f}"
+
+
+def table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet):
+    """The markdown report: a header line, then one row per implementation and mode."""
+    where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
+    memory = ("device memory its allocator held" if args.device == "gpu"
+              else "the worker's resident host memory")
+    header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+              f"{args.mixed_precision}, {where}; {flops / 1e9:.2f} GFLOPs/image forward "
+              f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s "
+              f"(best of {', '.join(f'{name} {rate:.0f}' for name, rate in peak_sources.items())})"
+              + (f"; datasheet peak {datasheet[1]:.0f} TFLOP/s ({datasheet[0]})"
+                 if datasheet else "")
+              + f"; peak memory: {memory}; host memory: {args.host_memory}")
+    columns = ["implementation", "mode", "img/s", "vs PyTorch reference", "fraction of matmul peak"]
+    columns += ["MFU (datasheet)"] if datasheet else []
+    columns += ["compile (s)", "peak memory (GiB)", "page faults / step", "kernel s / step"]
+    lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    reference = results.get("transformers ViT (PyTorch eager)", {})
+    for label, result in results.items():
+        if "error" in result:
+            lines.append(failure_row(label, result, len(columns)))
+            continue
+        for mode, timing in result.items():
+            rate = args.batch_size / timing["step_s"]
+            flop_rate = rate * flops * (3 if mode == "train" else 1)
+            cells = [label, mode, f"{rate:.1f}", ratio_to_reference(timing, reference.get(mode)),
+                     f"{flop_rate / (peak * 1e9):.1%}"]
+            cells += [f"{flop_rate / (datasheet[1] * 1e12):.1%}"] if datasheet else []
+            cells += [f"{timing['compile_s']:.1f}", _gib(timing.get("peak_bytes")),
+                      f"{timing['faults']:,.0f}", f"{timing['kernel_s']:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def largest_batch_table(args, largest):
+    """The markdown table of `--largest-batch`: per implementation what it found and its tries."""
+    where = "device memory" if args.device == "gpu" else "resident host memory"
+    title = (f"Largest training batch of {args.preset} at {args.image_size}x{args.image_size}, "
+             f"{args.mixed_precision}, from batch {args.batch_size} up to "
+             f"{args.largest_batch_limit}; peak memory: {where}")
+    columns = ("implementation", "largest batch", "peak memory at it (GiB)", "capacity (GiB)",
+               "tries")
+    lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for label, result in largest.items():
+        known = {int(batch): peak for batch, peak in result.get("known", {}).items()}
+        fitted = [attempt for attempt in result["tries"] if attempt.get("fits")]
+        peaks = {**known, **{attempt["batch"]: attempt.get("peak_bytes") for attempt in fitted}}
+        capacity = next((a["capacity_bytes"] for a in reversed(fitted) if a.get("capacity_bytes")),
+                        None)
+        tries = [f"{batch} known" for batch in known]
+        tries += [f"{a['batch']} " + ("fits" if a.get("fits") else
+                                      "does not fit" if "fits" in a else "failed")
+                  for a in result["tries"]]
+        lines.append(f"| {label} | {describe_largest_batch(result)} | "
+                     f"{_gib(peaks.get(result['largest']))} | {_gib(capacity)} | "
+                     f"{', '.join(tries) or 'none'} |")
+    return lines
 
 
 def main(argv=None):
@@ -366,6 +523,28 @@ def main(argv=None):
     parser.add_argument("--overrides", default="{}", help='JSON ViT overrides, e.g. \'{"norm": "rmsnorm"}\'')
     parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
     parser.add_argument("--keras-hub", action="store_true", help="also time keras-hub's ViT (each backend)")
+    parser.add_argument("--timm", nargs="+", default=[], choices=("eager", "compiled"),
+                        help="also time timm's ViT of the same size (PyTorch, AdamW, as the "
+                             "reference): eager, and/or its forward pass under torch.compile")
+    parser.add_argument("--largest-batch", action="store_true",
+                        help="after the table, find each implementation's largest training batch "
+                             "that fits: doubling from --batch-size, then bisecting (guided by the "
+                             "measured peak memory), each try in a fresh process")
+    parser.add_argument("--largest-batch-only", action="store_true",
+                        help="--largest-batch without the throughput table (each search then "
+                             "starts with a try at --batch-size)")
+    parser.add_argument("--largest-batch-known", metavar="TABLE.json",
+                        help="with --largest-batch-only: this script's --json of a run of the same "
+                             "settings, whose training steps count as known fits (one try less "
+                             "each) and order the search by their compile times")
+    parser.add_argument("--largest-batch-limit", type=int,
+                        help="the largest batch --largest-batch tries (default 8192 on a GPU; "
+                             "required on the CPU, where running out of memory means swapping or "
+                             "the kernel killing a process)")
+    parser.add_argument("--largest-batch-seconds", type=float, default=600.0,
+                        help="time for the whole --largest-batch search, shared by the "
+                             "implementations; a search out of time reports what it found "
+                             "(default 600)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every implementation this many times in turn and report the median "
                              "across rounds, so drift of a shared machine hits all alike (default 1)")
@@ -376,15 +555,19 @@ def main(argv=None):
                                      "too) calls keras_vitnorm.host_memory.retain_freed_memory() "
                                      "first; default: glibc's own settings")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--implementation", default="keras", help=argparse.SUPPRESS)
+    parser.add_argument("--implementation", default="keras", choices=IMPLEMENTATIONS,
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "threads", "image_size", "rounds"))
+    check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "threads", "image_size",
+                                       "rounds", "largest_batch_limit"))
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    check_largest_batch_arguments(parser, args)
     # This process only reads the preset: it must not need TensorFlow (Keras'
     # default backend) on a machine that runs only the other backends.
     os.environ.setdefault("KERAS_BACKEND", args.backends[0])
@@ -394,8 +577,11 @@ def main(argv=None):
         config = {**preset_config(args.preset), "image_size": args.image_size, **json.loads(args.overrides)}
     except ValueError as error:
         parser.error(str(error))
+    if config["image_size"] != args.image_size:
+        parser.error(f"--overrides sets image_size {config['image_size']}: give it as --image-size")
     flops = model_flops(config["width"], config["depth"], config["mlp_dim"], config["patch_size"],
                         args.image_size, 3, config.get("num_classes", 1000))
+    datasheet = None
     if args.device == "gpu":
         matmul_dtype = "bfloat16" if args.mixed_precision == "mixed_bfloat16" else "float32"
         try:
@@ -403,16 +589,24 @@ def main(argv=None):
             peak_sources = {"torch (GPU)": peak}
         except (ImportError, RuntimeError) as error:
             parser.error(f"--device gpu needs PyTorch with a CUDA GPU to measure the matmul rate: {error}")
+        import torch
+
+        gpu_name = torch.cuda.get_device_name()
+        tflops = datasheet_tflops(gpu_name, matmul_dtype)
+        datasheet = (gpu_name, tflops) if tflops else None
     else:
         matmul_dtype = "float32"
         peak, peak_sources = matmul_rate(args.threads, args.backends)
     runs = []
     if not args.no_reference:
         runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
+    runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
     runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
     if args.keras_hub:
         runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
-    if args.interleave:
+    if args.largest_batch_only:
+        results = known_results(parser, args)
+    elif args.interleave:
         results = interleaved(args, runs)
     else:
         rounds = {label: [] for label, _, _ in runs}
@@ -422,32 +616,75 @@ def main(argv=None):
                       flush=True)
                 rounds[label].append(spawn(args, implementation, backend))
         results = {label: combine_rounds(measured) for label, measured in rounds.items()}
-    reference = results.get("transformers ViT (PyTorch eager)", {})
-    where = "GPU" if args.device == "gpu" else f"CPU, {args.threads} threads"
-    header = (f"{args.preset} at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
-              f"{args.mixed_precision}, {where}; {flops / 1e9:.2f} GFLOPs/image forward "
-              f"(x3 for a training step); measured {matmul_dtype} matmul rate {peak:.0f} GFLOP/s "
-              f"(best of {', '.join(f'{name} {rate:.0f}' for name, rate in peak_sources.items())}); "
-              f"host memory: {args.host_memory}")
-    lines = [header, "", "| implementation | mode | img/s | vs PyTorch reference | fraction of matmul peak | compile (s) "
-             "| page faults / step | kernel s / step |", "|---|---|---|---|---|---|---|---|"]
-    for label, result in results.items():
-        if "error" in result:
-            lines.append(failure_row(label, result, 8))
-            continue
-        for mode, timing in result.items():
-            rate = args.batch_size / timing["step_s"]
-            factor = 3 if mode == "train" else 1
-            ratio = ratio_to_reference(timing, reference.get(mode))
-            lines.append(f"| {label} | {mode} | {rate:.1f} | {ratio} | {rate * flops * factor / (peak * 1e9):.1%} "
-                         f"| {timing['compile_s']:.1f} | {timing['faults']:,.0f} | {timing['kernel_s']:.2f} |")
+    largest, lines = None, []
+    if not args.largest_batch_only:
+        lines = table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet)
+    if args.largest_batch:
+        largest = largest_batches(runs, results, args.batch_size, args.largest_batch_limit,
+                                  args.largest_batch_seconds, functools.partial(try_batch, args))
+        lines += ([""] if lines else []) + largest_batch_table(args, largest)
     print("\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
                        "matmul_gflops_by_library": peak_sources, "matmul_dtype": matmul_dtype,
-                       "results": results}, f, indent=2)
+                       "datasheet": datasheet and {"gpu": datasheet[0], "tflops": datasheet[1]},
+                       "results": results, "largest_batch": largest}, f, indent=2)
     return 0
+
+
+#: The settings a `--largest-batch-known` table must share with the search.
+KNOWN_SETTINGS = ("preset", "image_size", "batch_size", "mixed_precision", "device", "overrides")
+
+
+def known_results(parser, args):
+    """The results of `--largest-batch-known` (`{}` without it); exits through
+    `parser.error` if the file cannot be read or was measured with other settings."""
+    if not args.largest_batch_known:
+        return {}
+    try:
+        with open(args.largest_batch_known) as f:
+            report = json.load(f)
+        settings, results = report["settings"], report["results"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"--largest-batch-known {args.largest_batch_known}: not a table of this "
+                     f"script's --json ({error})")
+    for name in KNOWN_SETTINGS:
+        if settings.get(name) != getattr(args, name):
+            parser.error(f"--largest-batch-known {args.largest_batch_known} was measured with "
+                         f"{name} {settings.get(name)!r}, this search has {getattr(args, name)!r}")
+    return results
+
+
+#: The table's labels and the workers' `--implementation` of each `--timm` kind.
+TIMM_LABELS = {"eager": "timm ViT (PyTorch eager)", "compiled": "timm ViT (torch.compile)"}
+TIMM_IMPLEMENTATIONS = {"eager": "timm", "compiled": "timm_compiled"}
+
+
+def check_largest_batch_arguments(parser, args):
+    """Exits through `parser.error` where the `--largest-batch` options do not fit together,
+    and sets the GPU's default limit."""
+    args.largest_batch = args.largest_batch or args.largest_batch_only
+    if args.largest_batch_known and not args.largest_batch_only:
+        parser.error("--largest-batch-known only applies with --largest-batch-only")
+    if not args.largest_batch:
+        if args.largest_batch_limit is not None:
+            parser.error("--largest-batch-limit only applies with --largest-batch")
+        return
+    if args.largest_batch_seconds <= 0:
+        parser.error(f"--largest-batch-seconds must be positive, got {args.largest_batch_seconds}")
+    if args.largest_batch_limit is None:
+        if args.device == "cpu":
+            parser.error("--largest-batch on the CPU needs --largest-batch-limit: there running "
+                         "out of memory means swapping or the kernel killing a process, not an "
+                         "error")
+        args.largest_batch_limit = 8192
+    if args.largest_batch_limit < args.batch_size:
+        parser.error(f"--largest-batch-limit ({args.largest_batch_limit}) must be at least "
+                     f"--batch-size ({args.batch_size})")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,15 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_ab, ["--preset", "s17"]),
     (bench_ab, ["--host-memory", "keep"]),
     (bench_vit, ["--host-memory", "keep"]),
+    (bench_vit, ["--timm", "lazy"]),
+    (bench_vit, ["--largest-batch"]),  # on the CPU without a limit
+    (bench_vit, ["--largest-batch-limit", "64"]),  # without --largest-batch
+    (bench_vit, ["--largest-batch-limit", "0", "--largest-batch"]),
+    (bench_vit, ["--largest-batch-limit", "8", "--largest-batch", "--batch-size", "16"]),
+    (bench_vit, ["--largest-batch-seconds", "0", "--largest-batch-only",
+                 "--largest-batch-limit", "64"]),
+    (bench_vit, ["--overrides", '{"image_size": 32}']),
+    (bench_vit, ["--largest-batch-known", "table.json", "--largest-batch"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
     (profile_torch, ["--find-syncs"]),
@@ -162,6 +171,10 @@ def test_rounds_combine_to_the_median_step_and_the_first_compile():
     assert combined["train"]["kernel_s"] == pytest.approx(0.2)
     failure = {"error": "worker died"}
     assert bench_vit.combine_rounds([rounds[0], failure]) == failure
+    with_memory = [{"train": {**r["train"], "peak_bytes": peak, "capacity_bytes": 900 + peak}}
+                   for r, peak in zip(rounds, (5, 7, 6))]
+    combined = bench_vit.combine_rounds(with_memory)["train"]
+    assert combined["peak_bytes"] == 7 and combined["capacity_bytes"] == 905
 
 
 def test_serving_worker_compiles_first_then_times_each_request_until_quit():
@@ -180,6 +193,40 @@ def test_serving_worker_compiles_first_then_times_each_request_until_quit():
     assert "'speed'" in lines[2] and "inference, train" in lines[2]
     # Ready: first call, 2 warm-up steps, 1 timed. The request: 1 untimed, 3 x 2 timed. Nothing after quit.
     assert calls == {"inference": 1 + 2 + 1, "train": 1 + 2 + 1 + 1 + 3 * 2}
+
+
+def test_serving_worker_reports_each_modes_memory_and_releases_it_after_each_reply():
+    import io
+    import json
+
+    events = []
+
+    class Memory:
+        """Peaks that grow with each reset, as a GPU's would per mode."""
+
+        def reset(self):
+            events.append("reset")
+
+        def peak(self):
+            return 100 * events.count("reset")
+
+        def capacity(self):
+            return 1000
+
+        def release(self):
+            events.append("release")
+
+    steps = {mode: (lambda m=mode: events.append(m)) for mode in ("inference", "train")}
+    replies = io.StringIO()
+    bench_vit.serve(steps, warmup=0, count=1, repeats=1, requests=io.StringIO("train\ninference\n"),
+                    replies=replies, memory=Memory())
+    ready = json.loads(replies.getvalue().splitlines()[0][len("READY "):])
+    assert ready["inference"]["peak_bytes"] == 100 and ready["train"]["peak_bytes"] == 200
+    assert ready["train"]["capacity_bytes"] == 1000 and ready["train"]["compile_s"] > 0
+    # The peak is reset after the first call, before the timed step; memory is released
+    # once after READY and after each of the two replies.
+    assert events[:3] == ["inference", "reset", "inference"]
+    assert events.count("release") == 3 and events[-1] == "release"
 
 
 def test_ratio_to_reference_pairs_the_rounds():
@@ -219,7 +266,9 @@ def test_interleaved_rounds_rotate_the_order_and_drop_a_worker_that_fails(monkey
         def __init__(self, args, implementation, backend):
             if backend == "broken_at_start":
                 raise RuntimeError("no such backend")
-            self.backend, self.compile_s, self.calls = backend, {"inference": 1.0, "train": 2.0}, 0
+            self.backend, self.calls = backend, 0
+            self.ready = {"inference": {"compile_s": 1.0},
+                          "train": {"compile_s": 2.0, "peak_bytes": 7}}
 
         def time(self, mode):
             timed.append((self.backend, mode))
@@ -238,7 +287,7 @@ def test_interleaved_rounds_rotate_the_order_and_drop_a_worker_that_fails(monkey
     assert list(results) == ["A", "B", "C", "D"]
     assert results["D"] == {"error": "no such backend"} and results["C"] == {"error": "worker died"}
     assert results["A"]["train"]["round_step_s"] == [2.0, 4.0, 6.0]
-    assert results["A"]["train"]["compile_s"] == 2.0
+    assert results["A"]["train"]["compile_s"] == 2.0 and results["A"]["train"]["peak_bytes"] == 7
     first_rounds = [backend for backend, mode in timed[:10] if mode == "inference"]
     # Round 1: a, b, dies; round 2 starts one later (b, dies fails on its 3rd call, a).
     assert first_rounds[:3] == ["a", "b", "dies"] and first_rounds[3:5] == ["b", "dies"]
@@ -250,11 +299,13 @@ def test_timed_counts_the_page_faults_of_fresh_memory():
     # this process retained freed memory, which the test suite never asks for),
     # and filling it touches every page.
     calls = []
-    compile_s, step_s, faults, kernel_s = bench_vit._timed(lambda: calls.append(len(b"\x01" * (64 << 20))),
-                                                           warmup=1, steps=2, repeats=2)
+    timing = bench_vit._timed(lambda: calls.append(len(b"\x01" * (64 << 20))), warmup=1, steps=2,
+                              repeats=2)
     assert len(calls) == 1 + 1 + 2 * 2
-    assert compile_s > 0 and step_s > 0 and kernel_s >= 0
-    assert faults > (64 << 20) // 4096 // 600  # at least one in 600 pages, even with huge pages
+    assert timing["compile_s"] > 0 and timing["step_s"] > 0 and timing["kernel_s"] >= 0
+    # at least one in 600 pages, even with huge pages
+    assert timing["faults"] > (64 << 20) // 4096 // 600
+    assert "peak_bytes" not in timing  # measured only with a WorkerMemory
 
 
 def test_a_failed_backend_gets_a_full_width_row():
@@ -496,8 +547,8 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
         tmp_path, capsys, monkeypatch):
     calls = []
 
-    def run_worker(script, arguments, backend, threads, device="cpu", env=None):
-        calls.append((arguments, backend, env))
+    def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="default"):
+        calls.append((arguments, backend, gpu_memory))
         if "--memory-of" not in arguments:
             return {"seconds": {"pre_ln": [1.0], "rmsnorm": [0.5]},
                     "inference_seconds": {"pre_ln": [0.2], "rmsnorm": [0.2]}}
@@ -512,7 +563,7 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
     assert bench_variants.main([
         "--model", "study", "--backends", "torch", "--variants", "rmsnorm", "--measure", "train",
         "memory", "--memory-repeats", "2", "--json", str(output)]) == 0
-    assert [c[2] for c in calls] == [None] + [bench_variants.MEMORY_ENV] * 4
+    assert [c[2] for c in calls] == ["default"] + ["shared"] * 4
     assert [c[0][-1] for c in calls[1:]] == ["pre_ln", "rmsnorm", "pre_ln", "rmsnorm"]
     assert all(c[0][c[0].index("--variants") + 1:][:2] == ["pre_ln", "rmsnorm"] for c in calls)
     result = json.loads(output.read_text())["results"]["torch"]
@@ -605,3 +656,188 @@ def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, 
     _common.add_host_memory_argument(parser, "who retains")
     assert parser.parse_args([]).host_memory == "retain"
     assert parser.parse_args(["--host-memory", "default"]).host_memory == "default"
+
+
+class _FakeTimm:
+    """Stands in for timm where it does not import: records `create_model`'s arguments and
+    builds a tiny classifier whose first MLP follows timm's width rule (`int(dim * ratio)`)."""
+
+    def __init__(self, names=()):
+        self.names, self.calls = set(names), []
+
+    def is_model(self, name):
+        return name in self.names
+
+    def create_model(self, name, **kwargs):
+        import torch
+
+        self.calls.append({"name": name, **kwargs})
+        model = torch.nn.Module()
+        block = torch.nn.Module()
+        block.mlp = torch.nn.Module()
+        width = kwargs["embed_dim"]
+        block.mlp.fc1 = torch.nn.Linear(width, int(width * kwargs["mlp_ratio"]))
+        model.blocks = torch.nn.ModuleList([block])
+        model.head = torch.nn.Linear(3, kwargs["num_classes"])
+        model.forward = lambda x: model.head(x.mean((2, 3)))
+        return model
+
+
+def _tiny_config(**sizes):
+    from keras_vitnorm.models.presets import preset_config
+
+    return {**preset_config("s16"), "image_size": 32, "num_classes": 10, **sizes}
+
+
+def test_timm_steps_build_timms_vit_at_the_configs_sizes_and_train_it(monkeypatch):
+    timm = _FakeTimm(names=["vit_small_patch16_224"])
+    monkeypatch.setitem(sys.modules, "timm", timm)
+    from _common import timm_steps
+
+    steps = timm_steps(_tiny_config(depth=1), 2, ["inference", "train"], threads=1)
+    assert timm.calls == [{"name": "vit_small_patch16_224", "pretrained": False, "img_size": 32,
+                           "patch_size": 16, "embed_dim": 384, "depth": 1, "num_heads": 6,
+                           "mlp_ratio": 4.0, "num_classes": 10}]
+    steps["inference"]()
+    steps["train"]()
+    assert len(timm.calls) == 1  # one model for both modes
+    # A width timm has no name for still gets every size; the name is the base model's.
+    timm_steps(_tiny_config(width=32, num_heads=2, mlp_dim=64), 2, ["train"], threads=1)
+    assert timm.calls[-1]["name"] == "vit_base_patch16_224" and timm.calls[-1]["embed_dim"] == 32
+
+
+def test_timm_training_step_updates_the_weights_with_adamw(monkeypatch):
+    import torch
+
+    timm = _FakeTimm()
+    built = []
+    create = timm.create_model
+    monkeypatch.setattr(timm, "create_model",
+                        lambda name, **kw: built.append(create(name, **kw)) or built[-1])
+    monkeypatch.setitem(sys.modules, "timm", timm)
+    from _common import timm_steps
+
+    steps = timm_steps(_tiny_config(width=32, num_heads=2, mlp_dim=64), 2, ["train"], threads=1)
+    before = built[0].head.weight.detach().clone()
+    steps["train"]()
+    assert not torch.equal(before, built[0].head.weight)
+
+
+def test_compiled_timm_steps_run_through_torch_compile(monkeypatch):
+    import torch
+
+    monkeypatch.setitem(sys.modules, "timm", _FakeTimm())
+    compiled, calls = [], []
+
+    def fake_compile(model):
+        compiled.append(model)
+        return lambda x: calls.append(x.shape) or model(x)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    from _common import timm_steps
+
+    config = _tiny_config(width=32, num_heads=2, mlp_dim=64)
+    steps = timm_steps(config, 2, ["inference", "train"], threads=1, compiled=True)
+    steps["inference"]()
+    steps["train"]()
+    assert len(compiled) == 1 and len(calls) == 2
+    timm_steps(config, 2, ["train"], threads=1)["train"]()  # eager: no compilation
+    assert len(compiled) == 1 and len(calls) == 2
+
+
+def test_timm_vit_refuses_an_mlp_width_timm_cannot_build(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", _FakeTimm())
+    from _common import timm_vit
+
+    # timm builds int(56 * (61 / 56)) = 60 hidden units for these.
+    with pytest.raises(ValueError, match="MLP width of 60 for mlp_dim=61 at width 56"):
+        timm_vit(_tiny_config(width=56, num_heads=2, mlp_dim=61))
+
+
+def test_timm_vit_is_the_references_model_with_real_timm():
+    try:
+        import timm  # noqa: F401
+    except ImportError as error:  # timm imports torchvision, which needs a matching torch build
+        pytest.skip(f"timm does not import here: {error}")
+    from _common import reference_vit
+    from _common import timm_vit
+
+    config = _tiny_config(width=32, num_heads=2, mlp_dim=64, depth=2, patch_size=8)
+    model = timm_vit(config)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == sum(p.numel() for p in reference_vit(config).parameters())
+    assert model.patch_embed.proj.kernel_size == (8, 8) and len(model.blocks) == 2
+
+
+@pytest.mark.parametrize("name, dtype, expected", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.0),
+    ("NVIDIA H100 PCIe", "bfloat16", 756.0),
+    ("NVIDIA H100 NVL", "bfloat16", 835.0),
+    ("NVIDIA H200", "bfloat16", 989.0),
+    ("NVIDIA H200 NVL", "bfloat16", 835.0),
+    ("NVIDIA A100-SXM4-80GB", "bfloat16", None),
+    ("NVIDIA H100 80GB HBM3", "float32", None),
+])
+def test_datasheet_peak_is_the_dense_bfloat16_rate_of_the_gpu(name, dtype, expected):
+    assert bench_vit.datasheet_tflops(name, dtype) == expected
+
+
+def test_gpu_table_gives_mfu_against_the_datasheet_and_peak_memory():
+    args = argparse.Namespace(device="gpu", preset="b16", image_size=224, batch_size=256,
+                              mixed_precision="mixed_bfloat16", threads=16, host_memory="retain")
+    timing = {"compile_s": 1.0, "step_s": 0.1, "faults": 0.0, "kernel_s": 0.0,
+              "peak_bytes": 20 * 2**30}
+    results = {"transformers ViT (PyTorch eager)": {"train": timing},
+               "timm ViT (torch.compile)": {"error": "a | traceback | RuntimeError: no GPU|here"}}
+    lines = bench_vit.table(args, results, 17.5e9, 800e3, {"torch (GPU)": 800e3}, "bfloat16",
+                            ("NVIDIA H100 80GB HBM3", 989.0))
+    assert "datasheet peak 989 TFLOP/s (NVIDIA H100 80GB HBM3)" in lines[0]
+    header = lines[2].split(" | ")
+    row = lines[4].split(" | ")
+    # 2560 img/s x 17.5 GFLOPs x 3: 16.8% of 800 TFLOP/s measured, 13.6% of the datasheet's 989.
+    assert row[header.index("fraction of matmul peak")] == "16.8%"
+    assert row[header.index("MFU (datasheet)")] == "13.6%"
+    assert row[header.index("peak memory (GiB)")] == "20.0"
+    assert lines[5].count("|") == lines[2].count("|")  # the failure fills the row
+    assert "| failed: RuntimeError: no GPU/here |" in lines[5]  # its last line, no "|" of its own
+
+
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fast"], "usage: "),
+    (["largest", "5m"], "SECONDS must be a whole number, got '5m'"),
+    (["table", "10"], "table takes no SECONDS"),
+])
+def test_gpu_perf_script_refuses_bad_arguments_before_it_starts(argv, message):
+    import subprocess
+
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "perf.sh"), *argv],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr
+
+
+@pytest.mark.large
+@pytest.mark.one_backend
+def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
+    """tools/gpu/perf.sh's CPU path with a one-block model: the table, then the search
+    seeded by the table's training step (about a minute on a 2-core machine)."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, PERF_DEVICE="cpu",
+               PERF_BATCH="2", PERF_LIMIT="4", PERF_ROUNDS="1", PERF_STEPS="1", PERF_PRESETS="b16",
+               PERF_BACKENDS="torch", PERF_TIMM="eager", PERF_IMAGE_SIZE="32",
+               PERF_OVERRIDES='{"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64, '
+                              '"patch_size": 8, "num_classes": 10}')
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "perf.sh"), "all", "600"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (tmp_path / "perf.md").read_text()
+    assert "| keras_vitnorm (torch) | train |" in report
+    assert any(f"| timm ViT (PyTorch eager) | {cell}" in report for cell in ("failed: ", "train |"))
+    assert "Largest training batch of b16" in report
+    found = json.loads((tmp_path / "largest.json").read_text())["largest_batch"]
+    assert [t["batch"] for t in found["keras_vitnorm (torch)"]["tries"]] == [4]  # 2 from the table
+    assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
