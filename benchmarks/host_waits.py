@@ -2,6 +2,7 @@
 
     python benchmarks/host_waits.py --mode train
     python benchmarks/host_waits.py --mode fit --mixed-precision mixed_bfloat16 --fast-paths off
+    python benchmarks/host_waits.py --mode evaluate
     python benchmarks/host_waits.py --mode inference --preset s16 --batch-size 4
 
 On a GPU, PyTorch launches kernels without waiting for them, and the host runs ahead
@@ -34,6 +35,7 @@ site, with the count by kind:
 - `--mode train`: one `train_on_batch`.
 - `--mode fit`: one step of `fit` (the calls between two batches' starts, after two
   warm-up batches), with accuracy as a metric.
+- `--mode evaluate`: one step of `evaluate`, likewise.
 - `--mode inference`: one `predict_on_batch`.
 
 `--fast-paths off` switches the library's fast paths off (`keras_vitnorm.ops`), so
@@ -190,12 +192,13 @@ def _short(filename):
 
 
 def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
-    """A `HostWaits` of one `train_on_batch`, `fit` step or `predict_on_batch` of a ViT.
+    """A `HostWaits` of one `train_on_batch`, `fit` or `evaluate` step or `predict_on_batch`
+    of a ViT.
 
-    The model (compiled as `bench_vit.py` compiles it, plus accuracy in `"fit"`) runs
-    `warmup` steps first, unrecorded. For `"fit"`, the recorded phase of each call is
-    the batch it happened in (`fit` runs `warmup + 2` batches; phase `warmup` is a
-    whole step between two batches' starts).
+    The model (compiled as `bench_vit.py` compiles it, plus accuracy in `"fit"` and
+    `"evaluate"`) runs `warmup` steps first, unrecorded. For `"fit"` and `"evaluate"`,
+    the recorded phase of each call is the batch it happened in (they run `warmup + 2`
+    batches; phase `warmup` is a whole step between two batches' starts).
     """
     import keras
     import numpy as np
@@ -210,22 +213,26 @@ def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
         keras.config.set_dtype_policy(previous)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"] if mode == "fit" else None)
+                  metrics=["accuracy"] if mode in ("fit", "evaluate") else None)
     rng = np.random.default_rng(0)
     size = config["image_size"]
     x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))
     waits = HostWaits()
-    if mode == "fit":
+    if mode in ("fit", "evaluate"):
         class Phases(keras.callbacks.Callback):
             def on_train_batch_begin(self, batch, logs=None):
                 waits.mark(batch)
 
+            def on_test_batch_begin(self, batch, logs=None):
+                waits.mark(batch)
+
         steps = warmup + 2
         xs, ys = np.concatenate([x] * steps), np.concatenate([y] * steps)
+        run = model.fit if mode == "fit" else model.evaluate
+        extra = {"epochs": 1, "shuffle": False} if mode == "fit" else {}
         with waits:
-            model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
-                      callbacks=[Phases()])
+            run(xs, ys, batch_size=batch_size, verbose=0, callbacks=[Phases()], **extra)
         return waits
     x, y = (keras.ops.convert_to_tensor(a) for a in (x, y))  # on the device, as bench_vit.py
     step = ((lambda: model.train_on_batch(x, y)) if mode == "train"
@@ -239,7 +246,7 @@ def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--mode", choices=("train", "fit", "inference"), default="train")
+    parser.add_argument("--mode", choices=("train", "fit", "evaluate", "inference"), default="train")
     parser.add_argument("--preset", default="ti16")
     parser.add_argument("--image-size", type=int, default=32,
                         help="pixels (the count does not depend on the size)")
@@ -261,9 +268,10 @@ def main(argv=None):
         parser.error(f"--preset: {error}")
     with ops.fast_paths(args.fast_paths == "on"):
         waits = keras_waits(args.mode, config, args.batch_size, args.mixed_precision)
-    phase = 2 if args.mode == "fit" else None
+    phase = 2 if args.mode in ("fit", "evaluate") else None
+    what = f"step of {args.mode}" if phase is not None else f"{args.mode} call"
     print(f"== keras_vitnorm (torch), {args.mode}, {args.mixed_precision}, fast paths "
-          f"{args.fast_paths}: one {'step of fit' if phase is not None else args.mode + ' call'}")
+          f"{args.fast_paths}: one {what}")
     print(waits.report(phase))
     return 0
 

@@ -78,7 +78,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_torch, ["--mode", "speed"]),
     (profile_torch, ["--rows", "0"]),
     (host_waits, ["--batch-size", "0"]),
-    (host_waits, ["--mode", "evaluate"]),
+    (host_waits, ["--mode", "test"]),
     (profile_torch, ["--device", "tpu"]),
     (profile_tensorflow, ["--steps", "0"]),
     (profile_tensorflow, ["--mode", "speed"]),

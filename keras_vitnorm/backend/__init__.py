@@ -15,9 +15,10 @@ function a small form per backend in that backend's private module (`_jax`,
   the processes of one run exchange.
 - `global_random_state`, `set_global_random_state`, `share_global_random_state`:
   the global generator that PyTorch's dropout draws from.
-- `step_runs_eagerly`, `train_step`, `device_constants`: the models' training step with the Python
-  numbers of Keras' loss, metrics and optimizer made on the device once (PyTorch;
-  the fast path `device_constants`, chosen by `keras_vitnorm.models.train_step`).
+- `step_runs_eagerly`, `train_step`, `test_step`, `device_constants`: the models'
+  training and evaluation steps with the Python numbers of Keras' loss, metrics and
+  optimizer made on the device once (PyTorch; the fast path `device_constants`,
+  chosen by `keras_vitnorm.models.steps`).
 
 Nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on
 (tests/test_backend_boundary.py checks it).
@@ -31,8 +32,8 @@ __all__ = [
     "any_process", "average_gradients", "device_constants", "distribution_scope",
     "from_first_process", "global_random_state", "name", "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
-    "share_global_random_state", "share_variables", "step_runs_eagerly", "train_step",
-    "value_and_gradients",
+    "share_global_random_state", "share_variables", "step_runs_eagerly", "test_step",
+    "train_step", "value_and_gradients",
 ]
 
 
@@ -203,6 +204,12 @@ def train_step(model, keras_step, data):
         What `keras_step` returns: the logs.
     """
     return _native().train_step(model, keras_step, data)
+
+
+def test_step(model, keras_step, data):
+    """One PyTorch evaluation step of `model`: Keras' (`keras_step(data)`), with its Python
+    numbers made on the device once, as in `train_step`."""
+    return _native().test_step(model, keras_step, data)
 
 
 def device_constants():

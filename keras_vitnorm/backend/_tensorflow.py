@@ -76,5 +76,9 @@ def train_step(model, keras_step, data):
     return keras_step(data)
 
 
+def test_step(model, keras_step, data):
+    return keras_step(data)
+
+
 def device_constants():
     return contextlib.nullcontext()

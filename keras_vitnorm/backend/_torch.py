@@ -116,8 +116,8 @@ def set_global_random_state(state):
     torch.set_rng_state(torch.from_numpy(np.array(state, dtype="uint8")))
 
 
-#: What `train_step` needs of Keras' trainer (private attributes of `keras.Model` under
-#: PyTorch); where one is missing, the step is Keras' own.
+#: What `train_step` and `test_step` need of Keras' trainer (private attributes of
+#: `keras.Model` under PyTorch); where one is missing, the step is Keras' own.
 STEP_PARTS = ("_call_has_training_arg", "_compute_loss", "_loss_tracker")
 
 
@@ -138,16 +138,13 @@ def train_step(model, keras_step, data):
     outside it, at full dispatch speed (they make no such tensors). Where Keras'
     trainer lacks a part in `STEP_PARTS`, the step is `keras_step(data)`.
     """
-    if not all(hasattr(model, name) for name in STEP_PARTS) or model._loss_tracker is None:
+    if not _has_step_parts(model):
         return keras_step(data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
     model.zero_grad()
     with device_constants():
-        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                   training=True)
-        batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-        model._loss_tracker.update_state(loss, sample_weight=batch_size)
+        loss = _track_loss(model, x, y, y_pred, sample_weight, training=True)
         if model.optimizer is not None:
             loss = model.optimizer.scale_loss(loss)
     if model.trainable_weights:
@@ -159,6 +156,34 @@ def train_step(model, keras_step, data):
         warnings.warn("The model does not have any trainable weights.", stacklevel=2)
     with device_constants():
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def test_step(model, keras_step, data):
+    """Keras' PyTorch evaluation step, its Python numbers made on the device once.
+
+    Keras' step (`keras_step`): forward pass, loss, loss tracker, metrics; the last
+    three in `device_constants`, as in `train_step`.
+    """
+    if not _has_step_parts(model):
+        return keras_step(data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y_pred = model(x, training=False) if model._call_has_training_arg else model(x)
+    with device_constants():
+        _track_loss(model, x, y, y_pred, sample_weight, training=False)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _has_step_parts(model):
+    return all(hasattr(model, name) for name in STEP_PARTS) and model._loss_tracker is not None
+
+
+def _track_loss(model, x, y, y_pred, sample_weight, training):
+    """The loss, as Keras' steps compute it and add it to the loss tracker."""
+    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=training)
+    batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+    model._loss_tracker.update_state(loss, sample_weight=batch_size)
+    return loss
 
 
 #: Functions that make a tensor from host data, whose Python numbers `device_constants` serves.

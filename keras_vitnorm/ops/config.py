@@ -38,9 +38,10 @@ FAST_PATHS = (
     "bincount_histogram",  # tf.data under any backend: RandAugment's Equalization counts
                            # its histogram with tf.math.bincount (a private Keras method
                            # replaced on that one layer; keras_vitnorm.training.data)
-    "device_constants",   # PyTorch: the models' training step makes the Python numbers of
-                          # Keras' loss, metrics and optimizer into tensors on the device once
-                          # (keras_vitnorm.models.train_step, keras_vitnorm.backend)
+    "device_constants",   # PyTorch: the models' training and evaluation steps make the
+                          # Python numbers of Keras' loss, metrics and optimizer into
+                          # tensors on the device once (keras_vitnorm.models.steps,
+                          # keras_vitnorm.backend)
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 

@@ -1,6 +1,6 @@
-"""The models' training step (`keras_vitnorm.models.train_step`): the fast path
-`device_constants` computes what Keras' own step computes, and on PyTorch it keeps the
-host from waiting for the device, counted by `benchmarks/host_waits.py`."""
+"""The models' training and evaluation steps (`keras_vitnorm.models.steps`): with the fast
+path `device_constants` they compute what Keras' own steps compute, and on PyTorch they
+keep the host from waiting for the device, counted by `benchmarks/host_waits.py`."""
 
 import os
 import sys
@@ -19,7 +19,7 @@ BACKEND = keras.backend.backend()
 TINY = {"image_size": 8, "patch_size": 4, "width": 8, "depth": 1, "num_heads": 2, "mlp_dim": 16,
         "num_classes": 3}
 STEP = "device_constants"
-torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's step")
+torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's steps")
 
 
 def _batch(size=4):
@@ -30,8 +30,9 @@ def _batch(size=4):
 
 def _train(step_on, others_on, precision="float32"):
     """Losses, logs and weights of a tiny ViT after three `train_on_batch` calls and a
-    `fit` epoch of two batches (AdamW with weight decay, accuracy, a learning-rate
-    schedule), with the step's fast path `step_on` and every other `others_on`."""
+    `fit` epoch of two batches with a validation pass (AdamW with weight decay, accuracy,
+    a learning-rate schedule), with the steps' fast path `step_on` and every other
+    `others_on`."""
     x, y = _batch(8)
     others = [name for name in vitnorm_ops.FAST_PATHS if name != STEP]
     previous = keras.config.dtype_policy().name
@@ -52,7 +53,7 @@ def _train(step_on, others_on, precision="float32"):
             logger = keras.callbacks.LambdaCallback(
                 on_train_batch_end=lambda batch, logs: batch_logs.append(dict(logs)))
             history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
-                                callbacks=[logger])
+                                callbacks=[logger], validation_data=(x[::-1], y[::-1]))
             weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
             optimizer = [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
     finally:
@@ -68,13 +69,14 @@ def _train(step_on, others_on, precision="float32"):
         "on JAX and TensorFlow the step is Keras' either way")),
 ])
 def test_the_step_gives_keras_losses_logs_and_weights(others_on, precision):
-    """Three `train_on_batch` calls and a `fit` epoch through the library's step and
-    through Keras' own: the same losses, logs (accuracy too), weights and optimizer
-    state, bit for bit, with the other fast paths on and off, and with loss scaling."""
+    """Three `train_on_batch` calls and a `fit` epoch with validation through the library's
+    steps and through Keras' own: the same losses, logs (accuracy too), weights and
+    optimizer state, bit for bit, with the other fast paths on and off, and with loss
+    scaling."""
     fast = _train(True, others_on, precision)
     plain = _train(False, others_on, precision)
     assert fast[:3] == plain[:3]
-    assert len(fast[1]) == 2 and set(fast[2]) == {"loss", "accuracy"}
+    assert len(fast[1]) == 2 and set(fast[2]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     for fast_values, plain_values in zip(fast[3:], plain[3:]):
         assert len(fast_values) == len(plain_values)
         for a, b in zip(fast_values, plain_values):
@@ -84,7 +86,7 @@ def test_the_step_gives_keras_losses_logs_and_weights(others_on, precision):
 def _waits(mode, precision="float32", step_on=True):
     with vitnorm_ops.fast_paths(step_on, [STEP]):
         waits = host_waits.keras_waits(mode, TINY, 4, precision)
-    return waits.count(phase=2 if mode == "fit" else None), waits
+    return waits.count(phase=2 if mode in ("fit", "evaluate") else None), waits
 
 
 @torch_only
@@ -100,14 +102,15 @@ def test_train_on_batch_waits_only_to_read_its_loss(precision):
 
 
 @torch_only
-def test_a_fit_step_waits_only_for_its_batch():
-    """In `fit` the library's step waits for nothing of its own: what is left is Keras'
-    data adapter putting the batch (images and labels) on the device."""
-    count, waits = _waits("fit")
-    assert count == 2, waits.report()
-    assert all("data_adapter" in frames for kind, _, frames in waits.sites(2) if kind == "upload")
-    plain, plain_waits = _waits("fit", step_on=False)
-    assert plain > count, plain_waits.report()
+@pytest.mark.parametrize("mode", ["fit", "evaluate"])
+def test_a_fit_or_evaluate_step_waits_only_for_its_batch(mode):
+    """In `fit` and `evaluate` the library's steps wait for nothing of their own: what is
+    left is Keras' data adapter putting the batch (images and labels) on the device."""
+    count, waits = _waits(mode)
+    assert count == 2, waits.report(2)
+    assert all("data_adapter" in frames for _, _, frames in waits.sites(2)), waits.report(2)
+    plain, plain_waits = _waits(mode, step_on=False)
+    assert plain > count, plain_waits.report(2)
 
 
 @torch_only
