@@ -149,6 +149,21 @@ def test_under_torch_compile_the_step_is_keras_own():
 
 
 @torch_only
+def test_device_constants_keep_at_most_their_limit(monkeypatch):
+    import torch
+
+    from keras_vitnorm import backend
+    from keras_vitnorm.backend import _torch
+
+    monkeypatch.setattr(_torch, "_constants", {})
+    monkeypatch.setattr(_torch, "CONSTANTS_LIMIT", 2)
+    with backend.device_constants():
+        made = [torch.as_tensor(value) for value in (1.5, 2.5, 3.5, 3.5, 1.5)]
+    assert [t.item() for t in made] == [1.5, 2.5, 3.5, 3.5, 1.5]
+    assert len(_torch._constants) == 2  # 3.5 made anew each time, not kept
+
+
+@torch_only
 def test_device_constants_are_the_tensors_the_call_makes():
     """Inside the context a tensor made from Python numbers is what the same call makes
     outside it (value, dtype, device), each call a tensor of its own, and numbers that
