@@ -144,13 +144,16 @@ class HostWaits:
                     owner._record(READ, name)  # boolean indexing: the output size is a value
                 elif name.startswith("aten.lift_fresh") and on_device(out):
                     owner._record(UPLOAD, name)
-                elif name.startswith(("aten._to_copy", "aten.copy_")) and device.type != "cpu":
+                elif (name.startswith(("aten._to_copy", "aten.copy_")) and device.type != "cpu"
+                      and not _non_blocking(args, kwargs)):
+                    # A copy between host and device (a GPU run only: on the CPU there is
+                    # no other device); one that does not block (pinned memory) waits for
+                    # nothing.
                     source = args[1] if name.startswith("aten.copy_") else first
                     target = first if name.startswith("aten.copy_") else out
                     if on_device(source) and target.device.type == "cpu":
                         owner._record(READ, name)
-                    elif source.device.type == "cpu" and on_device(target) and source.numel() > 1:
-                        # A one-element CPU tensor is read as a number by the kernel: no copy.
+                    elif source.device.type == "cpu" and on_device(target):
                         owner._record(UPLOAD, name)
                 return out
 
@@ -170,6 +173,11 @@ class HostWaits:
             mode.__exit__(*exc_info)
         self._modes = ()
         return False
+
+
+def _non_blocking(args, kwargs):
+    """Whether a `_to_copy` or `copy_` call asks for a copy that does not block the host."""
+    return bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
 
 
 def _compute_device():

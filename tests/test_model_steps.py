@@ -22,7 +22,7 @@ STEP = "device_constants"
 torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's steps")
 
 
-def _batch(size=4):
+def _batch(size):
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (size, 8, 8, 3)).astype("float32")
     return x, np.array([0, 1, 2, 0] * (size // 4))
@@ -62,11 +62,11 @@ def _train(step_on, others_on, precision="float32"):
 
 
 @pytest.mark.parametrize("others_on", [True, False], ids=["fast_paths_on", "fast_paths_off"])
-@pytest.mark.parametrize("precision", [
-    "float32",
-    pytest.param("mixed_float16", marks=pytest.mark.skipif(
-        BACKEND != "torch", reason="loss scaling runs in the library's own step on PyTorch only; "
-        "on JAX and TensorFlow the step is Keras' either way")),
+@pytest.mark.parametrize("precision", ["float32"] + [
+    pytest.param(precision, marks=pytest.mark.skipif(
+        BACKEND != "torch", reason="mixed precision and loss scaling run in the library's own "
+        "step on PyTorch only; on JAX and TensorFlow the step is Keras' either way"))
+    for precision in ("mixed_bfloat16", "mixed_float16")
 ])
 def test_the_step_gives_keras_losses_logs_and_weights(others_on, precision):
     """Three `train_on_batch` calls and a `fit` epoch with validation through the library's
