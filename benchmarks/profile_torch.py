@@ -2,6 +2,7 @@
 
     python benchmarks/profile_torch.py --mode inference
     python benchmarks/profile_torch.py --mode train --steps 2 --rows 30
+    python benchmarks/profile_torch.py --mode train --steps 1 --find-syncs
     python benchmarks/profile_torch.py --mode train --device gpu --preset b16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --find-syncs
 
@@ -19,10 +20,15 @@ Run it with the allocator settings you want to compare (for example
 With `--device gpu` both models and the batch are on the GPU, the profile records
 CUDA kernels too (a second table, by GPU time, and the GPU kernel time per step),
 and `--mixed-precision mixed_bfloat16` runs Keras under that policy and the
-reference under `torch.autocast`. `--find-syncs` (GPU only) then runs one more
-step of each model under `torch.cuda.set_sync_debug_mode("warn")` and prints
-every call that made the host wait for the GPU, with the Python frames that led
-to it: a step that blocks mid-way leaves the GPU idle while the host catches up.
+reference under `torch.autocast`.
+
+`--find-syncs` then runs one more step of each model under `host_waits.HostWaits`
+and prints every call that makes the host wait for the GPU, or would on a GPU (a
+value read back, a tensor made from host data), with the Python frames that led to
+it: a step that blocks mid-way leaves the GPU idle while the host catches up. It
+needs no GPU (host_waits.py says what the CPU count leaves out). With `--device gpu`
+one more step of each runs under `torch.cuda.set_sync_debug_mode("warn")`, and the
+calls at which PyTorch itself saw the host wait are listed too.
 """
 
 import argparse
@@ -36,6 +42,7 @@ import warnings
 from _common import check_positive_ints
 from _common import keras_steps
 from _common import reference_steps
+from host_waits import HostWaits
 
 
 def main(argv=None):
@@ -49,10 +56,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"))
     parser.add_argument("--find-syncs", action="store_true",
-                        help="GPU only: list the calls of one step that make the host wait for the GPU")
+                        help="list the calls of one step that make (or on a GPU would make) "
+                             "the host wait for the GPU")
     args = parser.parse_args(argv)
-    if args.find_syncs and args.device != "gpu":
-        parser.error("--find-syncs needs --device gpu: on the CPU nothing waits for a GPU")
     check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
         parser.error("Keras is already imported with another backend; run this script on its own")
@@ -102,10 +108,15 @@ def main(argv=None):
             print(averages.table(sort_by="self_device_time_total", row_limit=args.rows))
     if args.find_syncs:
         for name, step in steps:
-            stacks = synchronizing_calls(step)
-            print(f"== {name}: {sum(stacks.values())} calls that waited for the GPU in one step")
-            for frames, count in stacks.items():
-                print(f"x{count}:\n{frames}")
+            with HostWaits(host_tensors=getattr(step, "host_tensors", list)()) as waits:
+                step()
+            print(f"== {name}, one step: {waits.report()}")
+            if device == "cuda":
+                stacks = synchronizing_calls(step)
+                print(f"== {name}, one step under PyTorch's sync debug mode: "
+                      f"{sum(stacks.values())} calls that waited for the GPU")
+                for frames, count in stacks.items():
+                    print(f"x{count}:\n{frames}")
     return 0
 
 

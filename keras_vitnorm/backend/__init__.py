@@ -15,21 +15,25 @@ function a small form per backend in that backend's private module (`_jax`,
   the processes of one run exchange.
 - `global_random_state`, `set_global_random_state`, `share_global_random_state`:
   the global generator that PyTorch's dropout draws from.
+- `step_runs_eagerly`, `train_step`, `test_step`, `device_constants`: the models'
+  training and evaluation steps with the Python numbers of Keras' loss, metrics and
+  optimizer made on the device once (PyTorch; the fast path `device_constants`,
+  chosen by `keras_vitnorm.models.steps`).
 
 Nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on
 (tests/test_backend_boundary.py checks it).
 """
 
-import functools
 import importlib
 
 import keras
 
 __all__ = [
-    "any_process", "average_gradients", "distribution_scope", "from_first_process",
-    "global_random_state", "name", "process_index_and_count", "process_share",
-    "processes_start_equal", "set_global_random_state", "share_global_random_state",
-    "share_variables", "value_and_gradients",
+    "any_process", "average_gradients", "device_constants", "distribution_scope",
+    "from_first_process", "global_random_state", "name", "process_index_and_count",
+    "process_share", "processes_start_equal", "set_global_random_state",
+    "share_global_random_state", "share_variables", "step_runs_eagerly", "test_step",
+    "train_step", "value_and_gradients",
 ]
 
 
@@ -38,13 +42,22 @@ def name():
     return keras.backend.backend()
 
 
-@functools.cache
+def _import_native():
+    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(name())
+    return None if module is None else importlib.import_module(f"keras_vitnorm.backend.{module}")
+
+
+# Imported with this package, not at a function's first call: `torch.compile`, tracing the
+# training step, cannot trace an import (nor see through a cache around one) and would
+# split the compiled step there.
+_NATIVE = _import_native()
+
+
 def _native():
     """This backend's module."""
-    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(name())
-    if module is None:
+    if _NATIVE is None:
         raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {name()!r}.")
-    return importlib.import_module(f"keras_vitnorm.backend.{module}")
+    return _NATIVE
 
 
 def value_and_gradients(model, inputs, loss_fn, training=False):
@@ -163,3 +176,44 @@ def share_global_random_state(state, lead):
     state = from_first_process(state) if _native().HAS_GLOBAL_RANDOM_STATE else None
     if state is not None and not lead:
         set_global_random_state(state)
+
+
+def step_runs_eagerly():
+    """Whether the training step runs op by op here, each Python number that Keras' step turns
+    into a tensor a copy from the host: PyTorch outside `torch.compile`. JAX and TensorFlow
+    trace the step into one program, in which such numbers are constants."""
+    return _native().step_runs_eagerly()
+
+
+def train_step(model, keras_step, data):
+    """One PyTorch training step of `model`: Keras' (`keras_step(data)`), with its Python
+    numbers made on the device once.
+
+    PyTorch runs Keras' step op by op, and each Python number that Keras' loss, loss
+    tracker, optimizer and metrics turn into a tensor there is a copy from the host
+    that waits for the GPU; this step makes them with `device_constants` instead and
+    otherwise computes what Keras' does, in the same order (docs/performance.md).
+    For a step that `step_runs_eagerly`; elsewhere it is `keras_step(data)`.
+
+    Args:
+        model: a compiled `keras.Model`.
+        keras_step: its Keras `train_step`, bound.
+        data: the batch, as Keras passes it to `train_step`.
+
+    Returns:
+        What `keras_step` returns: the logs.
+    """
+    return _native().train_step(model, keras_step, data)
+
+
+def test_step(model, keras_step, data):
+    """One PyTorch evaluation step of `model`: Keras' (`keras_step(data)`), with its Python
+    numbers made on the device once, as in `train_step`."""
+    return _native().test_step(model, keras_step, data)
+
+
+def device_constants():
+    """A context in which a tensor made from Python numbers on PyTorch is a copy, on the
+    device, of one made once (so the host does not wait for the GPU to take it); a context
+    that does nothing on JAX and TensorFlow."""
+    return _native().device_constants()

@@ -1,5 +1,6 @@
 """JAX forms of `keras_vitnorm.backend` (imported only under the JAX backend)."""
 
+import contextlib
 import os
 import pickle
 
@@ -87,3 +88,19 @@ def global_random_state():
 
 def set_global_random_state(state):
     pass  # dropout draws from the layers' seed generators, restored with the model
+
+
+def step_runs_eagerly():
+    return False  # Keras traces the step into one program, where Python numbers are constants
+
+
+def train_step(model, keras_step, data):
+    return keras_step(data)
+
+
+def test_step(model, keras_step, data):
+    return keras_step(data)
+
+
+def device_constants():
+    return contextlib.nullcontext()

@@ -4,6 +4,8 @@ A TensorFlow run is one process (`tf.distribute.MirroredStrategy` over its devic
 so what the processes of a run exchange is the identity here.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 PROCESSES_START_EQUAL = True
@@ -64,3 +66,19 @@ def global_random_state():
 
 def set_global_random_state(state):
     pass  # dropout draws from the layers' seed generators, restored with the model
+
+
+def step_runs_eagerly():
+    return False  # Keras traces the step into one program, where Python numbers are constants
+
+
+def train_step(model, keras_step, data):
+    return keras_step(data)
+
+
+def test_step(model, keras_step, data):
+    return keras_step(data)
+
+
+def device_constants():
+    return contextlib.nullcontext()

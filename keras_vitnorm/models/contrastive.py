@@ -27,6 +27,7 @@ from keras_vitnorm.layers.encoder_block import EncoderBlock
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
+from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
@@ -118,7 +119,7 @@ class TextEncoder(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class LiT(PortableCompileConfig, keras.Model):
+class LiT(PortableCompileConfig, ModelSteps, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
     `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):

@@ -2,8 +2,9 @@
 
 Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
 backends and devices, a faster form of the same computation (docs/performance.md
-gives each one's measured whole-step gain); so has the tf.data input pipeline's
-RandAugment (`bincount_histogram`). The fast forms are on by default. Turn
+gives each one's measured whole-step gain); so have the tf.data input pipeline's
+RandAugment (`bincount_histogram`) and the models' training step on PyTorch
+(`device_constants`). The fast forms are on by default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
 one, or to time a form against the other (`benchmarks/bench_ab.py` does):
 
@@ -37,6 +38,10 @@ FAST_PATHS = (
     "bincount_histogram",  # tf.data under any backend: RandAugment's Equalization counts
                            # its histogram with tf.math.bincount (a private Keras method
                            # replaced on that one layer; keras_vitnorm.training.data)
+    "device_constants",   # PyTorch: the models' training and evaluation steps make the
+                          # Python numbers of Keras' loss, metrics and optimizer into
+                          # tensors on the device once (keras_vitnorm.models.steps,
+                          # keras_vitnorm.backend)
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 
