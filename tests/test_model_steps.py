@@ -143,9 +143,26 @@ def test_under_torch_compile_the_step_is_keras_own():
 
     from keras_vitnorm import backend
 
-    compiled = torch.compile(lambda x: x + (1.0 if backend.step_runs_eagerly() else 2.0),
+    class Model:  # has every part the library's step uses, so only the compiler decides
+        _call_has_training_arg, _loss_tracker = True, object()
+
+        def _compute_loss(self, **kwargs):
+            raise AssertionError("the library's step ran")
+
+        def __call__(self, x, training):
+            return x
+
+        def zero_grad(self):
+            pass
+
+    def keras_step(x):
+        return x + 2.0
+
+    compiled = torch.compile(lambda x: backend.train_step(Model(), keras_step, x),
                              fullgraph=True, backend="eager")
-    assert backend.step_runs_eagerly() and compiled(torch.zeros(())).item() == 2.0
+    assert compiled(torch.zeros(())).item() == 2.0
+    with pytest.raises(AssertionError, match="the library's step ran"):
+        backend.train_step(Model(), keras_step, torch.zeros(()))
 
 
 @torch_only

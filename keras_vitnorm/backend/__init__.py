@@ -15,7 +15,7 @@ function a small form per backend in that backend's private module (`_jax`,
   the processes of one run exchange.
 - `global_random_state`, `set_global_random_state`, `share_global_random_state`:
   the global generator that PyTorch's dropout draws from.
-- `step_runs_eagerly`, `train_step`, `test_step`, `device_constants`: the models'
+- `train_step`, `test_step`, `device_constants`: the models'
   training and evaluation steps with the Python numbers of Keras' loss, metrics and
   optimizer made on the device once (PyTorch; the fast path `device_constants`,
   chosen by `keras_vitnorm.models.steps`).
@@ -32,7 +32,7 @@ __all__ = [
     "any_process", "average_gradients", "device_constants", "distribution_scope",
     "from_first_process", "global_random_state", "name", "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
-    "share_global_random_state", "share_variables", "step_runs_eagerly", "test_step",
+    "share_global_random_state", "share_variables", "test_step",
     "train_step", "value_and_gradients",
 ]
 
@@ -178,14 +178,7 @@ def share_global_random_state(state, lead):
         set_global_random_state(state)
 
 
-def step_runs_eagerly():
-    """Whether the training step runs op by op here, each Python number that Keras' step turns
-    into a tensor a copy from the host: PyTorch outside `torch.compile`. JAX and TensorFlow
-    trace the step into one program, in which such numbers are constants."""
-    return _native().step_runs_eagerly()
-
-
-def train_step(model, keras_step, data):
+def train_step(model, keras_step, *args):
     """One PyTorch training step of `model`: Keras' (`keras_step(data)`), with its Python
     numbers made on the device once.
 
@@ -193,23 +186,25 @@ def train_step(model, keras_step, data):
     tracker, optimizer and metrics turn into a tensor there is a copy from the host
     that waits for the GPU; this step makes them with `device_constants` instead and
     otherwise computes what Keras' does, in the same order (docs/performance.md).
-    For a step that `step_runs_eagerly`; elsewhere it is `keras_step(data)`.
+    Where the step is traced into one program, in which such numbers are constants
+    (JAX, TensorFlow, PyTorch under `torch.compile`), it is `keras_step(*args)`.
 
     Args:
         model: a compiled `keras.Model`.
         keras_step: its Keras `train_step`, bound.
-        data: the batch, as Keras passes it to `train_step`.
+        *args: what Keras passes to `train_step`: the batch (PyTorch, TensorFlow), or
+            the state and the batch (JAX).
 
     Returns:
         What `keras_step` returns: the logs.
     """
-    return _native().train_step(model, keras_step, data)
+    return _native().train_step(model, keras_step, *args)
 
 
-def test_step(model, keras_step, data):
+def test_step(model, keras_step, *args):
     """One PyTorch evaluation step of `model`: Keras' (`keras_step(data)`), with its Python
     numbers made on the device once, as in `train_step`."""
-    return _native().test_step(model, keras_step, data)
+    return _native().test_step(model, keras_step, *args)
 
 
 def device_constants():

@@ -90,16 +90,12 @@ def set_global_random_state(state):
     pass  # dropout draws from the layers' seed generators, restored with the model
 
 
-def step_runs_eagerly():
-    return False  # Keras traces the step into one program, where Python numbers are constants
+def train_step(model, keras_step, *args):
+    return keras_step(*args)  # Keras traces the step into one program: its numbers are constants
 
 
-def train_step(model, keras_step, data):
-    return keras_step(data)
-
-
-def test_step(model, keras_step, data):
-    return keras_step(data)
+def test_step(model, keras_step, *args):
+    return keras_step(*args)
 
 
 def device_constants():

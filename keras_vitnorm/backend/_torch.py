@@ -121,10 +121,6 @@ def set_global_random_state(state):
 STEP_PARTS = ("_call_has_training_arg", "_compute_loss", "_loss_tracker")
 
 
-def step_runs_eagerly():
-    return not torch.compiler.is_compiling()
-
-
 def train_step(model, keras_step, data):
     """Keras' PyTorch training step, its Python numbers made on the device once.
 
@@ -136,9 +132,10 @@ def train_step(model, keras_step, data):
     counter's increment) are copies, on the device, of tensors made once, and the
     host never waits for the GPU to take them. The forward and backward passes run
     outside it, at full dispatch speed (they make no such tensors). Where Keras'
-    trainer lacks a part in `STEP_PARTS`, the step is `keras_step(data)`.
+    trainer lacks a part in `STEP_PARTS`, and under `torch.compile` (which keeps such
+    numbers in the compiled graph), the step is `keras_step(data)`.
     """
-    if not _has_step_parts(model):
+    if torch.compiler.is_compiling() or not _has_step_parts(model):
         return keras_step(data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
@@ -164,7 +161,7 @@ def test_step(model, keras_step, data):
     Keras' step (`keras_step`): forward pass, loss, loss tracker, metrics; the last
     three in `device_constants`, as in `train_step`.
     """
-    if not _has_step_parts(model):
+    if torch.compiler.is_compiling() or not _has_step_parts(model):
         return keras_step(data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y_pred = model(x, training=False) if model._call_has_training_arg else model(x)

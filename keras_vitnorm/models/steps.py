@@ -25,12 +25,12 @@ class ModelSteps:
     """
 
     def train_step(self, *args):
-        if ops.fast_path_enabled("device_constants") and backend.step_runs_eagerly():
+        if ops.fast_path_enabled("device_constants"):
             return backend.train_step(self, super().train_step, *args)
         return super().train_step(*args)
 
     def test_step(self, *args):
-        if ops.fast_path_enabled("device_constants") and backend.step_runs_eagerly():
+        if ops.fast_path_enabled("device_constants"):
             return backend.test_step(self, super().test_step, *args)
         return super().test_step(*args)
 
