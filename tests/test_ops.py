@@ -303,6 +303,27 @@ def test_split_and_fused_qkv_projections_agree(monkeypatch, qkv_bias, lora):
         np.testing.assert_allclose(dw_s[path], dw_f[path], rtol=1e-4, atol=1e-5, err_msg=path)
 
 
+def test_split_heads_gives_the_head_major_thirds_and_one_gradient_for_the_three():
+    # (batch 2, tokens 5, [q | k | v] of 2 heads x 3 dims): each third, head by head.
+    fused = np.arange(2 * 5 * 18, dtype="float32").reshape(2, 5, 18)
+    q, k, v = vitnorm_ops.split_heads(keras.ops.convert_to_tensor(fused), 2)
+    for index, part in enumerate((q, k, v)):
+        expected = fused[..., 6 * index:6 * (index + 1)].reshape(2, 5, 2, 3)
+        np.testing.assert_array_equal(_numpy(part), expected)
+    if keras.backend.backend() == "torch":
+        # One unstack: its gradient stacks the three. Three selections would each
+        # build a zero tensor of the fused size, to be summed (aten::select_backward).
+        import torch
+
+        leaf = torch.tensor(fused, requires_grad=True)
+        parts = vitnorm_ops.split_heads(leaf * 1.0, 2)
+        assert {p.grad_fn.name() for p in parts} == {"UnbindBackward0"}
+        with torch.profiler.profile() as profile:
+            sum((p * (i + 1)).sum() for i, p in enumerate(parts)).backward()
+        assert "aten::select_backward" not in {event.key for event in profile.key_averages()}
+        np.testing.assert_array_equal(leaf.grad.numpy().reshape(2, 5, 3, 6)[:, :, 1], 2.0)
+
+
 # --- attention ------------------------------------------------------------------------
 
 

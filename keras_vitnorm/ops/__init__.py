@@ -133,10 +133,17 @@ def qkv_projection(x, kernel, bias, num_heads):
 
 
 def split_heads(qkv, num_heads):
-    """`(batch, tokens, 3 * width)` fused projections to q, k, v `(batch, tokens, heads, head_dim)`."""
+    """`(batch, tokens, 3 * width)` fused projections to q, k, v `(batch, tokens, heads, head_dim)`.
+
+    `ops.unstack`, not three index selections: on PyTorch the gradient of an
+    unstack is one stack of the three, where each selection's gradient is a zero
+    tensor of the whole projection's size with its third filled in, and the three are
+    then summed (a zero fill, a copy and an add over the fused output per block).
+    """
     tokens, fused = qkv.shape[1], qkv.shape[2]
     qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
-    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = ops.unstack(qkv, axis=2)
+    return q, k, v
 
 
 def attention(q, k, v):
