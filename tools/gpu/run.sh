@@ -14,21 +14,26 @@
 # A run still training when SECONDS are up is stopped. Its checkpoint stays in
 # /tmp/studies while the machine is warm: the same command on the warm machine
 # resumes it; on a new machine it starts again.
+#
+# GPU_KIT (default .gpu) and GPU_WORK (default /tmp) move the kit and the machine's
+# working folders (bin, site, parts, data, studies, export), for a rehearsal on a CPU
+# (tests/test_gpu_kit.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHON=${PYTHON:-python3} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
-if ls .gpu/whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/keras ]; then
+kit=${GPU_KIT:-.gpu} work=${GPU_WORK:-/tmp}
+if ls "$kit"/whl/*.whl > /dev/null 2>&1 && [ ! -d "$work/site/keras" ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target /tmp/site .gpu/whl/*.whl || exit 1
+        --target "$work/site" "$kit"/whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=$work/site:$PWD
 # `keras-vitnorm`, as the plan's commands call it.
-mkdir -p /tmp/bin /tmp/parts /tmp/data /tmp/studies
-printf '#!/usr/bin/env bash\nexec %s -m keras_vitnorm "$@"\n' "$PYTHON" > /tmp/bin/keras-vitnorm
-chmod +x /tmp/bin/keras-vitnorm
-export PATH=/tmp/bin:$PATH
-cp -n .gpu/parts/* /tmp/parts/ 2>/dev/null
-ls -l /tmp/parts
+mkdir -p "$work/bin" "$work/parts" "$work/data" "$work/studies"
+printf '#!/usr/bin/env bash\nexec %s -m keras_vitnorm "$@"\n' "$PYTHON" > "$work/bin/keras-vitnorm"
+chmod +x "$work/bin/keras-vitnorm"
+export PATH=$work/bin:$PATH
+cp -n "$kit"/parts/* "$work/parts/" 2>/dev/null
+ls -l "$work/parts"
 [ "${1:-stage}" = stage ] && exit 0
 if [ $# -lt 4 ]; then
     echo "usage: $0 stage | DATASET STUDY RUNS SECONDS [ablate options]" >&2
@@ -41,36 +46,38 @@ case $dataset in
     imagenette) archive=imagenette2_224 recipe=recipes/imagenette_study.sh ;;
     *) echo "unknown dataset '$dataset': cifar10 or imagenette" >&2; exit 2 ;;
 esac
-data=/tmp/data/$archive
+data=$work/data/$archive
 if [ ! -d "$data" ]; then
-    cat /tmp/parts/"$archive".tar.part-* > /tmp/"$archive".tar || exit 1
-    (cd /tmp && sha256sum -c parts/"$archive".tar.sha256) \
+    cat "$work/parts/$archive".tar.part-* > "$work/$archive.tar" || exit 1
+    (cd "$work" && sha256sum -c "parts/$archive.tar.sha256") \
         || { echo "the parts of $archive do not add up: carry the missing ones" >&2; exit 1; }
-    mkdir -p "$data.partial" && tar -xf /tmp/"$archive".tar -C "$data.partial" \
-        && mv "$data.partial" "$data" && rm /tmp/"$archive".tar || exit 1
+    mkdir -p "$data.partial" && tar -xf "$work/$archive.tar" -C "$data.partial" \
+        && mv "$data.partial" "$data" && rm "$work/$archive.tar" || exit 1
 fi
+studies=$work/studies
 committed=docs/study-results/$dataset-${study//_/-}
-if [ -d "$committed" ] && [ ! -d "/tmp/studies/$study" ]; then
-    cp -r "$committed" "/tmp/studies/$study"
+if [ -d "$committed" ] && [ ! -d "$studies/$study" ]; then
+    cp -r "$committed" "$studies/$study"
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+command -v nvidia-smi > /dev/null \
+    && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 study_command() {
-    STUDIES=$study bash "$recipe" "$data" /tmp/studies "$@"
+    STUDIES=$study bash "$recipe" "$data" "$studies" "$@"
 }
 study_command "$@" --plan --parallel 1 --take-over-lock || exit 1
 # One run per line of the plan, side by side; each line's output beside its job file.
 run_line() { bash -c "$1 --verbose 2" > "${1##* }.log" 2>&1; }
 export -f run_line
 start=$SECONDS
-head -n "$runs" "/tmp/studies/$study/plan/commands.txt" \
+head -n "$runs" "$studies/$study/plan/commands.txt" \
     | timeout --signal=TERM --kill-after=20 "$seconds" xargs -P "$runs" -I{} bash -c 'run_line "$1"' _ {}
 echo "training stopped after $((SECONDS - start)) s"
-study_command "$@" --tables-only --parallel 1 --take-over-lock > /tmp/tables.log 2>&1
-tail -n 40 /tmp/tables.log
-rm -rf "/tmp/export/$study"
+study_command "$@" --tables-only --parallel 1 --take-over-lock > "$work/tables.log" 2>&1
+tail -n 40 "$work/tables.log"
+rm -rf "$work/export/$study"
 "$PYTHON" -c "import sys; from keras_vitnorm.study import export_study; \
 print(export_study(sys.argv[1], sys.argv[2]), 'finished runs exported')" \
-    "/tmp/studies/$study" "/tmp/export/$study"
-tar -czf "$OUT/$study.tar.gz" -C /tmp/export "$study"
-tar -czf "$OUT/$study-logs.tar.gz" -C "/tmp/studies/$study" plan /tmp/tables.log 2>/dev/null
+    "$studies/$study" "$work/export/$study"
+tar -czf "$OUT/$study.tar.gz" -C "$work/export" "$study"
+tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan "$work/tables.log" 2>/dev/null
 ls -l "$OUT"
