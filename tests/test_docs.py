@@ -17,3 +17,21 @@ def test_every_number_of_the_guides_short_answer_recomputes_from_the_committed_r
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "numbers found as computed" in done.stdout
+
+
+@pytest.mark.one_backend
+def test_the_committed_efficiency_table_is_what_its_command_writes(tmp_path):
+    """docs/study-results/efficiency/efficiency_table_cpu.md, which the guide quotes,
+    written again from the committed benchmark files and study by its command."""
+    out = os.path.join(ROOT, "docs", "study-results", "efficiency")
+    written = tmp_path / "table.md"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "efficiency_table.py"),
+         *(os.path.join(out, f"variants_{model}_cpu{kind}.json")
+           for kind in ("", "_memory") for model in ("s16", "b16")),  # the guide's order
+         "--study", os.path.join(ROOT, "docs", "study-results", "cifar10-converged"),
+         "--group", "converged", "--output", str(written)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(os.path.join(out, "efficiency_table_cpu.md")) as f:
+        assert written.read_text() == f.read()

@@ -172,6 +172,25 @@ def checks():
     for folder, label in (("digits", "*digits*"), ("cifar10", "*early*")):
         gain = float(table_cell(f"{folder}/stems_differences.md", "| conv |", 4).split(" ± ")[0])
         found.append((f"{label} conv stem", f"{label} {gain:+.1f}"))
+    # efficiency: the CPU half of the efficiency table and the converged steps to accuracy
+    table = "efficiency/efficiency_table_cpu.md"
+    columns = {"dual_patchnorm": 2, "post_ln": 3, "deepnorm": 4, "conv_stem": 5, "dyt": 7,
+               "batchnorm": 8}
+    found.append(("DyT's training throughput on JAX at S/16", "DyT on JAX at S/16 ("
+                  + table_cell(table, "| S/16 training, CPU jax ", columns["dyt"]).split(" ")[0]))
+    conv = [float(table_cell(table, f"| {model} training, CPU {backend} ", columns["conv_stem"])
+                  .split("x")[0])
+            for model in ("S/16", "B/16") for backend in ("jax", "tensorflow", "torch")]
+    found.append(("the conv stem's training throughput, CPU",
+                  f"setting ({min(conv):.2f}x to {max(conv):.2f}x)"))
+    steps = {v: table_cell(table, "| steps to ", c).split(" ")[0] for v, c in columns.items()}
+    found.append(("steps to pre-LN's final validation accuracy",
+                  f"DeepNorm and the convolutional stem reach pre-LN's final validation accuracy "
+                  f"in {steps['deepnorm']} its steps, post-LN in {steps['post_ln']}, BatchNorm "
+                  f"in {steps['batchnorm']} and DPN in {steps['dual_patchnorm']}"))
+    if steps["deepnorm"] != steps["conv_stem"]:
+        found.append(("the conv stem's steps, stated with DeepNorm's", steps["conv_stem"]
+                      + " (the guide states one figure for both)"))
     return found
 
 
