@@ -16,8 +16,9 @@
 # resumes it; on a new machine it starts again.
 #
 # GPU_KIT (default .gpu) and GPU_WORK (default /tmp) move the kit and the machine's
-# working folders (bin, site, parts, data, studies, export), for a rehearsal on a CPU
-# (tests/test_gpu_kit.py).
+# working folders (bin, site, parts, data, studies, export), and GPU_RESULTS (default
+# docs/study-results) the committed studies a study starts from, for a rehearsal on a
+# CPU (tests/test_gpu_kit.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHON=${PYTHON:-python3} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
@@ -55,7 +56,7 @@ if [ ! -d "$data" ]; then
         && mv "$data.partial" "$data" && rm "$work/$archive.tar" || exit 1
 fi
 studies=$work/studies
-committed=docs/study-results/$dataset-${study//_/-}
+committed=${GPU_RESULTS:-docs/study-results}/$dataset-${study//_/-}
 if [ -d "$committed" ] && [ ! -d "$studies/$study" ]; then
     cp -r "$committed" "$studies/$study"
 fi
