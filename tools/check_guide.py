@@ -68,13 +68,18 @@ def converged_p_values(variant):
     return p[names.index(variant)], adjusted[names.index(variant)]
 
 
-def table_cell(path, row_start, column):
-    """A cell of a committed markdown table: the row whose text starts with `row_start`."""
+def table_row(path, row_start):
+    """The one row of a committed markdown table whose text starts with `row_start`."""
     with open(os.path.join(RESULTS, path)) as f:
         lines = [line for line in f if line.startswith(row_start)]
     if len(lines) != 1:
         raise ValueError(f"{path}: {len(lines)} rows start with {row_start!r}")
-    return [cell.strip() for cell in lines[0].strip().strip("|").split("|")][column]
+    return lines[0]
+
+
+def table_cell(path, row_start, column):
+    """A cell of a committed markdown table: the row whose text starts with `row_start`."""
+    return [cell.strip() for cell in table_row(path, row_start).strip().strip("|").split("|")][column]
 
 
 def mean_of_table(path, row_start, column):
@@ -174,8 +179,9 @@ def checks():
         found.append((f"{label} conv stem", f"{label} {gain:+.1f}"))
     # efficiency: the CPU half of the efficiency table and the converged steps to accuracy
     table = "efficiency/efficiency_table_cpu.md"
-    columns = {"dual_patchnorm": 2, "post_ln": 3, "deepnorm": 4, "conv_stem": 5, "dyt": 7,
-               "batchnorm": 8}
+    header = [cell.strip() for cell in table_row(table, "| setting |").strip().strip("|").split("|")]
+    columns = {v: header.index(v) for v in ("dual_patchnorm", "post_ln", "deepnorm", "conv_stem",
+                                             "dyt", "batchnorm")}
     found.append(("DyT's training throughput on JAX at S/16", "DyT on JAX at S/16 ("
                   + table_cell(table, "| S/16 training, CPU jax ", columns["dyt"]).split(" ")[0]))
     conv = [float(table_cell(table, f"| {model} training, CPU {backend} ", columns["conv_stem"])
