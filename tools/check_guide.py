@@ -77,9 +77,13 @@ def table_row(path, row_start):
     return lines[0]
 
 
+def row_cells(row):
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
 def table_cell(path, row_start, column):
     """A cell of a committed markdown table: the row whose text starts with `row_start`."""
-    return [cell.strip() for cell in table_row(path, row_start).strip().strip("|").split("|")][column]
+    return row_cells(table_row(path, row_start))[column]
 
 
 def mean_of_table(path, row_start, column):
@@ -179,7 +183,7 @@ def checks():
         found.append((f"{label} conv stem", f"{label} {gain:+.1f}"))
     # efficiency: the CPU half of the efficiency table and the converged steps to accuracy
     table = "efficiency/efficiency_table_cpu.md"
-    header = [cell.strip() for cell in table_row(table, "| setting |").strip().strip("|").split("|")]
+    header = row_cells(table_row(table, "| setting |"))
     columns = {v: header.index(v) for v in ("dual_patchnorm", "post_ln", "deepnorm", "conv_stem",
                                              "dyt", "batchnorm")}
     found.append(("DyT's training throughput on JAX at S/16", "DyT on JAX at S/16 ("
