@@ -2,17 +2,27 @@
 
     KERAS_BACKEND=jax python benchmarks/bench_input.py --dataset folder:/data/cifar10
     KERAS_BACKEND=torch python benchmarks/bench_input.py --dataset digits --image-size 32
+    KERAS_BACKEND=jax python benchmarks/bench_input.py --dataset folder:/data/cifar10 \
+        --recipe regularized --batch-size 256 --pipelines python
 
 Under the running Keras backend, times (1) reading `--batches` training batches of
 `--batch-size` from each input pipeline that can read the dataset (`python`, Keras'
-PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed), with the
-CIFAR augmentation (pad-4 crops and flips), one batch after another in this process
-as `fit` reads them (the `python` pipeline twice: decoding the files, then again
-from the decoded images it keeps, as in every pass after the first); and (2) the
-training step (`train_on_batch`: forward, backward, AdamW) of the study's model
-(32 px, patch 4, width 128, depth 6) on one batch. Each is the median over
-`--rounds` rounds. The input is not the bottleneck while a
-pipeline's images per second stay well above the step's: the table gives the ratio.
+PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed; or those
+`--pipelines` names), with the augmentation of `--recipe`, one batch after another
+in this process as `fit` reads them (the `python` pipeline twice: decoding the files,
+then again from the decoded images it keeps, as in every pass after the first); and
+(2) the training step (`train_on_batch`: forward, backward, AdamW) of the recipe's
+model on one batch. Each is the median over `--rounds` rounds. The input is not the
+bottleneck while a pipeline's images per second stay well above the step's: the
+table gives the ratio.
+
+Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
+
+- `crops`: pad-4 crops and flips; the CIFAR study's model (patch 4, width 128, depth 6).
+- `regularized`: the same with RandAugment (2 operations, strength 0.5) and MixUp 0.2,
+  the `regularized` study's augmentation.
+- `imagenette`: zoom-in crops (up to 0.75) and flips, RandAugment and MixUp as above;
+  Ti/16's model (patch 16, width 192, 3 heads, depth 12). Give `--image-size 224`.
 """
 
 import argparse
@@ -24,6 +34,16 @@ from _common import check_positive_ints
 from _common import compile_like_fit
 
 MODEL = dict(patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512)
+REGULARIZATION = dict(randaugment_ops=2, randaugment_factor=0.5, mixup=0.2)
+#: `--recipe`: (the augmentation, the model of the training step, the model's name)
+RECIPES = {
+    "crops": (dict(crop="pad", crop_padding=4, flip=True), MODEL, "study model"),
+    "regularized": (dict(crop="pad", crop_padding=4, flip=True, **REGULARIZATION), MODEL,
+                    "study model"),
+    "imagenette": (dict(crop="zoom", zoom=0.75, flip=True, **REGULARIZATION),
+                   dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768), "Ti/16"),
+}
+PIPELINES = ("python", "tf.data")
 
 
 def main(argv=None):
@@ -33,6 +53,11 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--batches", type=int, default=20, help="batches read per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="crops",
+                        help="the augmentation and model (module docstring)")
+    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES,
+                        help="the input pipelines to time (default: python, and tf.data "
+                             "where TensorFlow is installed)")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds"))
 
@@ -45,8 +70,10 @@ def main(argv=None):
     from keras_vitnorm.training import data as data_lib
 
     size = (args.image_size, args.image_size)
-    augmentation = data_lib.Augmentation(crop="pad", crop_padding=4, flip=True)
-    pipelines = ["python"] + (["tf.data"] if importlib.util.find_spec("tensorflow") else [])
+    augmentation_options, model_options, model_name = RECIPES[args.recipe]
+    augmentation = data_lib.Augmentation(**augmentation_options)
+    pipelines = args.pipelines or (
+        ["python"] + (["tf.data"] if importlib.util.find_spec("tensorflow") else []))
     rows = []
     for pipeline in pipelines:
         data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
@@ -77,7 +104,7 @@ def main(argv=None):
 
     keras.utils.set_random_seed(0)
     model = compile_like_fit(ViT(image_size=args.image_size, num_channels=channels, num_classes=10,
-                                 **MODEL))
+                                 **model_options))
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.batch_size, *size, channels)).astype("float32")
     y = rng.integers(0, 10, (args.batch_size,))
@@ -92,11 +119,12 @@ def main(argv=None):
     step_rate = args.batch_size / statistics.median(steps)
 
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
-          f"{args.batch_size}, {os.cpu_count()} CPU cores; median of {args.rounds} rounds\n")
+          f"{args.batch_size}, recipe {args.recipe}, {os.cpu_count()} CPU cores; median of "
+          f"{args.rounds} rounds\n")
     print("| what | images/s | vs the training step |\n|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")
-    print(f"| training step (study model) | {step_rate:,.0f} | 1.0x |")
+    print(f"| training step ({model_name}) | {step_rate:,.0f} | 1.0x |")
 
 
 if __name__ == "__main__":

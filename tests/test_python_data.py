@@ -69,10 +69,11 @@ def test_train_batches_resume_exactly_split_into_shares_and_permute_each_pass():
     np.testing.assert_array_equal(labels.sum(axis=1), 1.0)
 
 
-def test_a_training_split_is_decoded_once_when_it_fits_in_memory(tmp_path, monkeypatch):
-    """Two passes over a folder read each file once; a split over the memory bound is
-    decoded at every read; the batches are the same either way."""
-    write_image_folder(tmp_path / "images")
+def test_a_training_split_is_decoded_once_while_it_fits_in_memory(tmp_path, monkeypatch):
+    """Two passes over a folder read each file once, keeping images at the model's size as
+    the decoder's uint8; past the memory bound the rest is decoded at every read; the
+    batches are the same either way."""
+    write_image_folder(tmp_path / "images")  # 12 x 12 PNG files
     data = data_lib.load_dataset(f"folder:{tmp_path / 'images'}", pipeline="python")
     augmentation = data_lib.Augmentation(crop="pad", crop_padding=2, flip=True)
     reads = []
@@ -82,14 +83,100 @@ def test_a_training_split_is_decoded_once_when_it_fits_in_memory(tmp_path, monke
     kept = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
     kept_batches = batches(kept)
     assert sorted(reads) == sorted(set(reads)) and len(reads) == data.train.size
+    assert {(image.dtype, image.shape) for image in kept.read.decoded.values()} == {
+        (np.dtype("uint8"), (12, 12, 3))}
+    resized = data_lib.train_stream(data, (10, 10), 3, 2, 0, augmentation, 0, 1)
+    resized[0]
+    assert {image.dtype for image in resized.read.decoded.values()} == {np.dtype("float32")}
     reads.clear()
-    monkeypatch.setattr(python_data, "KEEP_DECODED_BYTES", 12 * 12 * 3 * 4 * data.train.size)
+    half = 12 * 12 * 3 * (data.train.size // 2)  # bytes: half of the split, as uint8
+    monkeypatch.setattr(python_data, "KEEP_DECODED_BYTES", half)
     decoded = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
-    assert not decoded.read.keep
     for got, want in zip(batches(decoded), kept_batches):
         for got_part, want_part in zip(got, want):
             np.testing.assert_array_equal(got_part, want_part)
-    assert len(reads) == 2 * data.train.size
+    assert decoded.read.kept_bytes == half and len(decoded.read.decoded) == data.train.size // 2
+    assert len(reads) == 2 * data.train.size - data.train.size // 2
+
+
+def randaugment_folder(tmp_path):
+    write_image_folder(tmp_path / "images", per_class=8)
+    return data_lib.load_dataset(f"folder:{tmp_path / 'images'}", pipeline="python")
+
+
+def test_randaugment_mixup_and_cutmix_resume_exactly_in_the_python_pipeline(tmp_path):
+    """RandAugment is keyed by each image's position and MixUp and CutMix by the step: a
+    stream started at a later step gives the full stream's batches there, and a
+    process's share of a batch is that share of the whole batch's RandAugment."""
+    data = randaugment_folder(tmp_path)
+    for mixing in (dict(mixup=0.2), dict(cutmix=1.0), dict(mixup=0.2, cutmix=1.0)):
+        augmentation = data_lib.Augmentation(flip=True, randaugment_ops=2, **mixing)
+        assert data_lib.resumes_exactly(augmentation, "python")
+        assert not data_lib.resumes_exactly(augmentation, "tf.data")
+        stream = data_lib.train_stream(data, (12, 12), 3, 4, 1, augmentation, 0, 6)
+        whole = batches(stream)
+        later = data_lib.train_stream(data, (12, 12), 3, 4, 1, augmentation, 3, 6)
+        for step in (3, 5):
+            for got, want in zip(later[step - 3], whole[step]):
+                np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(whole[3][0], whole[4][0])
+    augmentation = data_lib.Augmentation(flip=True, randaugment_ops=2)
+    whole = data_lib.train_stream(data, (12, 12), 3, 4, 1, augmentation, 0, 3)[2]
+    halves = [data_lib.train_stream(data, (12, 12), 3, 4, 1, augmentation, 0, 3, share=(i, 2))[2]
+              for i in range(2)]
+    for part in range(2):
+        np.testing.assert_array_equal(np.concatenate([h[part] for h in halves]), whole[part])
+
+
+def test_randaugment_augments_each_image_on_its_own(tmp_path):
+    """Each image of a batch is Keras' RandAugment called on that image alone with the
+    generator at the image's key (Keras' layer on a batch would draw one pair of
+    operations for the batch and equalize with the batch's histogram); the compiled
+    program over the batch (JAX, `per_image_program`) computes the same."""
+    import keras
+
+    from keras_vitnorm.ops import fast_paths
+    from keras_vitnorm.training.data import augmentation as augmentation_lib
+
+    augmentation = data_lib.Augmentation(randaugment_ops=2, randaugment_factor=0.9)
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (6, 10, 10, 3)).astype("float32")
+    images[3] = 128.0  # a flat image: some operations leave it as it is, others do not
+    positions = np.arange(40, 46)
+    with fast_paths(False, ["per_image_program"]):
+        plain = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))
+    assert plain.program is None
+    each = plain(images, positions)
+    layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=2, factor=0.9, seed=5)
+    keys = augmentation_lib.seed_states(5, augmentation_lib.RANDAUGMENT, positions,
+                                        layer.generator.state.dtype)
+    for image, key, got in zip(images, keys, each):
+        layer.generator.state.assign(key)
+        np.testing.assert_allclose(got, keras.ops.convert_to_numpy(layer(image, training=True)),
+                                   atol=1e-3)
+    # Another batch around the same image at the same position: the same output.
+    others = rng.uniform(0, 255, (3, 10, 10, 3)).astype("float32")
+    mixed = plain(np.stack([others[0], images[2], others[1]]), np.array([7, 42, 9]))
+    np.testing.assert_array_equal(mixed[1], each[2])
+    fast = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))
+    if fast.program is None:
+        assert BACKEND != "jax"
+    else:
+        np.testing.assert_allclose(fast(images, positions), each, atol=1e-3)
+
+
+def test_seed_states_are_keyed_by_seed_purpose_and_index():
+    from keras_vitnorm.training.data import augmentation as augmentation_lib
+
+    states = augmentation_lib.seed_states(3, augmentation_lib.RANDAUGMENT, [0, 5, 2**31 - 1],
+                                          "int32")
+    assert states.dtype == np.int32 and states[:, 1].tolist() == [0, 5, 2**31 - 1]
+    assert len(set(states[:, 0].tolist())) == 1 and 0 <= states[0, 0] < 2**31
+    other_purpose = augmentation_lib.seed_states(3, augmentation_lib.BATCH_MIXING, [0], "int32")
+    other_seed = augmentation_lib.seed_states(4, augmentation_lib.RANDAUGMENT, [0], "int32")
+    assert other_purpose[0, 0] != states[0, 0] != other_seed[0, 0]
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*31\); got 2147483648"):
+        augmentation_lib.seed_states(3, 0, [2**31], "uint32")
 
 
 def test_a_pad_crop_window_is_the_window_of_the_zero_padded_image():

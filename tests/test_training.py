@@ -250,7 +250,7 @@ def test_augmentations_run_and_keep_shapes_and_label_mass():
 def test_randaugment_equalization_counts_its_histogram_with_bincount_in_tf_data():
     """With the fast path `bincount_histogram` on, RandAugment's Equalization counts each
     value's bin inside tf.data with bincount, on every backend, as Keras counts it, and
-    outside tf.data with Keras' own code; switched off, the layer is Keras' own; a
+    outside tf.data with the backend's; switched off, the layer is Keras' own; a
     layer without Keras' private histogram method (another Keras version) is left as
     it is."""
     import tensorflow as tf

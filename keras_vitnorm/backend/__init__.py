@@ -15,6 +15,10 @@ function a small form per backend in that backend's private module (`_jax`,
   the processes of one run exchange.
 - `global_random_state`, `set_global_random_state`, `share_global_random_state`:
   the global generator that PyTorch's dropout draws from.
+- `count_bins`, `per_example`: what the Python input pipeline's per-image
+  RandAugment needs: a histogram count that also traces, and one compiled program
+  that applies a layer to each image of a batch (JAX; the fast path
+  `per_image_program`, chosen by `keras_vitnorm.training.data.python_pipeline`).
 - `train_step`, `test_step`, `device_constants`: the models'
   training and evaluation steps with the Python numbers of Keras' loss, metrics and
   optimizer made on the device once (PyTorch; the fast path `device_constants`,
@@ -29,8 +33,8 @@ import importlib
 import keras
 
 __all__ = [
-    "any_process", "average_gradients", "device_constants", "distribution_scope",
-    "from_first_process", "global_random_state", "name", "process_index_and_count",
+    "any_process", "average_gradients", "count_bins", "device_constants", "distribution_scope",
+    "from_first_process", "global_random_state", "name", "per_example", "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "test_step",
     "train_step", "value_and_gradients",
@@ -212,3 +216,25 @@ def device_constants():
     device, of one made once (so the host does not wait for the GPU to take it); a context
     that does nothing on JAX and TensorFlow."""
     return _native().device_constants()
+
+
+def count_bins(indices, nbins):
+    """How many of the int32 `indices` (each in `[0, nbins)`) fall in each of `nbins`
+    bins, as a length-`nbins` vector: `bincount` in a form that also traces inside a
+    compiled program (JAX's needs its length fixed; Keras' `ops.bincount` does not
+    trace under JAX)."""
+    return _native().count_bins(indices, nbins)
+
+
+def per_example(layer, generator):
+    """`layer` applied to each example of a batch on its own, as one compiled program,
+    or `None` where the backend has no such form.
+
+    The program, `program(examples, keys)`, calls `layer(example, training=True)` for
+    each example with the seed generator `generator` (the one the layer draws from)
+    set to that example's `keys` row: what a call per example with
+    `generator.state.assign(key)` first computes, in one program (JAX: `jax.vmap`
+    under `jax.jit`, the generator's state given by a `keras.StatelessScope`). PyTorch
+    and TensorFlow: `None`.
+    """
+    return _native().per_example(layer, generator)

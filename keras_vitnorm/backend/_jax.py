@@ -100,3 +100,18 @@ def test_step(model, keras_step, *args):
 
 def device_constants():
     return contextlib.nullcontext()
+
+
+def count_bins(indices, nbins):
+    return jax.numpy.bincount(indices, length=nbins)  # a fixed length traces
+
+
+def per_example(layer, generator):
+    state = generator.state
+
+    def one(example, key):
+        # The generator's state is this example's key for the call, not a variable.
+        with keras.StatelessScope(state_mapping=[(state, key)]):
+            return layer(example, training=True)
+
+    return jax.jit(jax.vmap(one))

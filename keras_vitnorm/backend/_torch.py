@@ -243,3 +243,11 @@ def _number_key(data):
         if all(key is not None and key[0] in (bool, int, float) for key in keys):
             return tuple, keys
     return None
+
+
+def count_bins(indices, nbins):
+    return torch.bincount(indices, minlength=nbins)
+
+
+def per_example(layer, generator):
+    return None  # no compiled form: one call per example

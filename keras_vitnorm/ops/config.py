@@ -2,9 +2,9 @@
 
 Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
 backends and devices, a faster form of the same computation (docs/performance.md
-gives each one's measured whole-step gain); so have the tf.data input pipeline's
-RandAugment (`bincount_histogram`) and the models' training step on PyTorch
-(`device_constants`). The fast forms are on by default. Turn
+gives each one's measured whole-step gain); so have RandAugment in both input
+pipelines (`bincount_histogram`, `per_image_program`) and the models' training step
+on PyTorch (`device_constants`). The fast forms are on by default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
 one, or to time a form against the other (`benchmarks/bench_ab.py` does):
 
@@ -35,9 +35,13 @@ FAST_PATHS = (
     "attention",          # heads-first attention on a CPU (JAX, TensorFlow); PyTorch's SDPA on
                           # strided views; JAX on a GPU: cuDNN attention on padded tokens
     "residual_fence",     # JAX on a CPU: a gradient fence on the residual stream
-    "bincount_histogram",  # tf.data under any backend: RandAugment's Equalization counts
-                           # its histogram with tf.math.bincount (a private Keras method
-                           # replaced on that one layer; keras_vitnorm.training.data)
+    "bincount_histogram",  # RandAugment's Equalization counts its histogram with a
+                           # bincount (tf.math.bincount in tf.data, the backend's in the
+                           # Python pipeline; a private Keras method replaced on that one
+                           # layer; keras_vitnorm.training.data)
+    "per_image_program",  # JAX, the Python input pipeline: RandAugment on each image of a
+                          # batch as one compiled program (jax.vmap) instead of a call
+                          # per image (keras_vitnorm.training.data.python_pipeline)
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,

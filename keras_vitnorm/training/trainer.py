@@ -174,9 +174,10 @@ def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
     say(data.describe())
     if plan.replicas > 1:
         say(f"Data-parallel over {plan.replicas} devices ({backend.name()}).")
-    if not data_lib.resumes_exactly(augmentation_of(config)) and resume:
-        say("Note: RandAugment, MixUp and CutMix draw from Keras' stateful generators; "
-            "the resumed run sees other (equally distributed) draws of them.")
+    if not data_lib.resumes_exactly(augmentation_of(config), data.pipeline.NAME) and resume:
+        say("Note: under tf.data, RandAugment, MixUp and CutMix draw from Keras' stateful "
+            "generators; the resumed run sees other (equally distributed) draws of them "
+            "(the python input pipeline keys them and resumes exactly).")
     # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
     safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
     with (_dtype_policy(config.mixed_precision), plan.scope,

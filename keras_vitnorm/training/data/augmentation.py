@@ -2,12 +2,15 @@
 
 Both input pipelines apply the same `Augmentation`: crops and flips keyed by each
 example's position in the stream (each pipeline draws them its own way), then Keras'
-RandAugment, MixUp and CutMix layers.
+RandAugment (on each image), MixUp and CutMix layers (on the batch).
 """
 
 import dataclasses
 
 import keras
+import numpy as np
+
+from keras_vitnorm import backend
 
 
 @dataclasses.dataclass
@@ -43,15 +46,17 @@ class Augmentation:
     cutmix: float = 0.0
 
 
-def resumes_exactly(augmentation):
+def resumes_exactly(augmentation, pipeline):
     """Whether a stream started at any step gives the batches the full run gives there.
 
-    The crops and flips are keyed by each example's position in the stream; RandAugment,
-    MixUp and CutMix are Keras layers drawing from a stateful seed generator that
-    restarts with the stream, so with them a resumed run sees other (equally
-    distributed) draws.
+    Crops and flips are keyed by each example's position in the stream in both input
+    pipelines. The Python pipeline (`pipeline="python"`) keys RandAugment, MixUp and
+    CutMix too (`seed_states`); under tf.data they are Keras layers drawing from a
+    stateful seed generator that restarts with the stream, so with them a resumed run
+    sees other (equally distributed) draws.
     """
-    return not (augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
+    return pipeline == "python" or not (
+        augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
 
 
 def randaugment(augmentation, channels, seed):
@@ -69,3 +74,66 @@ def randaugment(augmentation, channels, seed):
         factor=augmentation.randaugment_factor,
         seed=seed,
     )]
+
+
+def count_histograms_with_bincount(equalization, counts=None):
+    """Makes a Keras `Equalization` layer count its histogram with a `bincount`; returns
+    whether it could.
+
+    Keras 3.15's `Equalization` counts its 256-bin histogram, under the JAX backend,
+    with a Python loop over the bins of every channel (JAX's `bincount` does not
+    trace), and chooses that loop by the global backend, not by the backend it
+    computes with. Inside tf.data under JAX, tf.data builds the loop op by op: the
+    stream takes eight times as long to build and to give its first batch, and
+    delivers a quarter of the images per second after it
+    (`benchmarks/bench_randaugment.py`; docs/performance.md, "RandAugment under JAX").
+    In the Python pipeline under JAX the loop takes about 0.2 s per image.
+
+    This replaces the layer's private `_custom_histogram_fixed_width` on this one
+    layer, counting as Keras does (each value's bin, clipped to the range) with
+    `counts[name]`, the count of the backend named `name` that the layer computes
+    with, or with `keras_vitnorm.backend.count_bins` where that is the global backend.
+    With another backend, or where the layer has no such method (another Keras
+    version), it is left as Keras made it: slower under JAX, and the same.
+
+    Args:
+        equalization: a Keras `Equalization` layer (or `None`: nothing to do).
+        counts: optional `{backend name: count(bins, nbins)}`, e.g. TensorFlow's
+            `bincount` for a layer that tf.data runs with TensorFlow's ops.
+    """
+    keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
+    if keras_histogram is None:
+        return False
+    counts = {backend.name(): backend.count_bins, **(counts or {})}
+
+    def histogram(values, value_range, nbins):
+        ops = equalization.backend
+        count = counts.get(ops.name)
+        if count is None:
+            return keras_histogram(values, value_range, nbins)
+        low, high = (float(bound) for bound in value_range)
+        bins = ops.cast((ops.cast(values, "float32") - low) * (nbins - 1) / (high - low), "int32")
+        return count(ops.numpy.reshape(ops.numpy.clip(bins, 0, nbins - 1), [-1]), nbins)
+
+    equalization._custom_histogram_fixed_width = histogram
+    return True
+
+
+#: What a keyed draw is for (`seed_states`): each purpose draws from its own keys.
+RANDAUGMENT, BATCH_MIXING = 0, 1
+
+
+def seed_states(seed, purpose, indices, dtype):
+    """Seed-generator states `[k, index]` for each of `indices` (stream positions or
+    steps), with `k` a hash of `(seed, purpose)`: a Keras layer whose generator state
+    is set to an index's row before it draws makes the same draws for that index in
+    any run, whatever was drawn before (a resumed stream, another process's share).
+
+    Both words stay below 2**31, so the states fit every backend's seed dtype
+    (`dtype`: JAX's uint32, PyTorch's int32, TensorFlow's int64).
+    """
+    indices = np.asarray(indices, np.int64)
+    if indices.size and (indices.min() < 0 or indices.max() >= 2**31):
+        raise ValueError(f"Stream positions and steps must lie in [0, 2**31); got {indices.max()}.")
+    key = int(np.random.SeedSequence([int(seed) % 2**32, purpose]).generate_state(1)[0]) % 2**31
+    return np.stack([np.full(indices.shape, key, np.int64), indices], axis=-1).astype(dtype)

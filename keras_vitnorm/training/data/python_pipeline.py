@@ -18,13 +18,18 @@ installing TensorFlow. Its functions are those of
   stream)`. A stream started at any step is the uninterrupted stream from that step,
   so a resumed run is exact, as with tf.data. (The draws are NumPy's, not
   TensorFlow's: a seed gives other batches here than under tf.data.)
-- RandAugment, MixUp and CutMix are the same Keras layers as under tf.data, applied
-  to each batch with the backend's ops.
+- RandAugment, MixUp and CutMix are the same Keras layers as under tf.data, computed
+  with the backend's ops. RandAugment is applied to each image on its own, as tf.data
+  applies it before batching (`PerImageRandAugment`); MixUp and CutMix to the batch.
+  Their draws are keyed too, by the image's position and by the step
+  (`keras_vitnorm.training.data.augmentation.seed_states`), so a resumed stream is
+  exact with them as well.
 
 One process reads the batches in the training loop (no worker threads): decoding a
 batch of CIFAR-sized JPEGs takes milliseconds against a training step of hundreds on
-a CPU (`benchmarks/bench_input.py` measures both), and a split whose decoded images
-take less than 1 GiB is decoded once and kept, which keeps a GPU fed.
+a CPU (`benchmarks/bench_input.py` measures both), and a training split's decoded
+images are kept in memory up to 2 GiB (Imagenette's at 224 px take 1.3 GB), which
+keeps a GPU fed.
 """
 
 import contextlib
@@ -33,7 +38,13 @@ import math
 import keras
 import numpy as np
 
+from keras_vitnorm import backend
+from keras_vitnorm.ops import fast_path_enabled
+from keras_vitnorm.training.data.augmentation import BATCH_MIXING
+from keras_vitnorm.training.data.augmentation import RANDAUGMENT
+from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
 from keras_vitnorm.training.data.augmentation import randaugment
+from keras_vitnorm.training.data.augmentation import seed_states
 from keras_vitnorm.training.data.image_files import unreadable_file_error
 
 NAME = "python"
@@ -49,7 +60,7 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
     """`TrainBatches` of the training split (`keras_vitnorm.training.data.train_stream`);
     each pass is shuffled whole, so `shuffle_buffer` does not apply."""
     return TrainBatches(data, image_size, channels, batch_size, seed, augmentation, start_step,
-                        end_step, share, stateful=randaugment(augmentation, channels, seed))
+                        end_step, share)
 
 
 def errors_named(data):
@@ -154,17 +165,21 @@ def _window_of_padded(image, pad, top, left, height, width):
     return window
 
 
-#: Decoded images of a split are kept in memory when they take less than this.
-KEEP_DECODED_BYTES = 2**30
+#: Decoded training images are kept in memory up to this many bytes (a split's
+#: evaluation batches, float32, when they take less): Imagenette's 8,522 training
+#: images at 224 px take 1.3 GB as uint8.
+KEEP_DECODED_BYTES = 2 * 2**30
 
 
 class _Images:
     """Reads example `i` of a split as a float32 model-size image in [0, 255].
 
-    A split whose decoded images take less than `KEEP_DECODED_BYTES` is decoded once
-    and kept (as tf.data's `cache()` would): CIFAR-10 batches come 8 times faster from
-    the kept images than from the files (docs/performance.md, "Input pipeline"), and
-    a training split is read once per pass.
+    A split's decoded images are kept (as tf.data's `cache()` would) while they take
+    at most `KEEP_DECODED_BYTES`: as the decoder's uint8 where the file is at the
+    model's size already, as the resized float32 image otherwise; the images past the
+    bound are decoded at every read. CIFAR-10 batches come 8 times faster from the kept
+    images than from the files (docs/performance.md, "Input pipeline"), and a training
+    split is read once per pass.
     """
 
     def __init__(self, data, split, image_size, channels, keep_decoded=True):
@@ -173,22 +188,26 @@ class _Images:
         self.image_size = tuple(image_size)
         self.channels = channels
         self.fits = split.size * math.prod(self.image_size) * channels * 4 < KEEP_DECODED_BYTES
-        self.keep = keep_decoded and self.fits
+        self.keep = keep_decoded
         self.decoded = {}
+        self.kept_bytes = 0
 
     def __call__(self, index):
-        if index in self.decoded:
-            return self.decoded[index]
-        image = self._decode(index)
-        if self.keep:
-            self.decoded[index] = image
-        return image
+        image = self.decoded.get(index)
+        if image is None:
+            image = self._decode(index)
+            if self.keep and self.kept_bytes + image.nbytes <= KEEP_DECODED_BYTES:
+                self.decoded[index] = image
+                self.kept_bytes += image.nbytes
+        return image.astype(np.float32)
 
     def _decode(self, index):
         raw = self.raws[index]
         image = load_image(raw, self.channels) if self.folder else np.asarray(raw)
         if image.shape[-1] != self.channels:  # digits (1 channel) for an RGB model
             image = np.repeat(image, self.channels, axis=-1)
+        if image.dtype == np.uint8 and image.shape[:2] == self.image_size:
+            return image  # the resize would be the identity: kept at a quarter of the size
         return np.clip(resize_bilinear(image, self.image_size), 0.0, 255.0)
 
     def one_hot(self, indices, num_classes):
@@ -236,7 +255,7 @@ class TrainBatches(keras.utils.PyDataset):
     (`data.train_stream`)."""
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
-                 start_step, end_step, share=(0, 1), stateful=()):
+                 start_step, end_step, share=(0, 1)):
         super().__init__()
         self.read = _Images(data, data.train, image_size, channels)
         self.num_classes = data.num_classes
@@ -248,7 +267,8 @@ class TrainBatches(keras.utils.PyDataset):
         local = batch_size // count
         self.share = slice(index * local, (index + 1) * local)
         self.orders = {}
-        self.stateful = stateful  # RandAugment, if asked for (a Keras layer)
+        self.randaugment = (PerImageRandAugment(augmentation, channels, seed, self.image_size)
+                            if augmentation.randaugment_ops else None)
         self.batch_augment = _batch_augmentation(augmentation, seed)
 
     @property
@@ -278,23 +298,67 @@ class TrainBatches(keras.utils.PyDataset):
         positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size)[self.share]
         images, indices = zip(*(self.example(p) for p in positions))
         images = np.stack(images).astype(np.float32)
-        for layer in self.stateful:
-            images = keras.ops.convert_to_numpy(layer(images))
-        return self.batch_augment(images, self.read.one_hot(np.array(indices), self.num_classes))
+        if self.randaugment is not None:
+            images = self.randaugment(images, positions)
+        return self.batch_augment(images, self.read.one_hot(np.array(indices), self.num_classes),
+                                  step)
+
+
+class PerImageRandAugment:
+    """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
+    image's position in the stream.
+
+    Keras' layer, called on a batch, draws one pair of operations for the whole batch
+    and equalizes each channel with the histogram of the whole batch; RandAugment
+    draws both per image, and so does tf.data, which calls the layer on each image
+    before batching. Here an image's output is the layer's call on that image alone,
+    with the layer's seed generator set to the image's key (`seed_states`): it depends
+    on the image and its position only, not on the rest of the batch or on what was
+    drawn before, so a resumed stream and each process's share see the same.
+
+    Under JAX the calls are one compiled program over the batch
+    (`keras_vitnorm.backend.per_example`, the fast path `per_image_program`; on a GPU
+    it runs there); otherwise, and with the fast path off, a call per image.
+    Equalization counts its histograms with `bincount` (`bincount_histogram`).
+    """
+
+    def __init__(self, augmentation, channels, seed, image_size):
+        [self.layer] = randaugment(augmentation, channels, seed)
+        self.layer.build((None, *image_size, channels))
+        if fast_path_enabled("bincount_histogram"):
+            count_histograms_with_bincount(getattr(self.layer, "equalization", None))
+        self.seed = seed
+        self.generator = self.layer.generator
+        self.program = (backend.per_example(self.layer, self.generator)
+                        if fast_path_enabled("per_image_program") else None)
+
+    def __call__(self, images, positions):
+        """`images` (float32 `(n, height, width, channels)` in [0, 255]) augmented, the
+        `i`-th keyed by the stream position `positions[i]`."""
+        keys = seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
+        if self.program is not None:
+            return keras.ops.convert_to_numpy(self.program(images, keys)).astype(np.float32)
+        out = np.empty_like(images)
+        for i, (image, key) in enumerate(zip(images, keys)):
+            self.generator.state.assign(key)
+            out[i] = keras.ops.convert_to_numpy(self.layer(image, training=True))
+        return out
 
 
 def _batch_augmentation(augmentation, seed):
-    """MixUp and CutMix as Keras layers on a batch, then the model's [-1, 1] range."""
+    """MixUp and CutMix as Keras layers on a batch, their draws keyed by the step, then
+    the model's [-1, 1] range."""
     mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
     cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix
               else None)
-    choose = np.random.default_rng([seed, 1])
 
-    def augment(images, labels):
+    def augment(images, labels, step):
         layer = mixup or cutmix
         if mixup and cutmix:  # one of them per batch, with probability 1/2 (as timm does)
-            layer = mixup if choose.random() < 0.5 else cutmix
+            layer = mixup if np.random.default_rng([seed, 1, step]).random() < 0.5 else cutmix
         if layer is not None:
+            state = layer.generator.state
+            state.assign(seed_states(seed, BATCH_MIXING, [step], state.dtype)[0])
             out = layer({"images": images, "labels": labels})
             images, labels = (keras.ops.convert_to_numpy(out[k]) for k in ("images", "labels"))
         return (images / np.float32(127.5) - 1.0).astype(np.float32), labels.astype(np.float32)

@@ -17,6 +17,7 @@ import math
 import keras
 
 from keras_vitnorm.ops import fast_path_enabled
+from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
 from keras_vitnorm.training.data.augmentation import randaugment
 from keras_vitnorm.training.data.image_files import unreadable_file_error
 
@@ -239,44 +240,19 @@ def _keyed_augmentation(augmentation, image_size, channels, seed):
 
 def _stateful_augmentation(augmentation, channels, seed):
     """Keras' RandAugment, if asked for, counting its histograms with `bincount` while
-    the fast path `bincount_histogram` is on (`count_histograms_with_bincount`)."""
+    the fast path `bincount_histogram` is on (`count_histograms_with_bincount`): with
+    TensorFlow's where it computes in the tf.data stream."""
     layers = randaugment(augmentation, channels, seed)
     if layers and fast_path_enabled("bincount_histogram"):
-        count_histograms_with_bincount(getattr(layers[0], "equalization", None))
+        count_histograms_with_bincount(getattr(layers[0], "equalization", None),
+                                       {"tensorflow": _count_bins})
     return layers
 
 
-def count_histograms_with_bincount(equalization):
-    """Makes a Keras `Equalization` layer count its histogram with `bincount` whenever it
-    computes with TensorFlow (in a tf.data stream); returns whether it could.
-
-    Keras 3.15's `Equalization` chooses how to count its 256-bin histogram by the global
-    backend, not by the backend it computes with: under JAX, inside tf.data, it takes
-    the JAX code, a Python loop over the 256 bins of every channel, which tf.data builds
-    op by op: the stream then takes eight times as long to build and to give its
-    first batch, and delivers a quarter of the images per second after it
-    (`benchmarks/bench_randaugment.py`;
-    docs/performance.md, "RandAugment under JAX"). This replaces the layer's private
-    `_custom_histogram_fixed_width` on this one layer, counting as Keras does (each
-    value's bin, clipped to the range) with `tf.math.bincount`. Where the layer has no
-    such method (another Keras version), it is left as Keras made it: the stream is
-    slower under JAX, and the same.
-    """
-    keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
-    if keras_histogram is None:
-        return False
-
-    def histogram(values, value_range, nbins):
-        if equalization.backend.name != "tensorflow":
-            return keras_histogram(values, value_range, nbins)
-        tf = import_tensorflow()
-        low, high = (tf.cast(bound, "float32") for bound in value_range)
-        bins = tf.cast((tf.cast(values, "float32") - low) * (nbins - 1) / (high - low), "int32")
-        bins = tf.reshape(tf.clip_by_value(bins, 0, nbins - 1), [-1])
-        return tf.math.bincount(bins, minlength=nbins, maxlength=nbins, dtype="int32")
-
-    equalization._custom_histogram_fixed_width = histogram
-    return True
+def _count_bins(bins, nbins):
+    """`bincount` of int32 `bins` in `[0, nbins)` in a tf.data graph, whatever the backend."""
+    tf = import_tensorflow()
+    return tf.math.bincount(bins, minlength=nbins, maxlength=nbins, dtype="int32")
 
 
 def _batch_augmentation(augmentation, seed):
