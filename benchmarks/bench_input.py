@@ -46,6 +46,13 @@ RECIPES = {
 PIPELINES = ("python", "tf.data")
 
 
+def ready(batch):
+    """Waits until a batch that a compiled program computes asynchronously (JAX's
+    arrays, the python pipeline's augmentation program) is computed."""
+    for part in batch:
+        getattr(part, "block_until_ready", lambda: None)()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="digits", help="digits or folder:<path>")
@@ -86,7 +93,7 @@ def main(argv=None):
             began = time.perf_counter()
             if pipeline == "python":
                 for index in range(args.batches):
-                    stream[index]
+                    ready(stream[index])
             else:
                 for _ in stream:
                     pass
@@ -94,7 +101,7 @@ def main(argv=None):
             if pipeline == "python":  # the same batches again: decoded images are kept
                 began = time.perf_counter()
                 for index in range(args.batches):
-                    stream[index]
+                    ready(stream[index])
                 again.append(time.perf_counter() - began)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))

@@ -128,14 +128,13 @@ def test_randaugment_mixup_and_cutmix_resume_exactly_in_the_python_pipeline(tmp_
         np.testing.assert_array_equal(np.concatenate([h[part] for h in halves]), whole[part])
 
 
-def test_randaugment_augments_each_image_on_its_own(tmp_path):
+def test_randaugment_augments_each_image_on_its_own():
     """Each image of a batch is Keras' RandAugment called on that image alone with the
     generator at the image's key (Keras' layer on a batch would draw one pair of
-    operations for the batch and equalize with the batch's histogram); the compiled
-    program over the batch (JAX, `per_image_program`) computes the same."""
+    operations for the batch and equalize with the batch's histogram), whatever else
+    is in the batch."""
     import keras
 
-    from keras_vitnorm.ops import fast_paths
     from keras_vitnorm.training.data import augmentation as augmentation_lib
 
     augmentation = data_lib.Augmentation(randaugment_ops=2, randaugment_factor=0.9)
@@ -143,10 +142,7 @@ def test_randaugment_augments_each_image_on_its_own(tmp_path):
     images = rng.uniform(0, 255, (6, 10, 10, 3)).astype("float32")
     images[3] = 128.0  # a flat image: some operations leave it as it is, others do not
     positions = np.arange(40, 46)
-    with fast_paths(False, ["per_image_program"]):
-        plain = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))
-    assert plain.program is None
-    each = plain(images, positions)
+    each = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))(images, positions)
     layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=2, factor=0.9, seed=5)
     keys = augmentation_lib.seed_states(5, augmentation_lib.RANDAUGMENT, positions,
                                         layer.generator.state.dtype)
@@ -154,15 +150,39 @@ def test_randaugment_augments_each_image_on_its_own(tmp_path):
         layer.generator.state.assign(key)
         np.testing.assert_allclose(got, keras.ops.convert_to_numpy(layer(image, training=True)),
                                    atol=1e-3)
+    assert not np.allclose(each, images, atol=1)
     # Another batch around the same image at the same position: the same output.
     others = rng.uniform(0, 255, (3, 10, 10, 3)).astype("float32")
-    mixed = plain(np.stack([others[0], images[2], others[1]]), np.array([7, 42, 9]))
+    mixed = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))(
+        np.stack([others[0], images[2], others[1]]), np.array([7, 42, 9]))
     np.testing.assert_array_equal(mixed[1], each[2])
-    fast = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))
-    if fast.program is None:
-        assert BACKEND != "jax"
-    else:
-        np.testing.assert_allclose(fast(images, positions), each, atol=1e-3)
+
+
+@pytest.mark.parametrize("options", [
+    dict(crop="pad", crop_padding=3, flip=True, randaugment_ops=2, mixup=0.2),
+    dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
+    dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
+    dict()])
+def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, options):
+    """Under JAX a batch's augmentation is one compiled program (the fast path
+    `augmentation_program`) from the kept uint8 images, resized ones (float32) among
+    them: the batches of NumPy and a layer call per image, to float32 rounding."""
+    from keras_vitnorm.ops import fast_paths
+
+    data = randaugment_folder(tmp_path)
+    augmentation = data_lib.Augmentation(**options)
+    for size in ((12, 12), (10, 10)):
+        with fast_paths(False, ["augmentation_program"]):
+            plain = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
+        fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
+        assert plain._program(None) is None
+        if fast._program(None) is None:
+            assert BACKEND != "jax"
+            continue
+        for step in (0, 3, 4):
+            for got, want in zip(fast[step], plain[step]):
+                assert got.shape == want.shape and str(got.dtype) == "float32"
+                np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
 
 def test_seed_states_are_keyed_by_seed_purpose_and_index():

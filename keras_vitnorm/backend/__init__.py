@@ -15,10 +15,11 @@ function a small form per backend in that backend's private module (`_jax`,
   the processes of one run exchange.
 - `global_random_state`, `set_global_random_state`, `share_global_random_state`:
   the global generator that PyTorch's dropout draws from.
-- `count_bins`, `per_example`: what the Python input pipeline's per-image
-  RandAugment needs: a histogram count that also traces, and one compiled program
-  that applies a layer to each image of a batch (JAX; the fast path
-  `per_image_program`, chosen by `keras_vitnorm.training.data.python_pipeline`).
+- `count_bins`, `compiled`, `map_examples`: what the Python input pipeline's
+  augmentation program needs: a histogram count that also traces, a compiled program
+  (JAX; the fast path `augmentation_program`, chosen by
+  `keras_vitnorm.training.data.python_pipeline`), and a function of one example
+  applied to each example of a batch.
 - `train_step`, `test_step`, `device_constants`: the models'
   training and evaluation steps with the Python numbers of Keras' loss, metrics and
   optimizer made on the device once (PyTorch; the fast path `device_constants`,
@@ -33,8 +34,9 @@ import importlib
 import keras
 
 __all__ = [
-    "any_process", "average_gradients", "count_bins", "device_constants", "distribution_scope",
-    "from_first_process", "global_random_state", "name", "per_example", "process_index_and_count",
+    "any_process", "average_gradients", "compiled", "count_bins", "device_constants",
+    "distribution_scope", "from_first_process", "global_random_state", "map_examples", "name",
+    "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "test_step",
     "train_step", "value_and_gradients",
@@ -226,15 +228,21 @@ def count_bins(indices, nbins):
     return _native().count_bins(indices, nbins)
 
 
-def per_example(layer, generator):
-    """`layer` applied to each example of a batch on its own, as one compiled program,
-    or `None` where the backend has no such form.
+def compiled(function):
+    """`function` compiled into one program (JAX: `jax.jit`), or `None` where the
+    backend has no form the input pipeline uses (PyTorch, TensorFlow: the Python input
+    pipeline's augmentation stays NumPy and eager layer calls there)."""
+    return _native().compiled(function)
 
-    The program, `program(examples, keys)`, calls `layer(example, training=True)` for
-    each example with the seed generator `generator` (the one the layer draws from)
-    set to that example's `keys` row: what a call per example with
-    `generator.state.assign(key)` first computes, in one program (JAX: `jax.vmap`
-    under `jax.jit`, the generator's state given by a `keras.StatelessScope`). PyTorch
-    and TensorFlow: `None`.
-    """
-    return _native().per_example(layer, generator)
+
+def map_examples(function, *batches):
+    """`function` applied to each example of `batches` (arrays or lists of arrays, each
+    with the examples along the first axis), the results stacked: one batched
+    computation under JAX (`jax.vmap`), a loop elsewhere."""
+    native = getattr(_native(), "map_examples", None)
+    if native is not None:
+        return native(function, *batches)
+    count = keras.tree.flatten(batches)[0].shape[0]
+    return keras.ops.stack([
+        function(*keras.tree.map_structure(lambda batch, i=index: batch[i], batches))
+        for index in range(count)])

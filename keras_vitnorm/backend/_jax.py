@@ -106,12 +106,9 @@ def count_bins(indices, nbins):
     return jax.numpy.bincount(indices, length=nbins)  # a fixed length traces
 
 
-def per_example(layer, generator):
-    state = generator.state
+def compiled(function):
+    return jax.jit(function)
 
-    def one(example, key):
-        # The generator's state is this example's key for the call, not a variable.
-        with keras.StatelessScope(state_mapping=[(state, key)]):
-            return layer(example, training=True)
 
-    return jax.jit(jax.vmap(one))
+def map_examples(function, *batches):
+    return jax.vmap(function)(*batches)

@@ -84,5 +84,5 @@ def count_bins(indices, nbins):
     return tf.math.bincount(indices, minlength=nbins, maxlength=nbins, dtype="int32")
 
 
-def per_example(layer, generator):
-    return None  # no compiled form: one call per example
+def compiled(function):
+    return None  # the input pipeline's plain form: NumPy and a layer call per image

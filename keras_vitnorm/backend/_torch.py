@@ -249,5 +249,5 @@ def count_bins(indices, nbins):
     return torch.bincount(indices, minlength=nbins)
 
 
-def per_example(layer, generator):
-    return None  # no compiled form: one call per example
+def compiled(function):
+    return None  # the input pipeline's plain form: NumPy and a layer call per image

@@ -3,7 +3,7 @@
 Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
 backends and devices, a faster form of the same computation (docs/performance.md
 gives each one's measured whole-step gain); so have RandAugment in both input
-pipelines (`bincount_histogram`, `per_image_program`) and the models' training step
+pipelines (`bincount_histogram`, `augmentation_program`) and the models' training step
 on PyTorch (`device_constants`). The fast forms are on by default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
 one, or to time a form against the other (`benchmarks/bench_ab.py` does):
@@ -39,9 +39,11 @@ FAST_PATHS = (
                            # bincount (tf.math.bincount in tf.data, the backend's in the
                            # Python pipeline; a private Keras method replaced on that one
                            # layer; keras_vitnorm.training.data)
-    "per_image_program",  # JAX, the Python input pipeline: RandAugment on each image of a
-                          # batch as one compiled program (jax.vmap) instead of a call
-                          # per image (keras_vitnorm.training.data.python_pipeline)
+    "augmentation_program",  # JAX, the Python input pipeline: a training batch's
+                             # augmentation (crops, flips, RandAugment per image, MixUp,
+                             # CutMix) as one compiled program on the default device
+                             # instead of NumPy and a layer call per image
+                             # (keras_vitnorm.training.data.python_pipeline)
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,

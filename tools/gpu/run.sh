@@ -22,6 +22,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHON=${PYTHON:-python3} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
+# The runs share the GPU: each JAX process takes memory as it needs it, not 75% at its start.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 kit=${GPU_KIT:-.gpu} work=${GPU_WORK:-/tmp}
 if ls "$kit"/whl/*.whl > /dev/null 2>&1 && [ ! -d "$work/site/keras" ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \

@@ -111,47 +111,87 @@ def resize_bilinear(image, size):
 def _sample_bilinear(image, ys, xs):
     """`image` sampled at the grid `ys x xs` (pixel coordinates) bilinearly; points
     outside the image are 0, as `tf.image.crop_and_resize` gives them."""
-    height, width = image.shape[:2]
+    return sample_taps(image, sampling_taps(ys, xs, *image.shape[:2]))
+
+
+def sampling_taps(ys, xs, height, width):
+    """What bilinear sampling of a `(height, width)` image at the grid `ys x xs` reads:
+    per axis, each point's two neighbouring indices, the second one's weight, and
+    whether the point lies inside the image (`sample_taps`)."""
 
     def taps(x, size):
-        low = np.floor(x).astype(np.int64)
+        low = np.floor(x).astype(np.int32)
         weight = (x - low).astype(np.float32)
-        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight
+        inside = (x >= 0) & (x <= size - 1)
+        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight, inside
 
-    top, bottom, dy = taps(ys, height)
-    left, right, dx = taps(xs, width)
-    rows = image[top] * (1 - dy)[:, None, None] + image[bottom] * dy[:, None, None]
-    out = rows[:, left] * (1 - dx)[None, :, None] + rows[:, right] * dx[None, :, None]
-    inside = ((ys >= 0) & (ys <= height - 1))[:, None] & ((xs >= 0) & (xs <= width - 1))[None, :]
+    return (*taps(ys, height), *taps(xs, width))
+
+
+def sample_taps(image, taps, ops=np):
+    """`image` `(h, w, c)` sampled bilinearly where `taps` (`sampling_taps`) say, points
+    outside it 0; with NumPy, or with `keras.ops` inside a compiled program."""
+    top, bottom, dy, rows_inside, left, right, dx, columns_inside = taps
+    rows = (ops.take(image, top, axis=0) * (1 - dy)[:, None, None]
+            + ops.take(image, bottom, axis=0) * dy[:, None, None])
+    out = (ops.take(rows, left, axis=1) * (1 - dx)[None, :, None]
+           + ops.take(rows, right, axis=1) * dx[None, :, None])
+    inside = rows_inside[:, None] & columns_inside[None, :]
     return out * inside[..., None]
 
 
-def keyed_crop_and_flip(image, augmentation, image_size, rng):
-    """The crop and flip of one example, drawn from `rng` (seeded by its position).
+def crop_draws(augmentation, image_size, rng):
+    """`(crop, flip)` of one example, drawn from `rng` (seeded by its position).
 
     The transformations of `keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`:
-    `pad` zero-pads by `crop_padding` and takes a random `image_size` window; `zoom` zooms in about the
-    centre by a random factor in `[1 - zoom, 1]` per axis (bilinear, as
-    `tf.image.crop_and_resize` samples); `flip` mirrors half of the images.
+    `pad` zero-pads by `crop_padding` and takes a random `image_size` window
+    (`crop = ("pad", top, left)`, the window's corner in the padded image); `zoom`
+    zooms in about the centre by a random factor in `[1 - zoom, 1]` per axis, sampled
+    bilinearly at a grid as `tf.image.crop_and_resize` samples (`crop = ("zoom", ys,
+    xs)`); otherwise `crop = None`. `flip`: whether the example is mirrored (half of
+    them, with `augmentation.flip`).
     """
     height, width = image_size
-    crop_draws, flip_draw = rng.random(2), rng.random()
+    draws, flip_draw = rng.random(2), rng.random()
+    flip = bool(augmentation.flip and flip_draw < 0.5)
     if augmentation.crop == "pad":
         pad = augmentation.crop_padding
-        top = min(int(crop_draws[0] * (2 * pad + 1)), 2 * pad)
-        left = min(int(crop_draws[1] * (2 * pad + 1)), 2 * pad)
-        image = _window_of_padded(image, pad, top, left, height, width)
-    elif augmentation.crop == "zoom":
-        scale = 1.0 - augmentation.zoom + augmentation.zoom * crop_draws
+        top = min(int(draws[0] * (2 * pad + 1)), 2 * pad)
+        left = min(int(draws[1] * (2 * pad + 1)), 2 * pad)
+        return ("pad", top, left), flip
+    if augmentation.crop == "zoom":
+        scale = 1.0 - augmentation.zoom + augmentation.zoom * draws
         start, end = 0.5 - scale / 2, 0.5 + scale / 2
         # crop_and_resize's sampling grid: box corners on the first and last pixel centres.
         steps = np.arange(height) / max(height - 1, 1), np.arange(width) / max(width - 1, 1)
         ys = (start[0] + steps[0] * (end[0] - start[0])) * (height - 1)
         xs = (start[1] + steps[1] * (end[1] - start[1])) * (width - 1)
-        image = _sample_bilinear(image, ys, xs)
-    if augmentation.flip and flip_draw < 0.5:
-        image = image[:, ::-1]
-    return image
+        return ("zoom", ys, xs), flip
+    return None, flip
+
+
+def keyed_crop_and_flip(image, augmentation, image_size, rng):
+    """The crop and flip of one example (`crop_draws`), applied with NumPy."""
+    crop, flip = crop_draws(augmentation, image_size, rng)
+    if crop is not None and crop[0] == "pad":
+        image = _window_of_padded(image, augmentation.crop_padding, *crop[1:], *image_size)
+    elif crop is not None:
+        image = _sample_bilinear(image, *crop[1:])
+    return image[:, ::-1] if flip else image
+
+
+def crop_taps(crop, augmentation, image_size):
+    """The `sampling_taps` of a crop of `crop_draws`: a pad crop's window is a grid of
+    whole pixels shifted by the padding, whose points in the padding lie outside."""
+    height, width = image_size
+    if crop is None:
+        ys, xs = np.arange(height), np.arange(width)
+    elif crop[0] == "pad":
+        pad = augmentation.crop_padding
+        ys, xs = np.arange(height) + (crop[1] - pad), np.arange(width) + (crop[2] - pad)
+    else:
+        ys, xs = crop[1:]
+    return sampling_taps(ys, xs, height, width)
 
 
 def _window_of_padded(image, pad, top, left, height, width):
@@ -193,13 +233,18 @@ class _Images:
         self.kept_bytes = 0
 
     def __call__(self, index):
+        return self.stored(index).astype(np.float32)
+
+    def stored(self, index):
+        """Example `index` as it is kept: uint8 at the model's size where the file was,
+        float32 where it was resized."""
         image = self.decoded.get(index)
         if image is None:
             image = self._decode(index)
             if self.keep and self.kept_bytes + image.nbytes <= KEEP_DECODED_BYTES:
                 self.decoded[index] = image
                 self.kept_bytes += image.nbytes
-        return image.astype(np.float32)
+        return image
 
     def _decode(self, index):
         raw = self.raws[index]
@@ -252,7 +297,17 @@ class EvalBatches(keras.utils.PyDataset):
 
 class TrainBatches(keras.utils.PyDataset):
     """Augmented training batches of steps `start_step` up to `end_step`
-    (`data.train_stream`)."""
+    (`data.train_stream`).
+
+    Each batch is augmented in three parts: crops and flips, keyed by each example's
+    position (`crop_draws`); RandAugment on each image, keyed by its position
+    (`PerImageRandAugment`); MixUp or CutMix on the batch, keyed by the step
+    (`BatchMixing`); then the model's [-1, 1] range. With NumPy and a layer call per
+    image in the plain form; under JAX (the fast path `augmentation_program`) as one
+    compiled program on the default device, which takes the kept images as they are
+    (uint8 where they were) and the crops' sampling taps drawn here, and gives the
+    batch on the device: on a GPU the host only gathers the images.
+    """
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
                  start_step, end_step, share=(0, 1)):
@@ -269,7 +324,9 @@ class TrainBatches(keras.utils.PyDataset):
         self.orders = {}
         self.randaugment = (PerImageRandAugment(augmentation, channels, seed, self.image_size)
                             if augmentation.randaugment_ops else None)
-        self.batch_augment = _batch_augmentation(augmentation, seed)
+        self.mixing = BatchMixing(augmentation, seed)
+        self.compiled = fast_path_enabled("augmentation_program")
+        self.programs = {}  # the compiled program for each mixing layer (or None)
 
     @property
     def num_batches(self):
@@ -285,23 +342,80 @@ class TrainBatches(keras.utils.PyDataset):
             self.orders[pass_index] = rng.permutation(self.size)
         return self.orders[pass_index]
 
-    def example(self, position):
-        """The augmented image and the example index at `position` in the stream."""
+    def _index(self, position):
         pass_index, offset = divmod(int(position), self.size)
-        index = self._order(pass_index)[offset]
+        return self._order(pass_index)[offset]
+
+    def _draws(self, position):
+        """The crop and flip of the example at `position` (`crop_draws`)."""
+        return crop_draws(self.augmentation, self.image_size,
+                          np.random.default_rng([self.seed, int(position)]))
+
+    def example(self, position):
+        """The cropped and flipped image (NumPy) and the example index at `position` in
+        the stream."""
+        index = self._index(position)
         rng = np.random.default_rng([self.seed, int(position)])
-        image = keyed_crop_and_flip(self.read(index), self.augmentation, self.image_size, rng)
-        return image, index
+        return keyed_crop_and_flip(self.read(index), self.augmentation, self.image_size, rng), index
 
     def __getitem__(self, step_index):
         step = self.start_step + step_index
         positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size)[self.share]
-        images, indices = zip(*(self.example(p) for p in positions))
-        images = np.stack(images).astype(np.float32)
-        if self.randaugment is not None:
-            images = self.randaugment(images, positions)
-        return self.batch_augment(images, self.read.one_hot(np.array(indices), self.num_classes),
-                                  step)
+        layer = self.mixing.layer(step)
+        program = self._program(layer)
+        if program is None:
+            images, indices = zip(*(self.example(p) for p in positions))
+            images = np.stack(images).astype(np.float32)
+            if self.randaugment is not None:
+                images = self.randaugment(images, positions)
+            labels = self.read.one_hot(np.array(indices), self.num_classes)
+            images, labels = self.mixing(layer, images, labels, step)
+            return to_model_range(images), labels
+        indices = np.array([self._index(p) for p in positions])
+        kept = [self.read.stored(i) for i in indices]
+        images = np.stack(kept) if len({k.dtype for k in kept}) == 1 else np.stack(
+            [k.astype(np.float32) for k in kept])
+        draws = [self._draws(p) for p in positions]
+        taps = [np.stack(parts) for parts in zip(*(crop_taps(crop, self.augmentation,
+                                                             self.image_size)
+                                                   for crop, _ in draws))]
+        flips = np.array([flip for _, flip in draws])
+        keys = (self.randaugment.keys(positions) if self.randaugment is not None
+                else np.zeros((len(positions), 2), np.int32))
+        mix_key = self.mixing.key(layer, step)
+        return program(images, taps, flips, keys, self.read.one_hot(indices, self.num_classes),
+                       mix_key)
+
+    def _program(self, layer):
+        """The compiled augmentation of a batch mixed by `layer` (`None`: no mixing), or
+        `None` where there is none (the fast path is off, or not JAX)."""
+        if not self.compiled:
+            return None
+        name = None if layer is None else layer.name
+        if name not in self.programs:
+            def augment(images, taps, flips, keys, labels, mix_key):
+                def one(image, taps, flip, key):
+                    image = sample_taps(keras.ops.cast(image, "float32"), taps, keras.ops)
+                    image = keras.ops.where(flip, keras.ops.flip(image, axis=1), image)
+                    if self.randaugment is not None:
+                        image = self.randaugment.keyed(image, key)
+                    return image
+
+                images = backend.map_examples(one, images, taps, flips, keys)
+                images, labels = self.mixing.keyed(layer, images, labels, mix_key)
+                return to_model_range(images), labels
+
+            self.programs[name] = backend.compiled(augment)
+        return self.programs[name]
+
+
+def to_model_range(images):
+    """Images in [0, 255] to the model's [-1, 1], float32 (clipped there: a compiled
+    program may divide by multiplying with the reciprocal, which takes 255 to
+    1.0000001)."""
+    if isinstance(images, np.ndarray):
+        return np.clip(images / np.float32(127.5) - 1.0, -1.0, 1.0).astype(np.float32)
+    return keras.ops.clip(keras.ops.cast(images, "float32") / 127.5 - 1.0, -1.0, 1.0)
 
 
 class PerImageRandAugment:
@@ -315,10 +429,6 @@ class PerImageRandAugment:
     with the layer's seed generator set to the image's key (`seed_states`): it depends
     on the image and its position only, not on the rest of the batch or on what was
     drawn before, so a resumed stream and each process's share see the same.
-
-    Under JAX the calls are one compiled program over the batch
-    (`keras_vitnorm.backend.per_example`, the fast path `per_image_program`; on a GPU
-    it runs there); otherwise, and with the fast path off, a call per image.
     Equalization counts its histograms with `bincount` (`bincount_histogram`).
     """
 
@@ -329,38 +439,63 @@ class PerImageRandAugment:
             count_histograms_with_bincount(getattr(self.layer, "equalization", None))
         self.seed = seed
         self.generator = self.layer.generator
-        self.program = (backend.per_example(self.layer, self.generator)
-                        if fast_path_enabled("per_image_program") else None)
+
+    def keys(self, positions):
+        """The generator states of the images at stream positions `positions`."""
+        return seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
 
     def __call__(self, images, positions):
         """`images` (float32 `(n, height, width, channels)` in [0, 255]) augmented, the
-        `i`-th keyed by the stream position `positions[i]`."""
-        keys = seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
-        if self.program is not None:
-            return keras.ops.convert_to_numpy(self.program(images, keys)).astype(np.float32)
+        `i`-th keyed by the stream position `positions[i]`: a layer call per image."""
         out = np.empty_like(images)
-        for i, (image, key) in enumerate(zip(images, keys)):
+        for i, (image, key) in enumerate(zip(images, self.keys(positions))):
             self.generator.state.assign(key)
             out[i] = keras.ops.convert_to_numpy(self.layer(image, training=True))
         return out
 
+    def keyed(self, image, key):
+        """One image augmented with the generator at `key`, inside a compiled program
+        (the generator's state is `key` for the call, not a variable)."""
+        with keras.StatelessScope(state_mapping=[(self.generator.state, key)]):
+            return self.layer(image, training=True)
 
-def _batch_augmentation(augmentation, seed):
-    """MixUp and CutMix as Keras layers on a batch, their draws keyed by the step, then
-    the model's [-1, 1] range."""
-    mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
-    cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix
-              else None)
 
-    def augment(images, labels, step):
-        layer = mixup or cutmix
-        if mixup and cutmix:  # one of them per batch, with probability 1/2 (as timm does)
-            layer = mixup if np.random.default_rng([seed, 1, step]).random() < 0.5 else cutmix
-        if layer is not None:
-            state = layer.generator.state
-            state.assign(seed_states(seed, BATCH_MIXING, [step], state.dtype)[0])
+class BatchMixing:
+    """MixUp and CutMix as Keras layers on a batch, their draws keyed by the step: with
+    both, each batch gets one of them, with probability 1/2 (as timm does)."""
+
+    def __init__(self, augmentation, seed):
+        self.seed = seed
+        self.mixup = (keras.layers.MixUp(alpha=augmentation.mixup, seed=seed)
+                      if augmentation.mixup else None)
+        self.cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed)
+                       if augmentation.cutmix else None)
+
+    def layer(self, step):
+        """The layer that mixes the batch of `step`, or `None`."""
+        if self.mixup and self.cutmix:
+            return self.mixup if np.random.default_rng([self.seed, 1, step]).random() < 0.5 else (
+                self.cutmix)
+        return self.mixup or self.cutmix
+
+    def key(self, layer, step):
+        """The generator state that `layer` draws the batch of `step` with."""
+        dtype = "int32" if layer is None else layer.generator.state.dtype
+        return seed_states(self.seed, BATCH_MIXING, [step], dtype)[0]
+
+    def __call__(self, layer, images, labels, step):
+        """NumPy `images` and `labels` mixed by `layer` (as they are where `None`)."""
+        if layer is None:
+            return images, labels.astype(np.float32)
+        layer.generator.state.assign(self.key(layer, step))
+        out = layer({"images": images, "labels": labels})
+        return tuple(keras.ops.convert_to_numpy(out[k]).astype(np.float32)
+                     for k in ("images", "labels"))
+
+    def keyed(self, layer, images, labels, key):
+        """The same inside a compiled program, the generator's state `key` for the call."""
+        if layer is None:
+            return images, labels
+        with keras.StatelessScope(state_mapping=[(layer.generator.state, key)]):
             out = layer({"images": images, "labels": labels})
-            images, labels = (keras.ops.convert_to_numpy(out[k]) for k in ("images", "labels"))
-        return (images / np.float32(127.5) - 1.0).astype(np.float32), labels.astype(np.float32)
-
-    return augment
+        return out["images"], out["labels"]
