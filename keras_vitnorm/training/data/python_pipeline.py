@@ -23,7 +23,8 @@ installing TensorFlow. Its functions are those of
   applies it before batching (`PerImageRandAugment`); MixUp and CutMix to the batch.
   Their draws are keyed too, by the image's position and by the step
   (`keras_vitnorm.training.data.augmentation.seed_states`), so a resumed stream is
-  exact with them as well.
+  exact with them as well. Under JAX a batch's whole augmentation is one compiled
+  program on the default device (`TrainBatches`).
 
 One process reads the batches in the training loop (no worker threads): decoding a
 batch of CIFAR-sized JPEGs takes milliseconds against a training step of hundreds on
