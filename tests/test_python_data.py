@@ -163,12 +163,14 @@ def test_randaugment_augments_each_image_on_its_own():
     dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
     dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
     dict()])
-def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, options):
+def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options):
     """Under JAX a batch's augmentation is one compiled program (the fast path
     `augmentation_program`) from the kept uint8 images, resized ones (float32) among
-    them: the batches of NumPy and a layer call per image, to float32 rounding."""
+    them, in chunks of 4 and 5 examples here: the batches of NumPy and a layer call per
+    image, to float32 rounding."""
     from keras_vitnorm.ops import fast_paths
 
+    monkeypatch.setattr(python_data, "CHUNK_VALUES", 4 * 12 * 12 * 3)
     data = randaugment_folder(tmp_path)
     augmentation = data_lib.Augmentation(**options)
     for size in ((12, 12), (10, 10)):

@@ -235,13 +235,14 @@ def compiled(function):
     return _native().compiled(function)
 
 
-def map_examples(function, *batches):
+def map_examples(function, *batches, chunk=None):
     """`function` applied to each example of `batches` (arrays or lists of arrays, each
-    with the examples along the first axis), the results stacked: one batched
-    computation under JAX (`jax.vmap`), a loop elsewhere."""
+    with the examples along the first axis), the results stacked: under JAX one
+    batched computation over `chunk` examples at a time (all at once where `None`; a
+    loop over the chunks bounds the memory, `jax.lax.map`), a loop elsewhere."""
     native = getattr(_native(), "map_examples", None)
     if native is not None:
-        return native(function, *batches)
+        return native(function, *batches, chunk=chunk)
     count = keras.tree.flatten(batches)[0].shape[0]
     return keras.ops.stack([
         function(*keras.tree.map_structure(lambda batch, i=index: batch[i], batches))

@@ -110,5 +110,6 @@ def compiled(function):
     return jax.jit(function)
 
 
-def map_examples(function, *batches):
-    return jax.vmap(function)(*batches)
+def map_examples(function, *batches, chunk=None):
+    # Vectorized over `chunk` examples at a time, a loop over the chunks.
+    return jax.lax.map(lambda example: function(*example), batches, batch_size=chunk)

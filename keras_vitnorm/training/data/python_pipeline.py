@@ -394,6 +394,8 @@ class TrainBatches(keras.utils.PyDataset):
             return None
         name = None if layer is None else layer.name
         if name not in self.programs:
+            image_values = math.prod(self.image_size) * self.read.channels
+
             def augment(images, taps, flips, keys, labels, mix_key):
                 def one(image, taps, flip, key):
                     image = sample_taps(keras.ops.cast(image, "float32"), taps, keras.ops)
@@ -402,12 +404,21 @@ class TrainBatches(keras.utils.PyDataset):
                         image = self.randaugment.keyed(image, key)
                     return image
 
-                images = backend.map_examples(one, images, taps, flips, keys)
+                images = backend.map_examples(one, images, taps, flips, keys,
+                                              chunk=max(1, CHUNK_VALUES // image_values))
                 images, labels = self.mixing.keyed(layer, images, labels, mix_key)
                 return to_model_range(images), labels
 
             self.programs[name] = backend.compiled(augment)
         return self.programs[name]
+
+
+#: Values (pixels x channels) the augmentation program augments at once: RandAugment
+#: computed per image under JAX holds about 600 bytes per value of an image (all
+#: eleven operations, Keras' bilinear transforms' sampling grids), so a chunk takes
+#: about 1.3 GB (13 images at 224 px, a whole batch of 256 at 32 px) where a batch of
+#: 256 at 224 px would take 24 GB (measured on a CPU).
+CHUNK_VALUES = 2**21
 
 
 def to_model_range(images):
