@@ -624,7 +624,7 @@ def test_randaugment_benchmark_times_each_histogram_count_against_bincount(capsy
     replaced = []
     count = tf_pipeline.count_histograms_with_bincount
     monkeypatch.setattr(tf_pipeline, "count_histograms_with_bincount",
-                        lambda layer: replaced.append(layer) or count(layer))
+                        lambda layer, *counts: replaced.append(layer) or count(layer, *counts))
     bench_randaugment.main(["--image-size", "8", "--batch-size", "2", "--batches", "1", "--rounds", "1",
                             "--randaugment-ops", "1", "--counts", "bincount"])
     table = capsys.readouterr().out
