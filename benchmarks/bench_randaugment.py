@@ -7,7 +7,7 @@ Under the running Keras backend, builds the training stream with RandAugment
 way of counting Equalization's histogram (`--counts`):
 
 - `bincount`: the stream as training builds it, the fast path `bincount_histogram` on
-  (`keras_vitnorm.training.data.tf_pipeline.count_histograms_with_bincount`);
+  (`keras_vitnorm.training.data.augmentation.count_histograms_with_bincount`);
 - `keras`: that fast path off, the layer as Keras 3.15 makes it, which under JAX
   counts with a Python loop over the 256 bins even inside tf.data.
 
