@@ -19,7 +19,7 @@ function a small form per backend in that backend's private module (`_jax`,
   augmentation program needs: a histogram count that also traces, a compiled program
   (JAX; the fast path `augmentation_program`, chosen by
   `keras_vitnorm.training.data.python_pipeline`), and a function of one example
-  applied to each example of a batch.
+  applied to each example of a batch inside it.
 - `train_step`, `test_step`, `device_constants`: the models'
   training and evaluation steps with the Python numbers of Keras' loss, metrics and
   optimizer made on the device once (PyTorch; the fast path `device_constants`,
@@ -237,13 +237,8 @@ def compiled(function):
 
 def map_examples(function, *batches, chunk=None):
     """`function` applied to each example of `batches` (arrays or lists of arrays, each
-    with the examples along the first axis), the results stacked: under JAX one
-    batched computation over `chunk` examples at a time (all at once where `None`; a
-    loop over the chunks bounds the memory, `jax.lax.map`), a loop elsewhere."""
-    native = getattr(_native(), "map_examples", None)
-    if native is not None:
-        return native(function, *batches, chunk=chunk)
-    count = keras.tree.flatten(batches)[0].shape[0]
-    return keras.ops.stack([
-        function(*keras.tree.map_structure(lambda batch, i=index: batch[i], batches))
-        for index in range(count)])
+    with the examples along the first axis), the results stacked, as one batched
+    computation over `chunk` examples at a time (all at once where `None`; a loop over
+    the chunks bounds the memory, `jax.lax.map`). JAX only: it is called inside a
+    program of `compiled`, which the other backends do not make."""
+    return _native().map_examples(function, *batches, chunk=chunk)

@@ -86,3 +86,8 @@ def count_bins(indices, nbins):
 
 def compiled(function):
     return None  # the input pipeline's plain form: NumPy and a layer call per image
+
+
+def map_examples(function, *batches, chunk=None):
+    raise ValueError("map_examples runs inside a program of `compiled`, which TensorFlow "
+                     "does not make.")

@@ -347,17 +347,17 @@ class TrainBatches(keras.utils.PyDataset):
         pass_index, offset = divmod(int(position), self.size)
         return self._order(pass_index)[offset]
 
-    def _draws(self, position):
-        """The crop and flip of the example at `position` (`crop_draws`)."""
-        return crop_draws(self.augmentation, self.image_size,
-                          np.random.default_rng([self.seed, int(position)]))
+    def _rng(self, position):
+        """The generator that draws the crop and flip of the example at `position`."""
+        return np.random.default_rng([self.seed, int(position)])
 
     def example(self, position):
         """The cropped and flipped image (NumPy) and the example index at `position` in
         the stream."""
         index = self._index(position)
-        rng = np.random.default_rng([self.seed, int(position)])
-        return keyed_crop_and_flip(self.read(index), self.augmentation, self.image_size, rng), index
+        image = keyed_crop_and_flip(self.read(index), self.augmentation, self.image_size,
+                                    self._rng(position))
+        return image, index
 
     def __getitem__(self, step_index):
         step = self.start_step + step_index
@@ -376,7 +376,7 @@ class TrainBatches(keras.utils.PyDataset):
         kept = [self.read.stored(i) for i in indices]
         images = np.stack(kept) if len({k.dtype for k in kept}) == 1 else np.stack(
             [k.astype(np.float32) for k in kept])
-        draws = [self._draws(p) for p in positions]
+        draws = [crop_draws(self.augmentation, self.image_size, self._rng(p)) for p in positions]
         taps = [np.stack(parts) for parts in zip(*(crop_taps(crop, self.augmentation,
                                                              self.image_size)
                                                    for crop, _ in draws))]
