@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import keras
+import numpy as np
 import pytest
 
 from keras_vitnorm import choices
@@ -181,6 +182,67 @@ from keras_vitnorm.cli import console
 sys.argv = ["keras-vitnorm", "train", "--steps", "2"]
 console()
 """
+
+
+NO_TENSORFLOW = """
+import importlib.abc, importlib.util, sys
+
+# As the lent GPU machine's image: JAX and the lab's other packages, no TensorFlow and
+# no tensorflow-datasets (argv[1]: the packages refused, comma-separated).
+REFUSED = sys.argv[1].split(",")
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in REFUSED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+        return None
+
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *args: (
+    None if name.split(".")[0] in REFUSED else find_spec(name, *args))
+sys.meta_path.insert(0, Refuse())
+from keras_vitnorm.cli import console
+sys.argv = ["keras-vitnorm", *sys.argv[2:]]
+console()
+"""
+
+
+@pytest.mark.one_backend
+def test_without_tensorflow_the_lab_trains_folders_and_names_the_package_tfds_needs(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        for split, count in (("train", 6), ("test", 2)):
+            os.makedirs(tmp_path / "images" / split / label, exist_ok=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "images" / split / label / f"{i}.jpg")
+    environment = dict(os.environ, KERAS_BACKEND="jax")
+    tiny = ["--image-size", "16", "--patch-size", "8", "--width", "8", "--num-heads", "2",
+            "--mlp-dim", "16", "--depth", "1", "--batch-size", "4", "--steps", "1",
+            "--input-pipeline", "python"]
+
+    def command(*argv, refused="tensorflow,tensorflow_datasets"):
+        return subprocess.run([sys.executable, "-c", NO_TENSORFLOW, refused, *argv], cwd=ROOT,
+                              env=environment, capture_output=True, text=True, timeout=300)
+
+    # The study's plan needs no TensorFlow: the lent GPU machine plans and runs it so.
+    planned = command("ablate", "--groups", "stems", "--dataset", f"folder:{tmp_path / 'images'}",
+                      *tiny, "--plan", "--output-dir", str(tmp_path / "study"))
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert (tmp_path / "study" / "plan" / "commands.txt").read_text().strip()
+    trained = command("train", "--dataset", f"folder:{tmp_path / 'images'}", *tiny,
+                      "--no-tensorboard", "--output-dir", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    # With TensorFlow but not tensorflow-datasets, a tfds: dataset names the package.
+    tfds = command("train", "--dataset", "tfds:mnist", *tiny[:-2], "--output-dir",
+                   str(tmp_path / "tfds_run"), refused="tensorflow_datasets")
+    assert tfds.returncode == 2, tfds.stderr[-3000:]
+    assert tfds.stderr.strip().splitlines()[-1] == (
+        "keras-vitnorm train: error: tfds:<name> datasets need tensorflow-datasets, which is not "
+        "installed: pip install 'keras-vitnorm[train]' (or read a folder of images, "
+        "folder:<path>, or digits)."), tfds.stderr
 
 
 @pytest.mark.one_backend

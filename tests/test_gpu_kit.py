@@ -72,7 +72,30 @@ def _kit_with(kit, archive, part):
     (parts / f"{archive.name}.sha256").write_text(f"{digest}  {archive.name}\n")
 
 
+#: The machine's image has no TensorFlow and no tensorflow-datasets
+#: (the device tool's package list): its site folder, on run.sh's PYTHONPATH, refuses them here.
+NO_TENSORFLOW = """
+import importlib.abc, importlib.util, sys
+
+REFUSED = ("tensorflow", "tensorflow_datasets")
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in REFUSED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+        return None
+
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *args: (
+    None if name.split(".")[0] in REFUSED else find_spec(name, *args))
+sys.meta_path.insert(0, Refuse())
+"""
+
+
 def _run(tmp_path, *argv):
+    site = tmp_path / "machine" / "site"
+    os.makedirs(site, exist_ok=True)
+    (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
     # GPU_RESULTS: the test's own committed studies, whatever the repository holds.
     env = dict(os.environ, PYTHON=sys.executable, GPU_KIT=str(tmp_path / "kit"),
                GPU_WORK=str(tmp_path / "machine"), GPU_RESULTS=str(tmp_path / "committed"),

@@ -16,10 +16,13 @@ import signal
 import sys
 import threading
 
-#: The extras of the lab: the packages each brings (pip name, module name).
+#: The extras of the lab: the packages each brings that every run of its commands imports
+#: (pip name, module name). tensorflow-datasets, also in the `train` extra, is needed by
+#: `tfds:` datasets only and says so where one is read
+#: (`keras_vitnorm.training.data.tfds_source`): a machine without TensorFlow trains
+#: folder and digits datasets through the python input pipeline.
 EXTRAS = {
-    "train": (("scikit-learn", "sklearn"), ("tensorflow-datasets", "tensorflow_datasets"),
-              ("pillow", "PIL"), ("tensorboard", "tensorboard")),
+    "train": (("scikit-learn", "sklearn"), ("pillow", "PIL"), ("tensorboard", "tensorboard")),
     "study": (("matplotlib", "matplotlib"), ("scipy", "scipy")),
 }
 #: An extra includes the extras it builds on.

@@ -7,7 +7,16 @@ these sources are read by the tf.data pipeline only
 """
 
 import numpy as np
-import tensorflow_datasets as tfds
+
+try:
+    import tensorflow_datasets as tfds
+except ModuleNotFoundError as error:
+    if error.name != "tensorflow_datasets":
+        raise
+    raise ModuleNotFoundError(
+        "tfds:<name> datasets need tensorflow-datasets, which is not installed: pip install "
+        "'keras-vitnorm[train]' (or read a folder of images, folder:<path>, or digits).",
+        name=error.name) from None
 
 from keras_vitnorm.training.data.sources import Dataset
 from keras_vitnorm.training.data.sources import Split
