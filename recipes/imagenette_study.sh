@@ -7,7 +7,7 @@
 #   <out>/imagenette   the eight variants (pre-LN, DPN, post-LN, DeepNorm, conv stem,
 #                      RMSNorm, DyT, BatchNorm), a learning-rate sweep of 5e-4, 1e-3
 #                      and 2e-3 on seed 0, then seeds 0, 1, 2 at each variant's rate
-#   <out>/calibrate    the same eight at 1e-3 for 330 steps, seed 0: how fast runs
+#   <out>/calibrate    the same eight at 1e-3 for 330 steps (33 warm-up), seed 0: how fast runs
 #                      train 8 at a time on the GPU at hand, for planning the rest
 #
 # Recipe: big_vision's AugReg ImageNet setup scaled to 8,522 training images: AdamW at
@@ -65,6 +65,6 @@ if wants imagenette; then
         --seeds 0 1 2 "$@" --output-dir "$out/imagenette"
 fi
 if wants calibrate; then
-    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate "${recipe[@]}" --steps 330 --seeds 0 \
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate "${recipe[@]}" --steps 330 --warmup-steps 33 --seeds 0 \
         "$@" --output-dir "$out/calibrate"
 fi
