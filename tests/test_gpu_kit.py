@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -92,14 +93,14 @@ sys.meta_path.insert(0, Refuse())
 """
 
 
-def _run(tmp_path, *argv):
+def _run(tmp_path, *argv, **environment):
     site = tmp_path / "machine" / "site"
     os.makedirs(site, exist_ok=True)
     (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
     # GPU_RESULTS: the test's own committed studies, whatever the repository holds.
     env = dict(os.environ, PYTHON=sys.executable, GPU_KIT=str(tmp_path / "kit"),
                GPU_WORK=str(tmp_path / "machine"), GPU_RESULTS=str(tmp_path / "committed"),
-               OUT=str(tmp_path / "out"))
+               OUT=str(tmp_path / "out"), **environment)
     env.pop("KERAS_BACKEND", None)
     os.makedirs(tmp_path / "out", exist_ok=True)
     return subprocess.run(["bash", RUN_SH, *argv], env=env, capture_output=True, text=True,
@@ -125,6 +126,18 @@ def test_the_gpu_study_script_stages_trains_resumes_and_exports_on_the_cpu(tmp_p
         f"{name}.tar.part-00", f"{name}.tar.part-01", f"{name}.tar.sha256"]
 
     os.remove(tmp_path / "kit" / "parts" / f"{name}.tar.part-01")  # the third call's carry
+    if dataset == "imagenette":
+        # A call whose time runs out while its runs train: within its SECONDS it stops
+        # them and still brings back their logs, the tables' log and the export.
+        started = time.monotonic()
+        done = _run(tmp_path, dataset, study_name, "2", "40", *TINY, GPU_TABLES_SECONDS="12")
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert took < 40 + 5, (took, done.stdout[-3000:])
+        assert _finished_runs(tmp_path / "out" / f"{study_name}.tar.gz") == []
+        with tarfile.open(tmp_path / "out" / f"{study_name}-logs.tar.gz") as tar:
+            assert sum(name.endswith(".job.json.log") for name in tar.getnames()) == 2
+        assert os.path.exists(tmp_path / "out" / "tables.log")
     done = _run(tmp_path, dataset, study_name, "2", "300", *TINY)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     study = tmp_path / "machine" / "studies" / study_name

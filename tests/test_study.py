@@ -1248,8 +1248,11 @@ def test_the_imagenette_recipe_is_the_papers_geometry_with_the_test_split_read_a
     # the calibration: the same runs, shorter, one seed, no sweep
     assert calibrate["lr_sweep"] is None and calibrate["seeds"] == [0]
     assert calibrate["config"]["steps"] < config["steps"]
-    assert {k: v for k, v in calibrate["config"].items() if k not in ("steps", "seed")} == {
-        k: v for k, v in config.items() if k not in ("steps", "seed")}
+    for run in (config, calibrate["config"]):  # warm-up leaves steps to decay over
+        assert 0 < run["warmup_steps"] < run["steps"]
+    shorter = ("steps", "warmup_steps", "seed")
+    assert {k: v for k, v in calibrate["config"].items() if k not in shorter} == {
+        k: v for k, v in config.items() if k not in shorter}
     done, _ = run_recipe(tmp_path, recipe, str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert done.returncode == 2 and "has no train/ folder" in done.stderr
 
@@ -1548,6 +1551,11 @@ def test_a_plan_is_one_resumable_command_per_run_and_tables_only_collects_them(
         assert cli.main(["ablate-job", path, "--verbose", "0"]) == 0
     assert cli.main(["ablate-job", files[1], "--verbose", "0"]) == 0  # again: nothing to do
     assert len(trained) == 3
+    # Each job analyzed its own run, on the probe images the tables step uses.
+    analyses = [os.path.join(moved, "norm_types", variant, rate, "seed_0", "analysis.json")
+                for variant in ("layernorm", "rmsnorm") for rate in ("lr_0.001", "lr_0.003")]
+    written = [os.stat(path).st_mtime_ns for path in analyses]
+    assert all(durable.read_json(path)["probe_images"] == 64 for path in analyses)
     # The sweep is done: the plan is now the other seed of each variant at its rate.
     commands = run_study(config, ["norm_types"], [0, 1], moved, {"norm_types": ["rmsnorm"]},
                          verbose=0, mode="plan", lr_sweep=[1e-3, 3e-3])
@@ -1559,6 +1567,7 @@ def test_a_plan_is_one_resumable_command_per_run_and_tables_only_collects_them(
                      verbose=1, mode="tables", lr_sweep=[1e-3, 3e-3])
     assert [(r["variant"], r["seed"]) for r in rows] == [("layernorm", 0), ("rmsnorm", 0)]
     assert "seed 1: not finished, left out of the tables" in capsys.readouterr().out
+    assert [os.stat(path).st_mtime_ns for path in analyses] == written  # read, not redone
     assert os.path.exists(os.path.join(moved, "norm_types_lr_selection.md"))
     with pytest.raises(ValueError, match="commands.txt is not valid JSON"):
         plan.run_job(os.path.join(moved, "plan", "commands.txt"))

@@ -95,8 +95,16 @@ def read_job(path):
 
 
 def run_job(path, verbose=None):
-    """Trains, resumes or skips (if finished) the run of the job file at `path`; returns
-    its result row (`keras_vitnorm.study.runs.run_one`)."""
+    """Trains, resumes or skips (if finished) the run of the job file at `path`, then
+    writes its `analysis.json` where it completed; returns its result row
+    (`keras_vitnorm.study.runs.run_one`).
+
+    The job analyzes its own run, on the study's probe images, so that the runs of a
+    plan are analyzed side by side where they trained, and `--tables-only` only reads
+    the files instead of loading every run's model one after another.
+    """
+    from keras_vitnorm.study.runs import probe_images
+    from keras_vitnorm.study.runs import run_analysis
     from keras_vitnorm.study.runs import run_one
     from keras_vitnorm.training import TrainConfig
 
@@ -105,6 +113,9 @@ def run_job(path, verbose=None):
         config = TrainConfig(**content["config"])
     except TypeError as error:  # a setting this version does not have
         raise ValueError(f"{path} holds settings this version cannot take ({error}).") from None
-    return run_one(config, content["group"], content["name"], content["run_dir"],
-                   content.get("verbose", 2) if verbose is None else verbose,
-                   take_over_lock=content.get("take_over_lock", False), analyze=False)
+    row = run_one(config, content["group"], content["name"], content["run_dir"],
+                  content.get("verbose", 2) if verbose is None else verbose,
+                  take_over_lock=content.get("take_over_lock", False), analyze=False)
+    if row["status"] == "completed":
+        run_analysis(content["run_dir"], probe_images(config))
+    return row

@@ -34,8 +34,6 @@ import dataclasses
 import json
 import os
 
-import numpy as np
-
 from keras_vitnorm import durable
 from keras_vitnorm.study import lr_sweep as lr_sweep_lib
 from keras_vitnorm.study import patch_statistics
@@ -43,6 +41,7 @@ from keras_vitnorm.study import plan as plan_lib
 from keras_vitnorm.study import workers
 from keras_vitnorm.study.report import dpn_mechanism
 from keras_vitnorm.study.report import make_figures
+from keras_vitnorm.study.runs import probe_images
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.tables import write_results
@@ -156,7 +155,7 @@ class _Study:
     def run(self, plan, seeds, lr_sweep, sweep_seeds):
         _check_study_config(self.base, self.output_dir)
         if self.mode != "plan":
-            self.probe_images = _probe_images(self.base)
+            self.probe_images = probe_images(self.base)
         if lr_sweep:
             sweep = [(group, lr_sweep_lib.at_rates(variants, lr_sweep)) for group, variants in plan]
             sweep_rows = self.rows(self.jobs(sweep, sweep_seeds, rate_dirs=True), sweep_seeds,
@@ -283,22 +282,6 @@ def _train_in_parallel(jobs, output_dir, parallel, threads, verbose, take_over_l
         print(f"{len(work)} run(s) to train, {parallel} at a time with {threads} thread(s) each")
     workers.train_in_workers(work, parallel, lambda job: workers.start_child(job, threads),
                              on_finish=on_finish, say=print if verbose else None)
-
-
-def _probe_images(base, count=64):
-    """The first `count` validation images of the study's dataset, in model format."""
-    from keras_vitnorm.training import data as data_lib
-
-    size = base.model.get("image_size")
-    if size is None:
-        return None  # the preset's own size: left to the caller
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    data = data_lib.load_dataset(base.dataset, base.val_fraction, base.data_dir, base.manual_dir,
-                                 skip_bad_images=bool(base.skip_bad_images),
-                                 pipeline=base.input_pipeline)
-    channels = base.model.get("num_channels", data.channels)
-    batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
-    return np.asarray(batch[0])
 
 
 def _check_study_config(base, output_dir):

@@ -8,6 +8,8 @@ model gives the study's figures.
 import csv
 import os
 
+import numpy as np
+
 from keras_vitnorm import durable
 from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm.training import train
@@ -64,6 +66,25 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
         "train_seconds": whole_train_seconds(metrics),
         "run_dir": run_dir,
     }
+
+
+def probe_images(config, count=64):
+    """The first `count` validation images of `config`'s dataset in model format: the
+    images a run's `analysis.json` measures its residual stream on (the same for every
+    run of a study, whose runs share the dataset and image size). `None` where the
+    config leaves the image size to its preset."""
+    from keras_vitnorm.training import data as data_lib
+
+    size = config.model.get("image_size")
+    if size is None:
+        return None
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    data = data_lib.load_dataset(config.dataset, config.val_fraction, config.data_dir,
+                                 config.manual_dir, skip_bad_images=bool(config.skip_bad_images),
+                                 pipeline=config.input_pipeline)
+    channels = config.model.get("num_channels", data.channels)
+    batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
+    return np.asarray(batch[0])
 
 
 def whole_train_seconds(metrics):

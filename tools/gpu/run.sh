@@ -8,17 +8,21 @@
 #       (recipes/cifar10_study.sh, recipes/imagenette_study.sh). Starts from the
 #       study's finished runs committed in docs/study-results/DATASET-STUDY, plans
 #       the runs that can train now (`ablate --plan`), trains the first RUNS of them
-#       side by side for at most SECONDS, writes the tables of every finished run and
-#       exports the study without weights to $OUT/STUDY.tar.gz.
+#       side by side, writes the tables of every finished run and exports the study
+#       without weights to $OUT/STUDY.tar.gz, all within SECONDS of the call's start:
+#       training stops GPU_TABLES_SECONDS (default 60) before, so that the tables and
+#       the export fit. Each run's log comes back in $OUT/STUDY-logs.tar.gz, and
+#       $OUT/monitor.txt has the GPU's use and the host's load every 10 s.
 #
-# A run still training when SECONDS are up is stopped. Its checkpoint stays in
+# A run still training when its time is up is stopped. Its checkpoint stays in
 # /tmp/studies while the machine is warm: the same command on the warm machine
-# resumes it; on a new machine it starts again.
+# resumes it; on a new machine it starts again. Compiled programs are kept in
+# /tmp/jax_cache for the warm machine's next call.
 #
 # GPU_KIT (default .gpu) and GPU_WORK (default /tmp) move the kit and the machine's
-# working folders (bin, site, parts, data, studies, export), and GPU_RESULTS (default
-# docs/study-results) the committed studies a study starts from, for a rehearsal on a
-# CPU (tests/test_gpu_kit.py).
+# working folders (bin, site, parts, data, studies, export, jax_cache), and
+# GPU_RESULTS (default docs/study-results) the committed studies a study starts from,
+# for a rehearsal on a CPU (tests/test_gpu_kit.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHON=${PYTHON:-python3} KERAS_BACKEND=jax PYTHONUNBUFFERED=1
@@ -29,7 +33,7 @@ if ls "$kit"/whl/*.whl > /dev/null 2>&1 && [ ! -d "$work/site/keras" ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$work/site" "$kit"/whl/*.whl || exit 1
 fi
-export PYTHONPATH=$work/site:$PWD
+export PYTHONPATH=$work/site:$PWD JAX_COMPILATION_CACHE_DIR=$work/jax_cache
 # `keras-vitnorm`, as the plan's commands call it.
 mkdir -p "$work/bin" "$work/parts" "$work/data" "$work/studies"
 printf '#!/usr/bin/env bash\nexec %s -m keras_vitnorm "$@"\n' "$PYTHON" > "$work/bin/keras-vitnorm"
@@ -44,6 +48,8 @@ if [ $# -lt 4 ]; then
 fi
 dataset=$1 study=$2 runs=$3 seconds=$4
 shift 4
+reserve=${GPU_TABLES_SECONDS:-60}
+deadline=$seconds  # SECONDS counts from the script's start
 case $dataset in
     cifar10) archive=cifar10-jpg recipe=recipes/cifar10_study.sh ;;
     imagenette) archive=imagenette2_224 recipe=recipes/imagenette_study.sh ;;
@@ -62,25 +68,54 @@ committed=${GPU_RESULTS:-docs/study-results}/$dataset-${study//_/-}
 if [ -d "$committed" ] && [ ! -d "$studies/$study" ]; then
     cp -r "$committed" "$studies/$study"
 fi
-command -v nvidia-smi > /dev/null \
-    && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while sleep 10; do  # ends with the call
+        echo "$(date +%T) $(nvidia-smi --query-gpu=utilization.gpu,memory.used \
+            --format=csv,noheader) load $(cut -d' ' -f1 /proc/loadavg)"
+    done > "$OUT/monitor.txt" 2>&1 &
+    monitor=$!
+fi
 study_command() {
     STUDIES=$study bash "$recipe" "$data" "$studies" "$@"
 }
+export -f study_command
+export study recipe data studies
 study_command "$@" --plan --parallel 1 --take-over-lock || exit 1
 # One run per line of the plan, side by side; each line's output beside its job file.
 run_line() { bash -c "$1 --verbose 2" > "${1##* }.log" 2>&1; }
 export -f run_line
 start=$SECONDS
+# A run stopped by SIGTERM writes its checkpoint; SIGKILL follows 20 s later.
+training=$((deadline - reserve - 20 - SECONDS))
+if [ "$training" -lt 1 ]; then
+    echo "no time left to train: SECONDS=$seconds leaves none after the ${reserve} s kept" \
+        "for the tables and export (GPU_TABLES_SECONDS)" >&2
+    exit 2
+fi
 head -n "$runs" "$studies/$study/plan/commands.txt" \
-    | timeout --signal=TERM --kill-after=20 "$seconds" xargs -P "$runs" -I{} bash -c 'run_line "$1"' _ {}
+    | timeout --signal=TERM --kill-after=20 "$training" xargs -P "$runs" -I{} bash -c 'run_line "$1"' _ {}
+# timeout stops xargs at once, its runs only after their checkpoints are written: wait
+# for them (SIGKILL after 20 s) before anything reads the study.
+runs_of_plan="ablate-job $studies/$study/plan/"
+for _ in $(seq 20); do
+    pgrep -f "$runs_of_plan" > /dev/null || break
+    sleep 1
+done
+pkill -KILL -f "$runs_of_plan" && sleep 1
 echo "training stopped after $((SECONDS - start)) s"
-study_command "$@" --tables-only --parallel 1 --take-over-lock > "$work/tables.log" 2>&1
+tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan 2>/dev/null
+# The export needs a few seconds: the tables get the rest of the time kept.
+timeout --kill-after=5 $((deadline - SECONDS - 10 > 1 ? deadline - SECONDS - 10 : 1)) \
+    bash -c 'study_command "$@" --tables-only --parallel 1 --take-over-lock' _ "$@" \
+    > "$work/tables.log" 2>&1 || echo "the tables did not finish (their log: tables.log)"
 tail -n 40 "$work/tables.log"
+cp "$work/tables.log" "$OUT/"
 rm -rf "$work/export/$study"
 "$PYTHON" -c "import sys; from keras_vitnorm.study import export_study; \
 print(export_study(sys.argv[1], sys.argv[2]), 'finished runs exported')" \
     "$studies/$study" "$work/export/$study"
 tar -czf "$OUT/$study.tar.gz" -C "$work/export" "$study"
-tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan "$work/tables.log" 2>/dev/null
+[ -n "${monitor:-}" ] && kill "$monitor" 2>/dev/null
+echo "call's script ended after $SECONDS s"
 ls -l "$OUT"
