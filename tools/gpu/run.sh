@@ -83,7 +83,13 @@ export -f study_command
 export study recipe data studies
 study_command "$@" --plan --parallel 1 --take-over-lock || exit 1
 # One run per line of the plan, side by side; each line's output beside its job file.
-run_line() { bash -c "$1 --verbose 2" > "${1##* }.log" 2>&1; }
+# Each line of a run's log starts with the seconds since the run began (its phases:
+# reading the data, compiling, each epoch).
+run_line() {
+    bash -c "$1 --verbose 2" 2>&1 | while IFS= read -r line; do
+        printf '%5d %s\n' "$SECONDS" "$line"
+    done > "${1##* }.log"
+}
 export -f run_line
 start=$SECONDS
 # A run stopped by SIGTERM writes its checkpoint; SIGKILL follows 20 s later.
