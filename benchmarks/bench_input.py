@@ -10,7 +10,10 @@ Under the running Keras backend, times (1) reading `--batches` training batches 
 PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed; or those
 `--pipelines` names), with the augmentation of `--recipe`, one batch after another
 in this process as `fit` reads them (the `python` pipeline twice: decoding the files,
-then again from the decoded images it keeps, as in every pass after the first); and
+then again from the decoded images it keeps, as in every pass after the first; and,
+where its augmentation is one compiled program, a third time the host's part alone:
+what it gathers and draws for the program, which bounds the input where the program
+runs on a GPU); and
 (2) the training step (`train_on_batch`: forward, backward, AdamW) of the recipe's
 model on one batch. Each is the median over `--rounds` rounds. The input is not the
 bottleneck while a pipeline's images per second stay well above the step's: the
@@ -85,7 +88,7 @@ def main(argv=None):
     for pipeline in pipelines:
         data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
         channels = data.channels
-        times, again = [], []
+        times, again, host = [], [], []
         for round_index in range(args.rounds):
             start = round_index * args.batches
             stream = data_lib.train_stream(data, size, channels, args.batch_size, 0, augmentation,
@@ -103,11 +106,19 @@ def main(argv=None):
                 for index in range(args.batches):
                     ready(stream[index])
                 again.append(time.perf_counter() - began)
+            if pipeline == "python" and stream.has_program:
+                began = time.perf_counter()
+                for index in range(args.batches):
+                    stream.program_inputs(index)
+                host.append(time.perf_counter() - began)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))
         if again:
             rows.append((f"{pipeline} input, images kept decoded",
                          args.batch_size * args.batches / statistics.median(again)))
+        if host:
+            rows.append((f"{pipeline} input, the host's part alone (kept images)",
+                         args.batch_size * args.batches / statistics.median(host)))
 
     keras.utils.set_random_seed(0)
     model = compile_like_fit(ViT(image_size=args.image_size, num_channels=channels, num_classes=10,

@@ -181,18 +181,26 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
     return image[:, ::-1] if flip else image
 
 
-def crop_taps(crop, augmentation, image_size):
-    """The `sampling_taps` of a crop of `crop_draws`: a pad crop's window is a grid of
-    whole pixels shifted by the padding, whose points in the padding lie outside."""
+def crop_grid(crop, augmentation, image_size):
+    """`(ys, xs)`, the sampling grid of a crop of `crop_draws` in the image's pixel
+    coordinates: a pad crop's window is a grid of whole pixels shifted by the padding,
+    whose points in the padding lie outside."""
     height, width = image_size
     if crop is None:
-        ys, xs = np.arange(height), np.arange(width)
-    elif crop[0] == "pad":
+        return np.arange(height), np.arange(width)
+    if crop[0] == "pad":
         pad = augmentation.crop_padding
-        ys, xs = np.arange(height) + (crop[1] - pad), np.arange(width) + (crop[2] - pad)
-    else:
-        ys, xs = crop[1:]
-    return sampling_taps(ys, xs, height, width)
+        return np.arange(height) + (crop[1] - pad), np.arange(width) + (crop[2] - pad)
+    return crop[1:]
+
+
+def batch_crop_taps(crops, augmentation, image_size):
+    """The `sampling_taps` of each crop of `crops`, stacked: each part `(n, size)`.
+    `sampling_taps` works elementwise, so the batch's grids go through it at once."""
+    grids = [crop_grid(crop, augmentation, image_size) for crop in crops]
+    ys = np.stack([grid[0] for grid in grids])
+    xs = np.stack([grid[1] for grid in grids])
+    return sampling_taps(ys, xs, *image_size)
 
 
 def _window_of_padded(image, pad, top, left, height, width):
@@ -359,9 +367,13 @@ class TrainBatches(keras.utils.PyDataset):
                                     self._rng(position))
         return image, index
 
-    def __getitem__(self, step_index):
+    def _positions(self, step_index):
+        """The step of batch `step_index` and the stream positions of its examples."""
         step = self.start_step + step_index
-        positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size)[self.share]
+        return step, np.arange(step * self.batch_size, (step + 1) * self.batch_size)[self.share]
+
+    def __getitem__(self, step_index):
+        step, positions = self._positions(step_index)
         layer = self.mixing.layer(step)
         program = self._program(layer)
         if program is None:
@@ -372,20 +384,32 @@ class TrainBatches(keras.utils.PyDataset):
             labels = self.read.one_hot(np.array(indices), self.num_classes)
             images, labels = self.mixing(layer, images, labels, step)
             return to_model_range(images), labels
+        return program(*self.program_inputs(step_index))
+
+    @property
+    def has_program(self):
+        """Whether the batches come from the compiled augmentation program (the fast
+        path `augmentation_program`, under JAX)."""
+        return self._program(self.mixing.layer(self.start_step)) is not None
+
+    def program_inputs(self, step_index):
+        """What the host gives the augmentation program for batch `step_index`: the
+        kept images as they are, the crops' stacked sampling taps, the flips, the
+        RandAugment keys, the one-hot labels and the mixing key (the host's whole part
+        of a batch, which `benchmarks/bench_input.py` times on its own)."""
+        step, positions = self._positions(step_index)
+        layer = self.mixing.layer(step)
         indices = np.array([self._index(p) for p in positions])
         kept = [self.read.stored(i) for i in indices]
         images = np.stack(kept) if len({k.dtype for k in kept}) == 1 else np.stack(
             [k.astype(np.float32) for k in kept])
         draws = [crop_draws(self.augmentation, self.image_size, self._rng(p)) for p in positions]
-        taps = [np.stack(parts) for parts in zip(*(crop_taps(crop, self.augmentation,
-                                                             self.image_size)
-                                                   for crop, _ in draws))]
+        taps = batch_crop_taps([crop for crop, _ in draws], self.augmentation, self.image_size)
         flips = np.array([flip for _, flip in draws])
         keys = (self.randaugment.keys(positions) if self.randaugment is not None
                 else np.zeros((len(positions), 2), np.int32))
         mix_key = self.mixing.key(layer, step)
-        return program(images, taps, flips, keys, self.read.one_hot(indices, self.num_classes),
-                       mix_key)
+        return images, taps, flips, keys, self.read.one_hot(indices, self.num_classes), mix_key
 
     def _program(self, layer):
         """The compiled augmentation of a batch mixed by `layer` (`None`: no mixing), or
