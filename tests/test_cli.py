@@ -12,6 +12,7 @@ import pytest
 from keras_vitnorm import choices
 from keras_vitnorm import framework_logs
 from keras_vitnorm.study.variants import VARIANT_GROUPS
+from test_gpu_kit import refusing
 from test_training import ROOT
 from test_training import TINY
 from test_training import run_python
@@ -184,25 +185,10 @@ console()
 """
 
 
-NO_TENSORFLOW = """
-import importlib.abc, importlib.util, sys
-
-# As the lent GPU machine's image: JAX and the lab's other packages, no TensorFlow and
-# no tensorflow-datasets (argv[1]: the packages refused, comma-separated).
-REFUSED = sys.argv[1].split(",")
-
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in REFUSED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
-        return None
-
-find_spec = importlib.util.find_spec
-importlib.util.find_spec = lambda name, *args: (
-    None if name.split(".")[0] in REFUSED else find_spec(name, *args))
-sys.meta_path.insert(0, Refuse())
+#: A `keras-vitnorm` command run by `python -c` with its arguments.
+CONSOLE = """
 from keras_vitnorm.cli import console
-sys.argv = ["keras-vitnorm", *sys.argv[2:]]
+sys.argv = ["keras-vitnorm", *sys.argv[1:]]
 console()
 """
 
@@ -223,8 +209,9 @@ def test_without_tensorflow_the_lab_trains_folders_and_names_the_package_tfds_ne
             "--mlp-dim", "16", "--depth", "1", "--batch-size", "4", "--steps", "1",
             "--input-pipeline", "python"]
 
-    def command(*argv, refused="tensorflow,tensorflow_datasets"):
-        return subprocess.run([sys.executable, "-c", NO_TENSORFLOW, refused, *argv], cwd=ROOT,
+    def command(*argv, refused=("tensorflow", "tensorflow_datasets")):
+        code = refusing(*refused) + CONSOLE
+        return subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT,
                               env=environment, capture_output=True, text=True, timeout=300)
 
     # The study's plan needs no TensorFlow: the lent GPU machine plans and runs it so.
@@ -237,7 +224,7 @@ def test_without_tensorflow_the_lab_trains_folders_and_names_the_package_tfds_ne
     assert trained.returncode == 0, trained.stderr[-3000:]
     # With TensorFlow but not tensorflow-datasets, a tfds: dataset names the package.
     tfds = command("train", "--dataset", "tfds:mnist", *tiny[:-2], "--output-dir",
-                   str(tmp_path / "tfds_run"), refused="tensorflow_datasets")
+                   str(tmp_path / "tfds_run"), refused=("tensorflow_datasets",))
     assert tfds.returncode == 2, tfds.stderr[-3000:]
     assert tfds.stderr.strip().splitlines()[-1] == (
         "keras-vitnorm train: error: tfds:<name> datasets need tensorflow-datasets, which is not "

@@ -73,17 +73,19 @@ def _kit_with(kit, archive, part):
     (parts / f"{archive.name}.sha256").write_text(f"{digest}  {archive.name}\n")
 
 
-#: The machine's image has no TensorFlow and no tensorflow-datasets
-#: (the device tool's package list): its site folder, on run.sh's PYTHONPATH, refuses them here.
-NO_TENSORFLOW = """
+def refusing(*modules):
+    """Python source that makes the process it runs in refuse to import `modules` and
+    their submodules (and `importlib.util.find_spec` not find them), as where they are
+    not installed."""
+    return f"""
 import importlib.abc, importlib.util, sys
 
-REFUSED = ("tensorflow", "tensorflow_datasets")
+REFUSED = {modules!r}
 
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in REFUSED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name.split(".")[0])
         return None
 
 find_spec = importlib.util.find_spec
@@ -91,6 +93,11 @@ importlib.util.find_spec = lambda name, *args: (
     None if name.split(".")[0] in REFUSED else find_spec(name, *args))
 sys.meta_path.insert(0, Refuse())
 """
+
+
+#: The machine's image has no TensorFlow and no tensorflow-datasets (the device tool's
+#: package list): its site folder, on run.sh's PYTHONPATH, refuses them here.
+NO_TENSORFLOW = refusing("tensorflow", "tensorflow_datasets")
 
 
 def _run(tmp_path, *argv, **environment):
