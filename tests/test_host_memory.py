@@ -94,7 +94,9 @@ def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatc
 
     events = []
     monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: events.append("retain"))
-    monkeypatch.setattr(runs, "run_one", lambda *args, **kwargs: events.append("train"))
+    # A stand-in for training; a diverged run has no analysis to write.
+    monkeypatch.setattr(runs, "run_one",
+                        lambda *args, **kwargs: events.append("train") or {"status": "diverged"})
     job = {"config": TrainConfig(dataset="synthetic", steps=1).to_dict(), "group": "g",
            "name": "n", "run_dir": str(tmp_path / "run"), "verbose": 0, "take_over_lock": False}
     (tmp_path / "job.json").write_text(json.dumps(job))
