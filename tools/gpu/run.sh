@@ -114,7 +114,12 @@ tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan 2>/dev/null
 # The export needs a few seconds: the tables get the rest of the time kept.
 timeout --kill-after=5 $((deadline - SECONDS - 10 > 1 ? deadline - SECONDS - 10 : 1)) \
     bash -c 'study_command "$@" --tables-only --parallel 1 --take-over-lock' _ "$@" \
-    > "$work/tables.log" 2>&1 || echo "the tables did not finish (their log: tables.log)"
+    > "$work/tables.log" 2>&1
+case $? in
+    0) ;;
+    124|137) echo "the tables were stopped at the call's time (their log: tables.log)" ;;
+    *) echo "the tables step failed (its log: tables.log)" ;;
+esac
 tail -n 40 "$work/tables.log"
 cp "$work/tables.log" "$OUT/"
 rm -rf "$work/export/$study"
