@@ -168,29 +168,14 @@ def test_a_command_without_its_extra_says_which_extra_to_install(monkeypatch, ca
                          "pip install 'keras-vitnorm[study]' (missing: not-installed)."), error
 
 
-NO_BACKEND = """
-import importlib.abc, sys
-
-class NoBackend(importlib.abc.MetaPathFinder):
-    # As an environment with no backend installed (a plain `pip install keras-vitnorm`).
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "jax", "jaxlib", "torch"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
-        return None
-
-sys.meta_path.insert(0, NoBackend())
-from keras_vitnorm.cli import console
-sys.argv = ["keras-vitnorm", "train", "--steps", "2"]
-console()
-"""
-
-
 #: A `keras-vitnorm` command run by `python -c` with its arguments.
 CONSOLE = """
 from keras_vitnorm.cli import console
 sys.argv = ["keras-vitnorm", *sys.argv[1:]]
 console()
 """
+#: The same where no backend is installed (a plain `pip install keras-vitnorm`).
+NO_BACKEND = refusing("tensorflow", "jax", "jaxlib", "torch") + CONSOLE
 
 
 @pytest.mark.one_backend
@@ -240,7 +225,8 @@ def test_a_command_without_a_backend_says_which_extra_to_install(tmp_path, backe
         environment["KERAS_BACKEND"] = backend
     # Keras reads its default backend from KERAS_HOME's keras.json: none here (tensorflow).
     environment["KERAS_HOME"] = str(tmp_path)
-    result = subprocess.run([sys.executable, "-c", NO_BACKEND], cwd=ROOT, env=environment,
+    result = subprocess.run([sys.executable, "-c", NO_BACKEND, "train", "--steps", "2"],
+                            cwd=ROOT, env=environment,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     expected = backend or "tensorflow"
