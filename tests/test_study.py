@@ -1491,6 +1491,35 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
         run_study(config, ["norm_types"], [0], study, mode="tables", lr_sweep=[0.1, 0.2])
 
 
+@pytest.mark.one_backend
+def test_a_sweep_collected_part_way_tables_no_variant_from_runs_at_several_rates(tmp_path):
+    # The study's tables compare each variant at its chosen rate; the sweep's runs, at
+    # every rate, go to lr_sweep.csv and the selection table alone (and are exported).
+    study = str(tmp_path / "study")
+    config = base_config()
+    config.grad_norm_every, config.warmup_steps = None, 0
+    args = (config, ["norm_types"], [0, 1], study, {"norm_types": ["rmsnorm"]})
+    commands = run_study(*args, verbose=0, mode="plan", lr_sweep=[1e-3, 3e-3])
+    jobs = [command.split()[-1] for command in commands]
+    for job in (jobs[0], jobs[2]):  # both variants at 1e-3: no rate chosen yet
+        assert cli.main(["ablate-job", job, "--verbose", "0"]) == 0
+    assert run_study(*args, verbose=0, mode="tables", lr_sweep=[1e-3, 3e-3]) == []
+    assert len(read_csv_rows(os.path.join(study, "lr_sweep.csv"))) == 2
+    assert os.path.exists(os.path.join(study, "norm_types_lr_selection.md"))
+    assert not os.path.exists(os.path.join(study, "results.csv"))
+    assert not os.path.exists(os.path.join(study, "norm_types.md"))
+    assert cli.main(["ablate-job", jobs[1], "--verbose", "0"]) == 0  # layernorm's sweep done
+    rows = run_study(*args, verbose=0, mode="tables", lr_sweep=[1e-3, 3e-3])
+    assert [(r["variant"], r["seed"]) for r in rows] == [("layernorm", 0)]
+    results = read_csv_rows(os.path.join(study, "results.csv"))
+    assert [(r["variant"], float(r["learning_rate"])) for r in results] == [
+        ("layernorm", rows[0]["learning_rate"])]
+    assert "| layernorm | 1 |" in open(os.path.join(study, "norm_types.md")).read()
+    exported = str(tmp_path / "exported")
+    assert export_study(study, exported) == 3
+    assert len(read_csv_rows(os.path.join(exported, "lr_sweep.csv"))) == 3
+
+
 def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_diverged():
     from keras_vitnorm.study.lr_sweep import select
 

@@ -45,6 +45,7 @@ from keras_vitnorm.study.runs import probe_images
 from keras_vitnorm.study.runs import read_metrics
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.tables import write_results
+from keras_vitnorm.study.tables import write_rows
 from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import run_files
@@ -159,7 +160,7 @@ class _Study:
         if lr_sweep:
             sweep = [(group, lr_sweep_lib.at_rates(variants, lr_sweep)) for group, variants in plan]
             sweep_rows = self.rows(self.jobs(sweep, sweep_seeds, rate_dirs=True), sweep_seeds,
-                                   required=False)
+                                   required=False, sweep=True)
             if self.mode == "tables" and not sweep_rows:
                 raise ValueError(f"No run of this plan's learning-rate sweep has finished in "
                                  f"{self.output_dir}: there is nothing to table. Leave out "
@@ -210,11 +211,14 @@ class _Study:
                     jobs.append((group, name, config, run_dir))
         return jobs
 
-    def rows(self, jobs, seeds, required=True):
+    def rows(self, jobs, seeds, required=True, sweep=False):
         """The result rows of `jobs` after training them (mode `"train"`); those that
         have finished otherwise. Mode `"plan"` notes the unfinished jobs and returns
         the finished ones' rows. `required`: with no finished run in mode `"tables"`,
-        raise instead of returning none."""
+        raise instead of returning none. The rows are written as they come, to
+        `results.csv` and the study's tables, or, for a learning-rate `sweep`'s jobs
+        (each variant at every rate), to `lr_sweep.csv` alone: the tables compare
+        each variant at its chosen rate."""
         # Every variant's first seed trains before any variant's second, so a long study
         # that is stopped part-way already compares all its variants.
         order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
@@ -233,7 +237,7 @@ class _Study:
         elif self.parallel > 1:
             _train_in_parallel([jobs[i] for i in order], self.output_dir, self.parallel,
                                self.threads, self.verbose, self.take_over_lock,
-                               on_finish=lambda job: self._write(jobs))
+                               on_finish=lambda job: self._write(jobs, sweep))
         done = {}  # job index -> result row; the tables list them in the plan's order
         for i in order:
             group, name, config, run_dir = jobs[i]
@@ -241,13 +245,19 @@ class _Study:
             done[i] = run_one(config, group, name, run_dir, verbose, self.take_over_lock,
                               self.probe_images, analyze=self.mode != "plan")
             if self.mode != "plan":
-                write_results([done[j] for j in sorted(done)], self.output_dir)  # read early
+                self._write_rows([done[j] for j in sorted(done)], sweep)  # read early
         return [done[i] for i in sorted(done)]
 
-    def _write(self, jobs):
-        rows = [run_one(config, group, name, run_dir, 0, self.take_over_lock, self.probe_images)
-                for group, name, config, run_dir in jobs if _finished(run_dir)]
-        write_results(rows, self.output_dir)
+    def _write(self, jobs, sweep):
+        self._write_rows([run_one(config, group, name, run_dir, 0, self.take_over_lock,
+                                  self.probe_images)
+                          for group, name, config, run_dir in jobs if _finished(run_dir)], sweep)
+
+    def _write_rows(self, rows, sweep):
+        if sweep:
+            write_rows(rows, self.output_dir, "lr_sweep.csv")
+        else:
+            write_results(rows, self.output_dir)
 
     @staticmethod
     def _unfinished(jobs):
