@@ -226,3 +226,61 @@ def test_each_efficiency_part_calls_the_benchmark_with_arguments_it_accepts(tmp_
     bad = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "efficiency.sh"), "b32"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage: " in bad.stderr
+
+
+def _plan(recipe_data, studies, study):
+    """The recipe's `--plan` for `study` as run.sh calls it, with `recipe_data` as the
+    dataset folder (planning reads no image)."""
+    env = dict(os.environ, PYTHON=sys.executable, STUDIES=study)
+    env.pop("KERAS_BACKEND", None)
+    done = subprocess.run(["bash", os.path.join(ROOT, "recipes", "cifar10_study.sh"), recipe_data,
+                           str(studies), "--plan", "--parallel", "1"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return (studies / study / "plan" / "commands.txt").read_text().splitlines()
+
+
+@pytest.mark.one_backend
+def test_the_committed_converged_lr_study_is_the_recipes_plan_on_the_gpu_machine(tmp_path):
+    """docs/study-results/cifar10-converged-lr, where each lent session's
+    `cifar10 converged_lr` call starts, holds the converged comparison's runs at 1e-3
+    (its README): the recipe on the GPU machine (run.sh's data folder,
+    /tmp/data/cifar10-jpg) plans the same study, those runs' settings are the plan's
+    at 1e-3 but for the data folder and output directory, and it plans only the rest
+    of the sweep."""
+    import json
+
+    committed = os.path.join(ROOT, "docs", "study-results", "cifar10-converged-lr")
+    machine_data = "/tmp/data/cifar10-jpg"
+    fresh = _plan(machine_data, tmp_path / "fresh", "converged_lr")
+    with open(tmp_path / "fresh" / "converged_lr" / "study_config.json") as f:
+        planned_base = json.load(f)
+    with open(os.path.join(committed, "study_config.json")) as f:
+        assert json.load(f) == planned_base
+    assert len(fresh) == 24  # the sweep: 8 variants x 3 rates, seed 0
+
+    def job(line):
+        with open(line.split()[-1]) as f:
+            return json.load(f)
+
+    adopted = 0
+    for line in fresh:
+        planned = job(line)
+        run_dir = os.path.join(committed, planned["run_dir"])
+        if "/lr_0.001/" not in planned["run_dir"] + "/":
+            assert not os.path.exists(run_dir)
+            continue
+        for seed in (0, 1, 2):
+            with open(os.path.join(os.path.dirname(run_dir), f"seed_{seed}",
+                                   "train_config.json")) as f:
+                trained = json.load(f)
+            expected = {**planned["config"], "seed": seed}
+            assert trained["dataset"] != expected["dataset"]
+            for key in ("dataset", "output_dir"):
+                trained.pop(key), expected.pop(key)
+            assert trained == expected, planned["run_dir"]
+            adopted += 1
+    assert adopted == 24
+    shutil.copytree(committed, tmp_path / "machine" / "converged_lr")
+    rest = _plan(machine_data, tmp_path / "machine", "converged_lr")
+    assert len(rest) == 16 and not any("lr_0.001" in line for line in rest)
