@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
+import bench_packing  # noqa: E402
 import bench_parallel  # noqa: E402
 import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
@@ -104,6 +105,8 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "l16"]),
+    (bench_packing, ["--packs", "2", "0"]),
+    (bench_packing, ["--steps", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -878,3 +881,26 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     found = json.loads((tmp_path / "largest.json").read_text())["largest_batch"]
     assert [t["batch"] for t in found["keras_vitnorm (torch)"]["tries"]] == [4]  # 2 from the table
     assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
+
+
+@pytest.mark.one_backend
+def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack():
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "1", "3",
+         "--steps", "2", "--rounds", "1", "--check"],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = re.search(r"3 runs in one program against each alone after 2 steps \(float32\): "
+                        r"largest difference (\S+) of the variables' scale", done.stdout)
+    assert checked and float(checked.group(1)) <= 1e-4, done.stdout
+    rows = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$", done.stdout, re.M)
+    assert [packs for packs, _ in rows] == ["1", "3"] and rows[0][1] == "1.00"
+
+
+def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    with pytest.raises(SystemExit, match="run it with KERAS_BACKEND=jax"):
+        bench_packing.main(["--model", "tiny"])
