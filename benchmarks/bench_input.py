@@ -15,7 +15,9 @@ where its augmentation is one compiled program, a third time the host's part alo
 what it gathers and draws for the program, which bounds the input where the program
 runs on a GPU); and
 (2) the training step (`train_on_batch`: forward, backward, AdamW) of the recipe's
-model on one batch. Each is the median over `--rounds` rounds. The input is not the
+model on one batch already on the device (as the `python` pipeline's program and
+tf.data's prefetch give it), in `--mixed-precision` (the study recipes train in
+`mixed_bfloat16`). Each is the median over `--rounds` rounds. The input is not the
 bottleneck while a pipeline's images per second stay well above the step's: the
 table gives the ratio.
 
@@ -65,6 +67,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="crops",
                         help="the augmentation and model (module docstring)")
+    parser.add_argument("--mixed-precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                        help="the training step's precision (the study recipes': mixed_bfloat16)")
     parser.add_argument("--pipelines", nargs="+", choices=PIPELINES,
                         help="the input pipelines to time (default: python, and tf.data "
                              "where TensorFlow is installed)")
@@ -121,11 +126,14 @@ def main(argv=None):
                          args.batch_size * args.batches / statistics.median(host)))
 
     keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(args.mixed_precision)
     model = compile_like_fit(ViT(image_size=args.image_size, num_channels=channels, num_classes=10,
                                  **model_options))
     rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (args.batch_size, *size, channels)).astype("float32")
-    y = rng.integers(0, 10, (args.batch_size,))
+    # on the device once, as the input pipelines hand batches to fit
+    x = keras.ops.convert_to_tensor(
+        rng.uniform(-1, 1, (args.batch_size, *size, channels)).astype("float32"))
+    y = keras.ops.convert_to_tensor(rng.integers(0, 10, (args.batch_size,)))
     for _ in range(2):
         model.train_on_batch(x, y)  # compile and warm up
     steps = []
@@ -142,7 +150,7 @@ def main(argv=None):
     print("| what | images/s | vs the training step |\n|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")
-    print(f"| training step ({model_name}) | {step_rate:,.0f} | 1.0x |")
+    print(f"| training step ({model_name}, {args.mixed_precision}) | {step_rate:,.0f} | 1.0x |")
 
 
 if __name__ == "__main__":

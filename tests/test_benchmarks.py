@@ -643,18 +643,22 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
 
     import keras
 
-    bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
-                      "--batches", "2", "--rounds", "1"])
+    try:
+        bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
+                          "--batches", "2", "--rounds", "1", "--mixed-precision", "mixed_bfloat16"])
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"  # the step's precision
+    finally:
+        keras.config.set_dtype_policy("float32")
     table = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
-    expected = ["python input, first read", "python input, images kept decoded",
-                "training step (study model)"]
+    step = "training step (study model, mixed_bfloat16)"
+    expected = ["python input, first read", "python input, images kept decoded", step]
     if keras.backend.backend() == "jax":  # the augmentation program: the host's part timed
         expected.append("python input, the host's part alone (kept images)")
     if importlib.util.find_spec("tensorflow"):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
-    assert rows["training step (study model)"].endswith("| 1.0x |")
+    assert rows[step].endswith("| 1.0x |")
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):
