@@ -284,3 +284,24 @@ def test_the_committed_converged_lr_study_is_the_recipes_plan_on_the_gpu_machine
     shutil.copytree(committed, tmp_path / "machine" / "converged_lr")
     rest = _plan(machine_data, tmp_path / "machine", "converged_lr")
     assert len(rest) == 16 and not any("lr_0.001" in line for line in rest)
+
+
+def test_a_data_part_is_what_a_call_carries_beside_the_tree_and_the_wheels(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
+    import carry
+
+    assert carry.part_size(20_000_000, 3_000_000) == 40_000_000  # 67.1 MB - 27 MB, whole MB
+    with pytest.raises(ValueError, match=r"the working tree \(60,000,000\) and the wheels "
+                                         r"\(3,000,000\) with a margin of 4,000,000 leave 0"):
+        carry.part_size(60_000_000, 3_000_000)
+    # The committed tree leaves parts of at least 30 MB beside the wheels (2.9 MB), so
+    # that CIFAR-10 stages in at most 4 calls and Imagenette in 6.
+    assert carry.part_size(carry.tree_bytes(ROOT), 3_000_000) >= 30_000_000
+    wheels = tmp_path / "whl"
+    os.makedirs(wheels)
+    (wheels / "keras.whl").write_bytes(b"0" * 1000)
+    assert carry.main([str(wheels)]) == 0
+    size = int(capsys.readouterr().out)
+    assert size == carry.part_size(carry.tree_bytes(ROOT), 1000)
+    assert carry.main([str(tmp_path / "missing")]) == 2
+    assert "usage: python tools/gpu/carry.py WHEEL_DIR" in capsys.readouterr().err
