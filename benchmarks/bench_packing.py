@@ -140,8 +140,8 @@ def check(model_name, batch_size, packs):
         alone = state
         for s in range(2):
             alone = one(alone, (x[s * packs + k], y[s * packs + k]))
-        pairs = zip(jax.tree_util.tree_leaves(alone[:3]),
-                    jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[k], together[:3])))
+        run_k = jax.tree_util.tree_map(lambda v, k=k: v[k], together[:3])
+        pairs = zip(jax.tree_util.tree_leaves(alone[:3]), jax.tree_util.tree_leaves(run_k))
         for a, b in pairs:
             a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
             scale = max(np.abs(a).max(), 1e-6)
