@@ -11,8 +11,9 @@ PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed; or th
 `--pipelines` names), with the augmentation of `--recipe`, one batch after another
 in this process as `fit` reads them (the `python` pipeline twice: decoding the files,
 then again from the decoded images it keeps, as in every pass after the first; and,
-where its augmentation is one compiled program, a third time the host's part alone:
-what it gathers and draws for the program, which bounds the input where the program
+where its augmentation is one compiled program, a third time the host's part alone,
+what it gathers and draws for the program, and a fourth the program alone on those
+inputs already on the device: which of the two bounds the input where the program
 runs on a GPU); and
 (2) the training step (`train_on_batch`: forward, backward, AdamW) of the recipe's
 model on one batch already on the device (as the `python` pipeline's program and
@@ -93,7 +94,7 @@ def main(argv=None):
     for pipeline in pipelines:
         data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
         channels = data.channels
-        times, again, host = [], [], []
+        times, again, host, device = [], [], [], []
         for round_index in range(args.rounds):
             start = round_index * args.batches
             stream = data_lib.train_stream(data, size, channels, args.batch_size, 0, augmentation,
@@ -113,9 +114,15 @@ def main(argv=None):
                 again.append(time.perf_counter() - began)
             if pipeline == "python" and stream.has_program:
                 began = time.perf_counter()
-                for index in range(args.batches):
-                    stream.program_inputs(index)
+                inputs = [stream.program_inputs(index) for index in range(args.batches)]
                 host.append(time.perf_counter() - began)
+                inputs = keras.tree.map_structure(keras.ops.convert_to_tensor, inputs)
+                for batch in inputs:
+                    ready(keras.tree.flatten(batch))
+                began = time.perf_counter()
+                for index, batch in enumerate(inputs):
+                    ready(stream.augment(index, batch))
+                device.append(time.perf_counter() - began)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))
         if again:
@@ -124,6 +131,8 @@ def main(argv=None):
         if host:
             rows.append((f"{pipeline} input, the host's part alone (kept images)",
                          args.batch_size * args.batches / statistics.median(host)))
+            rows.append((f"{pipeline} input, the augmentation program alone (its inputs on "
+                         "the device)", args.batch_size * args.batches / statistics.median(device)))
 
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(args.mixed_precision)

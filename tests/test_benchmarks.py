@@ -653,8 +653,9 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     step = "training step (study model, mixed_bfloat16)"
     expected = ["python input, first read", "python input, images kept decoded", step]
-    if keras.backend.backend() == "jax":  # the augmentation program: the host's part timed
-        expected.append("python input, the host's part alone (kept images)")
+    if keras.backend.backend() == "jax":  # the augmentation program: each part timed
+        expected += ["python input, the host's part alone (kept images)",
+                     "python input, the augmentation program alone (its inputs on the device)"]
     if importlib.util.find_spec("tensorflow"):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)

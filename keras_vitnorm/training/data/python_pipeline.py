@@ -384,7 +384,7 @@ class TrainBatches(keras.utils.PyDataset):
             labels = self.read.one_hot(np.array(indices), self.num_classes)
             images, labels = self.mixing(layer, images, labels, step)
             return to_model_range(images), labels
-        return program(*self.program_inputs(step_index))
+        return self.augment(step_index, self.program_inputs(step_index))
 
     @property
     def has_program(self):
@@ -410,6 +410,13 @@ class TrainBatches(keras.utils.PyDataset):
                 else np.zeros((len(positions), 2), np.int32))
         mix_key = self.mixing.key(layer, step)
         return images, taps, flips, keys, self.read.one_hot(indices, self.num_classes), mix_key
+
+    def augment(self, step_index, inputs):
+        """Batch `step_index` from its `program_inputs` (NumPy, or already on the
+        device): the device's whole part of a batch, which `benchmarks/bench_input.py`
+        times on its own."""
+        step, _ = self._positions(step_index)
+        return self._program(self.mixing.layer(step))(*inputs)
 
     def _program(self, layer):
         """The compiled augmentation of a batch mixed by `layer` (`None`: no mixing), or
