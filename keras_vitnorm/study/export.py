@@ -14,9 +14,9 @@ def export_study(study_dir, destination):
 
     Copied: `study_config.json`, `results.csv`, `lr_sweep.csv`, the markdown tables,
     `figures/`, and of every finished run (completed or diverged) the files in
-    `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out (their checkpoints are not
-    copied, so they could not resume). Each file is written atomically; files already
-    in `destination` are replaced by the study's.
+    `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out
+    (their checkpoints are not copied, so they could not resume). Each file is
+    written atomically; files already in `destination` are replaced by the study's.
 
     Returns:
         The number of runs copied.
