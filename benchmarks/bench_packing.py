@@ -21,10 +21,11 @@ The fast path `residual_fence` (JAX on a CPU only) is off for every K: JAX canno
 its custom gradient over runs.
 
 `--check` first trains each packed run for 2 steps on its own batches and compares
-its weights and optimizer state with the same run trained alone, in float32 (the
-largest difference is printed; it fails above 1e-4 of each variable's scale). In
-bfloat16 a mapped matmul rounds differently from the one it maps, and Adam's second
-moments move by percents after 2 steps: rounding, not another computation.
+its weights and optimizer state with the same run trained alone, in float32 with
+full-precision matmuls (the largest difference is printed; it fails above 1e-4 of
+each variable's scale). In bfloat16, or TensorFloat-32 on a GPU, a mapped matmul
+rounds differently from the one it maps, and Adam's second moments move by percents
+after 2 steps: rounding, not another computation.
 
 Models (`--model`): `study` (recipes/cifar10_study.sh's: 32 px, patch 4, width 128,
 depth 6, 10 classes), `ti16` (recipes/imagenette_study.sh's: 224 px, patch 16, width
@@ -127,6 +128,15 @@ def check(model_name, batch_size, packs):
     """The largest difference, relative to each variable's scale, between each of `packs`
     runs trained 2 steps in one program and the same run trained alone."""
     import jax
+
+    # float32 matmuls in full precision: a GPU's default (TensorFloat-32) rounds a
+    # mapped matmul differently from the one it maps
+    with jax.default_matmul_precision("highest"):
+        return _check(model_name, batch_size, packs)
+
+
+def _check(model_name, batch_size, packs):
+    import jax
     import numpy as np
 
     model, state = build(model_name, batch_size)
@@ -141,7 +151,8 @@ def check(model_name, batch_size, packs):
         for s in range(2):
             alone = one(alone, (x[s * packs + k], y[s * packs + k]))
         run_k = jax.tree_util.tree_map(lambda v, k=k: v[k], together[:3])
-        pairs = zip(jax.tree_util.tree_leaves(alone[:3]), jax.tree_util.tree_leaves(run_k))
+        pairs = zip(jax.tree_util.tree_leaves(alone[:3]), jax.tree_util.tree_leaves(run_k),
+                    strict=True)
         for a, b in pairs:
             a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
             scale = max(np.abs(a).max(), 1e-6)
