@@ -909,3 +909,23 @@ def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypa
     monkeypatch.setenv("KERAS_BACKEND", "torch")
     with pytest.raises(SystemExit, match="run it with KERAS_BACKEND=jax"):
         bench_packing.main(["--model", "tiny"])
+
+
+def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, capsys):
+    import keras
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("bench_packing.py times JAX programs (the subprocess test covers the check)")
+    from keras_vitnorm import ops
+
+    monkeypatch.setattr(bench_packing, "check", lambda *args: 0.5)
+    fence = ops.fast_path_enabled("residual_fence")  # the script turns it off
+    try:
+        with pytest.raises(SystemExit, match=r"the check failed: .*\(2 runs: 5.00e-01\)"):
+            bench_packing.main(["--model", "tiny", "--batch-size", "2", "--packs", "1", "2",
+                                "--steps", "1", "--rounds", "1", "--check"])
+    finally:
+        keras.config.set_dtype_policy("float32")
+        ops.set_fast_paths(fence, ["residual_fence"])
+    out = capsys.readouterr().out
+    assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
