@@ -129,10 +129,13 @@ def test_randaugment_mixup_and_cutmix_resume_exactly_in_the_python_pipeline(tmp_
 
 
 def test_randaugment_augments_each_image_on_its_own():
-    """Each image of a batch is Keras' RandAugment called on that image alone with the
+    """Each image of a batch is Keras' RandAugment on that image alone with the
     generator at the image's key (Keras' layer on a batch would draw one pair of
     operations for the batch and equalize with the batch's histogram), whatever else
-    is in the batch."""
+    is in the batch: the layer's draws, and the operations they chose applied in turn,
+    each to a copy of the image. That is the layer's call under JAX and TensorFlow;
+    under PyTorch the layer's call also brightens every image (its RandomBrightness
+    adds in place to the image that every operation is given)."""
     import keras
 
     from keras_vitnorm.training.data import augmentation as augmentation_lib
@@ -148,8 +151,18 @@ def test_randaugment_augments_each_image_on_its_own():
                                         layer.generator.state.dtype)
     for image, key, got in zip(images, keys, each):
         layer.generator.state.assign(key)
-        np.testing.assert_allclose(got, keras.ops.convert_to_numpy(layer(image, training=True)),
-                                   atol=1e-3)
+        draws = layer.get_random_transformation(image, training=True)
+        names = list(draws["transforms"])
+        want = keras.ops.expand_dims(keras.ops.convert_to_tensor(image), 0)
+        for index in keras.ops.convert_to_numpy(draws["layer_idxes"]):
+            name = names[int(index)]
+            want = getattr(layer, name).transform_images(
+                keras.ops.copy(want), draws["transforms"][name], training=True)
+        np.testing.assert_allclose(got, keras.ops.convert_to_numpy(want)[0], atol=1e-3)
+        if BACKEND != "torch":
+            layer.generator.state.assign(key)
+            np.testing.assert_allclose(
+                got, keras.ops.convert_to_numpy(layer(image, training=True)), atol=1e-3)
     assert not np.allclose(each, images, atol=1)
     # Another batch around the same image at the same position: the same output.
     others = rng.uniform(0, 255, (3, 10, 10, 3)).astype("float32")
@@ -163,28 +176,40 @@ def test_randaugment_augments_each_image_on_its_own():
     dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
     dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
     dict()])
-def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options):
+@pytest.mark.parametrize("chosen_ops", [True, False])
+def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options,
+                                                                 chosen_ops):
     """Under JAX a batch's augmentation is one compiled program (the fast path
     `augmentation_program`) from the kept uint8 images, resized ones (float32) among
-    them, in chunks of 4 and 5 examples here: the batches of NumPy and a layer call per
-    image, to float32 rounding."""
+    them, in chunks of 4 and 5 examples here, its RandAugment each image's chosen
+    operations alone or all eleven selected (`randaugment_chosen_ops`); and without a
+    program, RandAugment's chosen operations alone on each image: the batches of NumPy
+    and Keras' layer called per image, to float32 rounding."""
     from keras_vitnorm.ops import fast_paths
 
     monkeypatch.setattr(python_data, "CHUNK_VALUES", 4 * 12 * 12 * 3)
     data = randaugment_folder(tmp_path)
     augmentation = data_lib.Augmentation(**options)
     for size in ((12, 12), (10, 10)):
-        with fast_paths(False, ["augmentation_program"]):
+        with fast_paths(False, ["augmentation_program", "randaugment_chosen_ops"]):
             plain = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-        fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-        assert plain._program(None) is None
-        if fast._program(None) is None:
-            assert BACKEND != "jax"
-            continue
-        for step in (0, 3, 4):
-            for got, want in zip(fast[step], plain[step]):
-                assert got.shape == want.shape and str(got.dtype) == "float32"
-                np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+            want = [plain[step] for step in (0, 3, 4)]
+        with fast_paths(chosen_ops, ["randaugment_chosen_ops"]):
+            fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
+            with fast_paths(False, ["augmentation_program"]):
+                chosen = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
+                got_plain = [chosen[step] for step in (0, 3, 4)]
+            assert plain._program(None) is None
+            forms = [got_plain]
+            if fast._program(None) is not None:
+                forms.append([fast[step] for step in (0, 3, 4)])
+            else:
+                assert BACKEND != "jax"
+        for form in forms:
+            for batch, reference in zip(form, want):
+                for got, expected in zip(batch, reference):
+                    assert got.shape == expected.shape and str(got.dtype) == "float32"
+                    np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
 
 
 def test_seed_states_are_keyed_by_seed_purpose_and_index():

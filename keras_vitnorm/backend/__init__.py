@@ -237,8 +237,9 @@ def compiled(function):
 
 def map_examples(function, *batches, chunk=None):
     """`function` applied to each example of `batches` (arrays or lists of arrays, each
-    with the examples along the first axis), the results stacked, as one batched
-    computation over `chunk` examples at a time (all at once where `None`; a loop over
-    the chunks bounds the memory, `jax.lax.map`). JAX only: it is called inside a
-    program of `compiled`, which the other backends do not make."""
+    with the examples along the first axis), the results stacked: a loop over chunks
+    of `chunk` examples, each chunk one batched computation (`jax.lax.map`; the loop
+    bounds the memory), or where `chunk` is `None` a loop over single examples, in
+    which `function` sees no batch axis. JAX only: it is called inside a program of
+    `compiled`, which the other backends do not make."""
     return _native().map_examples(function, *batches, chunk=chunk)

@@ -44,6 +44,11 @@ FAST_PATHS = (
                              # CutMix) as one compiled program on the default device
                              # instead of NumPy and a layer call per image
                              # (keras_vitnorm.training.data.python_pipeline)
+    "randaugment_chosen_ops",  # JAX, the augmentation program: RandAugment one image
+                               # at a time, where a switch runs the chosen operations
+                               # alone, instead of on chunks of images, where it
+                               # computes all eleven and selects
+                               # (keras_vitnorm.training.data.python_pipeline)
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,

@@ -34,6 +34,7 @@ keeps a GPU fed.
 """
 
 import contextlib
+import functools
 import math
 
 import keras
@@ -427,16 +428,30 @@ class TrainBatches(keras.utils.PyDataset):
         if name not in self.programs:
             image_values = math.prod(self.image_size) * self.read.channels
 
+            randaugment = self.randaugment
+            # One image at a time a switch runs the chosen operation alone; mapped over
+            # a chunk of images it computes every operation and selects.
+            chosen = randaugment is not None and fast_path_enabled("randaugment_chosen_ops")
+
             def augment(images, taps, flips, keys, labels, mix_key):
                 def one(image, taps, flip, key):
                     image = sample_taps(keras.ops.cast(image, "float32"), taps, keras.ops)
                     image = keras.ops.where(flip, keras.ops.flip(image, axis=1), image)
+                    if chosen:  # the draws here, the chosen operations one image at a time
+                        return image, randaugment.drawn_arrays(randaugment.draws(image, key))
                     if self.randaugment is not None:
                         image = self.randaugment.keyed(image, key)
                     return image
 
                 images = backend.map_examples(one, images, taps, flips, keys,
                                               chunk=max(1, CHUNK_VALUES // image_values))
+                if chosen:
+                    cropped, _ = images  # the draws of one image: the static parts
+                    template = randaugment.draws(cropped[0], keys[0])
+                    images = backend.map_examples(
+                        lambda image, arrays: randaugment.apply_chosen(
+                            image, randaugment.with_arrays(template, arrays)),
+                        *images)
                 images, labels = self.mixing.keyed(layer, images, labels, mix_key)
                 return to_model_range(images), labels
 
@@ -461,6 +476,10 @@ def to_model_range(images):
     return keras.ops.clip(keras.ops.cast(images, "float32") / 127.5 - 1.0, -1.0, 1.0)
 
 
+def _python_number(value):
+    return isinstance(value, (bool, int, float))
+
+
 class PerImageRandAugment:
     """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
     image's position in the stream.
@@ -471,8 +490,12 @@ class PerImageRandAugment:
     before batching. Here an image's output is the layer's call on that image alone,
     with the layer's seed generator set to the image's key (`seed_states`): it depends
     on the image and its position only, not on the rest of the batch or on what was
-    drawn before, so a resumed stream and each process's share see the same.
-    Equalization counts its histograms with `bincount` (`bincount_histogram`).
+    drawn before, so a resumed stream and each process's share see the same. The
+    layer's draws are its own (`get_random_transformation`); of its operations only
+    the two chosen run (`apply_chosen`), each on a copy: the layer's output where
+    Keras computes it right (JAX, TensorFlow), without the brightening that its call
+    adds to every image under PyTorch. Equalization counts its histograms with
+    `bincount` (`bincount_histogram`).
     """
 
     def __init__(self, augmentation, channels, seed, image_size):
@@ -493,14 +516,56 @@ class PerImageRandAugment:
         out = np.empty_like(images)
         for i, (image, key) in enumerate(zip(images, self.keys(positions))):
             self.generator.state.assign(key)
-            out[i] = keras.ops.convert_to_numpy(self.layer(image, training=True))
+            draws = self.layer.get_random_transformation(image, training=True)
+            out[i] = keras.ops.convert_to_numpy(self.apply_chosen(image, draws))
         return out
 
     def keyed(self, image, key):
         """One image augmented with the generator at `key`, inside a compiled program
         (the generator's state is `key` for the call, not a variable)."""
+        return self.apply_chosen(image, self.draws(image, key))
+
+    def draws(self, image, key):
+        """What Keras' layer draws for `image` with its generator at `key`: each slot's
+        operation and every operation's parameters (`get_random_transformation`)."""
         with keras.StatelessScope(state_mapping=[(self.generator.state, key)]):
-            return self.layer(image, training=True)
+            return self.layer.get_random_transformation(image, training=True)
+
+    @staticmethod
+    def drawn_arrays(draws):
+        """The arrays of `draws`, in order: what a compiled program can pass from one
+        map over images to the next (the rest, the image's sizes, are Python numbers,
+        the same for every image)."""
+        return [leaf for leaf in keras.tree.flatten(draws) if not _python_number(leaf)]
+
+    @staticmethod
+    def with_arrays(template, arrays):
+        """`template` (the draws of any image of the batch) with `arrays` in place of
+        its arrays."""
+        arrays = iter(arrays)
+        leaves = [leaf if _python_number(leaf) else next(arrays)
+                  for leaf in keras.tree.flatten(template)]
+        return keras.tree.pack_sequence_as(template, leaves)
+
+    def apply_chosen(self, image, draws):
+        """`image` through the operation each slot chose, as Keras' layer computes it
+        but with a switch in place of its `where` over all eleven operations. Where
+        the choice is one number (not mapped over a batch), only the chosen
+        operation's transform runs; each gets a copy of the image, since Keras'
+        RandomBrightness adds to its input in place under PyTorch (Keras' layer, which
+        runs every operation, brightens every image there)."""
+        layer = self.layer
+        images = keras.ops.cast(keras.ops.expand_dims(image, 0), layer.compute_dtype)
+        branches = [functools.partial(self._operation, name, transform)
+                    for name, transform in draws["transforms"].items()]
+        for slot in range(layer.num_ops):
+            images = keras.ops.switch(draws["layer_idxes"][slot], branches, images)
+        return keras.ops.squeeze(images, 0)
+
+    def _operation(self, name, transform, images):
+        out = getattr(self.layer, name).transform_images(keras.ops.copy(images), transform,
+                                                           training=True)
+        return keras.ops.cast(out, images.dtype)
 
 
 class BatchMixing:
