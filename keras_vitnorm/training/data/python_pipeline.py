@@ -491,11 +491,11 @@ class PerImageRandAugment:
     with the layer's seed generator set to the image's key (`seed_states`): it depends
     on the image and its position only, not on the rest of the batch or on what was
     drawn before, so a resumed stream and each process's share see the same. The
-    layer's draws are its own (`get_random_transformation`); of its operations only
-    the two chosen run (`apply_chosen`), each on a copy: the layer's output where
-    Keras computes it right (JAX, TensorFlow), without the brightening that its call
-    adds to every image under PyTorch. Equalization counts its histograms with
-    `bincount` (`bincount_histogram`).
+    draws are the layer's own (`get_random_transformation`); of its operations only
+    those chosen, one per slot, run (`apply_chosen`), each on a copy: the layer's
+    output where Keras computes it right (JAX, TensorFlow), without the brightening
+    that its call adds to every image under PyTorch. Equalization counts its
+    histograms with `bincount` (`bincount_histogram`).
     """
 
     def __init__(self, augmentation, channels, seed, image_size):
