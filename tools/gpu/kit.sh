@@ -8,8 +8,9 @@
 # not Keras, so the wheels are Keras (the version installed here) and its two
 # dependencies the image lacks. A device call carries at most 64 MiB with the
 # working tree, so each archive travels in parts, one per call (tools/gpu/README.md),
-# each as large as a call carries beside the tree and the wheels (tools/gpu/carry.py). perf.sh's timm travels apart, in .gpu/timm (TIMM_VERSION; pure
-# Python, its needs are in the image), so that a data part's call carries no more.
+# each as large as a call carries beside the tree and the wheels (tools/gpu/carry.py).
+# perf.sh's timm travels apart, in .gpu/timm (TIMM_VERSION; pure Python, its needs are
+# in the image), so that a data part's call carries no more.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exclude=$(git rev-parse --git-path info/exclude)

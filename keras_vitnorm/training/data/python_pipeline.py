@@ -439,8 +439,8 @@ class TrainBatches(keras.utils.PyDataset):
                     image = keras.ops.where(flip, keras.ops.flip(image, axis=1), image)
                     if chosen:  # the draws here, the chosen operations one image at a time
                         return image, randaugment.drawn_arrays(randaugment.draws(image, key))
-                    if self.randaugment is not None:
-                        image = self.randaugment.keyed(image, key)
+                    if randaugment is not None:
+                        image = randaugment.keyed(image, key)
                     return image
 
                 images = backend.map_examples(one, images, taps, flips, keys,
@@ -512,17 +512,15 @@ class PerImageRandAugment:
 
     def __call__(self, images, positions):
         """`images` (float32 `(n, height, width, channels)` in [0, 255]) augmented, the
-        `i`-th keyed by the stream position `positions[i]`: a layer call per image."""
+        `i`-th keyed by the stream position `positions[i]`, one image at a time."""
         out = np.empty_like(images)
         for i, (image, key) in enumerate(zip(images, self.keys(positions))):
-            self.generator.state.assign(key)
-            draws = self.layer.get_random_transformation(image, training=True)
-            out[i] = keras.ops.convert_to_numpy(self.apply_chosen(image, draws))
+            out[i] = keras.ops.convert_to_numpy(self.keyed(image, key))
         return out
 
     def keyed(self, image, key):
-        """One image augmented with the generator at `key`, inside a compiled program
-        (the generator's state is `key` for the call, not a variable)."""
+        """One image augmented with the generator at `key` (its state is `key` for the
+        call, not a variable, so this also runs inside a compiled program)."""
         return self.apply_chosen(image, self.draws(image, key))
 
     def draws(self, image, key):
