@@ -1,10 +1,12 @@
-"""Several runs of one small model trained as one program: what packing a study's runs
-into one process would give on this device.
+"""Several runs of one small model sharing a device: trained as one program, as
+processes side by side, or as processes under CUDA MPS; what each would give a study.
 
     KERAS_BACKEND=jax python benchmarks/bench_packing.py --model study --batch-size 256 \
         --mixed-precision mixed_bfloat16 --packs 1 2 4 8
     KERAS_BACKEND=jax python benchmarks/bench_packing.py --model ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --packs 1 2 4
+    KERAS_BACKEND=jax python benchmarks/bench_packing.py --device gpu --packs 1 8 16 \
+        --sharing program processes mps
 
 A study's runs are small: the CIFAR-10 study's ViT (1.2M parameters, 64 tokens) is a
 few hundred kernels per step, each too small to fill a GPU, and runs that share a GPU
@@ -16,6 +18,17 @@ batches with `jax.vmap`, under `jax.jit`, the batches already on the device (the
 pipeline is `bench_input.py`'s). K = 1 is the step as `fit` runs it, not mapped. Per
 K: the step's time (median over `--rounds` rounds of `--steps` steps) and the images
 per second of all K runs together, against K = 1.
+
+`--sharing` adds the other ways K runs can share the device, each timed on the same
+step of one run: `processes`, K processes side by side (as `ablate --parallel K` trains
+a study), each compiling its own step and starting its timed rounds when all are
+ready; `mps`, the same under NVIDIA's Multi-Process Service (GPU only), whose server
+runs the processes' kernels at the same time where without it the GPU switches
+between them. The script starts MPS's control daemon for those rows, with its pipe
+and log folders in a temporary folder, and quits it after them; the GPU's settings
+(its compute mode) stay as they are. Where the daemon is missing or its server does
+not start, the row says why. For processes, the step is the median of each process's
+own step time, and the images per second are summed over the processes.
 
 The fast path `residual_fence` (JAX on a CPU only) is off for every K: JAX cannot map
 its custom gradient over runs.
@@ -34,7 +47,14 @@ depth 6, 10 classes), `ti16` (recipes/imagenette_study.sh's: 224 px, patch 16, w
 """
 
 import argparse
+import contextlib
+import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 from _common import check_positive_ints
@@ -45,6 +65,7 @@ MODELS = {
     "tiny": dict(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32),
 }
 NUM_CLASSES = 10
+SHARING = ("program", "processes", "mps")
 
 
 def parse_arguments(argv=None):
@@ -61,10 +82,19 @@ def parse_arguments(argv=None):
                         help="where JAX computes (gpu: refused where JAX has no GPU)")
     parser.add_argument("--check", action="store_true",
                         help="first check that packed runs train as runs alone do")
+    parser.add_argument("--sharing", nargs="+", choices=SHARING, default=["program"],
+                        help="how K runs share the device: one program (vmap), K processes, "
+                             "K processes under CUDA MPS (--device gpu)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("batch_size", "steps", "rounds"))
     if any(k < 1 for k in args.packs):
         parser.error(f"--packs takes positive numbers of runs, got {args.packs}")
+    if "mps" in args.sharing and args.device != "gpu":
+        parser.error("--sharing mps is NVIDIA's Multi-Process Service for a GPU: it needs "
+                     "--device gpu")
     return args
 
 
@@ -161,8 +191,9 @@ def _check(model_name, batch_size, packs):
     return worst
 
 
-def time_pack(model, state, model_name, packs, batch_size, steps, rounds):
-    """Median seconds per step of `packs` runs (one program), over `rounds` rounds."""
+def time_pack(model, state, model_name, packs, batch_size, steps, rounds, ready=None):
+    """Seconds per step of `packs` runs (one program) in each of `rounds` rounds;
+    `ready()`, if given, is called between the warm-up and the timed rounds."""
     import jax
 
     one, packed = step_functions(model)
@@ -173,6 +204,8 @@ def time_pack(model, state, model_name, packs, batch_size, steps, rounds):
     for _ in range(2):  # compile and warm up
         current = function(current, data)
     jax.block_until_ready(current)
+    if ready is not None:
+        ready()
     times = []
     for _ in range(rounds):
         began = time.perf_counter()
@@ -180,19 +213,98 @@ def time_pack(model, state, model_name, packs, batch_size, steps, rounds):
             current = function(current, data)
         jax.block_until_ready(current)
         times.append((time.perf_counter() - began) / steps)
-    return statistics.median(times)
+    return times
 
 
-def main(argv=None):
-    args = parse_arguments(argv)
-    import os
+class MPSUnavailable(RuntimeError):
+    """NVIDIA's Multi-Process Service could not serve this benchmark's processes."""
 
-    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-        raise SystemExit("bench_packing.py times JAX programs: run it with KERAS_BACKEND=jax "
-                         f"(this process has KERAS_BACKEND={os.environ['KERAS_BACKEND']}).")
-    os.environ["KERAS_BACKEND"] = "jax"
+
+@contextlib.contextmanager
+def mps_daemon():
+    """Runs NVIDIA MPS's control daemon while the block runs, with its pipe and log
+    folders in a temporary folder; yields the environment its clients need and quits
+    the daemon after. Raises `MPSUnavailable` naming why it cannot start."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise MPSUnavailable("nvidia-cuda-mps-control is not on this machine's PATH")
+    with tempfile.TemporaryDirectory(prefix="mps-") as folder:
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=os.path.join(folder, "pipe"),
+                   CUDA_MPS_LOG_DIRECTORY=os.path.join(folder, "log"))
+        for name in ("pipe", "log"):
+            os.mkdir(os.path.join(folder, name))
+        started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True,
+                                 timeout=30)
+        if started.returncode:
+            raise MPSUnavailable(f"nvidia-cuda-mps-control -d exited with {started.returncode}: "
+                                 + (started.stderr or started.stdout).strip()[-300:])
+        try:
+            yield env
+        finally:
+            subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True,
+                           timeout=30)
+
+
+def mps_servers(env):
+    """The MPS servers the daemon of `env` runs (their process ids, as text)."""
+    listed = subprocess.run([shutil.which("nvidia-cuda-mps-control")], input="get_server_list\n",
+                            env=env, capture_output=True, text=True, timeout=30)
+    return listed.stdout.split()
+
+
+def worker(args):
+    """One run's step, timed after every process of the round is ready: its seconds
+    per step in each round."""
+    _configure(args)
+    model, state = build(args.model, args.batch_size)
+
+    def ready():
+        open(os.path.join(args.barrier, f"ready-{os.getpid()}"), "w").close()
+        while len(os.listdir(args.barrier)) < args.barrier_count:
+            time.sleep(0.02)
+
+    return {"seconds": time_pack(model, state, args.model, 1, args.batch_size, args.steps,
+                                 args.rounds, ready)}
+
+
+def time_processes(args, packs, env=None):
+    """Seconds per step of each of `packs` processes training one run each at the same
+    moment: `[[seconds per round] per process]`."""
+    arguments = ["--model", args.model, "--batch-size", str(args.batch_size),
+                 "--steps", str(args.steps), "--rounds", str(args.rounds),
+                 "--mixed-precision", args.mixed_precision, "--device", args.device]
+    child_env = dict(env or os.environ, KERAS_BACKEND="jax")
+    child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # K processes share it
+    if args.device == "cpu":
+        child_env["JAX_PLATFORMS"] = "cpu"
+    with tempfile.TemporaryDirectory() as barrier:
+        children = [subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", *arguments,
+             "--barrier", barrier, "--barrier-count", str(packs)],
+            env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(packs)]
+        results = [child.communicate() + (child.returncode,) for child in children]
+    seconds = []
+    for out, err, code in results:
+        line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
+        if code or line is None:
+            raise RuntimeError("a process failed: "
+                               + " | ".join((err or out).strip().splitlines()[-3:])[-400:])
+        seconds.append(json.loads(line[len("RESULT "):])["seconds"])
+    return seconds
+
+
+def processes_row(args, packs, how, env=None):
+    """A table row for `packs` processes: `(packs, how, seconds per step, img/s)`."""
+    seconds = time_processes(args, packs, env)
+    per_round = [sum(args.batch_size / run[r] for run in seconds) for r in range(args.rounds)]
+    step = statistics.median(statistics.median(run) for run in seconds)
+    return packs, how, step, statistics.median(per_round)
+
+
+def _configure(args):
+    """The process's JAX device check and fast paths, as every row times them."""
     import jax
-    import keras
 
     if args.device == "gpu" and jax.default_backend() != "gpu":
         raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
@@ -201,6 +313,26 @@ def main(argv=None):
 
     # JAX has no batching rule for the fast path's custom gradient: off for every K.
     ops.set_fast_paths(False, ["residual_fence"])
+    import keras
+
+    keras.config.set_dtype_policy(args.mixed_precision)
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
+    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
+        raise SystemExit("bench_packing.py times JAX programs: run it with KERAS_BACKEND=jax "
+                         f"(this process has KERAS_BACKEND={os.environ['KERAS_BACKEND']}).")
+    os.environ["KERAS_BACKEND"] = "jax"
+    if set(args.sharing) & {"processes", "mps"}:  # K processes share the device's memory
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return None
+    import jax
+    import keras
+
+    _configure(args)
     failed = []
     if args.check:
         keras.config.set_dtype_policy("float32")
@@ -212,22 +344,59 @@ def main(argv=None):
                 failed.append(f"{packs} runs: {worst:.2e}")
     keras.config.set_dtype_policy(args.mixed_precision)
     model, state = build(args.model, args.batch_size)
-    rows = []
-    for packs in args.packs:
-        seconds = time_pack(model, state, args.model, packs, args.batch_size, args.steps,
-                            args.rounds)
-        rows.append((packs, seconds, packs * args.batch_size / seconds))
+    rows = []  # (runs, how, seconds per step, images per second; or None and why)
+    base = time_pack(model, state, args.model, 1, args.batch_size, args.steps, args.rounds)
+    base = statistics.median(base)
+    rows.append((1, "one run", base, args.batch_size / base))
+    several = [packs for packs in args.packs if packs > 1]
+    if "program" in args.sharing:
+        for packs in several:
+            seconds = statistics.median(time_pack(model, state, args.model, packs,
+                                                  args.batch_size, args.steps, args.rounds))
+            rows.append((packs, "one program", seconds, packs * args.batch_size / seconds))
+    if "processes" in args.sharing:
+        for packs in several:
+            rows.append(_guarded(lambda p=packs: processes_row(args, p, "processes"),
+                                 packs, "processes"))
+    if "mps" in args.sharing:
+        rows.extend(_mps_rows(args, several))
     device = jax.devices()[0].device_kind
     print(f"\n{args.model} model, batch {args.batch_size} per run, {args.mixed_precision}, "
           f"{device}; median of {args.rounds} rounds of {args.steps} steps\n")
-    print("| runs in one program | step (ms) | images/s, all runs | vs one run |")
-    print("|---|---|---|---|")
-    base = next((rate for packs, _, rate in rows if packs == 1), rows[0][2])
-    for packs, seconds, rate in rows:
-        print(f"| {packs} | {1000 * seconds:.2f} | {rate:,.0f} | {rate / base:.2f}x |")
+    print("| runs | how they share the device | step (ms) | images/s, all runs | vs one run |")
+    print("|---|---|---|---|---|")
+    for packs, how, seconds, rate in rows:
+        if seconds is None:
+            print(f"| {packs} | {how} | did not run: {rate} | | |")
+        else:
+            print(f"| {packs} | {how} | {1000 * seconds:.2f} | {rate:,.0f} | "
+                  f"{rate * base / args.batch_size:.2f}x |")
     if failed:  # after the table, which a lent GPU's minutes paid for
         raise SystemExit("the check failed: packed runs differ from runs alone by more than "
                          "1e-4 of a variable's scale (" + "; ".join(failed) + ")")
+    return rows
+
+
+def _guarded(row, packs, how):
+    """`row()`, or a row that says why it did not run (a lent GPU's call keeps the rest)."""
+    try:
+        return row()
+    except RuntimeError as error:
+        return packs, how, None, str(error)
+
+
+def _mps_rows(args, several):
+    try:
+        with mps_daemon() as env:
+            rows = [_guarded(lambda p=packs: processes_row(args, p, "processes under MPS", env),
+                             packs, "processes under MPS") for packs in several]
+            servers = mps_servers(env)
+    except MPSUnavailable as error:
+        return [(packs, "processes under MPS", None, str(error)) for packs in several]
+    if not servers:  # the clients ran without the daemon's server: time-sliced, not MPS
+        return [row if row[2] is None else
+                (row[0], row[1], None, "the MPS daemon started no server; the processes ran "
+                                       "without it") for row in rows]
     return rows
 
 

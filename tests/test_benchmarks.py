@@ -107,6 +107,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_parallel, ["--model", "l16"]),
     (bench_packing, ["--packs", "2", "0"]),
     (bench_packing, ["--steps", "0"]),
+    (bench_packing, ["--sharing", "mps"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -890,20 +891,82 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
 
 
 @pytest.mark.one_backend
-def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack():
+def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sharing():
     import subprocess
 
     script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
     done = subprocess.run(
         [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "1", "3",
-         "--steps", "2", "--rounds", "1", "--check"],
+         "--steps", "2", "--rounds", "1", "--check", "--sharing", "program", "processes"],
         env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = re.search(r"3 runs in one program against each alone after 2 steps \(float32\): "
                         r"largest difference (\S+) of the variables' scale", done.stdout)
     assert checked and float(checked.group(1)) <= 1e-4, done.stdout
-    rows = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$", done.stdout, re.M)
-    assert [packs for packs, _ in rows] == ["1", "3"] and rows[0][1] == "1.00"
+    rows = re.findall(r"^\| (\d+) \| ([a-z ]+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$",
+                      done.stdout, re.M)
+    assert [(packs, how) for packs, how, _ in rows] == [
+        ("1", "one run"), ("3", "one program"), ("3", "processes")], done.stdout
+    assert rows[0][2] == "1.00"
+
+
+def _fake_mps_control(folder, start_code=0, servers=""):
+    """An `nvidia-cuda-mps-control` on PATH that logs its calls, as the daemon's control
+    answers them: `-d` exits with `start_code`, `get_server_list` prints `servers`."""
+    log = folder / "calls.log"
+    script = folder / "nvidia-cuda-mps-control"
+    script.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = -d ]; then
+    echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}
+    [ {start_code} = 0 ] || echo "cannot open the pipe folder" >&2
+    exit {start_code}
+fi
+read -r command
+echo "$command" >> {log}
+[ "$command" = get_server_list ] && echo {servers}
+exit 0
+""")
+    script.chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize("start_code, servers, said", [
+    (0, "4242", None),
+    (0, "", "the MPS daemon started no server; the processes ran without it"),
+    (1, "", "nvidia-cuda-mps-control -d exited with 1: cannot open the pipe folder"),
+])
+def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not(
+        tmp_path, monkeypatch, start_code, servers, said):
+    log = _fake_mps_control(tmp_path, start_code, servers)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    seen = []
+
+    def row(args, packs, how, env=None):
+        seen.append(env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert os.path.isdir(env["CUDA_MPS_PIPE_DIRECTORY"])  # while the daemon runs
+        return packs, how, 0.01, 100.0 * packs
+
+    monkeypatch.setattr(bench_packing, "processes_row", row)
+    rows = bench_packing._mps_rows(None, [2, 8])
+    calls = log.read_text().split("\n")
+    if start_code:
+        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
+        assert seen == [] and calls[1:] == [""]  # nothing to quit
+        return
+    assert calls == [f"start {seen[0]}", "get_server_list", "quit", ""]
+    assert seen == [seen[0]] * 2 and not os.path.exists(seen[0])  # its folder is removed
+    if said is None:
+        assert rows == [(2, "processes under MPS", 0.01, 200.0),
+                        (8, "processes under MPS", 0.01, 800.0)]
+    else:
+        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
+
+
+def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rows = bench_packing._mps_rows(None, [8])
+    assert rows == [(8, "processes under MPS", None,
+                     "nvidia-cuda-mps-control is not on this machine's PATH")]
 
 
 def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
