@@ -993,3 +993,22 @@ def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, cap
         ops.set_fast_paths(fence, ["residual_fence"])
     out = capsys.readouterr().out
     assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
+
+
+def test_the_queued_packing_check_commands_parse():
+    """The lent session's packing check (tools/gpu/README.md) spends device minutes: a
+    command that its parser refuses would spend them on an error."""
+    import shlex
+
+    with open(os.path.join(ROOT, "tools", "gpu", "README.md")) as f:
+        readme = f.read()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                 if "bench_packing.py" in b)
+    prefix = shlex.split(re.search(r'^b="(.*)"$', block, re.M).group(1))
+    assert prefix[:2] == ["python3", "benchmarks/bench_packing.py"]
+    commands = [prefix[2:] + shlex.split(line[3:]) for line in block.splitlines()
+                if line.startswith("$b ")]
+    assert len(commands) == 4
+    parsed = [bench_packing.parse_arguments(argv) for argv in commands]
+    assert all(args.device == "gpu" for args in parsed)
+    assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
