@@ -137,16 +137,30 @@ def test_the_gpu_study_script_stages_trains_resumes_and_exports_on_the_cpu(tmp_p
         # A call whose time runs out while its runs train: within its SECONDS it stops
         # them and still brings back their logs, the tables' log and the export.
         started = time.monotonic()
-        done = _run(tmp_path, dataset, study_name, "2", "40", *TINY, GPU_TABLES_SECONDS="12")
+        done = _run(tmp_path, dataset, study_name, "2", "40", *TINY, GPU_TABLES_SECONDS="12",
+                    GPU_MPS="1")  # on a machine without MPS's daemon
         took = time.monotonic() - started
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert ("GPU_MPS=1: nvidia-cuda-mps-control is not on PATH; the runs share the GPU "
+                "without MPS") in done.stdout
         assert took < 40 + 5, (took, done.stdout[-3000:])
         assert _finished_runs(tmp_path / "out" / f"{study_name}.tar.gz") == []
         with tarfile.open(tmp_path / "out" / f"{study_name}-logs.tar.gz") as tar:
             assert sum(name.endswith(".job.json.log") for name in tar.getnames()) == 2
         assert os.path.exists(tmp_path / "out" / "tables.log")
-    done = _run(tmp_path, dataset, study_name, "2", "300", *TINY)
+    # With GPU_MPS=1 and a stand-in for MPS's control daemon, which logs its calls.
+    fake, calls = tmp_path / "bin", tmp_path / "mps-calls"
+    os.makedirs(fake)
+    (fake / "nvidia-cuda-mps-control").write_text(
+        f'#!/usr/bin/env bash\nif [ "$1" = -d ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" '
+        f'>> {calls}; else read -r c; echo "$c" >> {calls}; fi\n')
+    os.chmod(fake / "nvidia-cuda-mps-control", 0o755)
+    done = _run(tmp_path, dataset, study_name, "2", "300", *TINY, GPU_MPS="1",
+                PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    pipe = tmp_path / "machine" / "mps" / "pipe"
+    assert f"GPU_MPS=1: the MPS daemon runs (pipe {pipe})" in done.stdout
+    assert calls.read_text().splitlines() == [f"start {pipe}", "quit"]  # quit at the end
     study = tmp_path / "machine" / "studies" / study_name
     plan = (study / "plan" / "commands.txt").read_text().splitlines()
     assert len(plan) == planned

@@ -19,6 +19,12 @@
 # resumes it; on a new machine it starts again. Compiled programs are kept in
 # /tmp/jax_cache for the warm machine's next call.
 #
+# GPU_MPS=1 starts NVIDIA's Multi-Process Service daemon before the runs train (its
+# pipe and log folders in $GPU_WORK/mps), so that their kernels run at the same time
+# instead of in turns, and quits it when the call ends; where it cannot start, the
+# runs share the GPU without it. Use it where bench_packing.py's `--sharing mps` has
+# shown that MPS serves this machine's processes (tools/gpu/README.md).
+#
 # GPU_KIT (default .gpu) and GPU_WORK (default /tmp) move the kit and the machine's
 # working folders (bin, site, parts, data, studies, export, jax_cache), and
 # GPU_RESULTS (default docs/study-results) the committed studies a study starts from,
@@ -91,6 +97,20 @@ run_line() {
     done > "${1##* }.log"
 }
 export -f run_line
+if [ "${GPU_MPS:-0}" = 1 ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=$work/mps/pipe CUDA_MPS_LOG_DIRECTORY=$work/mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if ! command -v nvidia-cuda-mps-control > /dev/null; then
+        echo "GPU_MPS=1: nvidia-cuda-mps-control is not on PATH; the runs share the GPU without MPS"
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    elif nvidia-cuda-mps-control -d; then
+        trap 'echo quit | nvidia-cuda-mps-control' EXIT
+        echo "GPU_MPS=1: the MPS daemon runs (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+    else
+        echo "GPU_MPS=1: the MPS daemon did not start; the runs share the GPU without MPS"
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+fi
 start=$SECONDS
 # A run stopped by SIGTERM writes its checkpoint; SIGKILL follows 20 s later.
 training=$((deadline - reserve - 20 - SECONDS))
