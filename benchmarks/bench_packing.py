@@ -246,10 +246,10 @@ def mps_daemon():
 
 
 def mps_servers(env):
-    """The MPS servers the daemon of `env` runs (their process ids, as text)."""
+    """The process ids of the MPS servers the daemon of `env` started, as text."""
     listed = subprocess.run([shutil.which("nvidia-cuda-mps-control")], input="get_server_list\n",
                             env=env, capture_output=True, text=True, timeout=30)
-    return listed.stdout.split()
+    return [word for word in listed.stdout.split() if word.isdigit()]
 
 
 def worker(args):
@@ -329,6 +329,15 @@ def main(argv=None):
     if args.worker:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         return None
+    several = [packs for packs in args.packs if packs > 1]
+    # The processes first, while this one holds no context on the GPU (an MPS server
+    # may not start beside a context that is not its client's).
+    shared = []
+    if "processes" in args.sharing:
+        shared += [_guarded(lambda p=packs: processes_row(args, p, "processes"), packs,
+                            "processes") for packs in several]
+    if "mps" in args.sharing:
+        shared += _mps_rows(args, several)
     import jax
     import keras
 
@@ -348,18 +357,12 @@ def main(argv=None):
     base = time_pack(model, state, args.model, 1, args.batch_size, args.steps, args.rounds)
     base = statistics.median(base)
     rows.append((1, "one run", base, args.batch_size / base))
-    several = [packs for packs in args.packs if packs > 1]
     if "program" in args.sharing:
         for packs in several:
             seconds = statistics.median(time_pack(model, state, args.model, packs,
                                                   args.batch_size, args.steps, args.rounds))
             rows.append((packs, "one program", seconds, packs * args.batch_size / seconds))
-    if "processes" in args.sharing:
-        for packs in several:
-            rows.append(_guarded(lambda p=packs: processes_row(args, p, "processes"),
-                                 packs, "processes"))
-    if "mps" in args.sharing:
-        rows.extend(_mps_rows(args, several))
+    rows += shared
     device = jax.devices()[0].device_kind
     print(f"\n{args.model} model, batch {args.batch_size} per run, {args.mixed_precision}, "
           f"{device}; median of {args.rounds} rounds of {args.steps} steps\n")

@@ -130,6 +130,14 @@ for _ in $(seq 20); do
 done
 pkill -KILL -f "$runs_of_plan" && sleep 1
 echo "training stopped after $((SECONDS - start)) s"
+if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then  # a client that cannot reach it runs without it
+    servers=$(echo get_server_list | nvidia-cuda-mps-control | tr -cs '0-9' ' ')
+    if [ -n "${servers// /}" ]; then
+        echo "MPS served the runs (servers:${servers%% })"
+    else
+        echo "no MPS server ran: the runs took turns on the GPU"
+    fi
+fi
 tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan 2>/dev/null
 # The export needs a few seconds: the tables get the rest of the time kept.
 timeout --kill-after=5 $((deadline - SECONDS - 10 > 1 ? deadline - SECONDS - 10 : 1)) \
