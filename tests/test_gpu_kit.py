@@ -180,6 +180,17 @@ def test_the_gpu_study_script_stages_trains_resumes_and_exports_on_the_cpu(tmp_p
 
     with tarfile.open(exported) as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
+    # The tables written again here from the runs' files (the call may cut them short).
+    os.remove(tmp_path / "unpacked" / study_name / "lr_sweep.csv")
+    env = dict(os.environ, PYTHON=sys.executable, STUDIES=study_name)
+    env.pop("KERAS_BACKEND", None)
+    done = subprocess.run(
+        ["bash", os.path.join(ROOT, "recipes", "cifar10_study.sh"),
+         str(tmp_path / "machine" / "data" / name), str(tmp_path / "unpacked"), *TINY,
+         "--tables-only", "--parallel", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    swept = (tmp_path / "unpacked" / study_name / "lr_sweep.csv").read_text().splitlines()
+    assert len(swept) == 1 + 2  # a header and the two finished runs
     export_study(str(tmp_path / "unpacked" / study_name),
                  str(tmp_path / "committed" / f"cifar10-{study_name.replace('_', '-')}"))
     for entry in os.listdir(tmp_path / "machine"):  # a bare machine at the same paths

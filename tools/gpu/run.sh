@@ -10,8 +10,9 @@
 #       the runs that can train now (`ablate --plan`), trains the first RUNS of them
 #       side by side, writes the tables of every finished run and exports the study
 #       without weights to $OUT/STUDY.tar.gz, all within SECONDS of the call's start:
-#       training stops GPU_TABLES_SECONDS (default 60) before, so that the tables and
-#       the export fit. Each run's log comes back in $OUT/STUDY-logs.tar.gz, and
+#       training stops GPU_TABLES_SECONDS (default 30) before, so that the tables and
+#       the export fit (tables cut short there are written again where the export is
+#       committed: tools/gpu/README.md). Each run's log comes back in $OUT/STUDY-logs.tar.gz, and
 #       $OUT/monitor.txt has the GPU's use and the host's load every 10 s.
 #
 # A run still training when its time is up is stopped. Its checkpoint stays in
@@ -54,7 +55,7 @@ if [ $# -lt 4 ]; then
 fi
 dataset=$1 study=$2 runs=$3 seconds=$4
 shift 4
-reserve=${GPU_TABLES_SECONDS:-60}
+reserve=${GPU_TABLES_SECONDS:-30}
 deadline=$seconds  # SECONDS counts from the script's start
 case $dataset in
     cifar10) archive=cifar10-jpg recipe=recipes/cifar10_study.sh ;;
