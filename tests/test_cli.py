@@ -1,5 +1,6 @@
 """The console command: help without a backend, the frameworks' log lines kept off stderr."""
 
+import json
 import os
 import subprocess
 import sys
@@ -204,9 +205,14 @@ def test_without_tensorflow_the_lab_trains_folders_and_names_the_package_tfds_ne
                       *tiny, "--plan", "--output-dir", str(tmp_path / "study"))
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert (tmp_path / "study" / "plan" / "commands.txt").read_text().strip()
-    trained = command("train", "--dataset", f"folder:{tmp_path / 'images'}", *tiny,
+    # With the queued studies' augmentation (Imagenette's zoom crops, RandAugment,
+    # MixUp, stochastic depth), as the python pipeline computes it there.
+    augmented = ["--crop", "zoom", "--zoom", "0.75", "--flip", "--randaugment-ops", "2",
+                 "--randaugment-factor", "0.5", "--mixup", "0.2", "--drop-path", "0.1"]
+    trained = command("train", "--dataset", f"folder:{tmp_path / 'images'}", *tiny, *augmented,
                       "--no-tensorboard", "--output-dir", str(tmp_path / "run"))
     assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["randaugment_ops"] == 2
     # With TensorFlow but not tensorflow-datasets, a tfds: dataset names the package.
     tfds = command("train", "--dataset", "tfds:mnist", *tiny[:-2], "--output-dir",
                    str(tmp_path / "tfds_run"), refused=("tensorflow_datasets",))
