@@ -85,11 +85,14 @@ def parse_arguments(argv=None):
     parser.add_argument("--sharing", nargs="+", choices=SHARING, default=["program"],
                         help="how K runs share the device: one program (vmap), K processes, "
                              "K processes under CUDA MPS (--device gpu)")
+    parser.add_argument("--process-seconds", type=int, default=120,
+                        help="time allowed to K processes, from their start to their result "
+                             "(a row that runs out says so and the script goes on)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    check_positive_ints(parser, args, ("batch_size", "steps", "rounds"))
+    check_positive_ints(parser, args, ("batch_size", "steps", "rounds", "process_seconds"))
     if any(k < 1 for k in args.packs):
         parser.error(f"--packs takes positive numbers of runs, got {args.packs}")
     if "mps" in args.sharing and args.device != "gpu":
@@ -283,7 +286,16 @@ def time_processes(args, packs, env=None):
              "--barrier", barrier, "--barrier-count", str(packs)],
             env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(packs)]
-        results = [child.communicate() + (child.returncode,) for child in children]
+        deadline = time.monotonic() + args.process_seconds
+        try:
+            results = [child.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                       + (child.returncode,) for child in children]
+        except subprocess.TimeoutExpired:
+            for child in children:
+                child.kill()
+                child.communicate()
+            raise RuntimeError(f"{packs} processes did not finish in {args.process_seconds} s "
+                               "(--process-seconds)") from None
     seconds = []
     for out, err, code in results:
         line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)

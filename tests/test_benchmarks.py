@@ -108,6 +108,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_packing, ["--packs", "2", "0"]),
     (bench_packing, ["--steps", "0"]),
     (bench_packing, ["--sharing", "mps"]),
+    (bench_packing, ["--process-seconds", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -960,6 +961,35 @@ def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not
                         (8, "processes under MPS", 0.01, 800.0)]
     else:
         assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
+
+
+def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch):
+    import subprocess
+    import time
+
+    class Stuck:  # a worker that never ends
+        killed = False
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def communicate(self, timeout=None):
+            if not Stuck.killed:
+                time.sleep(timeout)
+                raise subprocess.TimeoutExpired("worker", timeout)
+            return "", ""
+
+        def kill(self):
+            Stuck.killed = True
+
+    monkeypatch.setattr(subprocess, "Popen", Stuck)
+    args = bench_packing.parse_arguments(["--model", "tiny", "--process-seconds", "1"])
+    started = time.monotonic()
+    row = bench_packing._guarded(lambda: bench_packing.processes_row(args, 2, "processes"), 2,
+                                 "processes")
+    assert time.monotonic() - started < 5 and Stuck.killed
+    assert row == (2, "processes", None,
+                   "2 processes did not finish in 1 s (--process-seconds)")
 
 
 def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path):
