@@ -1025,20 +1025,32 @@ def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, cap
     assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
 
 
-def test_the_queued_packing_check_commands_parse():
-    """The lent session's packing check (tools/gpu/README.md) spends device minutes: a
-    command that its parser refuses would spend them on an error."""
-    import shlex
+def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(tmp_path):
+    """tools/gpu/packing.sh with `python3` and `nvidia-smi` stood in for: each of its
+    commands parses (a refused one would spend a lent GPU's minutes on an error), and
+    its output comes back in $OUT."""
+    import subprocess
 
-    with open(os.path.join(ROOT, "tools", "gpu", "README.md")) as f:
-        readme = f.read()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S)
-                 if "bench_packing.py" in b)
-    prefix = shlex.split(re.search(r'^b="(.*)"$', block, re.M).group(1))
-    assert prefix[:2] == ["python3", "benchmarks/bench_packing.py"]
-    commands = [prefix[2:] + shlex.split(line[3:]) for line in block.splitlines()
-                if line.startswith("$b ")]
-    assert len(commands) == 4
-    parsed = [bench_packing.parse_arguments(argv) for argv in commands]
+    fake = tmp_path / "bin"
+    os.makedirs(fake)
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" "--END--" >> {calls}\necho "| 1 | table |"\n')
+    (fake / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'a stand-in GPU, 1 MiB'\n")
+    for tool in ("python3", "nvidia-smi"):
+        os.chmod(fake / tool, 0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=str(fake / "python3"),
+               GPU_KIT=str(tmp_path / "kit"), GPU_WORK=str(tmp_path / "machine"),
+               OUT=str(tmp_path / "out"))
+    os.makedirs(tmp_path / "out")
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "packing.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    commands = [c.strip("\n").split("\n") for c in calls.read_text().split("--END--\n")
+                if c.strip()]
+    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 4
+    parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
     assert all(args.device == "gpu" for args in parsed)
     assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
+    assert parsed[-1].check  # the check, which compiles most, last
+    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 4
