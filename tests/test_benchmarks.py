@@ -20,6 +20,7 @@ import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import host_waits  # noqa: E402
+import profile_jax  # noqa: E402
 import profile_tensorflow  # noqa: E402
 import profile_torch  # noqa: E402
 
@@ -1054,3 +1055,83 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
     assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
     assert parsed[-1].check  # the check, which compiles most, last
     assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 4
+
+
+@pytest.mark.parametrize("op_name, part", [
+    ("jit(step)/jvp(block_3)/attn_norm/jit(_var)/reduce_sum", ("norms", "forward")),
+    ("jit(step)/transpose(jvp(final_norm))/mul", ("norms", "backward")),
+    ("jit(step)/jvp(stem)/patch_norm/sub", ("norms", "forward")),
+    ("jit(step)/jvp(block_0)/attention/qkv/dot_general", ("attention: projections", "forward")),
+    ("jit(step)/transpose(jvp(block_0))/attention/out/dot_general",
+     ("attention: projections", "backward")),
+    ("jit(step)/jvp(block_0)/attention/reduce_max", ("attention: softmax(q k^T) v", "forward")),
+    ("jit(step)/transpose(jvp(block_1))/mlp/fc1/dot_general", ("MLP", "backward")),
+    ("jit(step)/jvp(stem)/conv_general_dilated", ("stem", "forward")),
+    ("jit(step)/jvp(compile_loss)/categorical_crossentropy/exp", ("head and loss", "forward")),
+    ("jit(step)/adam_w/CosineDecay/cos", ("optimizer update", "")),
+    ("jit(step)/add", ("other", "")),
+])
+def test_the_jax_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
+    assert profile_jax.part_of(op_name) == part
+
+
+class _Event:
+    def __init__(self, name, ns, **stats):
+        self.name, self.duration_ns, self.stats = name, ns, list(stats.items())
+
+
+class _Line:
+    def __init__(self, name, events):
+        self.name, self.events = name, events
+
+
+class _Plane:
+    def __init__(self, name, lines):
+        self.name, self.lines = name, lines
+
+
+def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
+    kernel = dict(hlo_module="jit_step")
+    gpu = _Plane("/device:GPU:0", [
+        _Line("XLA Ops", [_Event("fusion.1", 30, hlo_op="fusion.1", **kernel),
+                          _Event("gemm.2", 70, hlo_op="gemm.2", **kernel)]),
+        _Line("Stream #13", [_Event("sm90_gemm", 70, hlo_op="gemm.2", **kernel)]),
+        _Line("other module", [_Event("x", 500, hlo_op="x", hlo_module="jit_other")])])
+    host = _Plane("/host:CPU", [_Line("python", [_Event("dispatch", 900)])])
+
+    class Profile:
+        planes = [host, gpu]
+
+    assert profile_jax.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
+    cpu = _Plane("/host:CPU", [_Line("thread 1", [_Event("a", 5, hlo_op="a", **kernel)]),
+                               _Line("thread 2", [_Event("b", 7, hlo_op="b", **kernel)])])
+
+    class CpuProfile:
+        planes = [cpu]
+
+    assert profile_jax.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
+    rows = profile_jax.trace_contents(Profile)
+    assert "/device:GPU:0 / XLA Ops: fusion.1 x1, gemm.2 x1" in rows
+
+
+@pytest.mark.one_backend
+def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_jax.py")
+    tiny = json.dumps({"image_size": 16, "patch_size": 8, "width": 16, "depth": 1,
+                       "num_heads": 2, "mlp_dim": 32, "num_classes": 3})
+    done = subprocess.run(
+        [sys.executable, script, "--batch-size", "2", "--steps", "2", "--overrides", tiny,
+         "--json", str(tmp_path / "profile.json")],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "profile.json").read_text())
+    parts = result["parts"]
+    for part in ("norms|forward", "norms|backward", "attention: projections|forward",
+                 "attention: softmax(q k^T) v|backward", "MLP|forward", "optimizer update|"):
+        assert parts.get(part, 0) > 0, parts
+    assert result["unmatched_seconds"] <= 0.01 * sum(parts.values())
+    assert result["flops"] > 0 and "| optimizer update |" in done.stdout
+    shares = re.findall(r"\| ([\d.]+)% \|$", done.stdout, re.M)
+    assert abs(sum(map(float, shares)) - 100) < 0.5

@@ -178,10 +178,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def call(self, x, training=None):
         num_tokens, width = x.shape[1], x.shape[2]
-        if self.qkv.quantization_mode is None:
-            q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias, self.num_heads)
-        else:  # Keras' quantized Dense computes the projection
-            q, k, v = split_heads(self.qkv(x), self.num_heads)
+        # The scope names the fused projection in a profile, as the `out` layer's call does.
+        with keras.name_scope("qkv"):
+            if self.qkv.quantization_mode is None:
+                q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias,
+                                         self.num_heads)
+            else:  # Keras' quantized Dense computes the projection
+                q, k, v = split_heads(self.qkv(x), self.num_heads)
         if self.q_norm is not None:
             q = self.q_norm(q, training=training)
             k = self.k_norm(k, training=training)
