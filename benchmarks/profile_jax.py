@@ -72,12 +72,45 @@ def part_of(op_name):
 
 
 def instruction_scopes(hlo_text):
-    """`{instruction name: op_name}` of a compiled program's text (an instruction
-    without metadata is left out)."""
-    scopes = {}
-    for match in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?metadata=\{[^}]*"
-                             r"op_name=\"([^\"]*)\"", hlo_text, re.M):
-        scopes[match.group(1)] = match.group(2)
+    """`{instruction name: op_name}` of a compiled program's text. A fusion's own line
+    often has no metadata: it takes its fused computation's (the root's, else the
+    first instruction's that has one). An instruction the compiler added with none
+    (a layout copy, a bias gradient's reduction) takes that of the first of its
+    operands that has one: it is counted with the operation whose output it reads."""
+    own, calls, roots, firsts, operands = {}, {}, {}, {}, {}
+    computation = None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            computation = header.group(1)
+            continue
+        instruction = re.match(r"^\s*(ROOT )?%?([\w.\-]+) = ", line)
+        if not instruction:
+            continue
+        name = instruction.group(2)
+        scope = re.search(r'op_name="([^"]*)"', line)
+        called = re.search(r"\bcalls=%?([\w.\-]+)", line)
+        if scope:
+            own[name] = scope.group(1)
+            firsts.setdefault(computation, scope.group(1))
+            if instruction.group(1):
+                roots[computation] = scope.group(1)
+        if called:
+            calls[name] = called.group(1)
+        arguments = re.search(r"= [^(]*\(([^)]*)\)", line)
+        operands[name] = re.findall(r"%([\w.\-]+)", arguments.group(1)) if arguments else []
+    scopes = dict(own)
+    for name, called in calls.items():
+        if name not in scopes:
+            scope = roots.get(called) or firsts.get(called)
+            if scope:
+                scopes[name] = scope
+    for _ in range(8):  # chains of added instructions, a few deep
+        for name, names in operands.items():
+            if name not in scopes:
+                scope = next((scopes[n] for n in names if n in scopes), None)
+                if scope:
+                    scopes[name] = scope
     return scopes
 
 
