@@ -1135,3 +1135,27 @@ def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
     assert result["flops"] > 0 and "| optimizer update |" in done.stdout
     shares = re.findall(r"\| ([\d.]+)% \|$", done.stdout, re.M)
     assert abs(sum(map(float, shares)) - 100) < 0.5
+
+
+def test_the_jax_profile_finds_each_instructions_scope_in_the_compiled_text():
+    hlo = """HloModule jit_step, is_scheduled=true
+
+%fused_computation.1 (param_0: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  ROOT %multiply.3 = f32[4]{0} multiply(%param_0, %param_0), metadata={op_name="jit(step)/jvp(block_0)/mlp/mul"}
+}
+
+ENTRY %main.9 (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %dot.2 = f32[4]{0} add(%p, %p), metadata={op_name="jit(step)/jvp(block_0)/attn_norm/add"}
+  %mul_fusion = f32[4]{0} fusion(%dot.2), kind=kLoop, calls=%fused_computation.1
+  %copy_bitcast_fusion.1 = f32[4]{0} fusion(%mul_fusion), kind=kLoop, calls=%fused_computation.9
+  ROOT %copy.5 = f32[4]{0} copy(%copy_bitcast_fusion.1)
+}
+"""
+    scopes = profile_jax.instruction_scopes(hlo)
+    assert scopes["dot.2"] == "jit(step)/jvp(block_0)/attn_norm/add"
+    assert scopes["mul_fusion"] == "jit(step)/jvp(block_0)/mlp/mul"  # its computation's root
+    # added by the compiler, no metadata anywhere: the scope of what it reads
+    assert scopes["copy_bitcast_fusion.1"] == scopes["copy.5"] == scopes["mul_fusion"]
+    assert "p" not in scopes  # a parameter reads nothing
