@@ -74,8 +74,14 @@ def main(argv=None):
     parser.add_argument("--pipelines", nargs="+", choices=PIPELINES,
                         help="the input pipelines to time (default: python, and tf.data "
                              "where TensorFlow is installed)")
+    parser.add_argument("--chunk-values", type=int,
+                        help="values (pixels x channels) the python pipeline's augmentation "
+                             "program augments at once (default: the pipeline's CHUNK_VALUES); "
+                             "with randaugment_chosen_ops off, larger chunks compute all of "
+                             "RandAugment's operations over more images at once")
     args = parser.parse_args(argv)
-    check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds"))
+    check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds",
+                                       "chunk_values"))
 
     import importlib.util
 
@@ -84,6 +90,10 @@ def main(argv=None):
 
     from keras_vitnorm import ViT
     from keras_vitnorm.training import data as data_lib
+    from keras_vitnorm.training.data import python_pipeline
+
+    if args.chunk_values:  # read when a stream builds its program
+        python_pipeline.CHUNK_VALUES = args.chunk_values
 
     size = (args.image_size, args.image_size)
     augmentation_options, model_options, model_name = RECIPES[args.recipe]
@@ -155,7 +165,8 @@ def main(argv=None):
 
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
           f"{args.batch_size}, recipe {args.recipe}, {os.cpu_count()} CPU cores; median of "
-          f"{args.rounds} rounds\n")
+          f"{args.rounds} rounds; the augmentation program's chunks of "
+          f"{python_pipeline.CHUNK_VALUES:,} values\n")
     print("| what | images/s | vs the training step |\n|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")

@@ -110,6 +110,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_packing, ["--steps", "0"]),
     (bench_packing, ["--sharing", "mps"]),
     (bench_packing, ["--process-seconds", "0"]),
+    (bench_input, ["--chunk-values", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -664,6 +665,25 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
     assert rows[step].endswith("| 1.0x |")
+
+
+def test_input_benchmark_sets_the_augmentation_programs_chunk(capsys, monkeypatch):
+    from keras_vitnorm import backend
+    from keras_vitnorm.training.data import python_pipeline
+
+    monkeypatch.setattr(python_pipeline, "CHUNK_VALUES", python_pipeline.CHUNK_VALUES)
+    chunks = []
+    mapped = backend.map_examples
+    monkeypatch.setattr(backend, "map_examples",
+                        lambda *a, chunk=None: chunks.append(chunk) or mapped(*a, chunk=chunk))
+    bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
+                      "--batches", "1", "--rounds", "1", "--pipelines", "python",
+                      "--chunk-values", "128"])
+    assert "the augmentation program's chunks of 128 values" in capsys.readouterr().out
+    import keras
+
+    if keras.backend.backend() == "jax":  # the program: 8 x 8 x 1 values an image
+        assert chunks == [128 // (8 * 8)] * len(chunks) and chunks
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):
