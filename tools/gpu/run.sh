@@ -12,8 +12,9 @@
 #       without weights to $OUT/STUDY.tar.gz, all within SECONDS of the call's start:
 #       training stops GPU_TABLES_SECONDS (default 30) before, so that the tables and
 #       the export fit (tables cut short there are written again where the export is
-#       committed: tools/gpu/README.md). Each run's log comes back in $OUT/STUDY-logs.tar.gz, and
-#       $OUT/monitor.txt has the GPU's use and the host's load every 10 s.
+#       committed: tools/gpu/README.md). Each run's log comes back in
+#       $OUT/STUDY-logs.tar.gz, and $OUT/monitor.txt has the GPU's use and the host's
+#       load every 10 s.
 #
 # A run still training when its time is up is stopped. Its checkpoint stays in
 # /tmp/studies while the machine is warm: the same command on the warm machine
