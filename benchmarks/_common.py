@@ -58,6 +58,25 @@ def synthetic_batch(config, batch_size):
     return x, y
 
 
+def require_jax_backend(script, does):
+    """Exits unless this process's Keras backend is JAX (or not set), and sets it: for
+    the scripts that build JAX programs themselves (`does`: what the script does)."""
+    found = os.environ.get("KERAS_BACKEND", "jax")
+    if found != "jax":
+        raise SystemExit(f"{script} {does}: run it with KERAS_BACKEND=jax (this process has "
+                         f"KERAS_BACKEND={found}).")
+    os.environ["KERAS_BACKEND"] = "jax"
+
+
+def require_jax_device(device):
+    """Exits unless JAX computes on `device` ("cpu" or "gpu") here."""
+    import jax
+
+    if device == "gpu" and jax.default_backend() != "gpu":
+        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
+                         f"{jax.default_backend()}).")
+
+
 def keras_backend_device():
     """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
     import keras

@@ -58,6 +58,8 @@ import tempfile
 import time
 
 from _common import check_positive_ints
+from _common import require_jax_backend
+from _common import require_jax_device
 
 MODELS = {
     "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512),
@@ -316,11 +318,7 @@ def processes_row(args, packs, how, env=None):
 
 def _configure(args):
     """The process's JAX device check and fast paths, as every row times them."""
-    import jax
-
-    if args.device == "gpu" and jax.default_backend() != "gpu":
-        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
-                         f"{jax.default_backend()}).")
+    require_jax_device(args.device)
     from keras_vitnorm import ops
 
     # JAX has no batching rule for the fast path's custom gradient: off for every K.
@@ -332,10 +330,7 @@ def _configure(args):
 
 def main(argv=None):
     args = parse_arguments(argv)
-    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-        raise SystemExit("bench_packing.py times JAX programs: run it with KERAS_BACKEND=jax "
-                         f"(this process has KERAS_BACKEND={os.environ['KERAS_BACKEND']}).")
-    os.environ["KERAS_BACKEND"] = "jax"
+    require_jax_backend("bench_packing.py", "times JAX programs")
     if set(args.sharing) & {"processes", "mps"}:  # K processes share the device's memory
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.worker:

@@ -38,6 +38,8 @@ import time
 
 from _common import check_positive_ints
 from _common import compile_like_fit
+from _common import require_jax_backend
+from _common import require_jax_device
 from _common import synthetic_batch
 
 #: The parts of the table, in its order; `part_of` names each operation's.
@@ -285,15 +287,8 @@ def report(result, args):
 
 def main(argv=None):
     args = parse_arguments(argv)
-    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-        raise SystemExit("profile_jax.py profiles JAX programs: run it with KERAS_BACKEND=jax "
-                         f"(this process has KERAS_BACKEND={os.environ['KERAS_BACKEND']}).")
-    os.environ["KERAS_BACKEND"] = "jax"
-    import jax
-
-    if args.device == "gpu" and jax.default_backend() != "gpu":
-        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
-                         f"{jax.default_backend()}).")
+    require_jax_backend("profile_jax.py", "profiles JAX programs")
+    require_jax_device(args.device)
     result = profile(args)
     print(report(result, args))
     if args.json:

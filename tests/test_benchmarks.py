@@ -1050,25 +1050,10 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
     """tools/gpu/packing.sh with `python3` and `nvidia-smi` stood in for: each of its
     commands parses (a refused one would spend a lent GPU's minutes on an error), and
     its output comes back in $OUT."""
-    import subprocess
+    from test_gpu_kit import with_stand_in_gpu
 
-    fake = tmp_path / "bin"
-    os.makedirs(fake)
-    calls = tmp_path / "calls"
-    (fake / "python3").write_text(
-        f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" "--END--" >> {calls}\necho "| 1 | table |"\n')
-    (fake / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'a stand-in GPU, 1 MiB'\n")
-    for tool in ("python3", "nvidia-smi"):
-        os.chmod(fake / tool, 0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=str(fake / "python3"),
-               GPU_KIT=str(tmp_path / "kit"), GPU_WORK=str(tmp_path / "machine"),
-               OUT=str(tmp_path / "out"))
-    os.makedirs(tmp_path / "out")
-    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "packing.sh")], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
     assert done.returncode == 0, done.stderr[-2000:]
-    commands = [c.strip("\n").split("\n") for c in calls.read_text().split("--END--\n")
-                if c.strip()]
     assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 4
     parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
     assert all(args.device == "gpu" for args in parsed)

@@ -221,6 +221,30 @@ def test_the_gpu_study_script_names_missing_parts_and_bad_arguments(tmp_path):
     assert done.returncode == 2 and "usage: " in done.stderr
 
 
+def with_stand_in_gpu(tmp_path, script, *argv, printed=""):
+    """Runs `tools/gpu/<script> argv` with `python3` and `nvidia-smi` stood in for (the
+    stand-in python3 logs its arguments and prints `printed`); returns the finished
+    process and the argument lists python3 was called with."""
+    fake = tmp_path / "bin"
+    os.makedirs(fake, exist_ok=True)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    (fake / "python3").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" "--END--" >> {calls}\n'
+                                  + (f"echo {printed!r}\n" if printed else ""))
+    (fake / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'a stand-in GPU, 1 MiB'\n")
+    for tool in ("python3", "nvidia-smi"):
+        os.chmod(fake / tool, 0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=str(fake / "python3"),
+               GPU_KIT=str(tmp_path / "kit"), GPU_WORK=str(tmp_path / "machine"),
+               OUT=str(tmp_path / "out"))
+    os.makedirs(tmp_path / "out", exist_ok=True)
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", script), *argv], env=env,
+                          capture_output=True, text=True, timeout=60)
+    commands = [c.strip("\n").split("\n") for c in calls.read_text().split("--END--\n")
+                if c.strip()]
+    return done, commands
+
+
 @pytest.mark.one_backend
 @pytest.mark.parametrize("part", ["s16", "b16-jax", "b16-torch"])
 def test_each_efficiency_part_calls_the_benchmark_with_arguments_it_accepts(tmp_path, part):
@@ -229,28 +253,15 @@ def test_each_efficiency_part_calls_the_benchmark_with_arguments_it_accepts(tmp_
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_variants
 
-    fake = tmp_path / "bin"
-    os.makedirs(fake)
-    calls = tmp_path / "calls"
-    (fake / "python3").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" "--END--" >> {calls}\n')
-    (fake / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'a stand-in GPU, 1 MiB'\n")
-    for tool in ("python3", "nvidia-smi"):
-        os.chmod(fake / tool, 0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=str(fake / "python3"),
-               GPU_KIT=str(tmp_path / "kit"), GPU_WORK=str(tmp_path / "machine"),
-               OUT=str(tmp_path / "out"))
-    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "efficiency.sh"), part],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done, commands = with_stand_in_gpu(tmp_path, "efficiency.sh", part)
     assert done.returncode == 0, done.stderr[-2000:]
-    commands = [c.strip("\n").split("\n") for c in calls.read_text().split("--END--\n") if c.strip()]
     benchmarks = [c[1:] for c in commands if c[0] == "benchmarks/bench_variants.py"]
     assert len(benchmarks) == {"s16": 2, "b16-jax": 1, "b16-torch": 2}[part]
     for argv in benchmarks:
         args = bench_variants.parse_arguments(argv)  # exits on an argument it does not take
         assert args.device == "gpu" and args.mixed_precision == "mixed_bfloat16"
         assert os.path.dirname(args.json) == str(tmp_path / "out")
-    bad = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "efficiency.sh"), "b32"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    bad, _ = with_stand_in_gpu(tmp_path, "efficiency.sh", "b32")
     assert bad.returncode == 2 and "usage: " in bad.stderr
 
 
