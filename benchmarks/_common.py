@@ -77,6 +77,37 @@ def require_jax_device(device):
                          f"{jax.default_backend()}).")
 
 
+def jax_training(model):
+    """`(state, step)` of a compiled Keras model under JAX, whose optimizer and metrics
+    are built: Keras' training state `(trainable, non-trainable, optimizer, metrics)`
+    variables' values, and the training step of `fit` on it, `step(state, (x, y))`
+    returning the next state (Keras' `train_step`, not yet under `jax.jit`)."""
+    state = ([v.value for v in model.trainable_variables],
+             [v.value for v in model.non_trainable_variables],
+             [v.value for v in model.optimizer.variables],
+             [v.value for v in model.metrics_variables])
+
+    def step(state, data):
+        _, state = model.train_step(state, data)
+        return state
+
+    return state, step
+
+
+def wait_at_barrier(folder, count):
+    """Announces this worker in `folder` and waits until `count` workers have: the
+    workers of a round then start timing together."""
+    open(os.path.join(folder, f"ready-{os.getpid()}"), "w").close()
+    while len(os.listdir(folder)) < count:
+        time.sleep(0.02)
+
+
+def worker_result(stdout):
+    """The JSON of a worker's `RESULT <json>` line in `stdout`, or None if it printed none."""
+    line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+    return None if line is None else json.loads(line[len("RESULT "):])
+
+
 def keras_backend_device():
     """"gpu" if the running Keras backend computes on a GPU, else "cpu"."""
     import keras
@@ -356,14 +387,14 @@ def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="de
             capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"still running after {timeout:.0f} s, stopped", "timed_out": True}
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if done.returncode or line is None:
+    result = worker_result(done.stdout)
+    if done.returncode or result is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         failure = {"error": " | ".join(tail) or f"worker exited with code {done.returncode}"}
         if is_out_of_memory(done.stderr + done.stdout, done.returncode):
             failure["out_of_memory"] = True
         return failure
-    return json.loads(line[len("RESULT "):])
+    return result
 
 
 def peak_memory(run, device="cpu", backend=None):

@@ -58,8 +58,11 @@ import tempfile
 import time
 
 from _common import check_positive_ints
+from _common import jax_training
 from _common import require_jax_backend
 from _common import require_jax_device
+from _common import wait_at_barrier
+from _common import worker_result
 
 MODELS = {
     "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512),
@@ -120,10 +123,7 @@ def build(model_name, batch_size, seed=0):
                                     grad_clip=1.0), label_smoothing=0.1)
     x, y = batches(model_name, 1, batch_size, seed)
     model.train_on_batch(np.asarray(x[0]), np.asarray(y[0]))  # builds the optimizer and metrics
-    state = ([v.value for v in model.trainable_variables],
-             [v.value for v in model.non_trainable_variables],
-             [v.value for v in model.optimizer.variables],
-             [v.value for v in model.metrics_variables])
+    state, _ = jax_training(model)
     return model, state
 
 
@@ -153,10 +153,7 @@ def step_functions(model):
     and of K runs over stacked states and batches."""
     import jax
 
-    def one(state, data):
-        _, state = model.train_step(state, data)
-        return state
-
+    _, one = jax_training(model)
     return jax.jit(one), jax.jit(jax.vmap(one))
 
 
@@ -264,9 +261,7 @@ def worker(args):
     model, state = build(args.model, args.batch_size)
 
     def ready():
-        open(os.path.join(args.barrier, f"ready-{os.getpid()}"), "w").close()
-        while len(os.listdir(args.barrier)) < args.barrier_count:
-            time.sleep(0.02)
+        wait_at_barrier(args.barrier, args.barrier_count)
 
     return {"seconds": time_pack(model, state, args.model, 1, args.batch_size, args.steps,
                                  args.rounds, ready)}
@@ -300,11 +295,11 @@ def time_processes(args, packs, env=None):
                                "(--process-seconds)") from None
     seconds = []
     for out, err, code in results:
-        line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
-        if code or line is None:
+        result = worker_result(out)
+        if code or result is None:
             raise RuntimeError("a process failed: "
                                + " | ".join((err or out).strip().splitlines()[-3:])[-400:])
-        seconds.append(json.loads(line[len("RESULT "):])["seconds"])
+        seconds.append(result["seconds"])
     return seconds
 
 

@@ -24,6 +24,8 @@ from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import synthetic_batch
+from _common import wait_at_barrier
+from _common import worker_result
 from bench_variants import MODELS
 
 from keras_vitnorm.study.workers import thread_environment
@@ -45,9 +47,7 @@ def worker(args):
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
     if args.barrier:  # every worker of a round starts timing together
-        open(os.path.join(args.barrier, f"ready-{os.getpid()}"), "w").close()
-        while len(os.listdir(args.barrier)) < args.barrier_count:
-            time.sleep(0.05)
+        wait_at_barrier(args.barrier, args.barrier_count)
     start = time.perf_counter()
     for _ in range(args.steps):
         model.train_on_batch(x, y)
@@ -67,10 +67,10 @@ def _start(arguments, backend, threads, barrier=None, count=1):
 
 def _result(process):
     out, err = process.communicate()
-    line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
-    if process.returncode or line is None:
+    result = worker_result(out)
+    if process.returncode or result is None:
         raise RuntimeError(" | ".join((err or out).strip().splitlines()[-5:]))
-    return json.loads(line[len("RESULT "):])["images_per_second"]
+    return result["images_per_second"]
 
 
 def measure(backend, arguments, processes, rounds):

@@ -38,6 +38,7 @@ import time
 
 from _common import check_positive_ints
 from _common import compile_like_fit
+from _common import jax_training
 from _common import require_jax_backend
 from _common import require_jax_device
 from _common import synthetic_batch
@@ -191,15 +192,7 @@ def build_step(args):
     model = compile_like_fit(ViT(**config))
     x, y = synthetic_batch(config, args.batch_size)
     model.train_on_batch(x, y)  # builds the optimizer and the metrics
-    state = ([v.value for v in model.trainable_variables],
-             [v.value for v in model.non_trainable_variables],
-             [v.value for v in model.optimizer.variables],
-             [v.value for v in model.metrics_variables])
-
-    def step(state, data):
-        _, state = model.train_step(state, data)
-        return state
-
+    state, step = jax_training(model)
     return jax.jit(step), state, (jax.device_put(x), jax.device_put(y)), (x, y), config
 
 
