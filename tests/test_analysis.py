@@ -9,6 +9,7 @@ from keras_vitnorm.analysis import GradientNormRecorder
 from keras_vitnorm.analysis import depth_group
 from keras_vitnorm.analysis import residual_stream
 from keras_vitnorm.analysis import stem_scale_map
+from keras_vitnorm.backend import gradients_function
 from keras_vitnorm.backend import value_and_gradients
 
 
@@ -49,6 +50,50 @@ def test_recorder_matches_gradients_computed_directly_after_training():
         assert recorder.records[4][group] == pytest.approx(norm, rel=1e-4, abs=1e-9), group
     # Training moved the weights: step 0 and step 4 differ (so stale weights would fail).
     assert recorder.records[0]["head"] != pytest.approx(recorder.records[4]["head"], rel=1e-3)
+
+
+def _cross_entropy(labels):
+    def loss_fn(logits):
+        return keras.ops.mean(keras.losses.categorical_crossentropy(
+            keras.ops.convert_to_tensor(labels), logits, from_logits=True))
+
+    return loss_fn
+
+
+def test_a_gradients_function_gives_value_and_gradients_at_the_weights_of_each_call():
+    model = tiny()
+    images, labels = data()
+    loss_fn = _cross_entropy(labels)
+    gradients = gradients_function(model, loss_fn)
+    for _ in range(2):
+        loss, input_grad, grads = gradients(images)
+        want_loss, want_input_grad, want_grads = value_and_gradients(model, images, loss_fn)
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        np.testing.assert_allclose(input_grad, want_input_grad, rtol=1e-4, atol=1e-7)
+        assert grads.keys() == want_grads.keys()
+        for path, grad in grads.items():
+            np.testing.assert_allclose(grad, want_grads[path], rtol=1e-4, atol=1e-7,
+                                       err_msg=path)
+        head = model.get_layer("head").kernel
+        head.assign(head.numpy() * 2.0 + 0.1)  # the next call sees these weights
+
+
+def test_under_jax_a_gradients_function_compiles_one_program_once(caplog):
+    if keras.backend.backend() != "jax":
+        pytest.skip("TensorFlow and PyTorch take a gradients function's gradients eagerly")
+    import jax
+
+    model = tiny()
+    images, labels = data()
+    gradients = gradients_function(model, _cross_entropy(labels))
+    compiled = []
+    for _ in range(2):
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            gradients(images)
+        compiled.append(sum("Compiling" in r.getMessage() for r in caplog.records))
+    # Op by op, as value_and_gradients runs, the first pass compiles each operation.
+    assert compiled[0] <= 2 and compiled[1] == 0, compiled
 
 
 def test_recorder_writes_csv(tmp_path):

@@ -5,8 +5,9 @@ rest of what the library does differently under JAX, TensorFlow and PyTorch, eac
 function a small form per backend in that backend's private module (`_jax`,
 `_tensorflow`, `_torch`, imported only under its backend):
 
-- `value_and_gradients`: a loss and its gradients with respect to a model's inputs
-  and weights (Keras has no backend-neutral gradient op).
+- `value_and_gradients`, `gradients_function`: a loss and its gradients with respect
+  to a model's inputs and weights (Keras has no backend-neutral gradient op), once or
+  as a function taken again and again.
 - `distribution_scope`: the scope that spreads training over devices, and the number
   of data-parallel replicas.
 - `process_index_and_count`, `process_share`: where this process stands among the
@@ -35,7 +36,8 @@ import keras
 
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins", "device_constants",
-    "distribution_scope", "from_first_process", "global_random_state", "map_examples", "name",
+    "distribution_scope", "from_first_process", "global_random_state", "gradients_function",
+    "map_examples", "name",
     "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "test_step",
@@ -82,9 +84,30 @@ def value_and_gradients(model, inputs, loss_fn, training=False):
     Example:
     >>> loss, dx, dw = value_and_gradients(model, x, lambda y: keras.ops.sum(y))
     """
+    return _as_numpy(model, *_native().value_and_gradients(model, inputs, loss_fn, training))
+
+
+def gradients_function(model, loss_fn, training=False):
+    """`value_and_gradients` of `model` and `loss_fn` as a function of the inputs alone,
+    for a loss taken again and again (a probe batch every k steps).
+
+    Each call reads the model's weights as they are then. JAX compiles the forward and
+    backward pass once, at the first call, where `value_and_gradients` runs them
+    operation by operation; TensorFlow and PyTorch run them eagerly either way.
+
+    Returns:
+        A function mapping a NumPy array of inputs to `(loss, input_gradient,
+        {variable path: gradient})`, as `value_and_gradients` returns them.
+    """
+    gradients = _native().gradients_function(model, loss_fn, training)
+    return lambda inputs: _as_numpy(model, *gradients(inputs))
+
+
+def _as_numpy(model, loss, input_grad, grads):
+    """A backend's `(loss, input gradient, [weight gradient])` as NumPy values, the
+    weights' by path, zeros where the loss does not depend on a weight."""
     import numpy as np
 
-    loss, input_grad, grads = _native().value_and_gradients(model, inputs, loss_fn, training)
     to_numpy = keras.ops.convert_to_numpy
     weight_grads = {}
     for variable, grad in zip(model.trainable_variables, grads):

@@ -29,6 +29,26 @@ def value_and_gradients(model, inputs, loss_fn, training):
     return loss, input_grad, grads
 
 
+def gradients_function(model, loss_fn, training):
+    # One compiled program for every call: run op by op, as `value_and_gradients` does,
+    # each of the pass's few hundred operations is compiled on its own the first time.
+    def compute(x, trainable, non_trainable):
+        outputs, _ = model.stateless_call(trainable, non_trainable, x, training=training)
+        return loss_fn(outputs)
+
+    program = jax.jit(jax.value_and_grad(compute, argnums=(0, 1)))
+
+    def gradients(inputs):
+        loss, (input_grad, grads) = program(
+            jax.numpy.asarray(inputs),
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+        )
+        return loss, input_grad, grads
+
+    return gradients
+
+
 def distribution_scope(kind, sharded_layout):
     processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))
     if processes > 1:

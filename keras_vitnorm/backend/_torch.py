@@ -34,6 +34,10 @@ def value_and_gradients(model, inputs, loss_fn, training):
     return loss.detach(), grads[0], grads[1:]
 
 
+def gradients_function(model, loss_fn, training):
+    return lambda inputs: value_and_gradients(model, inputs, loss_fn, training)
+
+
 def distribution_scope(kind, sharded_layout):
     if kind == "fsdp":
         raise ValueError(
