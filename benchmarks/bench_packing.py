@@ -28,7 +28,9 @@ between them. The script starts MPS's control daemon for those rows, with its pi
 and log folders in a temporary folder, and quits it after them; the GPU's settings
 (its compute mode) stay as they are. Where the daemon is missing or its server does
 not start, the row says why. For processes, the step is the median of each process's
-own step time, and the images per second are summed over the processes.
+own step time, and the images per second are summed over the processes. Each of
+these rows is printed as soon as it is measured, with the time its slowest process
+took to compile its step, and again in the table at the end.
 
 The fast path `residual_fence` (JAX on a CPU only) is off for every K: JAX cannot map
 its custom gradient over runs.
@@ -256,20 +258,25 @@ def mps_servers(env):
 
 def worker(args):
     """One run's step, timed after every process of the round is ready: its seconds
-    per step in each round."""
+    per step in each round, and the seconds from its start to its compiled, warmed-up
+    step (its start-up beside the others')."""
+    began = time.monotonic()
     _configure(args)
     model, state = build(args.model, args.batch_size)
+    compiled = []
 
     def ready():
+        compiled.append(time.monotonic() - began)
         wait_at_barrier(args.barrier, args.barrier_count)
 
-    return {"seconds": time_pack(model, state, args.model, 1, args.batch_size, args.steps,
-                                 args.rounds, ready)}
+    seconds = time_pack(model, state, args.model, 1, args.batch_size, args.steps, args.rounds,
+                        ready)
+    return {"seconds": seconds, "compiled": compiled[0]}
 
 
 def time_processes(args, packs, env=None):
-    """Seconds per step of each of `packs` processes training one run each at the same
-    moment: `[[seconds per round] per process]`."""
+    """Each of `packs` processes training one run at the same moment: `[result]`, with
+    its `seconds` per step in each round and the seconds it took to `compiled`."""
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size),
                  "--steps", str(args.steps), "--rounds", str(args.rounds),
                  "--mixed-precision", args.mixed_precision, "--device", args.device]
@@ -299,16 +306,22 @@ def time_processes(args, packs, env=None):
         if code or result is None:
             raise RuntimeError("a process failed: "
                                + " | ".join((err or out).strip().splitlines()[-3:])[-400:])
-        seconds.append(result["seconds"])
+        seconds.append(result)
     return seconds
 
 
 def processes_row(args, packs, how, env=None):
-    """A table row for `packs` processes: `(packs, how, seconds per step, img/s)`."""
-    seconds = time_processes(args, packs, env)
+    """A table row for `packs` processes: `(packs, how, seconds per step, img/s)`. Prints
+    it at once, with the slowest process's start-up, so that a call cut short keeps it."""
+    results = time_processes(args, packs, env)
+    seconds = [result["seconds"] for result in results]
     per_round = [sum(args.batch_size / run[r] for run in seconds) for r in range(args.rounds)]
     step = statistics.median(statistics.median(run) for run in seconds)
-    return packs, how, step, statistics.median(per_round)
+    rate = statistics.median(per_round)
+    started = max(result["compiled"] for result in results)
+    print(f"{packs} {how}: {1000 * step:.2f} ms per step, {rate:,.0f} images/s in all "
+          f"(the last compiled its step {started:.0f} s after its start)", flush=True)
+    return packs, how, step, rate
 
 
 def _configure(args):
@@ -387,6 +400,7 @@ def _guarded(row, packs, how):
     try:
         return row()
     except RuntimeError as error:
+        print(f"{packs} {how}: did not run: {error}", flush=True)
         return packs, how, None, str(error)
 
 
@@ -397,8 +411,10 @@ def _mps_rows(args, several):
                              packs, "processes under MPS") for packs in several]
             servers = mps_servers(env)
     except MPSUnavailable as error:
+        print(f"processes under MPS: did not run: {error}", flush=True)
         return [(packs, "processes under MPS", None, str(error)) for packs in several]
     if not servers:  # the clients ran without the daemon's server: time-sliced, not MPS
+        print("the MPS daemon started no server: the rows above ran without it", flush=True)
         return [row if row[2] is None else
                 (row[0], row[1], None, "the MPS daemon started no server; the processes ran "
                                        "without it") for row in rows]

@@ -930,6 +930,11 @@ def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sh
     assert [(packs, how) for packs, how, _ in rows] == [
         ("1", "one run"), ("3", "one program"), ("3", "processes")], done.stdout
     assert rows[0][2] == "1.00"
+    # The processes' row is printed as soon as it is measured, before the table (a lent
+    # GPU's call cut short keeps it), with how long its slowest process took to start.
+    measured = re.search(r"^3 processes: [\d.]+ ms per step, [\d,]+ images/s in all \(the "
+                         r"last compiled its step \d+ s after its start\)$", done.stdout, re.M)
+    assert measured and measured.start() < done.stdout.index("| runs |"), done.stdout
 
 
 def _fake_mps_control(folder, start_code=0, servers=""):
@@ -984,7 +989,8 @@ def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not
         assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
 
 
-def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch):
+def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch,
+                                                                             capsys):
     import subprocess
     import time
 
@@ -1011,13 +1017,17 @@ def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monk
     assert time.monotonic() - started < 5 and Stuck.killed
     assert row == (2, "processes", None,
                    "2 processes did not finish in 1 s (--process-seconds)")
+    assert capsys.readouterr().out == (
+        "2 processes: did not run: 2 processes did not finish in 1 s (--process-seconds)\n")
 
 
-def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path):
+def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     rows = bench_packing._mps_rows(None, [8])
     assert rows == [(8, "processes under MPS", None,
                      "nvidia-cuda-mps-control is not on this machine's PATH")]
+    assert capsys.readouterr().out == ("processes under MPS: did not run: "
+                                       "nvidia-cuda-mps-control is not on this machine's PATH\n")
 
 
 def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
@@ -1054,12 +1064,12 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
 
     done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 4
+    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 2
     parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
     assert all(args.device == "gpu" for args in parsed)
     assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
     assert parsed[-1].check  # the check, which compiles most, last
-    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 4
+    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 2
 
 
 @pytest.mark.parametrize("op_name, part", [
