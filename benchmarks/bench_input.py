@@ -59,7 +59,7 @@ def ready(batch):
         getattr(part, "block_until_ready", lambda: None)()
 
 
-def main(argv=None):
+def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="digits", help="digits or folder:<path>")
     parser.add_argument("--image-size", type=int, default=32)
@@ -82,7 +82,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds",
                                        "chunk_values"))
+    return args
 
+
+def main(argv=None):
+    args = parse_arguments(argv)
     import importlib.util
 
     import keras

@@ -221,6 +221,34 @@ def test_the_gpu_study_script_names_missing_parts_and_bad_arguments(tmp_path):
     assert done.returncode == 2 and "usage: " in done.stderr
 
 
+@pytest.mark.one_backend
+def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks(tmp_path):
+    """tools/gpu/imagenette_check.sh after one staging call, with `python3` and
+    `nvidia-smi` stood in for: `run.sh unpack` reassembles the data once, and the
+    profile and the input benchmark get arguments they accept, the input its folder."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_input
+    import profile_jax
+
+    archive = _archive(tmp_path, "imagenette")
+    _kit_with(tmp_path / "kit", archive, 0)
+    assert _run(tmp_path, "stage").returncode == 0
+    _kit_with(tmp_path / "kit", archive, 1)
+    done, commands = with_stand_in_gpu(tmp_path, "imagenette_check.sh", printed="| a row |")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = tmp_path / "machine" / "data" / "imagenette2_224"
+    assert sorted(os.listdir(data)) == ["train", "val"]
+    assert [c[0] for c in commands] == ["benchmarks/profile_jax.py", "benchmarks/bench_input.py"]
+    profile = profile_jax.parse_arguments(commands[0][1:])
+    assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
+    assert os.path.dirname(profile.json) == str(tmp_path / "out")
+    inputs = bench_input.parse_arguments(commands[1][1:])
+    assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
+    assert (tmp_path / "out" / "imagenette_check.md").read_text().count("| a row |") == 2
+    bad = _run(tmp_path, "unpack")
+    assert bad.returncode == 2 and "unpack DATASET" in bad.stderr
+
+
 def with_stand_in_gpu(tmp_path, script, *argv, printed=""):
     """Runs `tools/gpu/<script> argv` with `python3` and `nvidia-smi` stood in for (the
     stand-in python3 logs its arguments and prints `printed`); returns the finished

@@ -3,6 +3,9 @@
 #
 #   bash tools/gpu/run.sh stage
 #       keeps the carried archive parts (in /tmp/parts) for a later call
+#   bash tools/gpu/run.sh unpack DATASET
+#       the same, then unpacks DATASET's archive from its parts (once per machine) and
+#       prints where its folder is, for a benchmark of its images
 #   bash tools/gpu/run.sh DATASET STUDY RUNS SECONDS [ablate options]
 #       DATASET cifar10 or imagenette, STUDY one of its recipe's studies
 #       (recipes/cifar10_study.sh, recipes/imagenette_study.sh). Starts from the
@@ -50,14 +53,18 @@ export PATH=$work/bin:$PATH
 cp -n "$kit"/parts/* "$work/parts/" 2>/dev/null
 ls -l "$work/parts"
 [ "${1:-stage}" = stage ] && exit 0
-if [ $# -lt 4 ]; then
-    echo "usage: $0 stage | DATASET STUDY RUNS SECONDS [ablate options]" >&2
+usage="usage: $0 stage | unpack DATASET | DATASET STUDY RUNS SECONDS [ablate options]"
+mode=$1
+if [ "$mode" = unpack ]; then
+    [ $# = 2 ] || { echo "$usage" >&2; exit 2; }
+    dataset=$2
+elif [ $# -lt 4 ]; then
+    echo "$usage" >&2
     exit 2
+else
+    dataset=$1 study=$2 runs=$3 seconds=$4
+    shift 4
 fi
-dataset=$1 study=$2 runs=$3 seconds=$4
-shift 4
-reserve=${GPU_TABLES_SECONDS:-30}
-deadline=$seconds  # SECONDS counts from the script's start
 case $dataset in
     cifar10) archive=cifar10-jpg recipe=recipes/cifar10_study.sh ;;
     imagenette) archive=imagenette2_224 recipe=recipes/imagenette_study.sh ;;
@@ -71,6 +78,12 @@ if [ ! -d "$data" ]; then
     mkdir -p "$data.partial" && tar -xf "$work/$archive.tar" -C "$data.partial" \
         && mv "$data.partial" "$data" && rm "$work/$archive.tar" || exit 1
 fi
+if [ "$mode" = unpack ]; then
+    echo "$data"
+    exit 0
+fi
+reserve=${GPU_TABLES_SECONDS:-30}
+deadline=$seconds  # SECONDS counts from the script's start
 studies=$work/studies
 committed=${GPU_RESULTS:-docs/study-results}/$dataset-${study//_/-}
 if [ -d "$committed" ] && [ ! -d "$studies/$study" ]; then
