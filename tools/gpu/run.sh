@@ -155,16 +155,20 @@ if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then  # a client that cannot reach it 
 fi
 tar -czf "$OUT/$study-logs.tar.gz" -C "$studies/$study" plan 2>/dev/null
 # The export needs a few seconds: the tables get the rest of the time kept.
-timeout --kill-after=5 $((deadline - SECONDS - 10 > 1 ? deadline - SECONDS - 10 : 1)) \
-    bash -c 'study_command "$@" --tables-only --parallel 1 --take-over-lock' _ "$@" \
-    > "$work/tables.log" 2>&1
-case $? in
-    0) ;;
-    124|137) echo "the tables were stopped at the call's time (their log: tables.log)" ;;
-    *) echo "the tables step failed (its log: tables.log)" ;;
-esac
-tail -n 40 "$work/tables.log"
-cp "$work/tables.log" "$OUT/"
+if [ -z "$(find "$studies/$study" -name metrics.json -print -quit)" ]; then
+    echo "no run has finished: no tables to write"
+else
+    timeout --kill-after=5 $((deadline - SECONDS - 10 > 1 ? deadline - SECONDS - 10 : 1)) \
+        bash -c 'study_command "$@" --tables-only --parallel 1 --take-over-lock' _ "$@" \
+        > "$work/tables.log" 2>&1
+    case $? in
+        0) ;;
+        124|137) echo "the tables were stopped at the call's time (their log: tables.log)" ;;
+        *) echo "the tables step failed (its log: tables.log)" ;;
+    esac
+    tail -n 40 "$work/tables.log"
+    cp "$work/tables.log" "$OUT/"
+fi
 rm -rf "$work/export/$study"
 "$PYTHON" -c "import sys; from keras_vitnorm.study import export_study; \
 print(export_study(sys.argv[1], sys.argv[2]), 'finished runs exported')" \
