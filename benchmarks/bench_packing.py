@@ -5,7 +5,7 @@ processes side by side, or as processes under CUDA MPS; what each would give a s
         --mixed-precision mixed_bfloat16 --packs 1 2 4 8
     KERAS_BACKEND=jax python benchmarks/bench_packing.py --model ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --packs 1 2 4
-    KERAS_BACKEND=jax python benchmarks/bench_packing.py --device gpu --packs 1 8 16 \
+    KERAS_BACKEND=jax python benchmarks/bench_packing.py --device gpu --packs 1 8 \
         --sharing program processes mps
 
 A study's runs are small: the CIFAR-10 study's ViT (1.2M parameters, 64 tokens) is a
