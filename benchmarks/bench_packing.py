@@ -32,6 +32,11 @@ own step time, and the images per second are summed over the processes. Each of
 these rows is printed as soon as it is measured, with the time its slowest process
 took to compile its step, and again in the table at the end.
 
+`--runs-per-process R` makes each of those processes train R runs as one program, as
+a study would if each variant's process trained its R rates or seeds together: the
+rows then count K x R runs. Against K processes of one run each, it says what such
+packing would add to processes sharing the GPU.
+
 The fast path `residual_fence` (JAX on a CPU only) is off for every K: JAX cannot map
 its custom gradient over runs.
 
@@ -92,6 +97,9 @@ def parse_arguments(argv=None):
     parser.add_argument("--sharing", nargs="+", choices=SHARING, default=["program"],
                         help="how K runs share the device: one program (vmap), K processes, "
                              "K processes under CUDA MPS (--device gpu)")
+    parser.add_argument("--runs-per-process", type=int, default=1,
+                        help="runs each process of --sharing processes/mps trains as one "
+                             "program (a study's variant with its rates packed)")
     parser.add_argument("--process-seconds", type=int, default=120,
                         help="time allowed to K processes, from their start to their result "
                              "(a row that runs out says so and the script goes on)")
@@ -99,7 +107,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    check_positive_ints(parser, args, ("batch_size", "steps", "rounds", "process_seconds"))
+    check_positive_ints(parser, args, ("batch_size", "steps", "rounds", "process_seconds",
+                                       "runs_per_process"))
     if any(k < 1 for k in args.packs):
         parser.error(f"--packs takes positive numbers of runs, got {args.packs}")
     if "mps" in args.sharing and args.device != "gpu":
@@ -269,8 +278,8 @@ def worker(args):
         compiled.append(time.monotonic() - began)
         wait_at_barrier(args.barrier, args.barrier_count)
 
-    seconds = time_pack(model, state, args.model, 1, args.batch_size, args.steps, args.rounds,
-                        ready)
+    seconds = time_pack(model, state, args.model, args.runs_per_process, args.batch_size,
+                        args.steps, args.rounds, ready)
     return {"seconds": seconds, "compiled": compiled[0]}
 
 
@@ -279,7 +288,8 @@ def time_processes(args, packs, env=None):
     its `seconds` per step in each round and the seconds it took to `compiled`."""
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size),
                  "--steps", str(args.steps), "--rounds", str(args.rounds),
-                 "--mixed-precision", args.mixed_precision, "--device", args.device]
+                 "--mixed-precision", args.mixed_precision, "--device", args.device,
+                 "--runs-per-process", str(args.runs_per_process)]
     child_env = dict(env or os.environ, KERAS_BACKEND="jax")
     child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # K processes share it
     if args.device == "cpu":
@@ -311,17 +321,29 @@ def time_processes(args, packs, env=None):
 
 
 def processes_row(args, packs, how, env=None):
-    """A table row for `packs` processes: `(packs, how, seconds per step, img/s)`. Prints
-    it at once, with the slowest process's start-up, so that a call cut short keeps it."""
+    """A table row for `packs` processes of `--runs-per-process` runs each: `(runs, how,
+    seconds per step, img/s)`. Prints it at once, with the slowest process's start-up, so
+    that a call cut short keeps it."""
     results = time_processes(args, packs, env)
     seconds = [result["seconds"] for result in results]
-    per_round = [sum(args.batch_size / run[r] for run in seconds) for r in range(args.rounds)]
+    images = args.runs_per_process * args.batch_size  # per step of a process
+    per_round = [sum(images / run[r] for run in seconds) for r in range(args.rounds)]
     step = statistics.median(statistics.median(run) for run in seconds)
     rate = statistics.median(per_round)
     started = max(result["compiled"] for result in results)
-    print(f"{packs} {how}: {1000 * step:.2f} ms per step, {rate:,.0f} images/s in all "
+    runs = packs * args.runs_per_process
+    print(f"{runs} {how}: {1000 * step:.2f} ms per step, {rate:,.0f} images/s in all "
           f"(the last compiled its step {started:.0f} s after its start)", flush=True)
-    return packs, how, step, rate
+    return runs, how, step, rate
+
+
+def sharing_label(args, kind):
+    """The table's name for `kind` ("processes" or "processes under MPS") of
+    `--runs-per-process` runs each."""
+    if args.runs_per_process == 1:
+        return kind
+    return kind.replace("processes", f"processes of {args.runs_per_process} runs in one "
+                                     "program each")
 
 
 def _configure(args):
@@ -349,8 +371,9 @@ def main(argv=None):
     # may not start beside a context that is not its client's).
     shared = []
     if "processes" in args.sharing:
-        shared += [_guarded(lambda p=packs: processes_row(args, p, "processes"), packs,
-                            "processes") for packs in several]
+        how = sharing_label(args, "processes")
+        shared += [_guarded(lambda p=packs: processes_row(args, p, how),
+                            packs * args.runs_per_process, how) for packs in several]
     if "mps" in args.sharing:
         shared += _mps_rows(args, several)
     import jax
@@ -405,21 +428,21 @@ def _guarded(row, packs, how):
 
 
 def _mps_rows(args, several):
+    how = sharing_label(args, "processes under MPS")
     try:
         with mps_daemon() as env:
-            rows = [_guarded(lambda p=packs: processes_row(args, p, "processes under MPS", env),
-                             packs, "processes under MPS") for packs in several]
+            rows = [_guarded(lambda p=packs: processes_row(args, p, how, env),
+                             packs * args.runs_per_process, how) for packs in several]
             servers = mps_servers(env)
     except MPSUnavailable as error:
-        print(f"processes under MPS: did not run: {error}", flush=True)
-        return [(packs, "processes under MPS", None, str(error)) for packs in several]
+        print(f"{how}: did not run: {error}", flush=True)
+        return [(packs * args.runs_per_process, how, None, str(error)) for packs in several]
     if not servers:  # the clients ran without the daemon's server: time-sliced, not MPS
         print("the MPS daemon started no server: the rows above ran without it", flush=True)
         return [row if row[2] is None else
                 (row[0], row[1], None, "the MPS daemon started no server; the processes ran "
                                        "without it") for row in rows]
     return rows
-
 
 if __name__ == "__main__":
     main()

@@ -110,6 +110,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_packing, ["--steps", "0"]),
     (bench_packing, ["--sharing", "mps"]),
     (bench_packing, ["--process-seconds", "0"]),
+    (bench_packing, ["--runs-per-process", "0"]),
     (bench_input, ["--chunk-values", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
@@ -937,6 +938,26 @@ def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sh
     assert measured and measured.start() < done.stdout.index("| runs |"), done.stdout
 
 
+@pytest.mark.one_backend
+def test_processes_of_several_runs_each_count_every_run_in_their_row():
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "2",
+         "--steps", "2", "--rounds", "1", "--sharing", "processes", "--runs-per-process", "2"],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (\d+) \| ([a-z0-9 ]+) \| [\d.]+ \| ([\d,]+) \| [\d.]+x \|$",
+                      done.stdout, re.M)
+    assert [(runs, how) for runs, how, _ in rows] == [
+        ("1", "one run"), ("4", "processes of 2 runs in one program each")], done.stdout
+
+
+#: What `--device gpu --sharing mps` parses to, for the MPS rows.
+MPS_ARGS = bench_packing.parse_arguments(["--device", "gpu", "--sharing", "mps"])
+
+
 def _fake_mps_control(folder, start_code=0, servers=""):
     """An `nvidia-cuda-mps-control` on PATH that logs its calls, as the daemon's control
     answers them: `-d` exits with `start_code`, `get_server_list` prints `servers`."""
@@ -974,7 +995,7 @@ def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not
         return packs, how, 0.01, 100.0 * packs
 
     monkeypatch.setattr(bench_packing, "processes_row", row)
-    rows = bench_packing._mps_rows(None, [2, 8])
+    rows = bench_packing._mps_rows(MPS_ARGS, [2, 8])
     calls = log.read_text().split("\n")
     if start_code:
         assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
@@ -1023,7 +1044,7 @@ def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monk
 
 def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
-    rows = bench_packing._mps_rows(None, [8])
+    rows = bench_packing._mps_rows(MPS_ARGS, [8])
     assert rows == [(8, "processes under MPS", None,
                      "nvidia-cuda-mps-control is not on this machine's PATH")]
     assert capsys.readouterr().out == ("processes under MPS: did not run: "
@@ -1064,12 +1085,12 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
 
     done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 2
+    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 3
     parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
     assert all(args.device == "gpu" for args in parsed)
     assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
     assert parsed[-1].check  # the check, which compiles most, last
-    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 2
+    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 3
 
 
 @pytest.mark.parametrize("op_name, part", [

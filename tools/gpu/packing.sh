@@ -8,6 +8,8 @@
 # ViT as 1, 2, 3, 8 and 16 runs in one program ran on an H200: docs/performance.md):
 #   the study's ViT (batch 256, mixed_bfloat16) as 8 processes side by side, and the
 #   same under NVIDIA's MPS, each row printed as soon as it is measured;
+#   8 processes of 2 runs in one program each (what `ablate` would gain by training a
+#   variant's rates together);
 #   the check that runs packed in one program train as runs alone (float32).
 # (Whether Imagenette's Ti/16 step leaves room to pack is profile_jax.py's to say first:
 # README.md, the queue.)
@@ -26,6 +28,7 @@ bench() {
 }
 {
     bench --model study --packs 1 8 --sharing processes mps --process-seconds 100
+    bench --model study --packs 8 --sharing processes --runs-per-process 2 --process-seconds 100
     bench --model study --packs 1 3 --steps 1 --rounds 1 --check
     echo "== done $(date +%T)"
 } | tee "$OUT/packing.md"
