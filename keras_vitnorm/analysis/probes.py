@@ -10,9 +10,9 @@
   paper's Figure 3).
 
 Everything runs on all three backends; gradients come from
-`keras_vitnorm.backend.value_and_gradients`, and the recorder's from
-`keras_vitnorm.backend.gradients_function` (under JAX one compiled program for the
-run, where op by op each record would cost about twice the time).
+`keras_vitnorm.backend.value_and_gradients`, and the recorder's, taken every k steps,
+from `keras_vitnorm.backend.gradients_function` (under JAX one program compiled once
+for the run, where `value_and_gradients` compiles and runs each operation on its own).
 """
 
 import csv
