@@ -266,9 +266,10 @@ def mps_servers(env):
 
 
 def worker(args):
-    """One run's step, timed after every process of the round is ready: its seconds
-    per step in each round, and the seconds from its start to its compiled, warmed-up
-    step (its start-up beside the others')."""
+    """The step of `--runs-per-process` runs (one run's step where that is 1), timed
+    after every process of the round is ready: its seconds per step in each round, and
+    the seconds from its start to its compiled, warmed-up step (its start-up beside the
+    others')."""
     began = time.monotonic()
     _configure(args)
     model, state = build(args.model, args.batch_size)
@@ -284,8 +285,9 @@ def worker(args):
 
 
 def time_processes(args, packs, env=None):
-    """Each of `packs` processes training one run at the same moment: `[result]`, with
-    its `seconds` per step in each round and the seconds it took to `compiled`."""
+    """Each of `packs` processes training its `--runs-per-process` runs at the same
+    moment: `[result]`, with its `seconds` per step in each round and the seconds it
+    took to `compiled`."""
     arguments = ["--model", args.model, "--batch-size", str(args.batch_size),
                  "--steps", str(args.steps), "--rounds", str(args.rounds),
                  "--mixed-precision", args.mixed_precision, "--device", args.device,
@@ -443,6 +445,7 @@ def _mps_rows(args, several):
                 (row[0], row[1], None, "the MPS daemon started no server; the processes ran "
                                        "without it") for row in rows]
     return rows
+
 
 if __name__ == "__main__":
     main()
