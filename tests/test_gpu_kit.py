@@ -225,7 +225,7 @@ def test_the_gpu_study_script_names_missing_parts_and_bad_arguments(tmp_path):
 @pytest.mark.one_backend
 def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks(tmp_path):
     """tools/gpu/imagenette_check.sh after one staging call, with `python3` and
-    `nvidia-smi` stood in for: `run.sh unpack` reassembles the data once, and the
+    `nvidia-smi` stood in for: `run.sh unpack` reassembles and unpacks the data, and the
     profile and the input benchmark get arguments they accept, the input its folder."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_input

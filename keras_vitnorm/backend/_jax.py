@@ -15,35 +15,32 @@ PROCESSES_START_EQUAL = True
 HAS_GLOBAL_RANDOM_STATE = False
 
 
-def value_and_gradients(model, inputs, loss_fn, training):
-    trainable = [v.value for v in model.trainable_variables]
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def compute(x, trainable_values):
-        outputs, _ = model.stateless_call(trainable_values, non_trainable, x, training=training)
+def _loss_of(model, loss_fn, training):
+    """`loss_fn` of the model's output as a function of the inputs and the weights' values."""
+    def compute(x, trainable, non_trainable):
+        outputs, _ = model.stateless_call(trainable, non_trainable, x, training=training)
         return loss_fn(outputs)
 
-    loss, (input_grad, grads) = jax.value_and_grad(compute, argnums=(0, 1))(
-        jax.numpy.asarray(inputs), trainable
-    )
+    return jax.value_and_grad(compute, argnums=(0, 1))
+
+
+def _values(model, inputs):
+    return (jax.numpy.asarray(inputs), [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables])
+
+
+def value_and_gradients(model, inputs, loss_fn, training):
+    loss, (input_grad, grads) = _loss_of(model, loss_fn, training)(*_values(model, inputs))
     return loss, input_grad, grads
 
 
 def gradients_function(model, loss_fn, training):
     # One compiled program for every call: run op by op, as `value_and_gradients` does,
     # each of the pass's few hundred operations is compiled on its own the first time.
-    def compute(x, trainable, non_trainable):
-        outputs, _ = model.stateless_call(trainable, non_trainable, x, training=training)
-        return loss_fn(outputs)
-
-    program = jax.jit(jax.value_and_grad(compute, argnums=(0, 1)))
+    program = jax.jit(_loss_of(model, loss_fn, training))
 
     def gradients(inputs):
-        loss, (input_grad, grads) = program(
-            jax.numpy.asarray(inputs),
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-        )
+        loss, (input_grad, grads) = program(*_values(model, inputs))
         return loss, input_grad, grads
 
     return gradients
