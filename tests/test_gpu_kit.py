@@ -223,10 +223,11 @@ def test_the_gpu_study_script_names_missing_parts_and_bad_arguments(tmp_path):
 
 
 @pytest.mark.one_backend
-def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks(tmp_path):
+def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks(tmp_path, monkeypatch):
     """tools/gpu/imagenette_check.sh after one staging call, with `python3` and
     `nvidia-smi` stood in for: `run.sh unpack` reassembles and unpacks the data, and the
-    profile and the input benchmark get arguments they accept, the input its folder."""
+    input benchmark (with each form of the augmentation program) and the profile get
+    arguments they accept, the input its folder."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_input
     import profile_jax
@@ -239,12 +240,14 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     assert done.returncode == 0, done.stderr[-2000:]
     data = tmp_path / "machine" / "data" / "imagenette2_224"
     assert sorted(os.listdir(data)) == ["train", "val"]
-    assert [c[0] for c in commands] == ["benchmarks/profile_jax.py", "benchmarks/bench_input.py"]
-    profile = profile_jax.parse_arguments(commands[0][1:])
+    assert [c[0] for c in commands] == ["benchmarks/bench_input.py", "benchmarks/profile_jax.py"]
+    monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the script exports it
+    inputs = bench_input.parse_arguments(commands[0][1:])
+    assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
+    assert inputs.program_forms == [("chosen", None), ("all", 13), ("all", 64), ("all", 256)]
+    profile = profile_jax.parse_arguments(commands[1][1:])
     assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
     assert os.path.dirname(profile.json) == str(tmp_path / "out")
-    inputs = bench_input.parse_arguments(commands[1][1:])
-    assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
     assert (tmp_path / "out" / "imagenette_check.md").read_text().count("| a row |") == 2
     bad = _run(tmp_path, "unpack")
     assert bad.returncode == 2 and "unpack DATASET" in bad.stderr

@@ -416,8 +416,14 @@ class TrainBatches(keras.utils.PyDataset):
         """Batch `step_index` from its `program_inputs` (NumPy, or already on the
         device): the device's whole part of a batch, which `benchmarks/bench_input.py`
         times on its own."""
+        return self.program(step_index)(*inputs)
+
+    def program(self, step_index):
+        """The compiled program that augments batch `step_index` from its
+        `program_inputs` (`jax.jit`'s function: one for each mixing layer), or `None`
+        where there is none (`has_program`)."""
         step, _ = self._positions(step_index)
-        return self._program(self.mixing.layer(step))(*inputs)
+        return self._program(self.mixing.layer(step))
 
     def _program(self, layer):
         """The compiled augmentation of a batch mixed by `layer` (`None`: no mixing), or
