@@ -49,6 +49,9 @@ FAST_PATHS = (
                                # alone, instead of on chunks of images, where it
                                # computes all eleven and selects
                                # (keras_vitnorm.training.data.python_pipeline)
+    "randaugment_one_affine",  # JAX, the augmentation program where it computes all
+                               # eleven operations: the three geometric ones as one
+                               # affine transform with the chosen one's matrix
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,
