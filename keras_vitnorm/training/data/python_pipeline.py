@@ -617,14 +617,15 @@ class PerImageRandAugment:
         transforms = draws["transforms"]
         [(interpolation, fill_mode, fill_value, data_format)] = self.affine_settings
         identity = keras.ops.convert_to_tensor([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
+        # The draws are the image's for every slot; only the slot's choice differs.
+        matrices = {index: keras.ops.reshape(keras.ops.cast(
+                        affine_matrix(layer, name, transforms[name]), "float32"), (1, 8))
+                    for index, name in enumerate(transforms) if name in AFFINE_MATRICES}
         for slot in range(layer.num_ops):
             chosen = draws["layer_idxes"][slot]
             matrix = identity
-            for index, name in enumerate(transforms):
-                if name in AFFINE_MATRICES:
-                    own = affine_matrix(layer, name, transforms[name])
-                    own = keras.ops.reshape(keras.ops.cast(own, "float32"), (1, 8))
-                    matrix = keras.ops.where(chosen == index, own, matrix)
+            for index, own in matrices.items():
+                matrix = keras.ops.where(chosen == index, own, matrix)
             out = keras.ops.image.affine_transform(images, matrix, interpolation=interpolation,
                                                    fill_mode=fill_mode, fill_value=fill_value,
                                                    data_format=data_format)
