@@ -124,6 +124,24 @@ def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     assert argv[0] in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("backend, pipelines, says", [
+    ("torch", [], "run with KERAS_BACKEND=jax (this process has torch)"),
+    ("tensorflow", [], "run with KERAS_BACKEND=jax (this process has tensorflow)"),
+    ("jax", ["--pipelines", "tf.data"], "include python in --pipelines"),
+])
+def test_bench_input_program_forms_refuse_what_has_no_program(backend, pipelines, says,
+                                                              monkeypatch, capsys):
+    """The augmentation program is the python pipeline's under JAX: another backend, or
+    --pipelines without python, is refused before any data is read."""
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_input.main(["--dataset", "folder:/nonexistent", "--recipe", "regularized",
+                          "--program-forms", "chosen", *pipelines])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--program-forms" in err and says in err
+
+
 def _cuda_available():
     try:
         import torch
