@@ -15,7 +15,7 @@ alike. The table gives the median seconds per step of each form and their ratio.
 Changes:
 
 - each fast path of the model step (`linear`, `onednn_linear`, `split_qkv`,
-  `attention`, `residual_fence`, `device_constants`; what each does and on
+  `attention`, `residual_fence`, `direct_calls`, `device_constants`; what each does and on
   which backend is in `keras_vitnorm/ops/config.py`): the library with the fast path
   on against the same library with it switched off (`keras_vitnorm.ops.fast_paths`).
   On a backend where a fast path does not apply, the two forms are the same code.
@@ -57,7 +57,7 @@ from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "attention", "residual_fence",
-              "device_constants")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
+              "direct_calls", "device_constants")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
 CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
 

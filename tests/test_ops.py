@@ -2,6 +2,7 @@
 form (values and gradients), the switch, and the layers and model with the fast paths
 on and off."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -568,6 +569,175 @@ def test_model_values_and_gradients_are_the_same_with_fast_paths_on_and_off(over
 def _on_and_off_all(function, enabled):
     with vitnorm_ops.fast_paths(enabled):
         return function()
+
+
+# --- direct calls of sublayers (PyTorch) -----------------------------------------------
+
+DIRECT = ["direct_calls"]
+DIRECT_CONFIGS = [
+    {},
+    {"norm": "batchnorm", "stem": "dual_patchnorm", "drop_path_rate": 0.2, "dropout": 0.1},
+    {"block_style": "normformer", "norm": "dyt", "layer_scale": 0.1, "qk_norm": True},
+    {"block_style": "sub_ln", "stem": "conv", "attn_norm": "pre_post"},
+    {"block_style": "deepnorm", "norm": "rmsnorm"},
+]
+
+
+class _LayerCalls:
+    """Counts `keras.layers.Layer.__call__`, the calls the fast path leaves out."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = keras.layers.Layer.__call__
+
+        def counting(layer, *args, **kwargs):
+            self.count += 1
+            return original(layer, *args, **kwargs)
+
+        monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+
+
+def _direct_run(config, precision, calls):
+    """Inference logits, a training-mode forward pass (dropout, stochastic depth and
+    BatchNorm's statistics at work), the gradients of a loss, and the weights after
+    it; with the `Layer.__call__`s of the inference pass and those that the model's own
+    graph makes (the model, and each layer of its graph once)."""
+    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
+    previous = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy(precision)
+    try:
+        keras.utils.set_random_seed(1)
+        model = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64,
+                    num_classes=5, **config)
+        rng = np.random.default_rng(2)
+        for weight in model.trainable_weights:  # norm gains and biases off 1 and 0: not exact in bfloat16
+            weight.assign(_numpy(weight) + rng.normal(0, 0.3, weight.shape).astype("float32"))
+        before = calls.count
+        logits = _numpy(model(images))
+        inference_calls = calls.count - before
+        training = _numpy(model(images, training=True))
+        loss, dx, dw = value_and_gradients(model, images,
+                                           lambda y: keras.ops.sum(keras.ops.sin(y)), training=True)
+        weights = [_numpy(w) for w in model.weights]
+        graph_calls = 1 + sum(not isinstance(layer, keras.layers.InputLayer) for layer in model.layers)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return (inference_calls, graph_calls), (logits, training, loss, dx, weights, dw)
+
+
+def _assert_same(first, second):
+    (logits, training, loss, dx, weights, dw), (logits_2, training_2, loss_2, dx_2, weights_2, dw_2) = (
+        first, second)
+    for a, b in [(logits, logits_2), (training, training_2), (loss, loss_2), (dx, dx_2),
+                 *zip(weights, weights_2)]:
+        np.testing.assert_array_equal(a, b)
+    assert set(dw) == set(dw_2)
+    for path in dw:
+        np.testing.assert_array_equal(dw[path], dw_2[path], err_msg=path)
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("config", DIRECT_CONFIGS)
+def test_direct_calls_give_the_same_numbers_with_fewer_layer_calls(config, precision, monkeypatch):
+    """The same logits, training-mode outputs, gradients and BatchNorm statistics, bit
+    for bit, with the fast path on and off; on PyTorch with it on, the blocks' sublayers
+    are not called through `Layer.__call__`."""
+    calls = _LayerCalls(monkeypatch)
+    with vitnorm_ops.fast_paths(True, DIRECT):
+        calls_on, on = _direct_run(config, precision, calls)
+    with vitnorm_ops.fast_paths(False, DIRECT):
+        calls_off, off = _direct_run(config, precision, calls)
+    _assert_same(on, off)
+    (calls_on, graph_calls), (calls_off, _) = calls_on, calls_off
+    if BACKEND == "torch":  # Keras calls the layers of the model's graph; none below them
+        assert calls_on == graph_calls < calls_off
+    else:
+        assert calls_on == calls_off
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_direct_calls_fall_back_to_keras_without_its_autocast_scope(monkeypatch):
+    """Where Keras' private autocast scope cannot be imported, every layer is called
+    through `Layer.__call__`, with the same numbers."""
+    from keras_vitnorm.ops import _torch
+
+    calls = _LayerCalls(monkeypatch)
+    with vitnorm_ops.fast_paths(True, DIRECT):
+        calls_on, on = _direct_run({}, "mixed_bfloat16", calls)
+        monkeypatch.setattr(_torch, "get_autocast_scope", None)
+        monkeypatch.setattr(_torch, "AutocastScope", None)
+        calls_fallback, fallback = _direct_run({}, "mixed_bfloat16", calls)
+    with vitnorm_ops.fast_paths(False, DIRECT):
+        calls_off, _ = _direct_run({}, "mixed_bfloat16", calls)
+    _assert_same(on, fallback)
+    assert calls_on[0] < calls_fallback[0] == calls_off[0]
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+@pytest.mark.parametrize("scope, policy, autocast", [
+    (None, "mixed_bfloat16", True),      # Keras enters the layer's bfloat16 scope
+    ("bfloat16", "float32", True),       # a float32 layer inside a bfloat16 layer: float32 scope
+    ("bfloat16", "mixed_float16", True),  # another compute dtype: its scope
+    ("bfloat16", "mixed_bfloat16", False),  # autocast off: no scope
+    ("bfloat16", "mixed_bfloat16", True),  # the current scope kept
+])
+@pytest.mark.parametrize("input_dtype", ["float32", "bfloat16"])
+def test_direct_calls_cast_and_scope_as_keras_does(scope, policy, autocast, input_dtype):
+    """`call_layer` gives what `Layer.__call__` gives for a layer of each dtype policy,
+    on each input dtype, inside each autocast scope, bit for bit, variables included
+    (a layer whose variables autocast reads them in the scope's dtype)."""
+    from keras.src.backend.common.variables import AutocastScope
+
+    rng = np.random.default_rng(0)
+    x = keras.ops.cast(rng.normal(size=(3, 8)).astype("float32"), input_dtype)
+    layer = layers.FusedDense(4, dtype=policy, autocast=autocast)
+    layer.build((None, 8))
+    layer.kernel.assign(rng.normal(size=(8, 4)).astype("float32"))  # not exact in bfloat16
+    layer.bias.assign(rng.normal(size=(4,)).astype("float32"))
+    outer = AutocastScope(scope) if scope else contextlib.nullcontext()
+    results = []
+    for enabled in (True, False):
+        with vitnorm_ops.fast_paths(enabled, DIRECT), outer:
+            results.append(vitnorm_ops.call_layer(layer, x))
+    assert results[0].dtype == results[1].dtype
+    np.testing.assert_array_equal(_numpy(results[0]), _numpy(results[1]))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_direct_calls_leave_to_keras_what_its_call_does(monkeypatch):
+    """A layer not built yet, a quantized layer, a layer with a PyTorch hook and a
+    masked input are called through `Layer.__call__`, which builds, quantizes, runs the
+    hook and carries the mask."""
+    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(3, 8)).astype("float32"))
+    with vitnorm_ops.fast_paths(True, DIRECT):
+        unbuilt = layers.FusedDense(4)
+        y = vitnorm_ops.call_layer(unbuilt, x)
+        assert unbuilt.built and tuple(y.shape) == (3, 4)
+
+        dense = layers.FusedDense(4)
+        dense.build((None, 8))
+        plain = _numpy(dense(x))
+        dense.quantize("int8")
+        quantized = _numpy(vitnorm_ops.call_layer(dense, x))
+        np.testing.assert_array_equal(quantized, _numpy(dense(x)))
+        assert np.abs(quantized - plain).max() > 0  # int8's rounding: Keras' quantized call ran
+
+        hooked = layers.FusedDense(4)
+        hooked.build((None, 8))
+        seen = []
+        hooked.register_forward_hook(lambda module, args, output: seen.append(module))
+        vitnorm_ops.call_layer(hooked, x)
+        assert seen == [hooked]
+
+        norm = keras.layers.LayerNormalization()
+        norm.build((None, 8))
+        calls = _LayerCalls(monkeypatch)
+        vitnorm_ops.call_layer(norm, x)
+        assert calls.count == 0
+        masked = x + 0
+        masked._keras_mask = keras.ops.convert_to_tensor(np.ones((3,), bool))
+        y = vitnorm_ops.call_layer(norm, masked)
+        assert calls.count == 1 and getattr(y, "_keras_mask", None) is not None
 
 
 # --- weight standardization -------------------------------------------------------------

@@ -11,6 +11,7 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import scale_variable
 from keras_vitnorm.layers.normalization import make_norm
+from keras_vitnorm.ops import call_layer
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -100,13 +101,13 @@ class MLP(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        x = keras.activations.gelu(self.fc1(x), approximate=False)
+        x = keras.activations.gelu(call_layer(self.fc1, x, training), approximate=False)
         if self.mid_norm_layer is not None:
-            x = self.mid_norm_layer(x, training=training)
+            x = call_layer(self.mid_norm_layer, x, training)
         if self.dropout:  # a rate of 0 is the identity: no layer call
-            x = self.dropout_layer(x, training=training)
-        x = self.fc2(x)
-        return self.dropout_layer(x, training=training) if self.dropout else x
+            x = call_layer(self.dropout_layer, x, training)
+        x = call_layer(self.fc2, x, training)
+        return call_layer(self.dropout_layer, x, training) if self.dropout else x
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -16,6 +16,7 @@ from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import make_norm
+from keras_vitnorm.ops import call_layer
 
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
 _USES_POST_NORM = ("dual_patchnorm", "post_patchnorm")
@@ -264,16 +265,16 @@ class PatchStem(keras.layers.Layer):
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
-                x = layer(x, training=training)
-            x = self.projection(x)
+                x = call_layer(layer, x, training)
+            x = call_layer(self.projection, x, training)
             x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
         else:
             x = patchify(images, self.patch_size)
             if self.patch_norm is not None:
-                x = self.patch_norm(x, training=training)
-            x = self.projection(x, training=training)
+                x = call_layer(self.patch_norm, x, training)
+            x = call_layer(self.projection, x, training)
             if self.stem != "post_posemb" and self.embedding_norm is not None:
-                x = self.embedding_norm(x, training=training)
+                x = call_layer(self.embedding_norm, x, training)
         if self.cls_token is not None:
             cls = ops.broadcast_to(
                 ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, self.width)
@@ -282,7 +283,7 @@ class PatchStem(keras.layers.Layer):
         if self.pos_embedding is not None:
             x = x + ops.cast(self.pos_embedding, x.dtype)
         if self.stem == "post_posemb":
-            x = self.embedding_norm(x, training=training)
+            x = call_layer(self.embedding_norm, x, training)
         return x
 
     def compute_output_shape(self, input_shape):

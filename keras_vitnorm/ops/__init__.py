@@ -25,7 +25,7 @@ from keras_vitnorm.ops.config import fast_paths
 from keras_vitnorm.ops.config import set_fast_paths
 
 __all__ = [
-    "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths",
+    "FAST_PATHS", "attention", "backend_name", "call_layer", "fast_path_enabled", "fast_paths",
     "heads_first_attention", "linear", "qkv_projection", "residual_fence",
     "set_fast_paths", "split_heads", "standardize_kernel",
 ]
@@ -66,6 +66,29 @@ def _xla_or_graph_on_cpu():
 @functools.cache
 def _on_cpu():
     return _native().on_cpu()
+
+
+def call_layer(layer, x, training=None):
+    """`layer(x, training=training)`: a layer's call on `x`, as Keras makes it.
+
+    `training` reaches `layer.call` where it takes that argument (as in Keras).
+
+    Fast path `direct_calls` (PyTorch, outside `torch.compile`): a built layer's `call`
+    directly, inside the autocast scope that Keras' `Layer.__call__` would enter for it
+    and on `x` cast as it would cast it, without the rest of that method's work for
+    each call (binding the arguments to the signature, looking for masks, the name
+    scope and the call context, PyTorch's module call), which a layer called on its
+    own does not need. On PyTorch that work is eager Python around each call, about
+    100 µs each on this project's CPU, and a ViT-B/16's forward pass makes 84 such
+    calls below its blocks (docs/performance.md, "The fast paths"). Where that work
+    does something (a layer not yet built, quantized, rematerialized, with an activity
+    regularizer or PyTorch hooks; a masked input; a Keras distribution), or where
+    Keras' autocast scope cannot be reached, the layer is called as Keras calls it.
+    The outputs and gradients are the same either way (tests/test_ops.py).
+    """
+    if _fast("direct_calls", "torch"):
+        return _native().call_layer(layer, x, training)
+    return layer(x, training=training)
 
 
 def linear(x, kernel, bias=None):

@@ -1,9 +1,78 @@
 """PyTorch forms of the ops (imported only under the PyTorch backend)."""
 
 import functools
+import inspect
 import platform
 
+import keras
 import torch
+
+try:  # Keras' autocast scope (private), which `call_layer` enters as `Layer.__call__` does
+    from keras.src.backend.common.variables import AutocastScope
+    from keras.src.backend.common.variables import get_autocast_scope
+except ImportError:  # then every layer is called through `Layer.__call__`
+    AutocastScope = get_autocast_scope = None
+
+#: PyTorch's global module hooks, which `torch.nn.Module.__call__` runs for every module.
+_GLOBAL_HOOKS = ("_global_backward_pre_hooks", "_global_backward_hooks",
+                 "_global_forward_hooks", "_global_forward_pre_hooks")
+#: A module's own hooks, which it runs from its `__call__`.
+_MODULE_HOOKS = ("_backward_pre_hooks", "_backward_hooks", "_forward_hooks",
+                 "_forward_pre_hooks")
+
+
+def call_layer(layer, x, training):
+    """`keras_vitnorm.ops.call_layer` on PyTorch: `layer.call` directly where nothing of
+    `Layer.__call__` but the input cast and the autocast scope applies."""
+    if not _calls_directly(layer, x):
+        return layer(x, training=training)
+    if x.is_floating_point() and x.dtype != getattr(torch, layer.input_dtype, None):
+        x = layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
+    kwargs = {"training": training} if _takes_training(type(layer)) else {}
+    scope = _autocast_scope(layer)
+    if scope is None:
+        return layer.call(x, **kwargs)
+    with scope:
+        return layer.call(x, **kwargs)
+
+
+def _calls_directly(layer, x):
+    """Whether `Layer.__call__` would do nothing for `layer` on `x` but cast it and set
+    the autocast scope. Private attributes missing from a later Keras or PyTorch count
+    as "it would" (`Layer.__call__` then runs)."""
+    if get_autocast_scope is None or compiling() or not layer.built:
+        return False
+    if not isinstance(x, torch.Tensor) or getattr(x, "_keras_mask", None) is not None:
+        return False
+    if (getattr(layer, "quantization_mode", None) is not None
+            or getattr(layer, "_remat_mode", True)
+            or layer.activity_regularizer is not None
+            or not getattr(layer, "_convert_input_args", False)
+            or keras.distribution.distribution() is not None):
+        return False
+    module_state = torch.nn.modules.module
+    return not (any(getattr(layer, name, True) for name in _MODULE_HOOKS)
+                or any(getattr(module_state, name, True) for name in _GLOBAL_HOOKS))
+
+
+def _autocast_scope(layer):
+    """The autocast scope `Layer.__call__` enters for `layer`, or `None` where it keeps
+    the current one (its step 7)."""
+    current = get_autocast_scope()
+    if current is not None:
+        if not layer.autocast or not keras.backend.is_float_dtype(layer.compute_dtype):
+            return AutocastScope(None)
+        if current.dtype != layer.compute_dtype:
+            return AutocastScope(layer.compute_dtype)
+        return None
+    if layer.compute_dtype != layer.variable_dtype:
+        return AutocastScope(layer.compute_dtype)
+    return None
+
+
+@functools.cache
+def _takes_training(layer_class):
+    return "training" in inspect.signature(layer_class.call).parameters
 
 
 def linear(x, kernel, bias, use_onednn):

@@ -52,6 +52,10 @@ FAST_PATHS = (
     "randaugment_one_affine",  # JAX, the augmentation program where it computes all
                                # eleven operations: the three geometric ones as one
                                # affine transform with the chosen one's matrix
+    "direct_calls",       # PyTorch, eager: the library's layers call their built sublayers'
+                          # `call` inside the autocast scope and with the input cast of
+                          # Keras' `Layer.__call__`, without the rest of its per-call work
+                          # (keras_vitnorm.ops.call_layer)
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,
