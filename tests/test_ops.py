@@ -645,12 +645,9 @@ def test_direct_calls_give_the_same_numbers_with_fewer_layer_calls(config, preci
     for bit, with the fast path on and off; on PyTorch with it on, the blocks' sublayers
     are not called through `Layer.__call__`."""
     calls = _LayerCalls(monkeypatch)
-    with vitnorm_ops.fast_paths(True, DIRECT):
-        calls_on, on = _direct_run(config, precision, calls)
-    with vitnorm_ops.fast_paths(False, DIRECT):
-        calls_off, off = _direct_run(config, precision, calls)
+    ((calls_on, graph_calls), on), ((calls_off, _), off) = _on_and_off(
+        "direct_calls", lambda: _direct_run(config, precision, calls))
     _assert_same(on, off)
-    (calls_on, graph_calls), (calls_off, _) = calls_on, calls_off
     assert calls_on == graph_calls < calls_off  # Keras calls the model graph's layers; none below
 
 
@@ -694,10 +691,8 @@ def test_direct_calls_cast_and_scope_as_keras_does(scope, policy, autocast, inpu
     layer.kernel.assign(rng.normal(size=(8, 4)).astype("float32"))  # not exact in bfloat16
     layer.bias.assign(rng.normal(size=(4,)).astype("float32"))
     outer = AutocastScope(scope) if scope else contextlib.nullcontext()
-    results = []
-    for enabled in (True, False):
-        with vitnorm_ops.fast_paths(enabled, DIRECT), outer:
-            results.append(vitnorm_ops.call_layer(layer, x))
+    with outer:
+        results = _on_and_off("direct_calls", lambda: vitnorm_ops.call_layer(layer, x))
     assert results[0].dtype == results[1].dtype
     np.testing.assert_array_equal(_numpy(results[0]), _numpy(results[1]))
 
