@@ -15,9 +15,10 @@ alike. The table gives the median seconds per step of each form and their ratio.
 Changes:
 
 - each fast path of the model step (`linear`, `onednn_linear`, `split_qkv`,
-  `attention`, `residual_fence`, `direct_calls`, `device_constants`; what each does and on
-  which backend is in `keras_vitnorm/ops/config.py`): the library with the fast path
-  on against the same library with it switched off (`keras_vitnorm.ops.fast_paths`).
+  `attention`, `residual_fence`, `direct_calls`, `native_ops`, `device_constants`;
+  what each does and on which backend is in `keras_vitnorm/ops/config.py`): the
+  library with the fast path on against the same library with it switched off
+  (`keras_vitnorm.ops.fast_paths`).
   On a backend where a fast path does not apply, the two forms are the same code.
 - `tf_xla`: Keras' own choice for TensorFlow (`jit_compile="auto"`, which on a
   CPU-only machine means a graph of TensorFlow kernels without XLA) against
@@ -57,7 +58,7 @@ from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "attention", "residual_fence",
-              "direct_calls", "device_constants")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
+              "direct_calls", "native_ops", "device_constants")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
 CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
 

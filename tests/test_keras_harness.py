@@ -87,6 +87,7 @@ CASES = {
 DTYPE_CASES = (
     *((norm, dtype) for norm in ("norm_rmsnorm", "norm_dyt", "norm_affine", "norm_batchnorm")
       for dtype in ("bfloat16", "float16")),
+    ("norm_layernorm", "float16"),  # Keras' layer, its call written here
     ("block_attn_pre_mlp_pre_post_layernorm", "float16"),
     ("stem_dual_patchnorm", "bfloat16"),
     ("standardized_conv", "bfloat16"),

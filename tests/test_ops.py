@@ -642,13 +642,66 @@ def _assert_same(first, second):
 @pytest.mark.parametrize("config", DIRECT_CONFIGS)
 def test_direct_calls_give_the_same_numbers_with_fewer_layer_calls(config, precision, monkeypatch):
     """The same logits, training-mode outputs, gradients and BatchNorm statistics, bit
-    for bit, with the fast path on and off; on PyTorch with it on, the blocks' sublayers
-    are not called through `Layer.__call__`."""
+    for bit, with the fast path on and off; on PyTorch with it on, neither the layers of
+    the model's graph nor the sublayers below them are called through `Layer.__call__`
+    (only the model is); with it off, all of them are."""
     calls = _LayerCalls(monkeypatch)
     ((calls_on, graph_calls), on), ((calls_off, _), off) = _on_and_off(
         "direct_calls", lambda: _direct_run(config, precision, calls))
     _assert_same(on, off)
-    assert calls_on == graph_calls < calls_off  # Keras calls the model graph's layers; none below
+    assert calls_on == 1 and calls_off > graph_calls
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; on this run's backend "
+                    "call_graph is Keras' call either way")
+def test_direct_calls_run_a_graph_with_other_nodes_as_keras_does(monkeypatch):
+    """A `Segmenter`'s graph has nodes that are not one-tensor layer calls: the ViT
+    backbone (a functional model called with a `mask` argument) and a slice (an
+    operation, not a layer). They run as Keras runs them, the layers around them
+    directly: the same outputs and gradients, bit for bit, in fewer `Layer.__call__`s."""
+    from keras_vitnorm.models.segmenter import Segmenter
+
+    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
+    calls = _LayerCalls(monkeypatch)
+
+    def run():
+        keras.utils.set_random_seed(1)
+        vit = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64)
+        model = Segmenter(vit, num_classes=3)
+        head = model.get_layer("segmentation_head")
+        head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
+        backbone, = [op for op in model.operations if isinstance(op, keras.Model)]
+        # The segmenter, the backbone (Keras' functional model) and its graph's layers.
+        keras_calls = 2 + sum(not isinstance(layer, keras.layers.InputLayer) for layer in backbone.layers)
+        before = calls.count
+        outputs = _numpy(model(images))
+        count = calls.count - before
+        loss, dx, dw = value_and_gradients(model, images, lambda y: keras.ops.sum(keras.ops.sin(y)))
+        return (count, keras_calls), (outputs, loss, dx, dw)
+
+    ((calls_on, keras_calls), on), ((calls_off, _), off) = _on_and_off("direct_calls", run)
+    for a, b in zip(on[:3], off[:3]):
+        np.testing.assert_array_equal(a, b)
+    assert set(on[3]) == set(off[3])
+    for path in off[3]:
+        np.testing.assert_array_equal(on[3][path], off[3][path], err_msg=path)
+    assert calls_on == keras_calls < calls_off
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_direct_graph_calls_fall_back_to_keras_without_its_per_node_call(monkeypatch):
+    """Where Keras' private per-node call of a functional graph cannot be imported, the
+    model runs Keras' own call (its graph's layers through `Layer.__call__`, the
+    sublayers below them still directly), with the same numbers."""
+    from keras_vitnorm.ops import _torch
+
+    calls = _LayerCalls(monkeypatch)
+    with vitnorm_ops.fast_paths(True, DIRECT):
+        (calls_on, graph_calls), on = _direct_run({}, "mixed_bfloat16", calls)
+        monkeypatch.setattr(_torch, "keras_operation_fn", None)
+        (calls_fallback, _), fallback = _direct_run({}, "mixed_bfloat16", calls)
+    _assert_same(on, fallback)
+    assert calls_on == 1 and calls_fallback == graph_calls
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
@@ -732,6 +785,88 @@ def test_direct_calls_leave_to_keras_what_its_call_does(monkeypatch):
         masked._keras_mask = keras.ops.convert_to_tensor(np.ones((3,), bool))
         y = vitnorm_ops.call_layer(norm, masked)
         assert calls.count == 1 and getattr(y, "_keras_mask", None) is not None
+
+
+# --- reshape and LayerNorm without keras.ops' checks (PyTorch) ---------------------------
+
+
+def _float32_loss(y):  # a bfloat16 loss would not convert to NumPy on TensorFlow
+    return keras.ops.sum(keras.ops.sin(keras.ops.cast(y, "float32")))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"])
+@pytest.mark.parametrize("learnable", [True, False])
+def test_layer_norm_is_keras_layer_normalization_with_and_without_its_fast_path(policy, learnable):
+    """`layers.LayerNormalization` gives what `keras.layers.LayerNormalization` with the same
+    weights gives, outputs and gradients bit for bit and in the same dtype, with
+    `native_ops` on and off, under each precision (bfloat16 variables included), on
+    inputs in the compute dtype as a model's layers hand them over; and matches the
+    formula in float64."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(3, 5, 16)) * 4 + 2).astype("float32")
+    gamma, beta = rng.normal(1, 0.5, 16).astype("float32"), rng.normal(0, 0.5, 16).astype("float32")
+    compute_dtype = keras.DTypePolicy(policy).compute_dtype
+
+    def model(layer):
+        net = keras.Sequential([keras.Input((5, 16)),
+                                keras.layers.Lambda(lambda t: keras.ops.cast(t, compute_dtype)), layer])
+        if learnable:
+            layer.gamma.assign(gamma)
+            layer.beta.assign(beta)
+        return net
+
+    arguments = {"epsilon": 1e-6, "center": learnable, "scale": learnable, "dtype": policy}
+    keras_model = model(keras.layers.LayerNormalization(**arguments))
+    expected = keras_model(x)
+    expected_grads = value_and_gradients(keras_model, x, _float32_loss)
+
+    def run():
+        net = model(layers.LayerNormalization(**arguments))
+        return net(x), value_and_gradients(net, x, _float32_loss)
+
+    for y, (loss, dx, dw) in _on_and_off("native_ops", run):
+        assert keras.backend.standardize_dtype(y.dtype) == keras.backend.standardize_dtype(expected.dtype)
+        np.testing.assert_array_equal(_numpy(y), _numpy(expected))
+        np.testing.assert_array_equal(loss, expected_grads[0])
+        np.testing.assert_array_equal(dx, expected_grads[1])
+        by_name = {path.split("/")[-1]: gradient for path, gradient in dw.items()}
+        expected_by_name = {path.split("/")[-1]: gradient for path, gradient in expected_grads[2].items()}
+        assert set(by_name) == set(expected_by_name) == ({"gamma", "beta"} if learnable else set())
+        for name in by_name:
+            np.testing.assert_array_equal(by_name[name], expected_by_name[name], err_msg=name)
+    x64 = x.astype("float64")
+    normalized = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6)
+    formula = normalized * gamma + beta if learnable else normalized
+    tolerance = 1e-5 if policy == "float32" else 5e-2
+    np.testing.assert_allclose(_numpy(expected), formula, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`")
+def test_layer_norm_over_another_axis_or_with_rms_scaling_is_keras_own_call():
+    """`layers.LayerNormalization` writes only the last axis' normalization; another axis and
+    `rms_scaling` take Keras' call, and give what Keras' layer gives."""
+    x = np.random.default_rng(0).normal(size=(3, 5, 16)).astype("float32")
+    for arguments in ({"axis": [1, 2]}, {"rms_scaling": True}):
+        ours, theirs = layers.LayerNormalization(**arguments), keras.layers.LayerNormalization(**arguments)
+        np.testing.assert_array_equal(_numpy(ours(x)), _numpy(theirs(x)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reshape_is_keras_reshape_with_and_without_its_fast_path(dtype):
+    """`ops.reshape` gives `keras.ops.reshape`'s tensor, and its gradient, with
+    `native_ops` on and off (a `-1` axis included)."""
+    x = np.random.default_rng(0).normal(size=(2, 4, 6)).astype("float32")
+
+    def function(t):
+        return vitnorm_ops.reshape(keras.ops.cast(t, dtype), (-1, 4, 3, 2)) * 1.5
+
+    expected = keras.ops.reshape(keras.ops.cast(x, dtype), (2, 4, 3, 2))
+    results = _on_and_off("native_ops", lambda: (function(x), _gradients(function, x, (4, 6), _float32_loss)))
+    for y, (loss, dx, _) in results:
+        assert tuple(y.shape) == (2, 4, 3, 2) and y.dtype == (expected * 1.5).dtype
+        np.testing.assert_array_equal(_numpy(y), _numpy(expected * 1.5))
+        np.testing.assert_allclose(dx, 1.5 * np.cos(_numpy(expected * 1.5)).reshape(x.shape),
+                                   rtol=1e-2 if dtype == "bfloat16" else 1e-6)
 
 
 # --- weight standardization -------------------------------------------------------------

@@ -19,6 +19,7 @@ from keras_vitnorm.layers.normalization import STEM_NORM_TYPES
 from keras_vitnorm.layers.normalization import Affine
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import DyT
+from keras_vitnorm.layers.normalization import LayerNormalization
 from keras_vitnorm.layers.normalization import RMSNorm
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.layers.pooling import ClassTokenPooling

@@ -17,6 +17,7 @@ from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
 from keras_vitnorm.ops import call_layer
 from keras_vitnorm.ops import qkv_projection
+from keras_vitnorm.ops import reshape
 from keras_vitnorm.ops import split_heads
 
 
@@ -192,7 +193,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         y = attention(q, k, v)
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
-        y = ops.reshape(y, (-1, num_tokens, width))
+        y = reshape(y, (-1, num_tokens, width))
         if self.inner_norm_layer is not None:
             y = call_layer(self.inner_norm_layer, y, training)
         y = call_layer(self.out, y, training)

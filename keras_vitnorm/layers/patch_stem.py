@@ -17,6 +17,7 @@ from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import call_layer
+from keras_vitnorm.ops import reshape
 
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
 _USES_POST_NORM = ("dual_patchnorm", "post_patchnorm")
@@ -36,9 +37,9 @@ def patchify(images, patch_size):
     """
     _, height, width, channels = images.shape
     grid_h, grid_w = height // patch_size, width // patch_size
-    x = ops.reshape(images, (-1, grid_h, patch_size, grid_w, patch_size, channels))
+    x = reshape(images, (-1, grid_h, patch_size, grid_w, patch_size, channels))
     x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
-    return ops.reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
+    return reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -267,7 +268,7 @@ class PatchStem(keras.layers.Layer):
             for layer in self.conv_layers:
                 x = call_layer(layer, x, training)
             x = call_layer(self.projection, x, training)
-            x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
+            x = reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
         else:
             x = patchify(images, self.patch_size)
             if self.patch_norm is not None:

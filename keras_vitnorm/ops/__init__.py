@@ -25,9 +25,9 @@ from keras_vitnorm.ops.config import fast_paths
 from keras_vitnorm.ops.config import set_fast_paths
 
 __all__ = [
-    "FAST_PATHS", "attention", "backend_name", "call_layer", "fast_path_enabled", "fast_paths",
-    "heads_first_attention", "linear", "qkv_projection", "residual_fence",
-    "set_fast_paths", "split_heads", "standardize_kernel",
+    "FAST_PATHS", "attention", "backend_name", "call_graph", "call_layer", "fast_path_enabled",
+    "fast_paths", "heads_first_attention", "layer_norm", "linear", "qkv_projection", "reshape",
+    "residual_fence", "set_fast_paths", "split_heads", "standardize_kernel",
 ]
 
 
@@ -91,6 +91,55 @@ def call_layer(layer, x, training=None):
     return layer(x, training=training)
 
 
+def call_graph(model, functional_call, inputs, training=None, mask=None, **kwargs):
+    """A functional model's `call`: `functional_call(inputs, training=..., mask=..., **kwargs)`,
+    Keras' own (`super().call` of the model).
+
+    Fast path `direct_calls` (PyTorch, outside `torch.compile`): each layer of the
+    model's graph that takes one tensor is called through `call_layer`, without
+    `Layer.__call__`'s per-call work (a ViT-B/16 has 16 such layers: the stem, the
+    blocks, the final norm, the pooling and the head). Keras' functional model runs
+    its graph by a private method; where that method or Keras' own per-node call is
+    missing, and for a mask or another call-context argument, the model runs Keras'
+    call. The outputs and gradients are the same either way (tests/test_ops.py).
+    """
+    if _fast("direct_calls", "torch") and mask is None and not kwargs:
+        return _native().call_graph(model, functional_call, inputs, training)
+    return functional_call(inputs, training=training, mask=mask, **kwargs)
+
+
+def reshape(x, shape):
+    """`keras.ops.reshape(x, shape)`.
+
+    Fast path `native_ops` (PyTorch): `torch.reshape`. `keras.ops.reshape` first
+    checks `shape` and looks through it for symbolic tensors, eager Python that took
+    23 µs a call on this project's CPU against 2 µs for the reshape itself, 26 times
+    per ViT-B/16 forward pass (docs/performance.md, "The fast paths").
+    """
+    if _fast("native_ops", "torch"):
+        return _native().reshape(x, shape)
+    return ops.reshape(x, shape)
+
+
+def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
+    """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`.
+
+    `keras.ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)`: computed
+    in float32 at least (`gamma` and `beta` cast to it) and returned in `x`'s dtype,
+    then cast to `dtype` where given (as Keras' `LayerNormalization` returns its
+    compute dtype).
+
+    Fast path `native_ops` (PyTorch): the same `torch.nn.functional.layer_norm` and
+    casts that Keras' PyTorch backend runs, without `keras.ops`' eager checks and
+    conversions around them (42 µs per Keras `LayerNormalization` call on this
+    project's CPU against 9 µs).
+    """
+    if _fast("native_ops", "torch"):
+        return _native().layer_norm(x, gamma, beta, epsilon, dtype)
+    y = ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)
+    return y if dtype is None else ops.cast(y, dtype)
+
+
 def linear(x, kernel, bias=None):
     """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
 
@@ -150,7 +199,7 @@ def qkv_projection(x, kernel, bias, num_heads):
     if _fast("split_qkv", "tensorflow"):
         kernels = ops.split(ops.convert_to_tensor(kernel), 3, axis=1)
         biases = [None] * 3 if bias is None else ops.split(ops.convert_to_tensor(bias), 3)
-        return [ops.reshape(linear(x, k, b), (-1, tokens, num_heads, head_dim))
+        return [reshape(linear(x, k, b), (-1, tokens, num_heads, head_dim))
                 for k, b in zip(kernels, biases)]
     return split_heads(linear(x, kernel, bias), num_heads)
 
@@ -164,7 +213,7 @@ def split_heads(qkv, num_heads):
     then summed (a zero fill, a copy and an add over the fused output per block).
     """
     tokens, fused = qkv.shape[1], qkv.shape[2]
-    qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
+    qkv = reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
     q, k, v = ops.unstack(qkv, axis=2)
     return q, k, v
 

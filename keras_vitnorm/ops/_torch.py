@@ -12,6 +12,10 @@ try:  # Keras' autocast scope (private), which `call_layer` enters as `Layer.__c
     from keras.src.backend.common.variables import get_autocast_scope
 except ImportError:  # then every layer is called through `Layer.__call__`
     AutocastScope = get_autocast_scope = None
+try:  # what a functional model's graph runs each node through (private), for `call_graph`
+    from keras.src.models.functional import operation_fn as keras_operation_fn
+except ImportError:  # then the model is called through Keras' `Functional.call`
+    keras_operation_fn = None
 
 #: PyTorch's global module hooks, which `torch.nn.Module.__call__` runs for every module.
 _GLOBAL_HOOKS = ("_global_backward_pre_hooks", "_global_backward_hooks",
@@ -34,6 +38,34 @@ def call_layer(layer, x, training):
         return layer.call(x, **kwargs)
     with scope:
         return layer.call(x, **kwargs)
+
+
+def call_graph(model, functional_call, inputs, training):
+    """`keras_vitnorm.ops.call_graph` on PyTorch: the functional model's graph run by
+    Keras' private `_run_through_graph`, each layer on one tensor called through
+    `call_layer`, every other node as Keras' `Functional.call` calls it."""
+    run = getattr(model, "_run_through_graph", None)
+    standardize = getattr(model, "_standardize_inputs", None)
+    if keras_operation_fn is None or run is None or standardize is None or compiling():
+        return functional_call(inputs, training=training)
+
+    def operation_fn(operation):
+        keras_call = keras_operation_fn(operation, training=training)
+        if not isinstance(operation, keras.layers.Layer):
+            return keras_call
+
+        def call(*args, **kwargs):
+            # A node keeps the `mask=None` that Keras filled in when the graph was built.
+            if len(args) == 1 and kwargs in ({}, {"mask": None}):
+                return call_layer(operation, args[0], training)
+            return keras_call(*args, **kwargs)
+
+        return call
+
+    outputs = run(standardize(inputs), operation_fn=operation_fn)
+    if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+        return outputs[0]  # as `Functional.call` returns a single output
+    return outputs
 
 
 def _calls_directly(layer, x):
@@ -93,6 +125,32 @@ def linear(x, kernel, bias, use_onednn):
         if op is not None:
             return op(x, kernel.T, bias, "none", [], "")
     return torch.nn.functional.linear(x, kernel.T, bias)
+
+
+def reshape(x, shape):
+    """`torch.reshape`, for `keras_vitnorm.ops.reshape`."""
+    return torch.reshape(_tensor(x), tuple(shape))
+
+
+def layer_norm(x, gamma, beta, epsilon, dtype):
+    """`keras_vitnorm.ops.layer_norm` as Keras' PyTorch backend computes it: `x`, `gamma`
+    and `beta` in float32 at least, `torch.nn.functional.layer_norm`, back to `x`'s
+    dtype, then to `dtype`."""
+    x = _tensor(x)
+    compute = torch.promote_types(x.dtype, torch.float32)
+    gamma, beta = (None if w is None else _tensor(w).to(compute) for w in (gamma, beta))
+    y = torch.nn.functional.layer_norm(x.to(compute), x.shape[-1:], gamma, beta, epsilon).to(x.dtype)
+    return y if dtype is None else y.to(getattr(torch, keras.backend.standardize_dtype(dtype)))
+
+
+def _tensor(value):
+    """`value` as a PyTorch tensor: a tensor as it is, a Keras variable's value (cast as
+    the autocast scope says), anything else by Keras' conversion."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, keras.Variable):
+        return value.value
+    return keras.ops.convert_to_tensor(value)
 
 
 def compiling():
