@@ -374,13 +374,34 @@ def test_onnx_export_gives_the_same_logits(small_model, tmp_path):
     ort = pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
     model, x, expected = small_model
     path = str(tmp_path / "vit.onnx")
-    # A static batch: Keras' torch export falls back to TorchScript for dynamic shapes,
-    # which cannot trace keras.ops.layer_normalization.
+    # A static batch, which every backend exports; PyTorch's dynamic batch is the next test's.
     model.export(path, format="onnx", verbose=False,
                  input_signature=[keras.InputSpec(shape=x.shape, dtype="float32")])
     session = ort.InferenceSession(path)
     got = session.run(None, {session.get_inputs()[0].name: x})[0]
     assert np.max(np.abs(got - expected)) < 1e-5 and np.max(np.abs(expected)) > 0.1
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="PyTorch's export of a dynamic batch: TensorFlow cannot export ONNX that "
+                    "ONNX Runtime runs, and JAX's export is the test above")
+def test_onnx_export_from_pytorch_takes_any_batch_with_native_ops(small_model, tmp_path):
+    """Without an input signature, Keras' PyTorch export traces the model with TorchScript;
+    `native_ops`' LayerNorm keeps its width a constant there, so the file runs at any
+    batch size. With the fast path off, Keras' LayerNorm cannot be traced so."""
+    from keras_vitnorm import ops as vitnorm_ops
+
+    ort = pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
+    model, x, expected = small_model
+    with vitnorm_ops.fast_paths(True, ["native_ops"]):
+        model.export(str(tmp_path / "vit.onnx"), format="onnx", verbose=False)
+    session = ort.InferenceSession(str(tmp_path / "vit.onnx"))
+    name = session.get_inputs()[0].name
+    np.testing.assert_allclose(session.run(None, {name: x})[0], expected, rtol=0, atol=1e-5)
+    one = session.run(None, {name: x[:1]})[0]
+    np.testing.assert_allclose(one, expected[:1], rtol=0, atol=1e-5)
+    with vitnorm_ops.fast_paths(False, ["native_ops"]), pytest.raises(Exception, match="not constant"):
+        model.export(str(tmp_path / "plain.onnx"), format="onnx", verbose=False)
 
 
 def test_train_fine_tunes_a_checkpoint_into_a_dpn_variant(tmp_path, capsys):

@@ -135,11 +135,14 @@ def reshape(x, shape):
 def layer_norm(x, gamma, beta, epsilon, dtype):
     """`keras_vitnorm.ops.layer_norm` as Keras' PyTorch backend computes it: `x`, `gamma`
     and `beta` in float32 at least, `torch.nn.functional.layer_norm`, back to `x`'s
-    dtype, then to `dtype`."""
+    dtype, then to `dtype`. The normalized width is a Python int, so that a TorchScript
+    trace (Keras' ONNX export with a dynamic batch) keeps it a constant, as ONNX's
+    LayerNormalization needs."""
     x = _tensor(x)
     compute = torch.promote_types(x.dtype, torch.float32)
     gamma, beta = (None if w is None else _tensor(w).to(compute) for w in (gamma, beta))
-    y = torch.nn.functional.layer_norm(x.to(compute), x.shape[-1:], gamma, beta, epsilon).to(x.dtype)
+    width = (int(x.shape[-1]),)
+    y = torch.nn.functional.layer_norm(x.to(compute), width, gamma, beta, epsilon).to(x.dtype)
     return y if dtype is None else y.to(getattr(torch, keras.backend.standardize_dtype(dtype)))
 
 
