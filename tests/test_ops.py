@@ -613,7 +613,7 @@ def _direct_run(config, precision, calls):
         for weight in model.trainable_weights:  # norm gains and biases off 1 and 0: not exact in bfloat16
             weight.assign(_numpy(weight) + rng.normal(0, 0.3, weight.shape).astype("float32"))
         before = calls.count
-        logits = _numpy(model(images))
+        logits = _numpy(model(images, training=False))  # as `predict` calls it
         inference_calls = calls.count - before
         training = _numpy(model(images, training=True))
         loss, dx, dw = value_and_gradients(model, images,
@@ -674,7 +674,7 @@ def test_direct_calls_run_a_graph_with_other_nodes_as_keras_does(monkeypatch):
         # The segmenter, the backbone (Keras' functional model) and its graph's layers.
         keras_calls = 2 + sum(not isinstance(layer, keras.layers.InputLayer) for layer in backbone.layers)
         before = calls.count
-        outputs = _numpy(model(images))
+        outputs = _numpy(model(images, training=False))
         count = calls.count - before
         loss, dx, dw = value_and_gradients(model, images, lambda y: keras.ops.sum(keras.ops.sin(y)))
         return (count, keras_calls), (outputs, loss, dx, dw)
@@ -702,6 +702,43 @@ def test_direct_graph_calls_fall_back_to_keras_without_its_per_node_call(monkeyp
         (calls_fallback, _), fallback = _direct_run({}, "mixed_bfloat16", calls)
     _assert_same(on, fallback)
     assert calls_on == 1 and calls_fallback == graph_calls
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_direct_graph_calls_leave_an_unset_training_and_masks_to_keras(monkeypatch):
+    """A model called without `training` runs Keras' functional call, whose layers take
+    the value of an outer call (here `training=True`, which turns dropout on); and a
+    call with a mask goes to Keras' call with that mask."""
+    keras.utils.set_random_seed(1)
+    model = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5,
+                dropout=0.5)
+    head = model.get_layer("head")  # zeros at first: logits that dropout could not change
+    head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
+    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
+
+    class Outer(keras.layers.Layer):
+        def call(self, x, training=None):
+            return model.call(x)  # no `training`: the outer call's applies
+
+    calls = _LayerCalls(monkeypatch)
+    with vitnorm_ops.fast_paths(True, DIRECT):
+        before = calls.count
+        inference = _numpy(model(images))
+        assert calls.count - before == 1 + sum(not isinstance(layer, keras.layers.InputLayer)
+                                                for layer in model.layers)
+        np.testing.assert_array_equal(inference, _numpy(model(images, training=False)))
+        outer = _numpy(Outer()(images, training=True))
+        assert np.abs(outer - inference).max() > 0  # dropout was on
+
+        seen = {}
+
+        def functional_call(inputs, **kwargs):
+            seen.update(kwargs)
+            return inputs
+
+        mask = np.ones((2, 16, 16), bool)
+        vitnorm_ops.call_graph(model, functional_call, images, training=True, mask=mask)
+        assert sorted(seen) == ["mask", "training"] and seen["training"] is True and seen["mask"] is mask
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
@@ -752,9 +789,9 @@ def test_direct_calls_cast_and_scope_as_keras_does(scope, policy, autocast, inpu
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
 def test_direct_calls_leave_to_keras_what_its_call_does(monkeypatch):
-    """A layer not built yet, a quantized layer, a layer with a PyTorch hook and a
-    masked input are called through `Layer.__call__`, which builds, quantizes, runs the
-    hook and carries the mask."""
+    """A layer not built yet, a quantized layer, a layer with a PyTorch hook, a layer
+    that computes masks and a masked input are called through `Layer.__call__`, which
+    builds, quantizes, runs the hook and sets or carries the mask."""
     x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(3, 8)).astype("float32"))
     with vitnorm_ops.fast_paths(True, DIRECT):
         unbuilt = layers.FusedDense(4)
@@ -775,6 +812,11 @@ def test_direct_calls_leave_to_keras_what_its_call_does(monkeypatch):
         hooked.register_forward_hook(lambda module, args, output: seen.append(module))
         vitnorm_ops.call_layer(hooked, x)
         assert seen == [hooked]
+
+        embedding = keras.layers.Embedding(5, 4, mask_zero=True)  # a mask from an unmasked input
+        embedding.build((None, 8))
+        y = vitnorm_ops.call_layer(embedding, keras.ops.convert_to_tensor(np.arange(8)[None] % 5))
+        assert getattr(y, "_keras_mask", None) is not None
 
         norm = keras.layers.LayerNormalization()
         norm.build((None, 8))
@@ -834,6 +876,9 @@ def test_layer_norm_is_keras_layer_normalization_with_and_without_its_fast_path(
         assert set(by_name) == set(expected_by_name) == ({"gamma", "beta"} if learnable else set())
         for name in by_name:
             np.testing.assert_array_equal(by_name[name], expected_by_name[name], err_msg=name)
+    # epsilon=None is Keras' epsilon, as keras.ops takes it, in either form.
+    unset = _on_and_off("native_ops", lambda: vitnorm_ops.layer_norm(x, epsilon=None))
+    np.testing.assert_array_equal(_numpy(unset[0]), _numpy(unset[1]))
     x64 = x.astype("float64")
     normalized = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6)
     formula = normalized * gamma + beta if learnable else normalized
@@ -861,6 +906,9 @@ def test_reshape_is_keras_reshape_with_and_without_its_fast_path(dtype):
         return vitnorm_ops.reshape(keras.ops.cast(t, dtype), (-1, 4, 3, 2)) * 1.5
 
     expected = keras.ops.reshape(keras.ops.cast(x, dtype), (2, 4, 3, 2))
+    for enabled in (True, False):  # a single int for a shape, as keras.ops takes it
+        with vitnorm_ops.fast_paths(enabled, ["native_ops"]):
+            assert tuple(vitnorm_ops.reshape(x, 48).shape) == (48,)
     results = _on_and_off("native_ops", lambda: (function(x), _gradients(function, x, (4, 6), _float32_loss)))
     for y, (loss, dx, _) in results:
         assert tuple(y.shape) == (2, 4, 3, 2) and y.dtype == (expected * 1.5).dtype

@@ -46,7 +46,8 @@ def call_graph(model, functional_call, inputs, training):
     `call_layer`, every other node as Keras' `Functional.call` calls it."""
     run = getattr(model, "_run_through_graph", None)
     standardize = getattr(model, "_standardize_inputs", None)
-    if keras_operation_fn is None or run is None or standardize is None or compiling():
+    if (keras_operation_fn is None or run is None or standardize is None or compiling()
+            or training is None):  # None: Keras' layers take the call context's value instead
         return functional_call(inputs, training=training)
 
     def operation_fn(operation):
@@ -76,6 +77,8 @@ def _calls_directly(layer, x):
         return False
     if not isinstance(x, torch.Tensor) or getattr(x, "_keras_mask", None) is not None:
         return False
+    if _makes_masks(type(layer)):  # Keras' call would set the mask it computes on the output
+        return False
     if (getattr(layer, "quantization_mode", None) is not None
             or getattr(layer, "_remat_mode", True)
             or layer.activity_regularizer is not None
@@ -100,6 +103,11 @@ def _autocast_scope(layer):
     if layer.compute_dtype != layer.variable_dtype:
         return AutocastScope(layer.compute_dtype)
     return None
+
+
+@functools.cache
+def _makes_masks(layer_class):
+    return getattr(layer_class, "compute_mask", None) is not keras.layers.Layer.compute_mask
 
 
 @functools.cache
@@ -129,7 +137,7 @@ def linear(x, kernel, bias, use_onednn):
 
 def reshape(x, shape):
     """`torch.reshape`, for `keras_vitnorm.ops.reshape`."""
-    return torch.reshape(_tensor(x), tuple(shape))
+    return torch.reshape(_tensor(x), (shape,) if isinstance(shape, int) else tuple(shape))
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype):
