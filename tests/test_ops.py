@@ -597,6 +597,11 @@ class _LayerCalls:
         monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
 
 
+def _graph_layers(model):
+    """The layers a functional model's graph calls (its input layers are not called)."""
+    return sum(not isinstance(layer, keras.layers.InputLayer) for layer in model.layers)
+
+
 def _direct_run(config, precision, calls):
     """Inference logits, a training-mode forward pass (dropout, stochastic depth and
     BatchNorm's statistics at work), the gradients of a loss, and the weights after
@@ -619,7 +624,7 @@ def _direct_run(config, precision, calls):
         loss, dx, dw = value_and_gradients(model, images,
                                            lambda y: keras.ops.sum(keras.ops.sin(y)), training=True)
         weights = [_numpy(w) for w in model.weights]
-        graph_calls = 1 + sum(not isinstance(layer, keras.layers.InputLayer) for layer in model.layers)
+        graph_calls = 1 + _graph_layers(model)
     finally:
         keras.config.set_dtype_policy(previous)
     return (inference_calls, graph_calls), (logits, training, loss, dx, weights, dw)
@@ -672,7 +677,7 @@ def test_direct_calls_run_a_graph_with_other_nodes_as_keras_does(monkeypatch):
         head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
         backbone, = [op for op in model.operations if isinstance(op, keras.Model)]
         # The segmenter, the backbone (Keras' functional model) and its graph's layers.
-        keras_calls = 2 + sum(not isinstance(layer, keras.layers.InputLayer) for layer in backbone.layers)
+        keras_calls = 2 + _graph_layers(backbone)
         before = calls.count
         outputs = _numpy(model(images, training=False))
         count = calls.count - before
@@ -724,8 +729,7 @@ def test_direct_graph_calls_leave_an_unset_training_and_masks_to_keras(monkeypat
     with vitnorm_ops.fast_paths(True, DIRECT):
         before = calls.count
         inference = _numpy(model(images))
-        assert calls.count - before == 1 + sum(not isinstance(layer, keras.layers.InputLayer)
-                                                for layer in model.layers)
+        assert calls.count - before == 1 + _graph_layers(model)
         np.testing.assert_array_equal(inference, _numpy(model(images, training=False)))
         outer = _numpy(Outer()(images, training=True))
         assert np.abs(outer - inference).max() > 0  # dropout was on

@@ -9,8 +9,9 @@ class GraphCalls:
     Keras' functional model calls each layer of its graph through `Layer.__call__`,
     eager Python around every call on PyTorch. While the fast path `direct_calls` is
     on, a PyTorch model outside `torch.compile` calls them as `call_layer` does:
-    the same outputs, gradients and weights (tests/test_ops.py). Elsewhere, and for a
-    mask, the call is Keras' own. Users write nothing new.
+    the same outputs, gradients and weights (tests/test_ops.py). Elsewhere, for a mask
+    and for a call that leaves `training` unset, the call is Keras' own. Users write
+    nothing new.
 
     A mixin, placed before `keras.Model` in the bases of a model built from its
     inputs and outputs.

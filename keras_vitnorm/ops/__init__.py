@@ -83,8 +83,8 @@ def call_layer(layer, x, training=None):
     calls below its blocks (docs/performance.md, "The fast paths"). Where that work
     does something (a layer not yet built, quantized, rematerialized, with an activity
     regularizer or PyTorch hooks, or one that computes masks; a masked input; a Keras
-    distribution), or where
-    Keras' autocast scope cannot be reached, the layer is called as Keras calls it.
+    distribution), or where Keras' autocast scope cannot be reached, the layer is
+    called as Keras calls it.
     The outputs and gradients are the same either way (tests/test_ops.py).
     """
     if _fast("direct_calls", "torch"):
@@ -99,11 +99,12 @@ def call_graph(model, functional_call, inputs, training=None, mask=None, **kwarg
     Fast path `direct_calls` (PyTorch, outside `torch.compile`): each layer of the
     model's graph that takes one tensor is called through `call_layer`, without
     `Layer.__call__`'s per-call work (a ViT-B/16 has 17 such layers: the stem, the
-    12 blocks, the final norm, the pooling, the head and its float32 output cast). Keras' functional model runs
-    its graph by a private method; where that method or Keras' own per-node call is
-    missing, for a mask or another call-context argument, and for `training=None`
-    (where Keras' layers take the value of an outer call), the model runs Keras' call.
-    The outputs and gradients are the same either way (tests/test_ops.py).
+    12 blocks, the final norm, the pooling, the head and its float32 output cast).
+    Keras' functional model runs its graph by a private method; where that method or
+    Keras' own per-node call is missing, for a mask or another call-context argument,
+    and for `training=None` (where Keras' layers take the value of an outer call), the
+    model runs Keras' call. The outputs and gradients are the same either way
+    (tests/test_ops.py).
     """
     if _fast("direct_calls", "torch") and mask is None and not kwargs:
         return _native().call_graph(model, functional_call, inputs, training)
