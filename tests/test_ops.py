@@ -921,6 +921,85 @@ def test_reshape_is_keras_reshape_with_and_without_its_fast_path(dtype):
                                    rtol=1e-2 if dtype == "bfloat16" else 1e-6)
 
 
+def _autocast_scope(dtype):
+    from keras.src.backend.common.variables import AutocastScope  # Keras' own (private)
+
+    return AutocastScope(dtype)
+
+
+def _variable_reads():
+    """Each way a layer reads a variable, as `(scope, variable, substitute)`: outside any
+    scope, under an autocast scope (a float variable, one that does not autocast, an
+    int variable), and in a stateless scope that substitutes the value."""
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=(3, 4)).astype("float32")
+    return [
+        (contextlib.nullcontext, keras.Variable(weights), None),
+        (lambda: _autocast_scope("bfloat16"), keras.Variable(weights), None),
+        (lambda: _autocast_scope("float16"), keras.Variable(weights, autocast=False), None),
+        (lambda: _autocast_scope("bfloat16"), keras.Variable(np.arange(4, dtype="int32"), trainable=False), None),
+        (lambda: _autocast_scope("bfloat16"), keras.Variable(weights), weights * 3),
+    ]
+
+
+def _read(function, variable, scope, substitute):
+    if substitute is None:
+        with scope():
+            return function(variable)
+    with keras.StatelessScope(state_mapping=[(variable, substitute)]), scope():
+        return function(variable)
+
+
+def test_tensor_reads_a_variable_as_keras_does_with_and_without_its_fast_path():
+    """`ops.tensor` gives `keras.ops.convert_to_tensor`'s tensor for a variable, in the
+    same dtype, under each scope a variable's value depends on (autocast, stateless),
+    with `native_ops` on and off; a tensor passes through as it is."""
+    for scope, variable, substitute in _variable_reads():
+        expected = _read(keras.ops.convert_to_tensor, variable, scope, substitute)
+        for ours in _on_and_off("native_ops", lambda: _read(vitnorm_ops.tensor, variable, scope, substitute)):
+            assert keras.backend.standardize_dtype(ours.dtype) == keras.backend.standardize_dtype(expected.dtype)
+            np.testing.assert_array_equal(_numpy(ours), _numpy(expected))
+    x = keras.ops.ones((2,))
+    assert all(t is x for t in _on_and_off("native_ops", lambda: vitnorm_ops.tensor(x)))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_tensor_reads_a_variable_without_keras_value_property_and_falls_back(monkeypatch):
+    """With `native_ops` on, `ops.tensor` reads a variable's parameter without Keras'
+    `Variable.value` (whose cast it replaces), except in a stateless scope or on the
+    "meta" device of a symbolic call, or where Keras' private names are missing: then
+    through `Variable.value`, with the same tensor. The gradient reaches the variable."""
+    import torch
+
+    from keras.src.backend.torch.core import Variable
+    from keras_vitnorm.ops import _torch
+
+    reads = []
+    value = Variable.value
+    monkeypatch.setattr(Variable, "value", property(lambda v: reads.append(v) or value.fget(v)))
+    with vitnorm_ops.fast_paths(True, ["native_ops"]):
+        for scope, variable, substitute in _variable_reads():
+            expected = _read(keras.ops.convert_to_tensor, variable, scope, substitute)
+            reads.clear()
+            ours = _read(vitnorm_ops.tensor, variable, scope, substitute)
+            assert len(reads) == (0 if substitute is None else 1)
+            assert ours.dtype == expected.dtype
+            np.testing.assert_array_equal(_numpy(ours), _numpy(expected))
+        variable = keras.Variable(np.ones((3,), "float32"))
+        with _autocast_scope("bfloat16"):
+            read = vitnorm_ops.tensor(variable)
+        (read.float() * torch.arange(3.0, device=read.device)).sum().backward()
+        np.testing.assert_array_equal(variable.value.grad.cpu().numpy(), [0.0, 1.0, 2.0])
+        reads.clear()
+        with keras.device("meta"):
+            assert vitnorm_ops.tensor(variable).device.type == "meta" and len(reads) == 1
+        monkeypatch.setattr(_torch, "in_stateless_scope", None)
+        reads.clear()
+        with _autocast_scope("bfloat16"):
+            fallback = vitnorm_ops.tensor(variable)
+        assert len(reads) == 1 and fallback.dtype == torch.bfloat16
+
+
 # --- weight standardization -------------------------------------------------------------
 
 

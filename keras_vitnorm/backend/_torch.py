@@ -148,9 +148,9 @@ def train_step(model, keras_step, data):
         loss = _track_loss(model, x, y, y_pred, sample_weight, training=True)
         if model.optimizer is not None:
             loss = model.optimizer.scale_loss(loss)
-    if model.trainable_weights:
+    variables = model.trainable_weights  # a fresh list; Keras walks every layer for it
+    if variables:
         loss.backward()
-        variables = model.trainable_weights[:]
         with torch.no_grad(), device_constants():
             model.optimizer.apply([v.value.grad for v in variables], variables)
     else:

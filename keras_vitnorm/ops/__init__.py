@@ -27,7 +27,7 @@ from keras_vitnorm.ops.config import set_fast_paths
 __all__ = [
     "FAST_PATHS", "attention", "backend_name", "call_graph", "call_layer", "fast_path_enabled",
     "fast_paths", "heads_first_attention", "layer_norm", "linear", "qkv_projection", "reshape",
-    "residual_fence", "set_fast_paths", "split_heads", "standardize_kernel",
+    "residual_fence", "set_fast_paths", "split_heads", "standardize_kernel", "tensor",
 ]
 
 
@@ -145,6 +145,18 @@ def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
     return y if dtype is None else ops.cast(y, dtype)
 
 
+def tensor(value):
+    """`keras.ops.convert_to_tensor(value)`: a tensor as it is, a Keras variable's value.
+
+    Fast path `native_ops` (PyTorch): a variable's value read as Keras reads it in an
+    eager call (its parameter, cast to the autocast scope's dtype), without the dtype
+    checks of Keras' cast around the one `Tensor.to`.
+    """
+    if _fast("native_ops", "torch"):
+        return _native().tensor(value)
+    return ops.convert_to_tensor(value)
+
+
 def linear(x, kernel, bias=None):
     """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
 
@@ -154,8 +166,8 @@ def linear(x, kernel, bias=None):
     PyTorch op used only after a check that it exists and computes the same. Under
     `torch.compile` it steps aside: the compiler picks its own kernel for the linear.
     """
-    x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
-    bias = None if bias is None else ops.convert_to_tensor(bias)
+    x, kernel = tensor(x), tensor(kernel)
+    bias = None if bias is None else tensor(bias)
     same_dtype = x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype)
     if same_dtype and _fast("linear", "torch"):
         return _native().linear(x, kernel, bias, use_onednn=fast_path_enabled("onednn_linear"))

@@ -12,6 +12,11 @@ try:  # Keras' autocast scope (private), which `call_layer` enters as `Layer.__c
     from keras.src.backend.common.variables import get_autocast_scope
 except ImportError:  # then every layer is called through `Layer.__call__`
     AutocastScope = get_autocast_scope = None
+try:  # the scopes Keras' `Variable.value` looks at (private), for `variable_value`
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.torch.core import get_device
+except ImportError:  # then `variable_value` reads `variable.value`
+    in_stateless_scope = get_device = None
 try:  # what a functional model's graph runs each node through (private), for `call_graph`
     from keras.src.models.functional import operation_fn as keras_operation_fn
 except ImportError:  # then the model is called through Keras' `Functional.call`
@@ -137,7 +142,7 @@ def linear(x, kernel, bias, use_onednn):
 
 def reshape(x, shape):
     """`torch.reshape`, for `keras_vitnorm.ops.reshape`."""
-    return torch.reshape(_tensor(x), (shape,) if isinstance(shape, int) else tuple(shape))
+    return torch.reshape(tensor(x), (shape,) if isinstance(shape, int) else tuple(shape))
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype):
@@ -146,22 +151,52 @@ def layer_norm(x, gamma, beta, epsilon, dtype):
     dtype, then to `dtype`. The normalized width is a Python int, so that a TorchScript
     trace (Keras' ONNX export with a dynamic batch) keeps it a constant, as ONNX's
     LayerNormalization needs."""
-    x = _tensor(x)
+    x = tensor(x)
     compute = torch.promote_types(x.dtype, torch.float32)
-    gamma, beta = (None if w is None else _tensor(w).to(compute) for w in (gamma, beta))
+    gamma, beta = (None if w is None else tensor(w).to(compute) for w in (gamma, beta))
     width = (int(x.shape[-1]),)
     y = torch.nn.functional.layer_norm(x.to(compute), width, gamma, beta, epsilon).to(x.dtype)
-    return y if dtype is None else y.to(getattr(torch, keras.backend.standardize_dtype(dtype)))
+    return y if dtype is None else y.to(_torch_dtype(dtype))
 
 
-def _tensor(value):
-    """`value` as a PyTorch tensor: a tensor as it is, a Keras variable's value (cast as
-    the autocast scope says), anything else by Keras' conversion."""
+def tensor(value):
+    """`keras_vitnorm.ops.tensor` on PyTorch: a tensor as it is, a Keras variable's value
+    by `variable_value`, anything else by Keras' conversion."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, keras.Variable):
-        return value.value
+        return variable_value(value)
     return keras.ops.convert_to_tensor(value)
+
+
+
+def variable_value(variable):
+    """`variable.value` in an eager call: its PyTorch parameter, cast to the autocast
+    scope's dtype where the variable autocasts and is a float.
+
+    Keras' PyTorch `Variable.value` computes that through `backend.cast` and its dtype
+    checks; here it is one `Tensor.to`. Where Keras' property does more (a stateless
+    scope, which substitutes values; the "meta" device of a symbolic call; an
+    uninitialized variable; `torch.compile`), or where the private attributes it reads
+    are missing, this returns `variable.value` itself.
+    """
+    value = getattr(variable, "_value", None)
+    autocasts = getattr(variable, "_autocast", None)
+    if (in_stateless_scope is None or get_autocast_scope is None or autocasts is None
+            or not isinstance(value, torch.Tensor) or compiling()
+            or in_stateless_scope() or str(get_device()) == "meta"):
+        return variable.value
+    scope = get_autocast_scope()
+    if autocasts and scope is not None and scope.dtype is not None and value.is_floating_point():
+        dtype = _torch_dtype(scope.dtype)
+        if value.dtype != dtype:
+            return value.to(dtype)
+    return value
+
+
+@functools.cache
+def _torch_dtype(dtype):
+    return getattr(torch, keras.backend.standardize_dtype(dtype))
 
 
 def compiling():

@@ -57,9 +57,10 @@ FAST_PATHS = (
                           # Keras' `Layer.__call__`, without the rest of its per-call work
                           # (keras_vitnorm.ops.call_layer), and the models their graph's
                           # layers (keras_vitnorm.ops.call_graph)
-    "native_ops",         # PyTorch: reshape and LayerNorm as one PyTorch call each, without
-                          # keras.ops' eager checks of their arguments (keras_vitnorm.ops.reshape,
-                          # keras_vitnorm.ops.layer_norm)
+    "native_ops",         # PyTorch: reshape and LayerNorm as one PyTorch call each, and a
+                          # variable's value as one cast, without keras.ops' eager checks
+                          # of their arguments (keras_vitnorm.ops.reshape,
+                          # keras_vitnorm.ops.layer_norm, keras_vitnorm.ops.tensor)
     "device_constants",   # PyTorch: the models' training and evaluation steps make the
                           # Python numbers of Keras' loss, metrics and optimizer into
                           # tensors on the device once (keras_vitnorm.models.steps,
