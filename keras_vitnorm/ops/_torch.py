@@ -169,7 +169,6 @@ def tensor(value):
     return keras.ops.convert_to_tensor(value)
 
 
-
 def variable_value(variable):
     """`variable.value` in an eager call: its PyTorch parameter, cast to the autocast
     scope's dtype where the variable autocasts and is a float.
