@@ -993,11 +993,40 @@ def test_tensor_reads_a_variable_without_keras_value_property_and_falls_back(mon
         reads.clear()
         with keras.device("meta"):
             assert vitnorm_ops.tensor(variable).device.type == "meta" and len(reads) == 1
-        monkeypatch.setattr(_torch, "in_stateless_scope", None)
-        reads.clear()
-        with _autocast_scope("bfloat16"):
-            fallback = vitnorm_ops.tensor(variable)
-        assert len(reads) == 1 and fallback.dtype == torch.bfloat16
+        for name in ("in_stateless_scope", "get_device"):
+            with monkeypatch.context() as patch:
+                patch.setattr(_torch, name, None)
+                reads.clear()
+                with _autocast_scope("bfloat16"):
+                    fallback = vitnorm_ops.tensor(variable)
+                assert len(reads) == 1 and fallback.dtype == torch.bfloat16
+                np.testing.assert_array_equal(_numpy(fallback), np.ones((3,)))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
+def test_tensor_moves_what_lies_on_another_device_as_keras_does():
+    """`keras.ops.convert_to_tensor` moves a tensor, or a variable's value, to the current
+    device; `ops.tensor` does too with `native_ops` on, and so `linear` and `layer_norm`
+    compute on the current device. (Here a variable made on PyTorch's "meta" device and a
+    meta tensor, read on the CPU: the GPU's case of weights loaded under
+    `keras.device("cpu")`.)"""
+    rng = np.random.default_rng(0)
+    with keras.device("meta"):
+        variable = keras.Variable(rng.normal(size=(4, 3)).astype("float32"))
+        gamma = keras.Variable(np.ones((4,), "float32"))
+        x = keras.ops.convert_to_tensor(rng.normal(size=(2, 4)).astype("float32"))
+    assert variable.value.device.type == "meta" and x.device.type == "meta"
+    expected = keras.ops.convert_to_tensor(variable).device
+    assert expected.type == "cpu"
+    for enabled in (True, False):
+        with vitnorm_ops.fast_paths(enabled, ["native_ops"]):
+            for scope in (contextlib.nullcontext, lambda: _autocast_scope("bfloat16")):
+                with scope():
+                    assert vitnorm_ops.tensor(variable).device == expected
+            assert vitnorm_ops.tensor(x).device == expected
+            assert vitnorm_ops.linear(x, variable).device == expected
+            assert vitnorm_ops.layer_norm(x, gamma).device == expected
+            assert vitnorm_ops.reshape(x, (8,)).device == expected
 
 
 # --- weight standardization -------------------------------------------------------------

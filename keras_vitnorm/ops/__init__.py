@@ -146,11 +146,13 @@ def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
 
 
 def tensor(value):
-    """`keras.ops.convert_to_tensor(value)`: a tensor as it is, a Keras variable's value.
+    """`keras.ops.convert_to_tensor(value)`: a tensor as it is, a Keras variable's value,
+    on the current device.
 
     Fast path `native_ops` (PyTorch): a variable's value read as Keras reads it in an
     eager call (its parameter, cast to the autocast scope's dtype), without the dtype
-    checks of Keras' cast around the one `Tensor.to`.
+    checks of Keras' cast around the one `Tensor.to`; a value on another device than
+    the current one goes through Keras' conversion, which moves it.
     """
     if _fast("native_ops", "torch"):
         return _native().tensor(value)

@@ -161,12 +161,31 @@ def layer_norm(x, gamma, beta, epsilon, dtype):
 
 def tensor(value):
     """`keras_vitnorm.ops.tensor` on PyTorch: a tensor as it is, a Keras variable's value
-    by `variable_value`, anything else by Keras' conversion."""
-    if isinstance(value, torch.Tensor):
-        return value
+    by `variable_value`, anything else by Keras' conversion; one that lies on another
+    device than the current one (weights loaded under `keras.device("cpu")` on a GPU
+    host) is moved there by Keras' conversion, as `keras.ops.convert_to_tensor` moves it."""
     if isinstance(value, keras.Variable):
-        return variable_value(value)
-    return keras.ops.convert_to_tensor(value)
+        read = variable_value(value)
+    elif isinstance(value, torch.Tensor):
+        read = value
+    else:
+        return keras.ops.convert_to_tensor(value)
+    return read if _on_current_device(read) else keras.ops.convert_to_tensor(read)
+
+
+def _on_current_device(x):
+    """Whether `x` lies on Keras' current device (as `Tensor.to` would leave it there; a
+    device without an index is the current one of its kind). Without Keras' private
+    `get_device`, never: the caller then converts as Keras does."""
+    if get_device is None:
+        return False
+    kind, index = _device_kind(get_device())
+    if kind == "cpu":
+        return x.is_cpu
+    if kind == "cuda":
+        return x.is_cuda and x.get_device() == (torch.cuda.current_device() if index is None else index)
+    device = x.device
+    return device.type == kind and (index is None or device.index == index)
 
 
 def variable_value(variable):
@@ -181,7 +200,8 @@ def variable_value(variable):
     """
     value = getattr(variable, "_value", None)
     autocasts = getattr(variable, "_autocast", None)
-    if (in_stateless_scope is None or get_autocast_scope is None or autocasts is None
+    if (in_stateless_scope is None or get_device is None or get_autocast_scope is None
+            or autocasts is None
             or not isinstance(value, torch.Tensor) or compiling()
             or in_stateless_scope() or str(get_device()) == "meta"):
         return variable.value
@@ -191,6 +211,12 @@ def variable_value(variable):
         if value.dtype != dtype:
             return value.to(dtype)
     return value
+
+
+@functools.cache
+def _device_kind(device):
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    return device.type, device.index
 
 
 @functools.cache
