@@ -164,46 +164,47 @@ def tensor(value):
     by `variable_value`, anything else by Keras' conversion; one that lies on another
     device than the current one (weights loaded under `keras.device("cpu")` on a GPU
     host) is moved there by Keras' conversion, as `keras.ops.convert_to_tensor` moves it."""
+    device = None if get_device is None else _device_kind(get_device())
     if isinstance(value, keras.Variable):
-        read = variable_value(value)
+        read = variable_value(value, device)
     elif isinstance(value, torch.Tensor):
         read = value
     else:
         return keras.ops.convert_to_tensor(value)
-    return read if _on_current_device(read) else keras.ops.convert_to_tensor(read)
+    return read if _on_device(read, device) else keras.ops.convert_to_tensor(read)
 
 
-def _on_current_device(x):
-    """Whether `x` lies on Keras' current device (as `Tensor.to` would leave it there; a
-    device without an index is the current one of its kind). Without Keras' private
-    `get_device`, never: the caller then converts as Keras does."""
-    if get_device is None:
+def _on_device(x, device):
+    """Whether `x` lies on `device`, Keras' current one as `(kind, index)` (as `Tensor.to`
+    would leave it there; a device without an index is the current one of its kind).
+    Without Keras' private `get_device` (`device` None), never: the caller then converts
+    as Keras does."""
+    if device is None:
         return False
-    kind, index = _device_kind(get_device())
+    kind, index = device
     if kind == "cpu":
         return x.is_cpu
     if kind == "cuda":
         return x.is_cuda and x.get_device() == (torch.cuda.current_device() if index is None else index)
-    device = x.device
-    return device.type == kind and (index is None or device.index == index)
+    return x.device.type == kind and (index is None or x.device.index == index)
 
 
-def variable_value(variable):
-    """`variable.value` in an eager call: its PyTorch parameter, cast to the autocast
-    scope's dtype where the variable autocasts and is a float.
+def variable_value(variable, device):
+    """`variable.value` in an eager call on `device` (Keras' current one as `(kind,
+    index)`, or `None` without Keras' private `get_device`): its PyTorch parameter,
+    cast to the autocast scope's dtype where the variable autocasts and is a float.
 
     Keras' PyTorch `Variable.value` computes that through `backend.cast` and its dtype
     checks; here it is one `Tensor.to`. Where Keras' property does more (a stateless
     scope, which substitutes values; the "meta" device of a symbolic call; an
-    uninitialized variable; `torch.compile`), or where the private attributes it reads
+    uninitialized variable; `torch.compile`), or where the private names it reads
     are missing, this returns `variable.value` itself.
     """
     value = getattr(variable, "_value", None)
     autocasts = getattr(variable, "_autocast", None)
-    if (in_stateless_scope is None or get_device is None or get_autocast_scope is None
-            or autocasts is None
-            or not isinstance(value, torch.Tensor) or compiling()
-            or in_stateless_scope() or str(get_device()) == "meta"):
+    if (in_stateless_scope is None or device is None or get_autocast_scope is None
+            or autocasts is None or not isinstance(value, torch.Tensor) or compiling()
+            or in_stateless_scope() or device[0] == "meta"):
         return variable.value
     scope = get_autocast_scope()
     if autocasts and scope is not None and scope.dtype is not None and value.is_floating_point():
