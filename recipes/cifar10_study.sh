@@ -19,15 +19,18 @@
 #   <out>/deep       deep: pre-LN, post-LN and DeepNorm at depth 12, at the converged
 #                    budget, with a warm-up of 1,760 steps (12.5%) and each at its own
 #                    rate (the sweep of converged_lr)
+#   <out>/deep_cpu   deep's three variants in depth's setting (patch 8, the CPU recipe)
+#                    but four times as long, 6,000 steps, with a warm-up of 750 (12.5%)
+#                    and a sweep of 2.5e-4, 5e-4 and 1e-3 around the CPU recipe's rate
 #
-# The first three train on a CPU (TensorFlow, batch 32, 2 runs at a time, one thread
-# each; docs/study.md); the others on a GPU (JAX, 8 runs at a time), reading the
-# images with the python input pipeline so that the batches do not depend on whether
-# TensorFlow is installed.
+# depth, depth_no_clip, factors and deep_cpu train on a CPU (TensorFlow, batch 32, 2
+# runs at a time, one thread each; docs/study.md); the others on a GPU (JAX, 8 runs at
+# a time), reading the images with the python input pipeline so that the batches do
+# not depend on whether TensorFlow is installed.
 #
 # Usage: [STUDIES="factors converged"] recipes/cifar10_study.sh CIFAR10_DIR OUTPUT_DIR [extra ablate options]
 # CIFAR10_DIR holds train/<class>/*.jpg and test/<class>/*.jpg. STUDIES picks studies
-# (default all seven, in the order above). Every run resumes: rerun the same command
+# (default all eight, in the order above). Every run resumes: rerun the same command
 # after an interruption. Extra options come last and win (e.g. --seeds 0 --parallel 4).
 # `--tables-only --parallel 1` writes the tables and figures from the finished runs
 # and trains nothing.
@@ -39,7 +42,7 @@ fi
 data=$1 out=$2
 shift 2
 python=${PYTHON:-python}
-all="depth depth_no_clip factors converged converged_lr regularized deep"
+all="depth depth_no_clip factors converged converged_lr regularized deep deep_cpu"
 studies=${STUDIES:-$all}
 for study in $studies; do
     if [[ " $all " != *" $study "* ]]; then
@@ -92,4 +95,9 @@ fi
 if wants deep; then
     KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups deep "${sweep[@]}" \
         "${gpu[@]}" --warmup-steps 1760 "${model[@]}" "$@" --output-dir "$out/deep"
+fi
+if wants deep_cpu; then
+    KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups deep --lr-sweep 2.5e-4 5e-4 1e-3 \
+        --patch-size 8 --steps 6000 --steps-per-epoch 500 --warmup-steps 750 --grad-norm-every 100 \
+        "${model[@]}" "${cpu[@]}" --output-dir "$out/deep_cpu"
 fi

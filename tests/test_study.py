@@ -1149,7 +1149,7 @@ def run_recipe(tmp_path, recipe, *args, env=None):
 
 
 def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
-    """recipes/cifar10_study.sh: each of its seven commands parses into a valid study
+    """recipes/cifar10_study.sh: each of its eight commands parses into a valid study
     (a stand-in interpreter records each command and its backend instead of training;
     the test parses them with the command's own parser)."""
     import subprocess
@@ -1161,9 +1161,10 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     studies = recorded()
     assert [s["groups"] for s in studies] == [
         ["depth_stability", "depth_drop_path"], ["depth_stability"], ["dpn_factors", "dpn_schedule"],
-        ["converged"], ["converged"], ["converged"], ["deep"]]
+        ["converged"], ["converged"], ["converged"], ["deep"], ["deep"]]
     assert [s["dir"] for s in studies] == [str(tmp_path / "out" / n) for n in (
-        "depth", "depth_no_clip", "factors", "converged", "converged_lr", "regularized", "deep")]
+        "depth", "depth_no_clip", "factors", "converged", "converged_lr", "regularized", "deep",
+        "deep_cpu")]
     # the runs without clipping are the deepest models without warm-up, otherwise as in depth
     no_clip = studies[1]
     assert no_clip["config"]["grad_clip"] == 0 and studies[0]["config"]["grad_clip"] == 1.0
@@ -1176,7 +1177,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
         assert config["mixed_precision"] == "mixed_bfloat16"
         # Every run's warm-up ends before its schedule does.
         assert config["warmup_steps"] < config["steps"]
-    for study in studies[:3]:  # on a CPU
+    for study in studies[:3] + studies[7:]:  # on a CPU
         assert study["backend"] == "tensorflow" and study["parallel"] == 2
         assert study["config"]["batch_size"] == 32 and study["config"]["learning_rate"] == 5e-4
     converged = studies[3]  # on a GPU: 80 passes over the 45,000 training images
@@ -1188,7 +1189,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     # Each variant at its own rate: the converged recipe with a sweep around its rate; with
     # regularization; and at depth 12 with a warm-up of at least 10% of the steps.
     assert converged["lr_sweep"] is None
-    converged_lr, regularized, deep = studies[4:]
+    converged_lr, regularized, deep, deep_cpu = studies[4:]
     for study in (converged_lr, regularized, deep):
         assert study["lr_sweep"] == [5e-4, 1e-3, 2e-3] and study["parallel"] == 8
         assert config["learning_rate"] in study["lr_sweep"]
@@ -1200,6 +1201,15 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert deep["config"]["warmup_steps"] >= 0.1 * deep["config"]["steps"]
     assert {k: v for k, v in deep["config"].items() if k != "warmup_steps"} == {
         k: v for k, v in config.items() if k != "warmup_steps"}
+    # deep's variants and sweep in depth's CPU setting, four times as long, with a warm-up
+    # of at least 10% and a sweep around the CPU recipe's rate
+    depth = studies[0]["config"]
+    assert deep_cpu["config"]["steps"] == 4 * depth["steps"]
+    assert deep_cpu["config"]["warmup_steps"] >= 0.1 * deep_cpu["config"]["steps"]
+    assert depth["learning_rate"] in deep_cpu["lr_sweep"] and len(deep_cpu["lr_sweep"]) == 3
+    changed = ("steps", "warmup_steps", "grad_norm_every")
+    assert {k: v for k, v in deep_cpu["config"].items() if k not in changed} == {
+        k: v for k, v in depth.items() if k not in changed}
     # STUDIES picks studies; extra options come last and win.
     calls.unlink()
     done, recorded = run_recipe(tmp_path, recipe, str(tmp_path / "cifar"), str(tmp_path / "out"),
@@ -1214,7 +1224,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     unknown = subprocess.run(["bash", recipe, "a", "b"], env={**os.environ, "STUDIES": "depth converge"},
                              capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown study 'converge'" in unknown.stderr
-    assert "valid: depth depth_no_clip factors converged converged_lr regularized deep" in \
+    assert "valid: depth depth_no_clip factors converged converged_lr regularized deep deep_cpu" in \
         unknown.stderr
 
 
