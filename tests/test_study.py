@@ -816,6 +816,46 @@ def test_depth_table_gives_the_first_to_last_block_gradient_ratio(tmp_path):
     assert "| 0 (0 to 0.01) |" in depth_table(rows)  # a gradient that underflowed to 0
 
 
+def test_depth_table_gives_each_rate_its_row_for_the_deep_groups_sweep(tmp_path):
+    from keras_vitnorm.study.factors import depth_table
+    from keras_vitnorm.study.lr_sweep import select
+    from keras_vitnorm.study.lr_sweep import write_selection
+    from keras_vitnorm.study.tables import write_results
+
+    def deep_row(variant, rate, accuracy, seed=0):
+        return dict(factor_row(variant, seed, accuracy, "deep"), learning_rate=rate,
+                    val_accuracy=accuracy, run_dir=str(tmp_path / f"{variant}-{rate}-{seed}"))
+
+    # post-LN stalls at the highest rate and trains at the two lower ones
+    sweep = [deep_row("pre_ln", rate, accuracy) for rate, accuracy in ((5e-4, 0.45), (1e-3, 0.40))]
+    sweep += [deep_row("post_ln", rate, accuracy) for rate, accuracy in ((1e-3, 0.1), (2.5e-4, 0.5),
+                                                                          (5e-4, 0.48))]
+    table = depth_table(sweep, "deep").splitlines()
+    assert table[0].startswith("| placement | depth | warm-up | peak learning rate | runs | trained |")
+    assert table[1] == "|" + "---|" * 10
+    # each placement in the order of the rows, then by rate
+    assert [line.split(" | ")[:4] for line in table[2:]] == [
+        ["| pre_ln", "12", "yes", "0.0005"], ["| pre_ln", "12", "yes", "0.001"],
+        ["| post_ln", "12", "yes", "0.00025"], ["| post_ln", "12", "yes", "0.0005"],
+        ["| post_ln", "12", "yes", "0.001"]]
+    assert table[-1].startswith("| post_ln | 12 | yes | 0.001 | 1 | 0 | 0 | 1 | n/a |")
+    # one rate: the table of depth_stability's form; a group over other factors has none
+    assert "peak learning rate" not in depth_table(sweep[:1], "deep")
+    assert depth_table([dict(r, group="norm_types") for r in sweep], "norm_types") == ""
+
+    rates = [2.5e-4, 5e-4, 1e-3]
+    plan = [("deep", [("pre_ln", None), ("post_ln", None)])]
+    selection = select(sweep + [deep_row("pre_ln", 2.5e-4, 0.44)], plan, rates, [0])
+    write_selection(sweep, selection, rates, str(tmp_path / "study"))
+    assert open(tmp_path / "study" / "deep_lr_sweep_summary.md").read() == depth_table(sweep, "deep")
+    # the study's own tables: each variant at its chosen rate
+    final = [deep_row("pre_ln", 5e-4, 0.45), deep_row("post_ln", 2.5e-4, 0.5)]
+    write_results(final, str(tmp_path / "study"))
+    summary = open(tmp_path / "study" / "deep_summary.md").read()
+    assert summary == depth_table(final, "deep") and "| post_ln | 12 | yes | 0.00025 | 1 | 1 |" in summary
+    assert not os.path.exists(tmp_path / "study" / "depth_stability_summary.md")
+
+
 def test_patch_norm_analysis_is_the_model_stems_view():
     from keras_vitnorm.analysis import patch_norm
     from keras_vitnorm.layers import patchify

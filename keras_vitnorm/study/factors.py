@@ -208,28 +208,43 @@ def depth_table(rows, group="depth_stability"):
     each one's validation accuracy peaked, `peak_step`), the accuracy of
     those that trained, and the first block's gradient norm over the last block's
     (`first_to_last_block_gradient`; geometric mean and range over the completed runs
-    that recorded gradient norms)."""
+    that recorded gradient norms).
+
+    Where the group's rows ran at more than one peak learning rate (a learning-rate
+    sweep, or each variant at its own rate), each rate is a row of its own, with a
+    column for it. `""` for a group whose variants have no placement, depth and warm-up
+    (`variant_factors`)."""
+    group_rows = [r for r in rows if r["group"] == group
+                  and {"placement", "depth", "warmup"} <= variant_factors(group, r["variant"]).keys()]
+    rates = {float(r["learning_rate"]) for r in group_rows if r.get("learning_rate") not in (None, "")}
+    by_rate = len(rates) > 1
     cells = {}
-    for row in rows:
-        if row["group"] != group:
-            continue
+    for row in group_rows:
         factors = variant_factors(group, row["variant"])
         key = (factors["placement"], factors["depth"], factors["warmup"])
+        if by_rate:
+            key += (float(row["learning_rate"]),)
         cells.setdefault(key, []).append(row)
     lines = [
-        "| placement | depth | warm-up | runs | trained | diverged (steps) "
-        "| stalled (steps of best val. accuracy) "
+        "| placement | depth | warm-up |" + (" peak learning rate |" if by_rate else "")
+        + " runs | trained | diverged (steps) | stalled (steps of best val. accuracy) "
         "| test accuracy of trained runs (%) | first / last block gradient norm |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|" + ("---|" if by_rate else "") + "---|---|---|---|---|---|",
     ]
-    for (placement, depth, warmup), runs in cells.items():
+    first_seen = {}  # (placement, depth, warm-up) -> its order in the rows
+    for key in cells:
+        first_seen.setdefault(key[:3], len(first_seen))
+    for key in sorted(cells, key=lambda k: (first_seen[k[:3]], k[3:])):  # then by rate
+        runs = cells[key]
+        placement, depth, warmup = key[:3]
         diverged = [r for r in runs if r["status"] == "diverged"]
         completed = [r for r in runs if r["status"] == "completed"]
         stalled = [r for r in completed if float(r["test_accuracy"]) < STALL_ACCURACY]
         trained = [float(r["test_accuracy"]) for r in completed if r not in stalled]
         steps = ", ".join(str(r["diverged_at_step"]) for r in diverged)
+        rate = f" {key[3]:g} |" if by_rate else ""
         lines.append(
-            f"| {placement} | {depth} | {'yes' if warmup else 'no'} | {len(runs)} | {len(trained)} "
+            f"| {placement} | {depth} | {'yes' if warmup else 'no'} |{rate} {len(runs)} | {len(trained)} "
             f"| {len(diverged)}{f' ({steps})' if steps else ''} | {_stalled_cell(stalled)} "
             f"| {mean_ci_text(trained)} | {_gradient_ratio_cell(runs)} |"
         )

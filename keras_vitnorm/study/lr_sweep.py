@@ -12,7 +12,8 @@ beyond it.
 
 Written per study: `lr_sweep.csv` (every sweep run, as `results.csv`),
 `<group>_lr_selection.md` (validation accuracy by variant and rate, and the rate
-chosen) and `figures/<group>_lr_sweep.png`.
+chosen), `figures/<group>_lr_sweep.png` and, for the groups over placement, depth and
+warm-up (`deep`), `<group>_lr_sweep_summary.md`: what trains or stalls at each rate.
 """
 
 import math
@@ -21,6 +22,7 @@ import os
 import numpy as np
 
 from keras_vitnorm import durable
+from keras_vitnorm.study.factors import depth_table
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.tables import write_rows
 
@@ -141,8 +143,10 @@ def _score_text(score):
 
 
 def write_selection(rows, selection, rates, output_dir):
-    """Writes `lr_sweep.csv`, and per group `<group>_lr_selection.md` and
-    `figures/<group>_lr_sweep.png`. Returns the paths written."""
+    """Writes `lr_sweep.csv`, and per group `<group>_lr_selection.md`,
+    `figures/<group>_lr_sweep.png` and, where the group is over placement, depth and
+    warm-up, `<group>_lr_sweep_summary.md` (`factors.depth_table` of its sweep runs by
+    rate). Returns the paths written."""
     from keras_vitnorm.study import figures
 
     paths = [write_rows(rows, output_dir, "lr_sweep.csv")]
@@ -150,6 +154,11 @@ def write_selection(rows, selection, rates, output_dir):
         path = os.path.join(output_dir, f"{group}_lr_selection.md")
         durable.write_text(path, selection_table(selection, rates, group))
         paths.append(path)
+        stability = depth_table(rows, group)
+        if stability:
+            path = os.path.join(output_dir, f"{group}_lr_sweep_summary.md")
+            durable.write_text(path, stability)
+            paths.append(path)
         curves = {name: choice for (g, name), choice in selection.items() if g == group}
         paths.append(figures.plot_lr_sweep(
             curves, rates, f"{group}: final validation accuracy by peak learning rate",

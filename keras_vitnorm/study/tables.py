@@ -126,8 +126,9 @@ def write_results(rows, output_dir):
     `keras_vitnorm.study.time_to_accuracy`), `gradient_norms.md` (stem runs that
     recorded gradient norms),
     `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
-    format) and
-    `depth_stability_summary.md` (what trains, diverges or stalls by depth)."""
+    format) and `<group>_summary.md` for the groups over placement, depth and warm-up,
+    `depth_stability` and `deep` (what trains, diverges or stalls by depth:
+    `factors.depth_table`)."""
     write_rows(rows, output_dir, "results.csv")
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
@@ -138,13 +139,13 @@ def write_results(rows, output_dir):
         speed = time_to_accuracy_table(group_rows) if len(summary) > 1 and not stem_levels else ""
         for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
                             (f"{group}_differences.md", stem_levels or difference_table(summary)),
-                            (f"{group}_time_to_accuracy.md", speed)):
+                            (f"{group}_time_to_accuracy.md", speed),
+                            (f"{group}_summary.md", factors.depth_table(group_rows, group))):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)
     for name, table in (
         ("gradient_norms.md", gradient_norm_table(rows)),
         ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
-        ("depth_stability_summary.md", factors.depth_table(rows)),
     ):
         if table:
             durable.write_text(os.path.join(output_dir, name), table)

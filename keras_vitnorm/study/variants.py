@@ -140,6 +140,17 @@ def _depth_stability():
     return variants, factors
 
 
+def _deep(depth=12):
+    """Pre-LN, post-LN and DeepNorm at `depth`, with the base's warm-up: post-LN at depth
+    given its best chance (a long warm-up from the base, its own rate from
+    `ablate --lr-sweep`) against the two that train at depth."""
+    variants, factors = {}, {}
+    for placement, model in _DEPTH_PLACEMENTS.items():
+        variants[placement] = ({"depth": depth, **model}, {})
+        factors[placement] = {"placement": placement, "depth": depth, "warmup": True}
+    return variants, factors
+
+
 def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
     """The deepest models with and without stochastic depth (representation collapse).
 
@@ -159,6 +170,7 @@ _DPN_FACTORS, _DPN_FACTOR_LEVELS = _dpn_factors()
 _DPN_SCHEDULE, _DPN_SCHEDULE_LEVELS = _dpn_schedule()
 _DEPTH_STABILITY, _DEPTH_STABILITY_LEVELS = _depth_stability()
 _DEPTH_DROP_PATH, _DEPTH_DROP_PATH_LEVELS = _depth_drop_path()
+_DEEP, _DEEP_LEVELS = _deep()
 
 #: group name -> {variant name: (model overrides, training overrides)}
 VARIANT_GROUPS = {
@@ -198,13 +210,7 @@ VARIANT_GROUPS = {
         "dyt": ({"norm": "dyt"}, {}),
         "batchnorm": ({"norm": "batchnorm"}, {}),
     },
-    # Post-LN at depth 12 given its best chance (the base gives it a long warm-up and
-    # `ablate --lr-sweep` its own rate), against pre-LN and DeepNorm at the same depth.
-    "deep": {
-        "pre_ln": ({"depth": 12}, {}),
-        "post_ln": ({"depth": 12, "attn_norm": "post", "mlp_norm": "post"}, {}),
-        "deepnorm": ({"depth": 12, "block_style": "deepnorm"}, {}),
-    },
+    "deep": _DEEP,
     "dpn_factors": _DPN_FACTORS,
     "dpn_schedule": _DPN_SCHEDULE,
     "depth_stability": _DEPTH_STABILITY,
@@ -227,6 +233,7 @@ VARIANT_FACTORS = {
     "dpn_schedule": _DPN_SCHEDULE_LEVELS,
     "depth_stability": _DEPTH_STABILITY_LEVELS,
     "depth_drop_path": _DEPTH_DROP_PATH_LEVELS,
+    "deep": _DEEP_LEVELS,
 }
 
 
