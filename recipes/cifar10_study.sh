@@ -21,7 +21,8 @@
 #                    rate (the sweep of converged_lr)
 #   <out>/deep_cpu   deep's three variants in depth's setting (patch 8, the CPU recipe)
 #                    but four times as long, 6,000 steps, with a warm-up of 750 (12.5%)
-#                    and a sweep of 2.5e-4, 5e-4 and 1e-3 around the CPU recipe's rate
+#                    and a sweep of 1.25e-4, 2.5e-4, 5e-4 and 1e-3 (a quarter of the
+#                    CPU recipe's rate to twice it)
 #
 # depth, depth_no_clip, factors and deep_cpu train on a CPU (TensorFlow, batch 32, 2
 # runs at a time, one thread each; docs/study.md); the others on a GPU (JAX, 8 runs at
@@ -97,7 +98,7 @@ if wants deep; then
         "${gpu[@]}" --warmup-steps 1760 "${model[@]}" "$@" --output-dir "$out/deep"
 fi
 if wants deep_cpu; then
-    KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups deep --lr-sweep 2.5e-4 5e-4 1e-3 \
+    KERAS_BACKEND=tensorflow "$python" -m keras_vitnorm ablate --groups deep --lr-sweep 1.25e-4 2.5e-4 5e-4 1e-3 \
         --patch-size 8 --steps 6000 --steps-per-epoch 500 --warmup-steps 750 --grad-norm-every 100 \
         "${model[@]}" "${cpu[@]}" --output-dir "$out/deep_cpu"
 fi

@@ -1246,7 +1246,7 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     depth = studies[0]["config"]
     assert deep_cpu["config"]["steps"] == 4 * depth["steps"]
     assert deep_cpu["config"]["warmup_steps"] >= 0.1 * deep_cpu["config"]["steps"]
-    assert depth["learning_rate"] in deep_cpu["lr_sweep"] and len(deep_cpu["lr_sweep"]) == 3
+    assert depth["learning_rate"] in deep_cpu["lr_sweep"] and len(deep_cpu["lr_sweep"]) >= 3
     changed = ("steps", "warmup_steps", "grad_norm_every")
     assert {k: v for k, v in deep_cpu["config"].items() if k not in changed} == {
         k: v for k, v in depth.items() if k not in changed}
