@@ -18,7 +18,9 @@
 #                    and stochastic depth 0.1 (big_vision's "light2" augmentation)
 #   <out>/deep       deep: pre-LN, post-LN and DeepNorm at depth 12, at the converged
 #                    budget, with a warm-up of 1,760 steps (12.5%) and each at its own
-#                    rate (the sweep of converged_lr)
+#                    rate: converged_lr's sweep and a quarter of the GPU recipe's rate,
+#                    2.5e-4 (at 12 blocks on the CPU, deep_cpu, post-LN trained only
+#                    at a quarter and half of the CPU recipe's rate)
 #   <out>/deep_cpu   deep's three variants in depth's setting (patch 8, the CPU recipe)
 #                    but four times as long, 6,000 steps, with a warm-up of 750 (12.5%)
 #                    and a sweep of 1.25e-4, 2.5e-4, 5e-4 and 1e-3 (a quarter of the
@@ -94,7 +96,7 @@ if wants regularized; then
         "${gpu[@]}" "${model[@]}" "$@" --output-dir "$out/regularized"
 fi
 if wants deep; then
-    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups deep "${sweep[@]}" \
+    KERAS_BACKEND=jax "$python" -m keras_vitnorm ablate --groups deep --lr-sweep 2.5e-4 5e-4 1e-3 2e-3 \
         "${gpu[@]}" --warmup-steps 1760 "${model[@]}" "$@" --output-dir "$out/deep"
 fi
 if wants deep_cpu; then

@@ -1231,8 +1231,11 @@ def test_the_cifar10_study_recipe_gives_ablate_valid_settings(tmp_path):
     assert converged["lr_sweep"] is None
     converged_lr, regularized, deep, deep_cpu = studies[4:]
     for study in (converged_lr, regularized, deep):
-        assert study["lr_sweep"] == [5e-4, 1e-3, 2e-3] and study["parallel"] == 8
+        assert study["lr_sweep"][-3:] == [5e-4, 1e-3, 2e-3] and study["parallel"] == 8
         assert config["learning_rate"] in study["lr_sweep"]
+    # post-LN at depth trains at low rates only (deep_cpu): deep's grid reaches a quarter
+    assert converged_lr["lr_sweep"] == regularized["lr_sweep"] == [5e-4, 1e-3, 2e-3]
+    assert deep["lr_sweep"] == [config["learning_rate"] / 4, 5e-4, 1e-3, 2e-3]
     assert converged_lr["config"] == config
     augmentation = {"randaugment_ops": 2, "randaugment_factor": 0.5, "mixup": 0.2, "drop_path": 0.1}
     assert {k: regularized["config"][k] for k in augmentation} == augmentation
