@@ -1573,6 +1573,33 @@ def test_a_sweep_collected_part_way_tables_no_variant_from_runs_at_several_rates
     assert len(read_csv_rows(os.path.join(exported, "lr_sweep.csv"))) == 3
 
 
+def test_the_lr_sweep_figure_fills_the_chosen_rates_marker(tmp_path, monkeypatch):
+    # The chosen rate's filled marker is drawn over the line's white-faced ones: the
+    # rendered pixel at its centre has the line's colour.
+    from matplotlib.colors import to_rgb
+
+    from keras_vitnorm.study import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda figure, path: drawn.append(figure) or path)
+    rates = [1e-4, 1e-3]
+    choice = {"rate": 1e-3, "scores": {1e-4: {"values": [0.4], "diverged": 0},
+                                         1e-3: {"values": [0.5], "diverged": 0}}}
+    figures.plot_lr_sweep({"post_ln": choice}, rates, "sweep", str(tmp_path / "sweep.png"))
+    [figure] = drawn
+    figure.canvas.draw()
+    pixels = np.asarray(figure.canvas.buffer_rgba())
+    axes = figure.axes[0]
+    colour = np.array(to_rgb(axes.lines[0].get_color()))
+
+    def pixel(rate, accuracy):
+        x, y = axes.transData.transform((rate, 100 * accuracy))
+        return pixels[pixels.shape[0] - int(round(y)), int(round(x)), :3] / 255
+
+    assert np.allclose(pixel(1e-3, 0.5), colour, atol=0.05)  # chosen: filled
+    assert np.allclose(pixel(1e-4, 0.4), 1.0, atol=0.05)  # not chosen: white face
+
+
 def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_diverged():
     from keras_vitnorm.study.lr_sweep import select
 

@@ -280,7 +280,9 @@ def plot_lr_sweep(selection, rates, title, path):
                              markerfacecolor="white", capsize=3, label=name)
         if choice["rate"] is not None:
             best = list(x).index(choice["rate"])
-            axes.plot(x[best], 100 * mean[best], "o", color=line[0].get_color())
+            # over the line's white-faced markers (errorbar draws its line at zorder 2.1)
+            axes.plot(x[best], 100 * mean[best], "o", color=line[0].get_color(),
+                      zorder=line[0].get_zorder() + 0.1)
     axes.set_xscale("log")
     axes.set_xticks(rates, [f"{rate:g}" for rate in rates])
     axes.minorticks_off()
