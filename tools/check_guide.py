@@ -147,6 +147,26 @@ def checks():
     found.append(("post-LN behind pre-LN at 6 blocks",
                   f"{100 * behind[0]:.0f} points behind pre-LN with warm-up and "
                   f"{100 * behind[1]:.0f} without"))
+    # deep post-LN on the CPU: what trains at each rate of the sweep (seed 0)
+    summary = "cifar10-deep-cpu/deep_lr_sweep_summary.md"
+    post = {rate: table_row(summary, f"| post_ln | 12 | yes | {rate} |") for rate in
+            ("0.000125", "0.00025", "0.0005", "0.001")}
+    trained = [row_cells(post[r]) for r in ("0.000125", "0.00025")]
+    stalled = [row_cells(post[r]) for r in ("0.0005", "0.001")]
+    assert all(c[5] == "1" for c in trained) and all(c[5] == "0" for c in stalled), \
+        "deep_cpu: post-LN no longer trains at the two lowest rates and stalls at the others"
+    found.append(("deep post-LN's test accuracy at the two lowest rates",
+                  f"({trained[0][8]}% and {trained[1][8]}% test accuracy)"))
+    found.append(("deep post-LN's first-to-last gradient at those rates",
+                  f"{float(trained[0][9]):.1f}x and {float(trained[1][9]):.1f}x"))
+    stalled_test = {float(r["learning_rate"]): 100 * float(r["test_accuracy"])
+                    for r in csv.DictReader(open(os.path.join(RESULTS, "cifar10-deep-cpu",
+                                                              "lr_sweep.csv")))
+                    if r["variant"] == "post_ln" and float(r["learning_rate"]) >= 5e-4}
+    found.append(("deep post-LN's test accuracy where it stalls",
+                  f"({stalled_test[5e-4]:.2f}% and {stalled_test[1e-3]:.2f}%)"))
+    found.append(("deep pre-LN at its own rate", "2.5e-4, reaches " + table_cell(
+        summary, "| pre_ln | 12 | yes | 0.00025 |", 8) + "%"))
     # DPN in the 3,000-step factor runs
     f = ("cifar10-factors", "dpn_factors")
     levels = ("p4-n2500", "p4-n10000", "p4-n40000", "p8-n10000")
