@@ -29,8 +29,8 @@ from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
 from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 
 
-def rows(folder):
-    with open(os.path.join(RESULTS, folder, "results.csv"), newline="") as f:
+def rows(folder, name="results.csv"):
+    with open(os.path.join(RESULTS, folder, name), newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -160,8 +160,7 @@ def checks():
     found.append(("deep post-LN's first-to-last gradient at those rates",
                   f"{float(trained[0][9]):.1f}x and {float(trained[1][9]):.1f}x"))
     stalled_test = {float(r["learning_rate"]): 100 * float(r["test_accuracy"])
-                    for r in csv.DictReader(open(os.path.join(RESULTS, "cifar10-deep-cpu",
-                                                              "lr_sweep.csv")))
+                    for r in rows("cifar10-deep-cpu", "lr_sweep.csv")
                     if r["variant"] == "post_ln" and float(r["learning_rate"]) >= 5e-4}
     found.append(("deep post-LN's test accuracy where it stalls",
                   f"({stalled_test[5e-4]:.2f}% and {stalled_test[1e-3]:.2f}%)"))
