@@ -45,6 +45,28 @@ def test_evaluation_batches_are_the_tf_data_ones(tmp_path, spec, size, channels,
                 np.testing.assert_allclose(got_part, want_part, atol=2e-6 + levels / 127.5)
 
 
+PARTLY_READ_CACHE = "did not fully read the dataset being cached"
+
+
+@pytest.mark.parametrize("pipeline", ["tf.data", "python"])
+def test_first_evaluation_batch_is_read_without_the_cache(capfd, pipeline):
+    """The probes' batch (gradient norms, residual stream) is `eval_dataset`'s first one,
+    read past tf.data's cache: a cache read in part is discarded with a warning that
+    blames the input pipeline (the control reads it through the cache)."""
+    data = data_lib.load_dataset("digits", pipeline=pipeline)
+    images, labels = data_lib.first_eval_batch(data, data.validation, (12, 12), 1, 40)
+    assert PARTLY_READ_CACHE not in capfd.readouterr().err
+    want = batches(data_lib.eval_dataset(data, data.validation, (12, 12), 1, 40))[0]
+    assert isinstance(images, np.ndarray) and images.shape == (40, 12, 12, 1)
+    np.testing.assert_array_equal(images, want[0])
+    np.testing.assert_array_equal(labels, want[1])
+    if pipeline == "tf.data":
+        next(iter(data_lib.eval_dataset(data, data.validation, (12, 12), 1, 40)))
+        if PARTLY_READ_CACHE not in capfd.readouterr().err:
+            pytest.skip("this TensorFlow does not warn of a cache read in part: the check "
+                        "above could not have failed")
+
+
 def test_train_batches_resume_exactly_split_into_shares_and_permute_each_pass():
     data = data_lib.load_dataset("digits", pipeline="python")
     augmentation = data_lib.Augmentation(crop="pad", crop_padding=2, flip=True)

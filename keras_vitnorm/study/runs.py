@@ -8,8 +8,6 @@ model gives the study's figures.
 import csv
 import os
 
-import numpy as np
-
 from keras_vitnorm import durable
 from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm.training import train
@@ -83,8 +81,7 @@ def probe_images(config, count=64):
                                  config.manual_dir, skip_bad_images=bool(config.skip_bad_images),
                                  pipeline=config.input_pipeline)
     channels = config.model.get("num_channels", data.channels)
-    batch = next(iter(data_lib.eval_dataset(data, data.validation, size, channels, count)))
-    return np.asarray(batch[0])
+    return data_lib.first_eval_batch(data, data.validation, size, channels, count)[0]
 
 
 def whole_train_seconds(metrics):

@@ -17,7 +17,6 @@ import shutil
 import time
 
 import keras
-import numpy as np
 
 from keras_vitnorm import backend
 from keras_vitnorm import durable
@@ -250,13 +249,12 @@ class Run:
         checkpoint = self.checkpoint
         recorders = []
         if config.grad_norm_every:
-            probe = data_lib.eval_dataset(
+            images, labels = data_lib.first_eval_batch(
                 self.data, self.data.validation, self.image_size, self.channels, 64
             )
-            images, labels = next(iter(probe))
             recorders.append(
                 GradientNormRecorder(
-                    np.asarray(images), np.asarray(labels), every=config.grad_norm_every,
+                    images, labels, every=config.grad_norm_every,
                     # Every process computes the records (a step of JAX's processes runs
                     # on all of them); the first one writes them.
                     path=self.grad_norms_path if self.plan.lead else None,

@@ -139,6 +139,17 @@ def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
     return data.pipeline.eval_batches(data, split, image_size, channels, batch_size, pad)
 
 
+def first_eval_batch(data, split, image_size, channels, count):
+    """`(images, one-hot labels)` of the split's first `count` examples as NumPy arrays:
+    the first batch of `eval_dataset`, built without its cache, since a cache read only
+    in part is discarded (by tf.data, with a warning)."""
+    import numpy as np
+
+    batches = data.pipeline.eval_batches(data, split, image_size, channels, count, cache=False)
+    images, labels = next(iter(batches))
+    return np.asarray(images), np.asarray(labels)
+
+
 def eval_arrays(data, split, image_size, channels, batch_size=500):
     """`(images, labels)` of a split as NumPy arrays, in order: the images of
     `eval_dataset` (float32, in [-1, 1]) and integer labels."""

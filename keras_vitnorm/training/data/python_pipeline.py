@@ -52,9 +52,9 @@ from keras_vitnorm.training.data.image_files import unreadable_file_error
 NAME = "python"
 
 
-def eval_batches(data, split, image_size, channels, batch_size, pad=False):
+def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
     """`EvalBatches` of a split (`keras_vitnorm.training.data.eval_dataset`)."""
-    return EvalBatches(data, split, image_size, channels, batch_size, pad)
+    return EvalBatches(data, split, image_size, channels, batch_size, pad, cache)
 
 
 def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
@@ -272,13 +272,13 @@ class _Images:
 class EvalBatches(keras.utils.PyDataset):
     """Batched `(images, one-hot labels[, weights])` of a split, in order
     (`data.eval_dataset`). The batches, not the decoded images, are kept in memory when
-    the split's decoded images would be (`_Images`)."""
+    the split's decoded images would be (`_Images`), and `keep` is true."""
 
-    def __init__(self, data, split, image_size, channels, batch_size, pad=False):
+    def __init__(self, data, split, image_size, channels, batch_size, pad=False, keep=True):
         super().__init__()
         self.read = _Images(data, split, image_size, channels, keep_decoded=False)
         self.num_classes = data.num_classes
-        self.size, self.batch_size, self.pad = split.size, batch_size, pad
+        self.size, self.batch_size, self.pad, self.keep = split.size, batch_size, pad, keep
         self.cache = {}
 
     @property
@@ -300,7 +300,7 @@ class EvalBatches(keras.utils.PyDataset):
             weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
             batch = tuple(np.concatenate([part, np.zeros((blanks, *part.shape[1:]), part.dtype)])
                           for part in batch) + (weights,)
-        if self.read.fits:
+        if self.keep and self.read.fits:
             self.cache[index] = batch
         return batch
 

@@ -111,7 +111,7 @@ def _to_model_range(image):
     return image / 127.5 - 1.0
 
 
-def eval_batches(data, split, image_size, channels, batch_size, pad=False):
+def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
     """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
 
     With `pad`, the split is padded with blank examples to whole batches and each
@@ -120,6 +120,10 @@ def eval_batches(data, split, image_size, channels, batch_size, pad=False):
     to split each batch among themselves; the accuracy is the split's own, and a
     loss averaged over the batches is the split's times
     `keras_vitnorm.training.data.padded_size(...) / size`.
+
+    With `cache` (and a split under 1 GiB as float32), the batches are kept in memory
+    after the first full pass. A reader that stops early (`first_eval_batch`) passes
+    `cache=False`: tf.data discards a partly read cache and logs a warning about it.
     """
     tf = import_tensorflow()
     image_size = tuple(image_size)
@@ -137,7 +141,7 @@ def eval_batches(data, split, image_size, channels, batch_size, pad=False):
         dataset = dataset.map(lambda x, y: (x, y, 1.0)).concatenate(
             tf.data.Dataset.from_tensors((*blank, 0.0)).repeat(blanks))
     dataset = dataset.batch(batch_size)
-    if split.size * math.prod(image_size) * channels * 4 < 2**30:
+    if cache and split.size * math.prod(image_size) * channels * 4 < 2**30:
         dataset = dataset.cache()
     return dataset.prefetch(tf.data.AUTOTUNE)
 
