@@ -994,6 +994,19 @@ def test_a_parallel_study_passes_a_signal_on_to_its_workers_and_waits_for_them(
 
 
 @pytest.mark.one_backend
+def test_a_study_worker_child_runs_its_entry_module_once():
+    """The child's command imports the study package once: run as `-m` of a module that
+    the package itself imports, Python executes that module a second time (and warns)."""
+    from keras_vitnorm.study import workers
+
+    command = workers.child_command("job.json")[:-1]  # no job file: the usage, status 2
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "usage: python -m keras_vitnorm.study JOB_FILE" in result.stderr
+    assert "RuntimeWarning" not in result.stderr and "sys.modules" not in result.stderr
+
+
+@pytest.mark.one_backend
 def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resumes(
         tmp_path, monkeypatch, capsys, signals_raise):
     """What a scheduler's SIGTERM to `ablate-job` (or `ablate --parallel`'s SIGTERM to a

@@ -3,7 +3,7 @@
 On a CPU, N single-threaded trainings side by side finish more runs per hour than one
 training that uses N threads: a small ViT's matrices are too small to keep several
 threads busy (docs/performance.md, "Several runs at once"). Each run trains in a child
-process, `python -m keras_vitnorm.study.workers <job.json>`, whose thread pools are sized
+process, `python -m keras_vitnorm.study <job.json>` (`child_command`), whose thread pools are sized
 by environment variables that PyTorch, TensorFlow and XLA read when they start
 (`thread_environment`). The child's output goes to `<study>/logs/<run>.log`.
 
@@ -73,13 +73,16 @@ def default_threads_per_run(parallel):
     return max(1, (cores or 1) // parallel)
 
 
+def child_command(job_file):
+    """The command of the child process that trains the job in `job_file` (`main`)."""
+    return [sys.executable, "-m", "keras_vitnorm.study", job_file]
+
+
 def start_child(job, threads):
     """Starts the child process that trains `job`; its output goes to `job['log']`."""
     with open(job["log"], "a") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "keras_vitnorm.study.workers", job["file"]],
-            stdout=log, stderr=subprocess.STDOUT, env=thread_environment(threads),
-        )
+        return subprocess.Popen(child_command(job["file"]), stdout=log,
+                                stderr=subprocess.STDOUT, env=thread_environment(threads))
 
 
 def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, say=print):
@@ -163,7 +166,7 @@ def main(argv=None):
     computation."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m keras_vitnorm.study.workers JOB_FILE", file=sys.stderr)
+        print("usage: python -m keras_vitnorm.study JOB_FILE", file=sys.stderr)
         return 2
     from keras_vitnorm import host_memory
 
@@ -186,7 +189,3 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
