@@ -164,20 +164,22 @@ def checks():
                     if r["variant"] == "post_ln" and float(r["learning_rate"]) >= 5e-4}
     found.append(("deep post-LN's test accuracy where it stalls",
                   f"({stalled_test[5e-4]:.2f}% and {stalled_test[1e-3]:.2f}%)"))
-    found.append(("deep pre-LN at its own rate", "2.5e-4, reaches " + table_cell(
-        summary, "| pre_ln | 12 | yes | 0.00025 |", 8) + "%"))
-    chosen = {variant: table_cell("cifar10-deep-cpu/deep_lr_selection.md", f"| {variant} |", 5)
-              for variant in ("pre_ln", "deepnorm")}
-    own = {variant: table_cell(summary, f"| {variant} | 12 | yes | {rate} |", 8)
-           for variant, rate in chosen.items()}
-    found.append(("deep DeepNorm and pre-LN, each at its own rate",
-                  f"DeepNorm reaches {own['deepnorm']}% and pre-LN {own['pre_ln']}%"))
+    # each at its own rate, 3 seeds: the Welch interval and the seeds, and significance
+    # after Holm's correction over the table's 2 comparisons
+    for variant, label in (("post_ln", "post-LN"), ("deepnorm", "DeepNorm")):
+        p = float(table_cell("cifar10-deep-cpu/deep_differences.md", f"| {variant} |", 6)
+                  .rstrip(" *"))
+        verdict = "significant" if p < 0.05 else "not significant"
+        found.append((f"deep {variant} against pre-LN at each one's rate", f"{label} against "
+                      f"pre-LN: {difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')} "
+                      f"points {seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
+                      f"{verdict})"))
     deepnorm = [row_cells(table_row(summary, f"| deepnorm | 12 | yes | {rate} |"))
                 for rate in ("0.000125", "0.00025", "0.0005", "0.001")]
     assert all(c[5] == "1" for c in deepnorm), "deep_cpu: DeepNorm no longer trains at every rate"
     test = sorted(float(c[8]) for c in deepnorm)
     found.append(("deep DeepNorm's test accuracy over the sweep",
-                  f"every rate of the sweep ({test[0]:.2f}% to {test[-1]:.2f}%)"))
+                  f"every rate of the sweep ({test[0]:.2f}% to {test[-1]:.2f}%, seed 0)"))
     # DPN in the 3,000-step factor runs
     f = ("cifar10-factors", "dpn_factors")
     levels = ("p4-n2500", "p4-n10000", "p4-n40000", "p8-n10000")
