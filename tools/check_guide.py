@@ -168,7 +168,7 @@ def checks():
     # after Holm's correction over the table's 2 comparisons
     for variant, label in (("post_ln", "post-LN"), ("deepnorm", "DeepNorm")):
         p = float(table_cell("cifar10-deep-cpu/deep_differences.md", f"| {variant} |", 6)
-                  .rstrip(" *"))
+                  .rstrip(" *").lstrip("<"))
         verdict = "significant" if p < 0.05 else "not significant"
         found.append((f"deep {variant} against pre-LN at each one's rate", f"{label} against "
                       f"pre-LN: {difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')} "
