@@ -149,8 +149,8 @@ def checks():
                   f"{100 * behind[1]:.0f} without"))
     # deep post-LN on the CPU: what trains at each rate of the sweep (seed 0)
     summary = "cifar10-deep-cpu/deep_lr_sweep_summary.md"
-    post = {rate: table_row(summary, f"| post_ln | 12 | yes | {rate} |") for rate in
-            ("0.000125", "0.00025", "0.0005", "0.001")}
+    sweep = ("0.000125", "0.00025", "0.0005", "0.001")
+    post = {rate: table_row(summary, f"| post_ln | 12 | yes | {rate} |") for rate in sweep}
     trained = [row_cells(post[r]) for r in ("0.000125", "0.00025")]
     stalled = [row_cells(post[r]) for r in ("0.0005", "0.001")]
     assert all(c[5] == "1" for c in trained) and all(c[5] == "0" for c in stalled), \
@@ -175,7 +175,7 @@ def checks():
                       f"points {seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
                       f"{verdict})"))
     deepnorm = [row_cells(table_row(summary, f"| deepnorm | 12 | yes | {rate} |"))
-                for rate in ("0.000125", "0.00025", "0.0005", "0.001")]
+                for rate in sweep]
     assert all(c[5] == "1" for c in deepnorm), "deep_cpu: DeepNorm no longer trains at every rate"
     test = sorted(float(c[8]) for c in deepnorm)
     found.append(("deep DeepNorm's test accuracy over the sweep",
