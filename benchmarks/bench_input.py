@@ -39,6 +39,8 @@ Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
   the `regularized` study's augmentation.
 - `imagenette`: zoom-in crops (up to 0.75) and flips, RandAugment and MixUp as above;
   Ti/16's model (patch 16, width 192, 3 heads, depth 12). Give `--image-size 224`.
+- `imagenette_cpu`: the same without RandAugment, the CPU study's augmentation
+  (recipes/imagenette_study.sh, `cpu`). Give `--image-size 112`.
 """
 
 import argparse
@@ -59,6 +61,8 @@ RECIPES = {
                     "study model"),
     "imagenette": (dict(crop="zoom", zoom=0.75, flip=True, **REGULARIZATION),
                    dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768), "Ti/16"),
+    "imagenette_cpu": (dict(crop="zoom", zoom=0.75, flip=True, mixup=0.2),
+                       dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768), "Ti/16"),
 }
 PIPELINES = ("python", "tf.data")
 

@@ -38,6 +38,6 @@ INPUT_PIPELINES = ("auto", "tf.data", "python")
 
 #: The study's variant groups (keras_vitnorm/study/variants.py defines their variants).
 VARIANT_GROUP_NAMES = (
-    "placements", "block_styles", "norm_types", "stems", "depth", "converged", "deep", "dpn_factors",
-    "dpn_schedule", "depth_stability", "depth_drop_path",
+    "placements", "block_styles", "norm_types", "stems", "depth", "converged", "core", "deep",
+    "dpn_factors", "dpn_schedule", "depth_stability", "depth_drop_path",
 )

@@ -479,6 +479,10 @@ def test_new_groups_hold_the_asked_variants_and_each_builds():
 
     assert list(VARIANT_GROUPS["converged"]) == [
         "pre_ln", "dual_patchnorm", "post_ln", "deepnorm", "conv_stem", "rmsnorm", "dyt", "batchnorm"]
+    # the CPU Imagenette study's nine: the converged eight and Peri-LN
+    assert VARIANT_GROUPS["core"] == {**VARIANT_GROUPS["converged"], "peri_ln": (
+        {"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {})}
+    assert list(VARIANT_GROUPS["core"])[0] == "pre_ln" and len(VARIANT_GROUPS["core"]) == 9
     depth = VARIANT_GROUPS["depth_stability"]
     assert len(depth) == 3 * 3 * 2
     assert variant_factors("depth_stability", "deepnorm-depth_24-no_warmup") == {
@@ -496,7 +500,7 @@ def test_new_groups_hold_the_asked_variants_and_each_builds():
         {"stem": "dual_patchnorm", "stem_norm": "affine", "patch_size": 4}, {"train_examples": 10000})
     assert factors["dpn_no_learnable-p4-n10000"][0]["stem_norm_learnable"] is False
     assert not any(n.startswith("dpn_rmsnorm") and not n.endswith("-p4-n10000") for n in factors)
-    for group in ("converged", "dpn_factors", "depth_stability", "depth_drop_path"):
+    for group in ("converged", "core", "dpn_factors", "depth_stability", "depth_drop_path"):
         for name, (model, _) in VARIANT_GROUPS[group].items():
             config = {**TINY, "image_size": 16, "depth": 2, "num_classes": 3, **model}
             config["patch_size"] = min(config["patch_size"], 8)
@@ -1176,12 +1180,14 @@ def run_recipe(tmp_path, recipe, *args, env=None):
         studies = []
         for line in calls.read_text().splitlines():
             call = json.loads(line)
+            if call["argv"][0].endswith(os.path.join("tools", "resize_folder.py")):
+                continue  # a data preparation step (tools_called)
             assert call["argv"][:2] == ["-m", "keras_vitnorm"], call["argv"]
             args = build_parser().parse_args(call["argv"][2:])
             args.preset, args.output_dir = "ti16", None
             studies.append({"groups": args.groups, "dir": args.study_dir, "parallel": args.parallel,
                             "variants": args.variants, "seeds": args.seeds, "backend": call["backend"],
-                            "lr_sweep": args.lr_sweep,
+                            "lr_sweep": args.lr_sweep, "extend_sweep": args.extend_sweep,
                             "config": dataclasses.asdict(train_config_from_args(args))})
         return studies
 
@@ -1308,6 +1314,58 @@ def test_the_imagenette_recipe_is_the_papers_geometry_with_the_test_split_read_a
         k: v for k, v in config.items() if k not in shorter}
     done, _ = run_recipe(tmp_path, recipe, str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert done.returncode == 2 and "has no train/ folder" in done.stderr
+
+
+def test_the_imagenette_cpu_recipe_is_the_papers_patch_at_112_px_for_the_nine_variants(tmp_path):
+    """recipes/imagenette_study.sh, `cpu` and `cpu_calibrate`: the images resized once to
+    112 px, 16-px patches on a Ti/16 body, the nine variants of `core` each at its own
+    rate (the sweep extended past an edge) with 3 seeds, on TensorFlow two runs at a
+    time; the calibration is pre-LN alone, twice as long."""
+    import json
+
+    data = tmp_path / "imagenette"
+    for split in ("train", "val"):
+        (data / split / "n01440764").mkdir(parents=True)
+    recipe = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "imagenette_study.sh")
+    out = tmp_path / "out"
+    # the resized copy is made first (here the stand-in interpreter writes nothing)
+    done, recorded = run_recipe(tmp_path, recipe, str(data), str(out), env={"STUDIES": "cpu"})
+    assert done.returncode == 1 and "wrote no" in done.stderr
+    [call] = [json.loads(line)["argv"] for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert call[0].endswith(os.path.join("tools", "resize_folder.py"))
+    assert call[1:] == [str(data), str(out / "imagenette_112"), "--size", "112"]
+    for split in ("train", "val"):
+        (out / "imagenette_112" / split).mkdir(parents=True)
+    (tmp_path / "calls.jsonl").unlink()
+    done, recorded = run_recipe(tmp_path, recipe, str(data), str(out),
+                                env={"STUDIES": "cpu cpu_calibrate"})
+    assert done.returncode == 0, done.stderr
+    assert "resize_folder" not in (tmp_path / "calls.jsonl").read_text()  # made once
+    study, calibrate = recorded()
+    config = study["config"]
+    assert study["backend"] == calibrate["backend"] == "tensorflow"
+    assert study["groups"] == ["core"] and study["parallel"] == 2 and study["seeds"] == [0, 1, 2]
+    assert study["lr_sweep"] == [5e-4, 1e-3, 2e-3] and study["extend_sweep"]
+    assert config["learning_rate"] in study["lr_sweep"]
+    assert {k: config["model"][k] for k in ("image_size", "patch_size", "width", "num_heads",
+                                             "mlp_dim", "depth")} == {
+        "image_size": 112, "patch_size": 16, "width": 192, "num_heads": 3, "mlp_dim": 768,
+        "depth": 12}
+    # 30 passes over the 8,522 training images (90% of train/), evaluated after each
+    assert config["steps"] == 30 * config["steps_per_epoch"]
+    assert config["steps_per_epoch"] == 8522 // config["batch_size"]
+    assert 0.05 * config["steps"] <= config["warmup_steps"] <= 0.1 * config["steps"]
+    assert config["randaugment_ops"] == 0 and (config["mixup"], config["drop_path"]) == (0.2, 0.1)
+    assert config["crop"] == "zoom" and config["flip"] and config["weight_decay"] > 0
+    assert config["mixed_precision"] == "mixed_bfloat16" and config["val_fraction"] == 0.1
+    layout = config["dataset"].removeprefix("folder:")
+    assert os.path.realpath(os.path.join(layout, "test")) == str(out / "imagenette_112" / "val")
+    assert os.path.realpath(os.path.join(layout, "train")) == str(out / "imagenette_112" / "train")
+    # the calibration: pre-LN alone at the recipe's rate, twice as long, one seed
+    assert calibrate["variants"] == ["core:pre_ln"] and calibrate["seeds"] == [0]
+    assert calibrate["lr_sweep"] is None and calibrate["config"]["steps"] == 2 * config["steps"]
+    assert {k: v for k, v in calibrate["config"].items() if k != "steps"} == {
+        k: v for k, v in config.items() if k != "steps"}
 
 
 @pytest.mark.parametrize("metrics, expected", [
@@ -1571,6 +1629,78 @@ def test_a_sweep_collected_part_way_tables_no_variant_from_runs_at_several_rates
     exported = str(tmp_path / "exported")
     assert export_study(study, exported) == 3
     assert len(read_csv_rows(os.path.join(exported, "lr_sweep.csv"))) == 3
+
+
+def test_an_extended_sweep_adds_the_next_rate_beyond_the_end_its_choice_lies_on():
+    from keras_vitnorm.study.lr_sweep import EXTEND_LIMIT
+    from keras_vitnorm.study.lr_sweep import extend
+
+    rates = [5e-4, 1e-3, 2e-3]
+    grids = {("g", v): list(rates) for v in ("top", "bottom", "inside", "open")}
+    selection = {("g", "top"): {"rate": 2e-3}, ("g", "bottom"): {"rate": 5e-4},
+                 ("g", "inside"): {"rate": 1e-3}, ("g", "open"): {"rate": None}}
+    wider = extend(grids, selection, rates)
+    assert wider == {("g", "top"): rates + [4e-3], ("g", "bottom"): [2.5e-4] + rates,
+                     ("g", "inside"): rates, ("g", "open"): rates}
+    # a grid of other ratios keeps its ratio at that end, rounded to 6 digits
+    assert extend({("g", "a"): [1e-4, 3e-4]}, {("g", "a"): {"rate": 3e-4}}, [1e-4, 3e-4]) == {
+        ("g", "a"): [1e-4, 3e-4, 9e-4]}
+    # at most EXTEND_LIMIT rates beyond either end of the base grid
+    top = rates + [4e-3 * 2 ** i for i in range(EXTEND_LIMIT)]
+    assert extend({("g", "top"): top}, {("g", "top"): {"rate": top[-1]}}, rates) == {
+        ("g", "top"): top}
+
+
+def test_the_extend_sweep_help_states_the_limit(capsys):
+    from keras_vitnorm.study.lr_sweep import EXTEND_LIMIT
+
+    with pytest.raises(SystemExit):
+        cli.main(["ablate", "--help"])
+    assert f"up to {EXTEND_LIMIT} rates beyond" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.one_backend
+def test_an_extended_sweep_plans_the_rate_beyond_the_edge_until_the_choice_is_inside(tmp_path):
+    # Each sweep run is finished by hand with a validation accuracy that peaks at 4e-3:
+    # the plan then asks for 4e-3 beyond the grid's top, then 8e-3, and, the choice now
+    # inside the grid, the final seed at 4e-3.
+    from keras_vitnorm.study import plan as plan_lib
+
+    study = str(tmp_path / "study")
+    config = base_config()
+    config.grad_norm_every, config.warmup_steps = None, 0
+    args = (config, ["norm_types"], [0, 1], study, {"norm_types": ["layernorm"]})
+
+    def plan():
+        commands = run_study(*args, verbose=0, mode="plan", lr_sweep=[1e-3, 2e-3],
+                             extend_sweep=True)
+        return [os.path.relpath(plan_lib.read_job(c.split()[-1])["run_dir"], study)
+                for c in commands]
+
+    def finish(run_dir, rate):
+        os.makedirs(os.path.join(study, run_dir))
+        durable.write_json(os.path.join(study, run_dir, "metrics.json"),
+                           {"status": "completed", "val_accuracy": 0.5 - abs(math.log2(rate / 4e-3)) / 10,
+                            "test_accuracy": 0.5, "steps": 4})
+
+    folder = os.path.join("norm_types", "layernorm")
+    expected = [[os.path.join(folder, "lr_0.001", "seed_0"), os.path.join(folder, "lr_0.002", "seed_0")],
+                [os.path.join(folder, "lr_0.004", "seed_0")],
+                [os.path.join(folder, "lr_0.008", "seed_0")],
+                [os.path.join(folder, "lr_0.004", "seed_1")]]
+    for runs_planned in expected:
+        assert plan() == runs_planned
+        for run_dir in runs_planned[:1] if "seed_1" in runs_planned[0] else runs_planned:
+            finish(run_dir, float(run_dir.split("lr_")[1].split(os.sep)[0]))
+    table = open(os.path.join(study, "norm_types_lr_selection.md")).read().splitlines()
+    assert table[0] == "| variant | lr 0.001 | lr 0.002 | lr 0.004 | lr 0.008 | chosen rate |"
+    assert table[2] == "| layernorm | 30.00 | 40.00 | 50.00 | 40.00 | 0.004 |"
+    # without --extend-sweep the choice stays at the grid's edge
+    run_study(*args, verbose=0, mode="plan", lr_sweep=[1e-3, 2e-3])
+    assert "| 0.002 (edge of the grid) |" in open(
+        os.path.join(study, "norm_types_lr_selection.md")).read()
+    with pytest.raises(ValueError, match="extend_sweep \\(--extend-sweep\\) widens the grid"):
+        run_study(config, ["norm_types"], [0], study, extend_sweep=True)
 
 
 def test_the_lr_sweep_figure_fills_the_chosen_rates_marker(tmp_path, monkeypatch):

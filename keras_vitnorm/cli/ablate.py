@@ -68,6 +68,10 @@ def add_parser(commands):
                        help="train every variant at each of these peak learning rates first "
                        "(with --sweep-seeds), then compare each at the rate with its best final "
                        "validation accuracy (<group>_lr_selection.md)")
+    study.add_argument("--extend-sweep", action="store_true",
+                       help="a variant whose chosen rate is at an end of the --lr-sweep grid "
+                       "also trains the next rate beyond it (the grid's ratio), and again while "
+                       "its choice stays there, up to 3 rates beyond either end")
     study.add_argument("--sweep-seeds", nargs="+", type=int, metavar="SEED",
                        help="seeds of the --lr-sweep runs (default: the first of --seeds)")
     add_training_arguments(parser)
@@ -109,7 +113,7 @@ def run(args):
     rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
                      take_over_lock=args.take_over_lock, parallel=args.parallel,
                      threads_per_run=args.threads_per_run, mode=mode, lr_sweep=args.lr_sweep,
-                     sweep_seeds=args.sweep_seeds)
+                     sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep)
     if mode == "plan":
         return  # run_study named the commands it wrote
     for group in args.groups:

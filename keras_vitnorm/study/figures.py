@@ -270,9 +270,10 @@ def plot_lr_sweep(selection, rates, title, path):
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, choice in selection.items():
-        points = [(rate, *confidence_interval(choice["scores"][rate]["values"]))
-                  for rate in rates if choice["scores"][rate]["values"]
-                  and not choice["scores"][rate]["diverged"]]
+        scores = choice["scores"]  # the variant's own grid (an extended sweep's may be wider)
+        points = [(rate, *confidence_interval(scores[rate]["values"]))
+                  for rate in sorted(scores) if scores[rate]["values"]
+                  and not scores[rate]["diverged"]]
         if not points:
             continue
         x, mean, ci = (np.array(values, float) for values in zip(*points))

@@ -8,7 +8,10 @@ the sweep's seeds; the rate with the highest mean final validation accuracy is i
 own (the test split is not read for the choice), and the variant's runs at that rate
 are the ones the study's tables compare. A rate at which any sweep run diverged is
 not chosen. A choice at either end of the grid is flagged: the best rate may lie
-beyond it.
+beyond it. With `ablate --extend-sweep` such a variant then trains the next rate
+beyond that end (the grid's ratio at that end), and again while its choice stays at
+the end, up to `EXTEND_LIMIT` rates beyond the grid on either side; a variant's grid
+is then its own.
 
 Written per study: `lr_sweep.csv` (every sweep run, as `results.csv`),
 `<group>_lr_selection.md` (validation accuracy by variant and rate, and the rate
@@ -42,6 +45,40 @@ def check_rates(rates):
     return sorted(checked)
 
 
+#: The most rates `--extend-sweep` adds beyond either end of a variant's grid.
+EXTEND_LIMIT = 3
+
+
+def grids_of(plan, rates):
+    """`{(group, variant): rates}`: every variant of `plan` on the same grid."""
+    return {(group, name): list(rates) for group, variants in plan for name, _ in variants}
+
+
+def extend(grids, selection, rates, limit=EXTEND_LIMIT):
+    """`grids` with the next rate beyond the end of a variant's grid where its chosen
+    rate is that end, at the grid's ratio there (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets
+    4e-3), while fewer than `limit` rates lie beyond that end of the base grid
+    `rates`. A variant with no choice yet keeps its grid."""
+    wider = {}
+    for key, grid in grids.items():
+        grid, rate = list(grid), selection[key]["rate"]
+        if rate is not None and rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
+            grid.append(_rounded(grid[-1] * grid[-1] / grid[-2]))
+        elif rate is not None and rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
+            grid.insert(0, _rounded(grid[0] * grid[0] / grid[1]))
+        wider[key] = grid
+    return wider
+
+
+def _rounded(rate):
+    return float(f"{rate:.6g}")
+
+
+def all_rates(grids):
+    """The rates of every variant's grid, sorted, each once."""
+    return sorted({rate for grid in grids.values() for rate in grid})
+
+
 def rate_text(rate):
     return f"{rate:g}"
 
@@ -51,14 +88,17 @@ def rate_folder(rate):
     return f"lr_{rate_text(rate)}"
 
 
-def at_rates(variants, rates):
-    """`[(variant, (model, settings))]` of each variant at each rate of the grid."""
+def at_rates(variants, rates, group=None):
+    """`[(variant, (model, settings))]` of each variant at each rate of the grid:
+    `rates` a list, or `{(group, variant): rates}` (`grids_of`, `extend`)."""
     return [(name, (model, {**settings, "learning_rate": rate}))
-            for name, (model, settings) in variants for rate in rates]
+            for name, (model, settings) in variants
+            for rate in (rates[(group, name)] if isinstance(rates, dict) else rates)]
 
 
 def select(rows, plan, rates, seeds):
-    """The choice of each variant of `plan` from the sweep's result `rows`.
+    """The choice of each variant of `plan` from the sweep's result `rows`, over
+    `rates` (a list, or each variant's own grid as `{(group, variant): rates}`).
 
     Returns:
         `{(group, variant): {"rate": the chosen rate or None, "reason": why none,
@@ -67,11 +107,12 @@ def select(rows, plan, rates, seeds):
         No rate is chosen while a sweep run of the variant has not finished, nor
         where every rate has a diverged run.
     """
+    grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}
     for group, variants in plan:
         for name, _ in variants:
             scores = {}
-            for rate in rates:
+            for rate in grids[(group, name)]:
                 runs = [r for r in rows if (r["group"], r["variant"]) == (group, name)
                         and math.isclose(float(r["learning_rate"]), rate)]
                 completed = [r for r in runs if r["status"] == "completed"]
@@ -113,18 +154,20 @@ def at_chosen_rates(plan, selection, say=None):
 
 def selection_table(selection, rates, group):
     """Markdown: per variant of `group`, the mean final validation accuracy (%) at each
-    rate (± its 95% CI over two or more seeds) and the rate chosen."""
+    rate of its grid (± its 95% CI over two or more seeds; blank where the rate is not
+    in its grid) and the rate chosen."""
     lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
              + " | chosen rate |", "|---|" + "---|" * (len(rates) + 1)]
     for (row_group, name), choice in selection.items():
         if row_group != group:
             continue
-        cells = [_score_text(choice["scores"][rate]) for rate in rates]
+        scores = choice["scores"]
+        cells = [_score_text(scores[rate]) if rate in scores else "" for rate in rates]
         if choice["rate"] is None:
             chosen = f"none ({choice['reason']})"
         else:
             chosen = rate_text(choice["rate"])
-            if choice["rate"] in (rates[0], rates[-1]):
+            if choice["rate"] in (min(scores), max(scores)):
                 chosen += " (edge of the grid)"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} |")
     return "\n".join(lines) + "\n"

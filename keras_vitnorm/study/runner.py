@@ -57,7 +57,8 @@ MODES = ("train", "tables", "plan")
 
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
-              parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None):
+              parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None,
+              extend_sweep=False):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -87,6 +88,9 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             variant then trains at it with `seeds`, sharing the sweep's runs at that
             rate. Run directories are then `<group>/<variant>/lr_<rate>/seed_<s>`.
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
+        extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
+            trains the next rate beyond it, and again while its choice stays there
+            (`keras_vitnorm.study.lr_sweep.extend`).
 
     Returns:
         The result rows of the runs at the chosen settings (mode `"plan"`: the
@@ -121,9 +125,11 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         sweep_seeds = list(seeds[:1] if sweep_seeds is None else sweep_seeds)
         if not sweep_seeds:
             raise ValueError("sweep_seeds (--sweep-seeds) must name at least one seed.")
-    elif sweep_seeds is not None:
-        raise ValueError("sweep_seeds (--sweep-seeds) are the seeds of a learning-rate sweep: "
-                         "give lr_sweep (--lr-sweep) too, or leave them out.")
+    elif sweep_seeds is not None or extend_sweep:
+        flag = "sweep_seeds (--sweep-seeds) are the seeds" if sweep_seeds is not None else \
+            "extend_sweep (--extend-sweep) widens the grid"
+        raise ValueError(f"{flag} of a learning-rate sweep: give lr_sweep (--lr-sweep) too, "
+                         "or leave it out.")
     plan = [(group, list(get_variants(group, (variants or {}).get(group)).items()))
             for group in groups]
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
@@ -132,7 +138,7 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
                                       "rerun the same command to continue"):
             study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
                            mode)
-            return study.run(plan, seeds, lr_sweep, sweep_seeds)
+            return study.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
 
 
 _MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
@@ -145,7 +151,9 @@ class _Study:
         self.base, self.output_dir, self.verbose = base, output_dir, verbose
         self.take_over_lock, self.parallel, self.threads, self.mode = (
             take_over_lock, parallel, threads, mode)
-        self.trained = {}  # effective settings -> run directory, to share identical runs
+        # effective settings -> (run directory, the (group, variant) that made it): runs
+        # with identical settings are shared
+        self.trained = {}
         self.planned = []  # the jobs of mode "plan", every phase's
         self.probe_images = None
 
@@ -153,25 +161,16 @@ class _Study:
         if self.verbose:
             print(text)
 
-    def run(self, plan, seeds, lr_sweep, sweep_seeds):
+    def run(self, plan, seeds, lr_sweep, sweep_seeds, extend_sweep=False):
         _check_study_config(self.base, self.output_dir)
         if self.mode != "plan":
             self.probe_images = probe_images(self.base)
         if lr_sweep:
-            sweep = [(group, lr_sweep_lib.at_rates(variants, lr_sweep)) for group, variants in plan]
-            sweep_rows = self.rows(self.jobs(sweep, sweep_seeds, rate_dirs=True), sweep_seeds,
-                                   required=False, sweep=True)
-            if self.mode == "tables" and not sweep_rows:
-                raise ValueError(f"No run of this plan's learning-rate sweep has finished in "
-                                 f"{self.output_dir}: there is nothing to table. Leave out "
-                                 "--tables-only to train them.")
-            selection = lr_sweep_lib.select(sweep_rows, plan, lr_sweep, sweep_seeds)
-            if sweep_rows:
-                lr_sweep_lib.write_selection(sweep_rows, selection, lr_sweep, self.output_dir)
-            plan = lr_sweep_lib.at_chosen_rates(plan, selection, say=self.say)
+            plan = self.sweep(plan, lr_sweep, sweep_seeds, extend_sweep)
         jobs = self.jobs(plan, seeds, rate_dirs=bool(lr_sweep))
         if self.mode == "plan":
-            return plan_lib.write_plan(self.planned + self._unfinished(jobs), self.output_dir,
+            # an extended sweep lists its unfinished runs once per pass over its grids
+            return plan_lib.write_plan(self._unfinished(self.planned + jobs), self.output_dir,
                                        say=self.say)
         rows = self.rows(jobs, seeds, required=not lr_sweep)
         if not rows:
@@ -185,6 +184,31 @@ class _Study:
             dpn_mechanism(self.base, self.output_dir)
         return rows
 
+    def sweep(self, plan, rates, seeds, extend):
+        """Trains (or, outside mode `"train"`, reads) the sweep of `plan` at `rates` with
+        `seeds`, widening a variant's grid beyond the end its choice lies on while
+        `extend` (`lr_sweep.extend`); writes the selection; returns `plan` at the
+        chosen rates."""
+        grids = lr_sweep_lib.grids_of(plan, rates)
+        while True:
+            sweep = [(group, lr_sweep_lib.at_rates(variants, grids, group))
+                     for group, variants in plan]
+            rows = self.rows(self.jobs(sweep, seeds, rate_dirs=True), seeds, required=False,
+                             sweep=True)
+            selection = lr_sweep_lib.select(rows, plan, grids, seeds)
+            wider = lr_sweep_lib.extend(grids, selection, rates) if extend else grids
+            if wider == grids:
+                break
+            grids = wider
+        if self.mode == "tables" and not rows:
+            raise ValueError(f"No run of this plan's learning-rate sweep has finished in "
+                             f"{self.output_dir}: there is nothing to table. Leave out "
+                             "--tables-only to train them.")
+        if rows:
+            lr_sweep_lib.write_selection(rows, selection, lr_sweep_lib.all_rates(grids),
+                                         self.output_dir)
+        return lr_sweep_lib.at_chosen_rates(plan, selection, say=self.say)
+
     def jobs(self, plan, seeds, rate_dirs=False):
         """`(group, variant, config, run directory)` of every run of `plan`, in its order;
         a run whose settings equal an earlier one's shares its directory."""
@@ -197,14 +221,14 @@ class _Study:
                                                  output_dir=None)
                     config.validate()  # a variant the base cannot take fails before anything trains
                     key = _settings_key(config)
-                    run_dir = self.trained.get(key)
+                    run_dir, owner = self.trained.get(key, (None, None))
                     if run_dir is None:
                         parts = [group, name]
                         if rate_dirs:
                             parts.append(lr_sweep_lib.rate_folder(config.learning_rate))
-                        run_dir = self.trained[key] = os.path.join(self.output_dir, *parts,
-                                                                   f"seed_{seed}")
-                    elif self.mode != "plan":
+                        run_dir = os.path.join(self.output_dir, *parts, f"seed_{seed}")
+                        self.trained[key] = (run_dir, (group, name))
+                    elif owner != (group, name) and self.mode != "plan":
                         self.say(f"[{group}] {name} seed {seed}: same settings as {run_dir}, "
                                  "shared")
                     config.output_dir = run_dir
@@ -225,7 +249,7 @@ class _Study:
         if self.mode != "train":
             finished = [i for i in order if _finished(jobs[i][3])]
             if self.mode == "plan":
-                self.planned += self._unfinished(jobs)
+                self.planned += jobs
             elif not finished and required:
                 raise ValueError(f"No run of this plan has finished in {self.output_dir}: there "
                                  "is nothing to table. Leave out --tables-only to train them.")

@@ -210,6 +210,20 @@ VARIANT_GROUPS = {
         "dyt": ({"norm": "dyt"}, {}),
         "batchnorm": ({"norm": "batchnorm"}, {}),
     },
+    # The CPU Imagenette study's nine (recipes/imagenette_study.sh, `cpu`): the converged
+    # group's eight and Peri-LN (a norm before and after each sublayer, the identity
+    # path untouched: Sandwich-LN, Peri-LN), each one change against pre-LN LayerNorm.
+    "core": {
+        "pre_ln": ({}, {}),
+        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
+        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+        "peri_ln": ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {}),
+        "deepnorm": ({"block_style": "deepnorm"}, {}),
+        "conv_stem": ({"stem": "conv"}, {}),
+        "rmsnorm": ({"norm": "rmsnorm"}, {}),
+        "dyt": ({"norm": "dyt"}, {}),
+        "batchnorm": ({"norm": "batchnorm"}, {}),
+    },
     "deep": _DEEP,
     "dpn_factors": _DPN_FACTORS,
     "dpn_schedule": _DPN_SCHEDULE,
@@ -222,6 +236,7 @@ VARIANT_GROUPS = {
 STEM_PAIRS = {
     "stems": ("patch", "dual_patchnorm"),
     "converged": ("pre_ln", "dual_patchnorm"),
+    "core": ("pre_ln", "dual_patchnorm"),
     "dpn_factors": ("patch-p4-n10000", "dpn-p4-n10000"),
     "dpn_schedule": ("patch-s12000", "dpn-s12000"),
 }
