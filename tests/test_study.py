@@ -1583,10 +1583,14 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
     results = read_csv_rows(os.path.join(study, "results.csv"))
     assert [float(r["learning_rate"]) for r in results] == [r["learning_rate"] for r in rows]
     table = open(os.path.join(study, "norm_types_lr_selection.md")).read().splitlines()
-    assert table[0] == "| variant | lr 0.0001 | lr 0.003 | lr 1e+38 | chosen rate |"
+    assert table[0] == ("| variant | lr 0.0001 | lr 0.003 | lr 1e+38 | chosen rate "
+                        "| tied within the seed noise |")
     line = next(line for line in table if line.startswith("| rmsnorm |"))
     edge = " (edge of the grid)" if chosen["rmsnorm"] == 1e-4 else ""  # 1e38 is the other edge
-    assert "1 diverged" in line and line.endswith(f"| {chosen['rmsnorm']:g}{edge} |")
+    assert "1 diverged" in line and f"| {chosen['rmsnorm']:g}{edge} | " in line
+    # the margin of a tie comes from the final runs' two seeds at the chosen rate
+    finals = [float(r["val_accuracy"]) for r in rows if r["variant"] == "rmsnorm"]
+    assert line.endswith(f"(margin {100 * lr_sweep.tie_margin(finals):.2f} points) |")
     assert os.path.exists(os.path.join(study, "figures", "norm_types_lr_sweep.png"))
     # rerun: nothing trains again
     trained.clear()
@@ -1651,6 +1655,27 @@ def test_an_extended_sweep_adds_the_next_rate_beyond_the_end_its_choice_lies_on(
         ("g", "top"): top}
 
 
+def test_rates_within_the_seed_noise_of_the_chosen_one_are_reported_as_ties():
+    from scipy import stats
+
+    from keras_vitnorm.study.lr_sweep import selection_table
+    from keras_vitnorm.study.lr_sweep import tie_margin
+
+    finals = [0.50, 0.52, 0.47]  # the chosen rate's three seeds
+    margin = stats.t.ppf(0.975, 2) * np.std(finals, ddof=1) * math.sqrt(2)
+    assert tie_margin(finals) == pytest.approx(margin) and tie_margin([0.5]) is None
+    scores = {1e-3: 0.50, 2e-3: 0.50 - margin + 0.001, 5e-4: 0.50 - margin - 0.001}
+    choice = {"rate": 1e-3, "reason": None,
+              "scores": {r: {"values": [v], "diverged": 0, "missing": 0} for r, v in scores.items()}}
+    final_rows = [{"group": "g", "variant": "a", "status": "completed", "learning_rate": 1e-3,
+                   "val_accuracy": v} for v in finals]
+    final_rows.append(dict(final_rows[0], learning_rate=2e-3, val_accuracy=0.9))  # another rate
+    table = selection_table({("g", "a"): choice}, sorted(scores), "g", final_rows)
+    assert table.splitlines()[2].endswith(f"| 0.001 | 0.002 (margin {100 * margin:.2f} points) |")
+    one_seed = selection_table({("g", "a"): choice}, sorted(scores), "g", final_rows[:1])
+    assert one_seed.splitlines()[2].endswith("| n/a (fewer than 2 seeds at the chosen rate) |")
+
+
 def test_the_extend_sweep_help_states_the_limit(capsys):
     from keras_vitnorm.study.lr_sweep import EXTEND_LIMIT
 
@@ -1693,8 +1718,10 @@ def test_an_extended_sweep_plans_the_rate_beyond_the_edge_until_the_choice_is_in
         for run_dir in runs_planned[:1] if "seed_1" in runs_planned[0] else runs_planned:
             finish(run_dir, float(run_dir.split("lr_")[1].split(os.sep)[0]))
     table = open(os.path.join(study, "norm_types_lr_selection.md")).read().splitlines()
-    assert table[0] == "| variant | lr 0.001 | lr 0.002 | lr 0.004 | lr 0.008 | chosen rate |"
-    assert table[2] == "| layernorm | 30.00 | 40.00 | 50.00 | 40.00 | 0.004 |"
+    assert table[0] == ("| variant | lr 0.001 | lr 0.002 | lr 0.004 | lr 0.008 | chosen rate "
+                        "| tied within the seed noise |")
+    assert table[2] == ("| layernorm | 30.00 | 40.00 | 50.00 | 40.00 | 0.004 "
+                        "| n/a (fewer than 2 seeds at the chosen rate) |")
     # without --extend-sweep the choice stays at the grid's edge
     run_study(*args, verbose=0, mode="plan", lr_sweep=[1e-3, 2e-3])
     assert "| 0.002 (edge of the grid) |" in open(

@@ -152,25 +152,58 @@ def at_chosen_rates(plan, selection, say=None):
     return chosen
 
 
-def selection_table(selection, rates, group):
+def tie_margin(values, level=0.95):
+    """How far apart two runs' final validation accuracies fall by seed alone: the
+    half-width of the `level` interval of the difference of two runs,
+    `t(n - 1) * s * sqrt(2)`, with `s` the standard deviation of `values` (the final
+    runs of one variant at one rate, n of them). `None` with fewer than two."""
+    if len(values) < 2:
+        return None
+    from scipy import stats
+
+    t = stats.t.ppf(0.5 + level / 2, len(values) - 1)
+    return float(t * np.std(values, ddof=1) * math.sqrt(2))
+
+
+def selection_table(selection, rates, group, final_rows=()):
     """Markdown: per variant of `group`, the mean final validation accuracy (%) at each
     rate of its grid (± its 95% CI over two or more seeds; blank where the rate is not
-    in its grid) and the rate chosen."""
+    in its grid), the rate chosen, and the rates tied with it: those whose accuracy
+    lies within `tie_margin` of the chosen rate's, the margin taken from the variant's
+    `final_rows` at its chosen rate (its seeds; n/a with fewer than two)."""
     lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
-             + " | chosen rate |", "|---|" + "---|" * (len(rates) + 1)]
+             + " | chosen rate | tied within the seed noise |",
+             "|---|" + "---|" * (len(rates) + 2)]
     for (row_group, name), choice in selection.items():
         if row_group != group:
             continue
         scores = choice["scores"]
         cells = [_score_text(scores[rate]) if rate in scores else "" for rate in rates]
+        ties = "n/a"
         if choice["rate"] is None:
             chosen = f"none ({choice['reason']})"
         else:
             chosen = rate_text(choice["rate"])
             if choice["rate"] in (min(scores), max(scores)):
                 chosen += " (edge of the grid)"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} |")
+            ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
+                                  if (r["group"], r["variant"]) == (group, name)
+                                  and r["status"] == "completed"
+                                  and math.isclose(float(r["learning_rate"]), choice["rate"])])
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} | {ties} |")
     return "\n".join(lines) + "\n"
+
+
+def _ties(choice, finals):
+    margin = tie_margin(finals)
+    if margin is None:
+        return "n/a (fewer than 2 seeds at the chosen rate)"
+    best = float(np.mean(choice["scores"][choice["rate"]]["values"]))
+    tied = [rate for rate, score in sorted(choice["scores"].items())
+            if rate != choice["rate"] and score["values"] and not score["diverged"]
+            and best - float(np.mean(score["values"])) <= margin]
+    names = ", ".join(rate_text(rate) for rate in tied) or "none"
+    return f"{names} (margin {100 * margin:.2f} points)"
 
 
 def _score_text(score):
@@ -193,10 +226,8 @@ def write_selection(rows, selection, rates, output_dir):
     from keras_vitnorm.study import figures
 
     paths = [write_rows(rows, output_dir, "lr_sweep.csv")]
+    paths += write_selection_tables(selection, rates, output_dir)
     for group in dict.fromkeys(group for group, _ in selection):
-        path = os.path.join(output_dir, f"{group}_lr_selection.md")
-        durable.write_text(path, selection_table(selection, rates, group))
-        paths.append(path)
         stability = depth_table(rows, group)
         if stability:
             path = os.path.join(output_dir, f"{group}_lr_sweep_summary.md")
@@ -206,4 +237,15 @@ def write_selection(rows, selection, rates, output_dir):
         paths.append(figures.plot_lr_sweep(
             curves, rates, f"{group}: final validation accuracy by peak learning rate",
             os.path.join(output_dir, "figures", f"{group}_lr_sweep.png")))
+    return paths
+
+
+def write_selection_tables(selection, rates, output_dir, final_rows=()):
+    """Writes `<group>_lr_selection.md` per group of `selection` (`selection_table`,
+    with the seed noise of `final_rows`); returns the paths written."""
+    paths = []
+    for group in dict.fromkeys(group for group, _ in selection):
+        path = os.path.join(output_dir, f"{group}_lr_selection.md")
+        durable.write_text(path, selection_table(selection, rates, group, final_rows))
+        paths.append(path)
     return paths

@@ -156,6 +156,7 @@ class _Study:
         self.trained = {}
         self.planned = []  # the jobs of mode "plan", every phase's
         self.probe_images = None
+        self.selection = None  # (the sweep's choices, every rate swept) with a sweep
 
     def say(self, text):
         if self.verbose:
@@ -175,6 +176,8 @@ class _Study:
         rows = self.rows(jobs, seeds, required=not lr_sweep)
         if not rows:
             return rows
+        if lr_sweep:  # the seed noise of the final runs says which rates tie
+            lr_sweep_lib.write_selection_tables(*self.selection, self.output_dir, rows)
         make_figures(rows, os.path.join(self.output_dir, "figures"),
                      probe_images=self.probe_images)
         patch_statistics.write_tables(rows, self.output_dir,
@@ -204,9 +207,9 @@ class _Study:
             raise ValueError(f"No run of this plan's learning-rate sweep has finished in "
                              f"{self.output_dir}: there is nothing to table. Leave out "
                              "--tables-only to train them.")
+        self.selection = (selection, lr_sweep_lib.all_rates(grids))
         if rows:
-            lr_sweep_lib.write_selection(rows, selection, lr_sweep_lib.all_rates(grids),
-                                         self.output_dir)
+            lr_sweep_lib.write_selection(rows, *self.selection, self.output_dir)
         return lr_sweep_lib.at_chosen_rates(plan, selection, say=self.say)
 
     def jobs(self, plan, seeds, rate_dirs=False):
