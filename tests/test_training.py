@@ -233,6 +233,34 @@ def test_augmented_stream_is_the_same_for_the_same_seed():
     assert not np.array_equal(other[0], first[0][0])
 
 
+@pytest.mark.parametrize("pipeline, mixing", [
+    ("tf.data", dict(mixup=0.4)), ("tf.data", dict(cutmix=1.0)),
+    ("python", dict(randaugment_ops=1, mixup=0.4, cutmix=1.0))])
+def test_augmentation_is_the_same_under_a_mixed_precision_policy(pipeline, mixing):
+    """The augmentation layers compute in float32 whatever the global policy: under
+    mixed_bfloat16, Keras' MixUp and CutMix multiplied bfloat16 images by a float32
+    draw (a TypeError under tf.data, bfloat16 images elsewhere). (Under tf.data,
+    RandAugment and the choice between MixUp and CutMix draw from stateful
+    generators, so no second stream repeats them: each mixing is tried alone.)"""
+    data = load_dataset("digits", pipeline=pipeline)
+    augmentation = Augmentation(crop="zoom", flip=True, **mixing)
+
+    def first_batches():
+        batches = train_stream(data, (16, 16), 3, 8, 0, augmentation, end_step=2)
+        return [tuple(np.asarray(part) for part in batch) for batch, _ in zip(batches, range(2))]
+
+    expected = first_batches()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        mixed = first_batches()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for (x, y), (x_mixed, y_mixed) in zip(expected, mixed):
+        assert x_mixed.dtype == np.float32 and y_mixed.dtype == np.float32
+        np.testing.assert_array_equal(x_mixed, x)
+        np.testing.assert_array_equal(y_mixed, y)
+
+
 def test_augmentations_run_and_keep_shapes_and_label_mass():
     data = load_dataset("digits")
     augmentation = Augmentation(crop="pad", crop_padding=2, flip=True, mixup=0.4, cutmix=1.0)

@@ -59,6 +59,22 @@ def resumes_exactly(augmentation, pipeline):
         augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
 
 
+#: The dtype of the augmentation layers, whatever the global policy: images are
+#: augmented in [0, 255] before the model casts them, and Keras' MixUp and CutMix under
+#: a mixed policy multiply the policy's bfloat16 images by a float32 draw.
+AUGMENTATION_DTYPE = "float32"
+
+
+def batch_mixing(augmentation, seed):
+    """`(Keras' MixUp or None, Keras' CutMix or None)` as `augmentation` asks, in
+    `AUGMENTATION_DTYPE`."""
+    mixup = (keras.layers.MixUp(alpha=augmentation.mixup, seed=seed, dtype=AUGMENTATION_DTYPE)
+             if augmentation.mixup else None)
+    cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed, dtype=AUGMENTATION_DTYPE)
+              if augmentation.cutmix else None)
+    return mixup, cutmix
+
+
 def randaugment(augmentation, channels, seed):
     """`[Keras' RandAugment]` if asked for, else `[]` (see `resumes_exactly`)."""
     if not augmentation.randaugment_ops:
@@ -73,6 +89,7 @@ def randaugment(augmentation, channels, seed):
         num_ops=augmentation.randaugment_ops,
         factor=augmentation.randaugment_factor,
         seed=seed,
+        dtype=AUGMENTATION_DTYPE,
     )]
 
 

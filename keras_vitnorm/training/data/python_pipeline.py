@@ -43,6 +43,7 @@ import numpy as np
 from keras_vitnorm import backend
 from keras_vitnorm.ops import fast_path_enabled
 from keras_vitnorm.training.data.augmentation import BATCH_MIXING
+from keras_vitnorm.training.data.augmentation import batch_mixing
 from keras_vitnorm.training.data.augmentation import RANDAUGMENT
 from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
 from keras_vitnorm.training.data.augmentation import randaugment
@@ -649,10 +650,7 @@ class BatchMixing:
 
     def __init__(self, augmentation, seed):
         self.seed = seed
-        self.mixup = (keras.layers.MixUp(alpha=augmentation.mixup, seed=seed)
-                      if augmentation.mixup else None)
-        self.cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed)
-                       if augmentation.cutmix else None)
+        self.mixup, self.cutmix = batch_mixing(augmentation, seed)
 
     def layer(self, step):
         """The layer that mixes the batch of `step`, or `None`."""

@@ -17,6 +17,7 @@ import math
 import keras
 
 from keras_vitnorm.ops import fast_path_enabled
+from keras_vitnorm.training.data.augmentation import batch_mixing
 from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
 from keras_vitnorm.training.data.augmentation import randaugment
 from keras_vitnorm.training.data.image_files import unreadable_file_error
@@ -261,8 +262,7 @@ def _count_bins(bins, nbins):
 
 def _batch_augmentation(augmentation, seed):
     tf = import_tensorflow()
-    mixup = keras.layers.MixUp(alpha=augmentation.mixup, seed=seed) if augmentation.mixup else None
-    cutmix = keras.layers.CutMix(factor=augmentation.cutmix, seed=seed) if augmentation.cutmix else None
+    mixup, cutmix = batch_mixing(augmentation, seed)
 
     def apply(layer, images, labels):
         out = layer({"images": images, "labels": labels})
