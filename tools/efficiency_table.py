@@ -195,7 +195,7 @@ def benchmark_rows(path):
 
 
 def study_runs(study_dir, group):
-    """`(target, {variant: [(steps, seconds) per completed run]})` of a study folder's group
+    """`(target, {variant: [Arrival per completed run]})` of a study folder's group
     (`keras_vitnorm.study.time_to_accuracy.runs_to_target`), run directories read relative to
     the folder."""
     from keras_vitnorm.study.time_to_accuracy import runs_to_target
@@ -221,7 +221,7 @@ def _time_row(label, values, runs, unit, words, upper, lower):
     names = list(values)
     base = names[0]
     mean = {n: statistics.mean(v) for n, v in values.items() if v}
-    counts = {n: sum(s is not None for s, _ in runs[n]) for n in names}
+    counts = {n: sum(a.reached for a in runs[n]) for n in names}
     reached = {n: f"{counts[n]} of {len(runs[n])} runs" for n in names}
     cells = {}
     for n in names[1:]:
@@ -238,8 +238,9 @@ def _time_row(label, values, runs, unit, words, upper, lower):
 
 
 def time_to_accuracy_rows(setting, runs, step_seconds=None, step_setting=None):
-    """The steps row and the seconds row of `runs` (`{variant: [(steps, seconds) per
-    completed run]}`, `(None, None)` for a run that never reaches the target).
+    """The steps row and the seconds row of `runs` (`{variant: [Arrival per completed
+    run]}`, `keras_vitnorm.study.time_to_accuracy`); the runs that never reach the
+    target count in the "k of n runs" and the sides, not in the means and tests.
 
     With `step_seconds` (`{variant: [per-round training-step seconds]}`, measured alone),
     a run's seconds are its steps times its variant's median step time; a variant is
@@ -248,7 +249,7 @@ def time_to_accuracy_rows(setting, runs, step_seconds=None, step_setting=None):
     """
     names = list(runs)
     totals = {n: len(runs[n]) for n in names}
-    steps = {n: [s for s, _ in runs[n] if s is not None] for n in names}
+    steps = {n: [a.steps for a in runs[n] if a.reached] for n in names}
 
     def bounds(values):
         return (lambda n: max(values[n]) if values[n] and len(steps[n]) == totals[n]
@@ -256,7 +257,8 @@ def time_to_accuracy_rows(setting, runs, step_seconds=None, step_setting=None):
 
     rows = [_time_row(f"steps to {setting}", steps, runs, "steps", "steps", *bounds(steps))]
     if step_seconds is None:
-        seconds = {n: [t for s, t in runs[n] if s is not None and t is not None] for n in names}
+        seconds = {n: [a.seconds for a in runs[n] if a.reached and a.seconds is not None]
+                   for n in names}
         rows.append(_time_row(f"seconds to {setting}; each run's own training time",
                               seconds, runs, "s", "seconds", *bounds(seconds)))
         return rows

@@ -1,7 +1,8 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `evaluate`, `convert`,
-`segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors` maps what ends
-a command to its exit status. A bad argument is one line (`arguments.Parser`) that names
-a close spelling of a misspelt choice (`arguments.one_of`).
+"""The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `fewshot`, `evaluate`,
+`convert`, `segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors`
+maps what ends a command to its exit status. A bad argument is one line
+(`arguments.Parser`) that names a close spelling of a misspelt choice
+(`arguments.one_of`).
 
 The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
@@ -13,6 +14,7 @@ from keras_vitnorm.cli import ablate
 from keras_vitnorm.cli import ablate_job
 from keras_vitnorm.cli import convert
 from keras_vitnorm.cli import evaluate
+from keras_vitnorm.cli import fewshot
 from keras_vitnorm.cli import lit
 from keras_vitnorm.cli import segment
 from keras_vitnorm.cli import train
@@ -24,8 +26,8 @@ from keras_vitnorm.cli.errors import run_command
 __all__ = ["COMMANDS", "build_parser", "console", "main", "train_config_from_args"]
 
 #: The commands, in the order `--help` lists them.
-COMMANDS = {command.NAME: command for command in (train, ablate, ablate_job, evaluate, convert,
-                                                   vtab, lit, segment)}
+COMMANDS = {command.NAME: command for command in (train, ablate, ablate_job, fewshot, evaluate,
+                                                   convert, vtab, lit, segment)}
 #: The commands that train: long CPU work whose step time the allocator setting changes.
 TRAINING_COMMANDS = ("train", "ablate", "ablate-job", "segment", "vtab", "lit")
 

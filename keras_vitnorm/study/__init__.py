@@ -1,6 +1,8 @@
-"""The normalization study: variant groups, the ablation runner, tables and figures."""
+"""The normalization study: variant groups, the ablation runner, tables and figures, and
+the few-shot linear transfer of its trained models."""
 
 from keras_vitnorm.study.export import export_study
+from keras_vitnorm.study.fewshot import write_fewshot
 from keras_vitnorm.study.runner import run_study
 from keras_vitnorm.study.runs import run_analysis
 from keras_vitnorm.study.stats import confidence_interval

@@ -12,9 +12,9 @@ from keras_vitnorm.study.runs import read_metrics
 def export_study(study_dir, destination):
     """Copies a study's results, without weights, into `destination`.
 
-    Copied: `study_config.json`, `results.csv`, `lr_sweep.csv`, the markdown tables,
-    `figures/`, and of every finished run (completed or diverged) the files in
-    `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out
+    Copied: `study_config.json`, `results.csv`, `lr_sweep.csv`, `fewshot.csv`, the
+    markdown tables, `figures/`, and of every finished run (completed or diverged) the
+    files in `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out
     (their checkpoints are not copied, so they could not resume). Each file is
     written atomically; files already in `destination` are replaced by the study's.
 
@@ -39,7 +39,7 @@ def export_study(study_dir, destination):
         relative_root = os.path.relpath(root, study_dir)
         if relative_root == ".":
             for name in sorted(files):
-                if name in ("study_config.json", "results.csv", "lr_sweep.csv") \
+                if name in ("study_config.json", "results.csv", "lr_sweep.csv", "fewshot.csv") \
                         or name.endswith(".md"):
                     copy(name)
             continue

@@ -8,6 +8,13 @@ Layout of a study directory:
     <study>/results.csv                      one row per run (run directories relative
                                              to the study directory)
     <study>/<group>.md                       the paper-style table of the group
+    <study>/<group>_overview.md              accuracy, differences, fit and cost of each
+                                             variant side by side (keras_vitnorm.study.overview)
+    <study>/<group>_lr_selection.md          with a learning-rate sweep: each variant's
+                                             validation accuracy by rate, its choice, ties
+    <study>/<group>_fewshot.md, fewshot.csv  written by `keras-vitnorm fewshot`: linear
+                                             transfer of each run's features
+                                             (keras_vitnorm.study.fewshot)
     <study>/<group>_patch_statistics.md      for groups that compare stems: what each
                                              model's predictions rest on, each patch's mean
                                              and std or its pattern
@@ -180,9 +187,11 @@ class _Study:
             lr_sweep_lib.write_selection_tables(*self.selection, self.output_dir, rows)
         make_figures(rows, os.path.join(self.output_dir, "figures"),
                      probe_images=self.probe_images)
-        patch_statistics.write_tables(rows, self.output_dir,
-                                      [group for group, _ in plan if group in STEM_PAIRS],
+        stem_groups = [group for group, _ in plan if group in STEM_PAIRS]
+        patch_statistics.write_tables(rows, self.output_dir, stem_groups,
                                       say=print if self.verbose else None)
+        if stem_groups:  # the overview's train accuracy is the patch statistics' own
+            write_results(rows, self.output_dir)
         if any(group == "dpn_factors" for group, _ in plan):
             dpn_mechanism(self.base, self.output_dir)
         return rows

@@ -1,6 +1,7 @@
 """Statistics of the study's tables: confidence intervals of a mean over seeds (Student t)
-and of a difference of two means (Welch), the Welch test's p-value, and Holm's
-adjustment of the p-values of a table's comparisons."""
+and of a difference of two means (Welch), the Welch test's p-value, Holm's
+adjustment of the p-values of a table's comparisons, and the Kaplan-Meier median of
+right-censored times (the steps to an accuracy that some runs never reach)."""
 
 import math
 
@@ -93,6 +94,29 @@ def holm_adjusted(p_values):
         running = max(running, min(1.0, (len(tested) - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def kaplan_meier_median(times, observed):
+    """Kaplan-Meier estimate of the median time to an event from right-censored times.
+
+    `times[i]` is when item i had the event (`observed[i]` true) or, where it did not,
+    the last time it was seen without it: the event lies beyond (right-censored). The
+    median is the first time at which the estimated survival function
+    (`scipy.stats.ecdf`) falls to 0.5 or below, as lifelines reports it.
+
+    Returns:
+        The median, or `None` where the curve stays above 0.5 (fewer than half are
+        known to have had the event: the median lies beyond the last time given).
+    """
+    from scipy import stats
+
+    times, observed = np.asarray(times, "float64"), np.asarray(observed, bool)
+    if len(times) == 0:
+        return None
+    survival = stats.ecdf(stats.CensoredData(uncensored=times[observed],
+                                             right=times[~observed])).sf
+    below = survival.quantiles[survival.probabilities <= 0.5 + 1e-12]  # 0.5 up to rounding
+    return float(below[0]) if len(below) else None
 
 
 def p_value_text(p, holm=False):

@@ -17,6 +17,8 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study import factors
+from keras_vitnorm.study.overview import overview_table
+from keras_vitnorm.study.overview import read_step_times
 from keras_vitnorm.study.runs import read_grad_norms
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
@@ -123,7 +125,9 @@ def write_results(rows, output_dir):
     its level; for any other group of two or more variants, each variant against the
     group's baseline), `<group>_time_to_accuracy.md` (groups of two or more variants
     other than those, whose runs logged their epochs:
-    `keras_vitnorm.study.time_to_accuracy`), `gradient_norms.md` (stem runs that
+    `keras_vitnorm.study.time_to_accuracy`), `<group>_overview.md` (the same groups:
+    `keras_vitnorm.study.overview`; both turn steps into seconds with
+    `<output_dir>/step_times.json` where there is one), `gradient_norms.md` (stem runs that
     recorded gradient norms),
     `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
     format) and `<group>_summary.md` for the groups over placement, depth and warm-up,
@@ -135,11 +139,16 @@ def write_results(rows, output_dir):
         summary = summarize(group_rows)
         durable.write_text(os.path.join(output_dir, f"{group}.md"), markdown_table(summary))
         stem_levels = factors.dpn_factor_table(group_rows, group)
+        speed = overview = ""
         # at other factor levels the baseline's accuracy is no target for a variant
-        speed = time_to_accuracy_table(group_rows) if len(summary) > 1 and not stem_levels else ""
+        if len(summary) > 1 and not stem_levels:
+            step_times = read_step_times(output_dir, [entry["variant"] for entry in summary])
+            speed = time_to_accuracy_table(group_rows, step_times)
+            overview = overview_table(group_rows, summary, step_times)
         for name, table in ((f"{group}_convergence.md", factors.convergence_table(group_rows)),
                             (f"{group}_differences.md", stem_levels or difference_table(summary)),
                             (f"{group}_time_to_accuracy.md", speed),
+                            (f"{group}_overview.md", overview),
                             (f"{group}_summary.md", factors.depth_table(group_rows, group))):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)

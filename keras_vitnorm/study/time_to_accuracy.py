@@ -3,23 +3,49 @@ validation accuracy its group's baseline ends on.
 
 This is the efficiency half of the study's question: a norm that ends level with
 pre-LN but gets there in half the steps is the cheaper one to train, and one that
-costs 10% more per step must get there in 10% fewer steps to break even. Read from
-each run's per-epoch `log.csv`, so a step count is resolved to the evaluation
-interval (the first evaluation at or above the target). Seconds are each run's own
-training time up to that step at its average rate; where several runs shared a
-device (the GPU studies train 8 at once), multiply the steps by a step time measured
-alone instead (`tools/efficiency_table.py --step-time` does, from a
-`benchmarks/bench_variants.py` file).
+costs 10% more per step must get there in 10% fewer steps to break even.
+
+A run's steps to the target are read from its per-epoch `log.csv`, so they are
+resolved to the evaluation interval (the first evaluation at or above the target). A
+run that never reaches the target is right-censored at its last step: all it tells is
+that it would need more steps than it trained. Leaving it out would credit a variant
+with the pace of its lucky runs; counting it at its last step would make the variant
+faster than it is. A variant's time is therefore the Kaplan-Meier median over its runs
+(`stats.kaplan_meier_median`), written `>N` (N: its longest run's steps) where fewer
+than half of its runs are known to arrive.
+
+Seconds are steps times a step time: one measured alone where the study has one
+(`<study>/step_times.json`, `tools/step_times.py`), otherwise each run's own average
+rate, which counts whatever shared its device (the CPU study trains two runs at once,
+the GPU studies 8).
 """
 
 import csv
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.runs import read_metrics
+from keras_vitnorm.study.runs import whole_train_seconds
+from keras_vitnorm.study.stats import kaplan_meier_median
+
+
+class Arrival(NamedTuple):
+    """One run's way to the target: `steps` to it or, where it never arrived (`reached`
+    false), the steps it trained, at which it is right-censored; `rate`: the run's
+    average seconds per training step (`None` where unknown)."""
+
+    steps: int
+    reached: bool
+    rate: float | None = None
+
+    @property
+    def seconds(self):
+        """`steps` at the run's own rate; `None` where the rate is unknown."""
+        return None if self.rate is None else self.steps * self.rate
 
 
 def evaluation_steps(run_dir):
@@ -42,19 +68,18 @@ def evaluation_steps(run_dir):
 
 
 def steps_to_reach(run_dir, target):
-    """`(steps, seconds)` until the run's validation accuracy first reaches `target`:
-    `(None, None)` if it never does, or without a log. Seconds follow the run's
-    average rate (`train_seconds` over its steps); `None` where it is unknown."""
+    """The run's `Arrival` at `target`: the step of its first evaluation at or above it,
+    or its last step (censored) where it never gets there; `None` without a log."""
     found = evaluation_steps(run_dir)
     if found is None:
-        return None, None
+        return None
+    metrics = read_metrics(run_dir)
+    seconds = whole_train_seconds(metrics)
+    rate = seconds / metrics["steps"] if seconds and metrics.get("steps") else None
     for step, accuracy in zip(*found):
         if accuracy >= target:
-            metrics = read_metrics(run_dir)
-            seconds = metrics.get("train_seconds")
-            rate = seconds / metrics["steps"] if seconds and metrics.get("steps") else None
-            return step, None if rate is None else step * rate
-    return None, None
+            return Arrival(step, True, rate)
+    return Arrival(int(metrics["steps"]), False, rate)
 
 
 def runs_to_target(rows):
@@ -64,9 +89,9 @@ def runs_to_target(rows):
     over its completed runs.
 
     Returns:
-        `(target, {variant: [(steps, seconds) per completed run]})`, with
-        `(None, None)` for a run that never reaches the target (`steps_to_reach`);
-        `(None, {})` when the baseline has no final accuracy or none of its runs a log.
+        `(target, {variant: [Arrival per completed run with a log]})`, in the rows'
+        order; `(None, {})` when the baseline has no final accuracy or none of its runs
+        a log.
     """
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     completed = {v: [r for r in rows if r["variant"] == v and r["status"] == "completed"]
@@ -76,34 +101,65 @@ def runs_to_target(rows):
     if not baseline or not any(evaluation_steps(r["run_dir"]) for r in completed[variants[0]]):
         return None, {}
     target = float(np.mean(baseline))
-    return target, {v: [steps_to_reach(r["run_dir"], target) for r in completed[v]]
-                    for v in variants}
+    arrivals = {v: [steps_to_reach(r["run_dir"], target) for r in completed[v]] for v in variants}
+    return target, {v: [a for a in found if a is not None] for v, found in arrivals.items()}
 
 
-def time_to_accuracy_table(rows):
+def median_to_target(arrivals, seconds_per_step=1.0):
+    """The Kaplan-Meier median of the arrivals' steps times `seconds_per_step` (one
+    number, or one per arrival; 1: steps).
+
+    Returns:
+        `(median, True)`; `(longest, False)` where the median is not reached (it lies
+        beyond the longest run's time); `(None, False)` without arrivals.
+    """
+    times = np.array([a.steps for a in arrivals], "float64") * np.asarray(seconds_per_step,
+                                                                        "float64")
+    if len(times) == 0:
+        return None, False
+    median = kaplan_meier_median(times, [a.reached for a in arrivals])
+    return (median, True) if median is not None else (float(times.max()), False)
+
+
+def time_text(value, reached):
+    """A time as table text: `1,400`, `>1,400` where not reached, `n/a` for `None`."""
+    return "n/a" if value is None else ("" if reached else ">") + f"{value:,.0f}"
+
+
+def median_seconds(arrivals, step_time=None):
+    """`median_to_target` in seconds: steps times `step_time` where given, else each
+    run's own rate; `(None, False)` where a run's rate is unknown."""
+    per_step = [a.rate for a in arrivals] if step_time is None else step_time
+    if step_time is None and None in per_step:
+        return None, False
+    return median_to_target(arrivals, per_step)
+
+
+def time_to_accuracy_table(rows, step_times=None):
     """Markdown for one group's result rows: the baseline's (first variant's) final
     validation accuracy, mean over its completed runs, is the target; per variant, how
-    many completed runs reached it, their steps to it (mean and range), the mean as a
-    fraction of the baseline's, and the mean seconds. `""` when the runs have no logs."""
+    many completed runs reached it, each run's steps to it (`>N`: never, censored at its
+    last step N), the Kaplan-Meier median steps, that median as a fraction of the
+    baseline's (n/a where either is not reached) and the median seconds: steps times
+    the variant's `step_times` entry (seconds per step) where given, else each run's
+    own rate. `""` when the runs have no logs."""
     target, runs = runs_to_target(rows)
     if target is None:
         return ""
     variants = list(runs)
-    lines = [f"| variant | runs | runs reaching {100 * target:.2f}% | steps to it, mean (range) "
-             f"| steps against {variants[0]}'s | seconds to it, mean |",
+    base, base_reached = median_to_target(runs[variants[0]])
+    rate = "steps times step_times.json" if step_times else "each run's own rate"
+    lines = [f"| variant | runs reaching {100 * target:.2f}% | steps to it per run "
+             f"(>: never, at its last step) | median steps (Kaplan-Meier) "
+             f"| median against {variants[0]}'s | median seconds ({rate}) |",
              "|---|---|---|---|---|---|"]
-    reached = {v: [found for found in results if found[0] is not None]
-               for v, results in runs.items()}
-    base_steps = np.mean([s for s, _ in reached[variants[0]]]) if reached[variants[0]] else None
     for variant in variants:
-        found = reached[variant]
-        steps = [s for s, _ in found]
-        seconds = [t for _, t in found if t is not None]
-        cells = ["n/a", "n/a", "n/a"]
-        if steps:
-            cells[0] = f"{np.mean(steps):,.0f} ({min(steps):,} to {max(steps):,})"
-            cells[1] = f"{np.mean(steps) / base_steps:.2f}x" if base_steps else "n/a"
-            cells[2] = f"{np.mean(seconds):,.0f}" if seconds else "n/a"
-        lines.append(f"| {variant} | {len(runs[variant])} | {len(found)} | "
-                     + " | ".join(cells) + " |")
+        arrivals = runs[variant]
+        steps, reached = median_to_target(arrivals)
+        ratio = f"{steps / base:.2f}x" if reached and base_reached else "n/a"
+        seconds = median_seconds(arrivals, step_times[variant] if step_times else None)
+        per_run = ", ".join(time_text(a.steps, a.reached) for a in arrivals) or "n/a"
+        lines.append(f"| {variant} | {sum(a.reached for a in arrivals)} of {len(arrivals)} "
+                     f"| {per_run} | {time_text(steps, reached)} | {ratio} "
+                     f"| {time_text(*seconds)} |")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,354 @@
+"""Few-shot linear transfer of a study's trained models, as big_vision evaluates it.
+
+Each finished run's trained model gives pre-logit features (its pooled features, what
+its classifier head reads: `ViT.backbone()["pooled"]`) of a transfer dataset's images,
+resized to the model's own input size by the project's evaluation pipeline. For each
+shot count and draw, a regularized least-squares classifier is fitted on `shots`
+images per class of the transfer dataset's training images and scored on its test
+split (`keras_vitnorm.study.fewshot_lsr.fit_least_squares`, which follows big_vision's
+`big_vision/evaluators/fewshot_lsr.py`). Draw `d` takes each class's images in the
+order of a permutation drawn with seed `d`, so every model is fitted on the same
+images, and the fewer shots are the first of the more, as in big_vision.
+
+Each run's accuracies are kept in its `analysis.json` (key `fewshot`, one entry per
+request: dataset, shots, draws, test images, regularization, input pipeline), so a
+rerun reads them, and the tables can be redrawn where the weights are not kept.
+
+    <study>/<group>_fewshot.md   per shot count: each variant's accuracy over its runs
+                                 and its difference from the group's baseline
+    <study>/fewshot.csv          one row per run, shot count and draw
+"""
+
+import csv
+import io
+import json
+import math
+import os
+
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.study.fewshot_lsr import L2_REGULARIZATION
+from keras_vitnorm.study.fewshot_lsr import few_shot_draws
+from keras_vitnorm.study.fewshot_lsr import fit_least_squares
+from keras_vitnorm.study.runs import ANALYSIS_FILE
+from keras_vitnorm.study.stats import difference_interval
+from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import holm_adjusted
+from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import p_value_header
+from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import welch_p_value
+
+#: Training images per class of each fit (big_vision's configs use 1, 5, 10 and 25).
+SHOTS = (10, 25)
+#: Draws of the training images per shot count (big_vision's `num_seeds` is 3).
+DRAWS = 5
+KEY = "fewshot"
+CSV_FIELDS = ("group", "variant", "seed", "learning_rate", "run_dir", "dataset", "shots", "draw",
+              "accuracy", "test_images")
+
+
+def check_request(shots, draws, test_examples, batch_size):
+    """`(sorted shot counts, draws)`; a `ValueError` naming any value that is not valid."""
+    def positive(value):
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+    shots = list(shots)
+    if not shots or not all(positive(s) for s in shots):
+        raise ValueError(f"shots must be one or more positive integers (training images per "
+                         f"class), got {shots!r}.")
+    for name, value in (("draws", draws), ("batch_size", batch_size)):
+        if not positive(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    if test_examples is not None and not positive(test_examples):
+        raise ValueError(f"test_examples must be a positive integer (or None: the whole test "
+                         f"split), got {test_examples!r}.")
+    return sorted({int(s) for s in shots}), int(draws)
+
+
+def check_dataset(dataset, pipeline="auto"):
+    """The input pipeline (`"tf.data"` or `"python"`) that reads `dataset`; a
+    `ValueError` for a dataset form other than digits and folders, or a pipeline that
+    cannot read it. Nothing is loaded."""
+    from keras_vitnorm.training import data as data_lib
+
+    if data_lib.parse_dataset(dataset)[0] == "tfds":  # parse_dataset names unknown forms
+        raise ValueError(f"dataset={dataset!r}: few-shot draws need every training label "
+                         "before any image is read, which 'digits' and 'folder:<path>' "
+                         "datasets give; write the tfds dataset out as class folders.")
+    return data_lib.check_pipeline(pipeline, dataset)
+
+
+class TransferData:
+    """A transfer dataset as one few-shot request reads it.
+
+    The training images are every non-test image of the dataset (its training and
+    validation splits together: all of `train/` for a folder with `train/` and
+    `test/`); `test_examples` takes a class-stratified subset of the test split with
+    seed 0 (`keras_vitnorm.training.data.subset`), the same for every model. Only the
+    images some draw uses are read. Digits and folders, whose labels are known before
+    any image is read.
+    """
+
+    def __init__(self, dataset, shots=SHOTS, draws=DRAWS, test_examples=None,
+                 l2_regularization=L2_REGULARIZATION, pipeline="auto", batch_size=256):
+        from keras_vitnorm.training import data as data_lib
+
+        self.shots, self.draws = check_request(shots, draws, test_examples, batch_size)
+        pipeline = check_dataset(dataset, pipeline)
+        data = data_lib.load_dataset(dataset, pipeline=pipeline)
+        raws = np.concatenate([data.train.arrays[0], data.validation.arrays[0]])
+        labels = np.concatenate([data.train.arrays[1], data.validation.arrays[1]])
+        try:
+            draw_indices = few_shot_draws(labels, data.num_classes, self.shots[-1], self.draws,
+                                          data.class_names)
+        except ValueError as error:
+            raise ValueError(f"dataset={dataset!r}: {error}") from None
+        used = np.unique(draw_indices)
+        self.positions = np.searchsorted(used, draw_indices)  # into the images read
+        self.train = data_lib.Split(f"the {len(used)} training images the draws use",
+                                    arrays=(raws[used], labels[used]))
+        self.test = data.test
+        if test_examples is not None:
+            if test_examples > data.test.size:
+                raise ValueError(f"test_examples={test_examples} is more than the "
+                                 f"{data.test.size} test images of {dataset} ({data.test.name}).")
+            self.test = data_lib.subset(data.test, test_examples, dataset)
+        self.data, self.batch_size = data, batch_size
+        self.request = {"dataset": dataset, "shots": self.shots, "draws": self.draws,
+                        "test_examples": test_examples, "l2_regularization": l2_regularization,
+                        "input_pipeline": pipeline}
+        self.key = json.dumps(self.request, sort_keys=True)
+        self._batches = {}
+
+    def batches(self, split, image_shape):
+        """The evaluation batches of `split` (`"train"`: the images the draws use, or
+        `"test"`) at `image_shape` (height, width, channels), made once: a pipeline that
+        keeps a small split's batches decodes it once for every model."""
+        from keras_vitnorm.training.data import eval_dataset
+
+        key = (split, tuple(image_shape))
+        if key not in self._batches:
+            self._batches[key] = eval_dataset(self.data, getattr(self, split),
+                                              tuple(image_shape[:2]), image_shape[2],
+                                              self.batch_size)
+        return self._batches[key]
+
+    def scores(self, train_features, test_features):
+        """`{str(shots): [test accuracy of each draw]}` of fits on `train_features`
+        (the images of `self.train`)."""
+        train_labels, test_labels = self.train.arrays[1], self.test.arrays[1]
+        accuracy = {}
+        for shots in self.shots:
+            accuracy[str(shots)] = []
+            for positions in self.positions:
+                chosen = positions[:, :shots].ravel()
+                classifier = fit_least_squares(train_features[chosen], train_labels[chosen],
+                                               self.data.num_classes,
+                                               self.request["l2_regularization"])
+                accuracy[str(shots)].append(classifier.accuracy(test_features, test_labels))
+        return accuracy
+
+
+def pooled_features(model, batches, progress=None):
+    """`(images, width)` float32 pre-logit features of the images of `batches`, in
+    order: the pooled features of `model.backbone()`, which its classifier head reads.
+    `progress`, a `keras.utils.Progbar`, counts the images."""
+    backbone = model.backbone()
+    features = []
+    for batch in batches:
+        images = np.asarray(batch[0])
+        features.append(np.asarray(backbone.predict_on_batch(images)["pooled"], "float32"))
+        if progress is not None:
+            progress.add(len(images))
+    return np.concatenate(features)
+
+
+def _complete(result, transfer):
+    return (isinstance(result, dict) and result.get("request") == transfer.request
+            and all(len(result.get("accuracy", {}).get(str(s), ())) == transfer.draws
+                    for s in transfer.shots))
+
+
+def run_fewshot(run_dir, transfer, verbose=0, say=None):
+    """A finished run's result: `{"request": ..., "accuracy": {shots: [per draw]},
+    "test_images": n}`.
+
+    Read from the run's `analysis.json` when it holds this request's result; otherwise
+    computed from `<run_dir>/preset` and added to the file beside its other entries.
+    `None` for a run with neither. `say` (e.g. `print`) reports a result computed,
+    `verbose` adds a progress bar over its images.
+    """
+    path = os.path.join(run_dir, ANALYSIS_FILE)
+    analysis = durable.read_json(path) or {}
+    entries = analysis.get(KEY) or {}
+    if _complete(entries.get(transfer.key), transfer):
+        return entries[transfer.key]
+    preset = os.path.join(run_dir, "preset")
+    if not os.path.isdir(preset):
+        return None
+    from keras_vitnorm.models import ViT
+
+    if say:
+        say(f"few-shot features of {run_dir}")
+    model = ViT.from_preset(preset)
+    shape = tuple(model.input_shape[1:])
+    progress = None
+    if verbose:
+        import keras
+
+        progress = keras.utils.Progbar(transfer.train.size + transfer.test.size, unit_name="image")
+    train = pooled_features(model, transfer.batches("train", shape), progress)
+    test = pooled_features(model, transfer.batches("test", shape), progress)
+    result = {"request": transfer.request, "accuracy": transfer.scores(train, test),
+              "test_images": int(transfer.test.size)}
+    durable.write_json(path, {**analysis, KEY: {**entries, transfer.key: result}},
+                       stage="analysis")
+    return result
+
+
+def run_mean(result, shots):
+    """A run's accuracy at `shots`: its mean over the draws."""
+    return float(np.mean(result["accuracy"][str(shots)]))
+
+
+def fewshot_table(results, shots):
+    """Markdown, a table per shot count: each variant's few-shot accuracy over its runs
+    (mean ± 95% CI, percent; each run's value its mean over the draws) and its
+    difference from the baseline (the first variant) in points with a Welch 95% CI
+    (`*` where it excludes 0), the Welch test's p-value and the p-value adjusted by
+    Holm's method over the table's comparisons (`*` below 0.05), as
+    `keras_vitnorm.study.tables.difference_table` writes them.
+
+    Args:
+        results: `{variant: [run_fewshot result per run]}`, baseline first.
+        shots: the shot counts, one table each.
+    """
+    if not any(results.values()):
+        return ""
+    names = list(results)
+    baseline = names[0]
+    sections = []
+    for count in shots:
+        values = {name: [run_mean(r, count) for r in runs] for name, runs in results.items()}
+        compared = [name for name in names[1:] if values[name] and len(values[baseline])]
+        p_values = {name: welch_p_value(values[name], values[baseline]) for name in compared}
+        adjusted = dict(zip(p_values, holm_adjusted(list(p_values.values()))))
+        tested = sum(not math.isnan(p) for p in p_values.values())
+        lines = [f"| variant | runs | {count}-shot accuracy (%), mean ± 95% CI | {baseline} (%) "
+                 f"| difference, points (Welch 95% CI) | {p_value_header(tested)} |",
+                 "|---|---|---|---|---|---|---|"]
+        for name in names:
+            if name == baseline:
+                cells = ["baseline", "", ""]
+            elif name in p_values:
+                cells = [difference_text(*difference_interval(values[name], values[baseline])),
+                         p_value_text(p_values[name]), p_value_text(adjusted[name], holm=True)]
+            else:
+                cells = ["n/a", "n/a", "n/a"]
+            lines.append(f"| {name} | {len(values[name])} | {mean_ci_text(values[name])} "
+                         f"| {mean_ci_text(values[baseline])} | " + " | ".join(cells) + " |")
+        sections.append(f"{count} training images per class\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(sections)
+
+
+def read_results(study_dir):
+    """The rows of `<study_dir>/results.csv`, run directories joined to `study_dir`."""
+    path = os.path.join(study_dir, "results.csv")
+    if not os.path.isfile(path):
+        raise ValueError(f"{study_dir} holds no results.csv: give a study directory that "
+                         "`keras-vitnorm ablate` has written (its results.csv names the runs).")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    missing = {"group", "variant", "seed", "status", "run_dir"} - set(rows[0] if rows else ())
+    if not rows or missing:
+        raise ValueError(f"{path} has no result rows with the columns group, variant, seed, "
+                         f"status and run_dir{f' (missing: {sorted(missing)})' if rows else ''}.")
+    for row in rows:
+        row["run_dir"] = os.path.normpath(os.path.join(study_dir, row["run_dir"]))
+    return rows
+
+
+def write_fewshot(study_dir, dataset, shots=SHOTS, draws=DRAWS, test_examples=None,
+                  batch_size=256, pipeline="auto", l2_regularization=L2_REGULARIZATION,
+                  verbose=1, take_over_lock=False):
+    """Scores every completed run of a study by few-shot linear transfer to `dataset`.
+
+    Writes `<study_dir>/<group>_fewshot.md` (`fewshot_table`) for each group with a
+    result and `<study_dir>/fewshot.csv`, while holding the study's lock (no `ablate`
+    writes the runs' `analysis.json` meanwhile); returns `{group: table}`.
+
+    Args:
+        study_dir: a study directory (its `results.csv` names the runs; a learning-rate
+            sweep's runs at their chosen rates).
+        dataset: `"digits"` or `"folder:<path>"` (`TransferData`).
+        shots: training images per class of each fit, default `(10, 25)`.
+        draws: int, default 5: fits per shot count, draw `d` with seed `d`.
+        test_examples: int or None (default): a stratified subset of the test split.
+        batch_size: int, default 256: images per forward pass.
+        pipeline: the input pipeline, `"auto"` (default), `"tf.data"` or `"python"`.
+        l2_regularization: float, default big_vision's `2.0 ** 10`.
+        verbose: 0 silent, 1 (default) a line and a progress bar per run computed.
+        take_over_lock: bool, as for `run_study`.
+    """
+    from keras_vitnorm.training import run_files
+
+    check_request(shots, draws, test_examples, batch_size)
+    check_dataset(dataset, pipeline)
+    rows = read_results(study_dir)
+    completed = [row for row in rows if row["status"] == "completed"]
+    if not completed:
+        raise ValueError(f"{study_dir}/results.csv lists no completed run to evaluate.")
+    say = print if verbose else None
+    with run_files.RunLock(study_dir, "study.lock", take_over=take_over_lock,
+                           what="study directory"):
+        with run_files.storage_errors(study_dir, "Finished runs are intact.", run_files.AGAIN):
+            transfer = TransferData(dataset, shots, draws, test_examples, l2_regularization,
+                                    pipeline, batch_size)
+            found = {}
+            for row in completed:
+                if row["run_dir"] not in found:
+                    found[row["run_dir"]] = run_fewshot(row["run_dir"], transfer, verbose, say)
+                    if found[row["run_dir"]] is None and say:
+                        say(f"[{row['group']}] {row['variant']} seed {row['seed']}: no preset "
+                            "and no result for this request, left out")
+            if not any(found.values()):
+                raise ValueError(f"No completed run of {study_dir} has a preset or a few-shot "
+                                 "result for this request to table.")
+            return _write_outputs(study_dir, rows, found, transfer)
+
+
+def _write_outputs(study_dir, rows, found, transfer):
+    tables, buffer = {}, io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    request = transfer.request
+    header = (f"Few-shot linear transfer to {request['dataset']}: regularized least squares "
+              f"(l2 {request['l2_regularization']:g}) on each model's pre-logit features, "
+              f"{request['draws']} draws of the training images per shot count, scored on "
+              f"{transfer.test.size} test images (keras_vitnorm.study.fewshot, as big_vision's "
+              "fewshot_lsr). A run's accuracy is its mean over the draws; mean ± 95% CI over "
+              "runs.\n\n")
+    for group in dict.fromkeys(row["group"] for row in rows):
+        results = {}
+        for row in (r for r in rows if r["group"] == group):
+            results.setdefault(row["variant"], [])  # the baseline first, whatever its runs did
+            result = found.get(row["run_dir"]) if row["status"] == "completed" else None
+            if result is None:
+                continue
+            results[row["variant"]].append(result)
+            for shots in transfer.shots:
+                for draw, accuracy in enumerate(result["accuracy"][str(shots)]):
+                    writer.writerow({
+                        "group": group, "variant": row["variant"], "seed": row["seed"],
+                        "learning_rate": row.get("learning_rate"),
+                        "run_dir": os.path.relpath(row["run_dir"], study_dir),
+                        "dataset": request["dataset"], "shots": shots, "draw": draw,
+                        "accuracy": accuracy, "test_images": result["test_images"]})
+        table = fewshot_table(results, transfer.shots)
+        if table:
+            tables[group] = header + table
+            durable.write_text(os.path.join(study_dir, f"{group}_fewshot.md"), tables[group])
+    durable.write_text(os.path.join(study_dir, "fewshot.csv"), buffer.getvalue())
+    return tables

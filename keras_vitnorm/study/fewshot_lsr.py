@@ -1,0 +1,110 @@
+"""The few-shot linear classifier of big_vision's `big_vision/evaluators/fewshot_lsr.py`:
+ridge regression of ±1 targets on whitened features, in closed form, and its draws of
+the training images (`keras_vitnorm.study.fewshot` applies them to a study's models).
+"""
+
+import numpy as np
+
+#: The ridge penalty: big_vision's `l2_reg` (`configs/common_fewshot.py`), one fixed value.
+L2_REGULARIZATION = 2.0**10
+#: The constant feature that carries the bias: large, so its weight is barely penalized.
+BIAS_FEATURE = 100.0
+#: Added to each feature's standard deviation before whitening.
+WHITENING_EPSILON = 1e-5
+
+
+class LeastSquaresClassifier:
+    """A linear classifier fitted by `fit_least_squares`: the training features' mean
+    and standard deviation that whiten a feature vector, and `(features + 1, classes)`
+    weights whose last row multiplies the constant bias feature."""
+
+    def __init__(self, mean, std, weights):
+        self.mean, self.std, self.weights = mean, std, weights
+
+    def predict(self, features):
+        """The class of each row of `features`: the largest of its regression outputs."""
+        return np.argmax(_design(features, self.mean, self.std) @ self.weights, axis=1)
+
+    def accuracy(self, features, labels):
+        return float(np.mean(self.predict(features) == np.asarray(labels)))
+
+
+def _design(features, mean, std):
+    whitened = (np.asarray(features, "float64") - mean) / std
+    return np.pad(whitened, ((0, 0), (0, 1)), constant_values=BIAS_FEATURE)
+
+
+def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULARIZATION):
+    """Fits big_vision's few-shot linear classifier: ridge regression onto ±1 targets.
+
+    As `big_vision/evaluators/fewshot_lsr.py` does: each feature is whitened by the
+    mean and (population) standard deviation of the training features, plus 1e-5; a
+    constant feature of 100 carries the bias; the targets are the one-hot labels
+    mapped to {-1, 1}; the weights are the closed-form ridge solution
+    `(X^T X + l2 I)^-1 X^T Y`, computed through the eigendecomposition of the smaller
+    Gram matrix (`X^T X` when there are at least as many images as features, else
+    `X X^T` with `X^T (X X^T + l2 I)^-1 Y`, the same weights); the class is the largest
+    output. The penalty is one fixed value, big_vision's 2^10, not chosen per task.
+    Computed in float64 (big_vision's runs in float32).
+
+    Args:
+        features: `(images, width)` array.
+        labels: `(images,)` integer classes in `[0, num_classes)`.
+        num_classes: int, the width of the targets.
+        l2_regularization: float, default `2.0 ** 10`.
+
+    Returns:
+        A `LeastSquaresClassifier`.
+
+    Example:
+    >>> classifier = fit_least_squares(train_features, train_labels, num_classes=10)
+    >>> classifier.accuracy(test_features, test_labels)
+
+    Reference:
+    - [big_vision, `big_vision/evaluators/fewshot_lsr.py` and
+      `big_vision/configs/common_fewshot.py`](https://github.com/google-research/big_vision)
+    """
+    from scipy import linalg
+
+    features, labels = np.asarray(features, "float64"), np.asarray(labels)
+    if features.ndim != 2 or labels.shape != features.shape[:1] or not len(labels):
+        raise ValueError(f"features must be (images, width) with one label per image, got "
+                         f"features {features.shape} and labels {labels.shape}.")
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"labels must lie in [0, {num_classes}), got {labels.min()} to "
+                         f"{labels.max()}.")
+    if not l2_regularization > 0:
+        raise ValueError(f"l2_regularization must be positive, got {l2_regularization!r}.")
+    mean = features.mean(axis=0, keepdims=True)
+    std = features.std(axis=0, keepdims=True) + WHITENING_EPSILON
+    design = _design(features, mean, std)
+    targets = 2.0 * np.eye(num_classes)[labels] - 1.0
+    if len(design) >= design.shape[1]:
+        eigenvalues, vectors = linalg.eigh(design.T @ design)
+        left, right = vectors, vectors.T @ (design.T @ targets)
+    else:
+        eigenvalues, vectors = linalg.eigh(design @ design.T)
+        left, right = design.T @ vectors, vectors.T @ targets
+    weights = (left / (eigenvalues + l2_regularization)) @ right
+    return LeastSquaresClassifier(mean, std, weights)
+
+
+def few_shot_draws(labels, num_classes, shots, draws, class_names=None):
+    """`(draws, num_classes, shots)` indices into `labels`: in draw `d`, the first
+    `shots` images of each class in the order of a permutation drawn with seed `d`
+    (big_vision's draw), so a fit on fewer shots takes the first of them.
+
+    Raises:
+        ValueError: naming the classes with fewer than `shots` images.
+    """
+    labels = np.asarray(labels)
+    members = [np.flatnonzero(labels == label) for label in range(num_classes)]
+    short = [(class_names[label] if class_names else str(label), len(indices))
+             for label, indices in enumerate(members) if len(indices) < shots]
+    if short:
+        named = ", ".join(f"{name!r} ({count})" for name, count in short)
+        raise ValueError(f"{shots} shots need {shots} training images of every class; "
+                         f"class(es) {named} have fewer. Use fewer shots.")
+    return np.stack([
+        np.stack([rng.permutation(indices)[:shots] for indices in members])
+        for rng in (np.random.default_rng(draw) for draw in range(draws))])

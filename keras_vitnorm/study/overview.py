@@ -1,0 +1,189 @@
+"""One table per group that puts each variant's accuracy, fit and cost side by side:
+`<study>/<group>_overview.md`.
+
+Per variant (baseline first): its peak learning rate, finished runs, test accuracy
+with every seed's value, its difference from the baseline with the Welch interval and
+the Holm-adjusted p-value of `<group>_differences.md`, how far its training accuracy
+lies above its validation accuracy, where its validation loss bottomed out, and its
+time to the baseline's final validation accuracy in steps and CPU seconds
+(`keras_vitnorm.study.time_to_accuracy`).
+
+Seconds are steps times a step time: from `<study>/step_times.json` (`{variant: seconds
+per training step}`, measured alone: `tools/step_times.py` writes it from a
+`benchmarks/bench_variants.py` file) where the study has one, else each variant's mean
+`train_seconds / steps` over its runs, which counts whatever shared the CPU with them.
+A line under the table names the source.
+"""
+
+import csv
+import math
+import numbers
+import os
+
+import numpy as np
+
+from keras_vitnorm import durable
+from keras_vitnorm.study import patch_statistics
+from keras_vitnorm.study.runs import ANALYSIS_FILE
+from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import holm_adjusted
+from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.time_to_accuracy import median_to_target
+from keras_vitnorm.study.time_to_accuracy import runs_to_target
+from keras_vitnorm.study.time_to_accuracy import time_text
+
+STEP_TIMES_FILE = "step_times.json"
+
+
+def read_step_times(output_dir, variants):
+    """The `{variant: seconds per training step}` of `<output_dir>/step_times.json`, which
+    must give each of `variants` a positive number (it may hold other groups' variants
+    too); `None` without the file.
+
+    Raises:
+        ValueError: naming the file and the entry that is malformed or missing.
+    """
+    path = os.path.join(output_dir, STEP_TIMES_FILE)
+    step_times = durable.read_json(path)
+    if step_times is None:
+        return None
+    if not isinstance(step_times, dict):
+        raise ValueError(f"{path} holds {type(step_times).__name__} {step_times!r:.80}; it should "
+                         'be an object, {"variant": seconds per training step, ...}')
+    for name, value in step_times.items():
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{path}: the step time of {name!r} is {value!r}; it should be "
+                             "a positive number of seconds per training step")
+    missing = [v for v in variants if v not in step_times]
+    if missing:
+        raise ValueError(f"{path} has no step time for {', '.join(map(repr, missing))}; it has "
+                         f"{', '.join(map(repr, step_times)) or 'none'} (tools/step_times.py "
+                         "writes it from a benchmarks/bench_variants.py file)")
+    return {name: float(value) for name, value in step_times.items()}
+
+
+def _number(value):
+    """A mean of whole numbers: `27` or `26.7`."""
+    return f"{round(value, 1):g}"
+
+
+def _seed_accuracies(completed):
+    """`mean ± 95% CI (per seed, in seed order)` of the runs' test accuracies, percent."""
+    accuracies = [float(r["test_accuracy"]) for r in completed]
+    if not accuracies:
+        return "n/a"
+    return mean_ci_text(accuracies) + " (" + ", ".join(f"{100 * a:.1f}" for a in accuracies) + ")"
+
+
+def train_validation_gap(row):
+    """The run's accuracy on its own training images as they are
+    (`patch_statistics`' result in its `analysis.json`) minus its final validation
+    accuracy; `None` where either is unknown."""
+    analysis = durable.read_json(os.path.join(row["run_dir"], ANALYSIS_FILE)) or {}
+    result = analysis.get(patch_statistics.KEY)
+    train = (result or {}).get("train", {}).get("clean")
+    if train is None or row.get("val_accuracy") in (None, ""):
+        return None
+    return float(train) - float(row["val_accuracy"])
+
+
+def validation_loss_trend(run_dir):
+    """`(pass, passes, rise)` from the run's `log.csv`: the evaluation (1-based) of the
+    lowest `val_loss`, how many there were, and how far the final one lies above that
+    lowest, as a fraction of it; `None` without a validation loss."""
+    path = os.path.join(run_dir, "log.csv")
+    if not os.path.exists(path):
+        return None
+    with open(path, newline="") as f:
+        losses = [float(r["val_loss"]) for r in csv.DictReader(f) if r.get("val_loss")]
+    if not losses or min(losses) <= 0:
+        return None
+    lowest = int(np.argmin(losses))
+    return lowest + 1, len(losses), losses[-1] / losses[lowest] - 1
+
+
+def _gap_text(completed):
+    gaps = [g for g in map(train_validation_gap, completed) if g is not None]
+    if not gaps:
+        return "n/a"
+    return f"{100 * np.mean(gaps):+.1f}" + (
+        f" ({len(gaps)} of {len(completed)} runs)" if len(gaps) < len(completed) else "")
+
+
+def _trend_text(completed):
+    trends = [t for t in (validation_loss_trend(r["run_dir"]) for r in completed) if t]
+    if not trends:
+        return "n/a"
+    lowest, passes, rise = np.mean(trends, axis=0)
+    return f"min at {_number(lowest)}/{_number(passes)}, final {100 * rise:+.1f}%"
+
+
+def _rows_of(rows, variant):
+    return sorted((r for r in rows if r["variant"] == variant), key=lambda r: int(r["seed"]))
+
+
+def _measured_step_time(runs):
+    """Mean `train_seconds / steps` over the runs that recorded both; `None` without."""
+    rates = [float(r["train_seconds"]) / float(r["steps"]) for r in runs
+             if r.get("train_seconds") not in (None, "") and float(r.get("steps") or 0) > 0]
+    return float(np.mean(rates)) if rates else None
+
+
+def overview_table(rows, summary, step_times=None):
+    """Markdown: one group's overview, one row per variant, baseline first.
+
+    Args:
+        rows: the group's result rows (`run_study`'s, or `results.csv`'s).
+        summary: `keras_vitnorm.study.tables.summarize(rows)`: the differences and
+            p-values, so that they are those of `<group>_differences.md`.
+        step_times: `{variant: seconds per training step}` measured alone
+            (`read_step_times`), or `None`: each variant's mean `train_seconds / steps`.
+    """
+    base = summary[0]["variant"]
+    p_values = [math.nan if e["p_value"] is None else e["p_value"] for e in summary[1:]]
+    adjusted = dict(zip((e["variant"] for e in summary[1:]), holm_adjusted(p_values)))
+    tested = sum(not math.isnan(p) for p in p_values)
+    target, arrivals = runs_to_target(rows)
+    reaching = "n/a (no logs)" if target is None else f"{100 * target:.2f}%"
+    lines = [f"| variant | peak learning rate | runs (completed/total) "
+             f"| test accuracy (%), mean ± 95% CI (per seed) "
+             f"| difference from {base}, points (Welch 95% CI) "
+             f"| p, Holm-adjusted over {tested} comparison{'s' if tested != 1 else ''} "
+             f"| train − validation accuracy, points "
+             f"| validation loss: lowest at pass, final above it "
+             f"| reaching {base}'s {reaching}: runs, median steps (Kaplan-Meier) "
+             f"| seconds to it | step time (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for entry in summary:
+        variant = entry["variant"]
+        runs = _rows_of(rows, variant)
+        completed = [r for r in runs if r["status"] == "completed"]
+        rates = dict.fromkeys(f"{float(r['learning_rate']):g}" for r in runs
+                              if r.get("learning_rate") not in (None, ""))
+        if variant == base:
+            difference = p_holm = "—"
+        else:
+            difference = ("n/a" if entry["gain_ci"] is None
+                          else difference_text(entry["gain"], entry["gain_ci"]))
+            p_holm = p_value_text(adjusted[variant], holm=True)
+        step_time = step_times[variant] if step_times else _measured_step_time(completed)
+        time, seconds = "n/a", "n/a"
+        if target is not None and arrivals[variant]:
+            steps, reached = median_to_target(arrivals[variant])
+            time = (f"{sum(a.reached for a in arrivals[variant])} of {len(arrivals[variant])}, "
+                    + time_text(steps, reached))
+            seconds = time_text(None if step_time is None else steps * step_time, reached)
+        cells = [variant, ", ".join(rates) or "n/a", f"{len(completed)}/{len(runs)}",
+                 _seed_accuracies(completed), difference, p_holm, _gap_text(completed),
+                 _trend_text(completed), time, seconds,
+                 "n/a" if step_time is None else f"{1000 * step_time:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    source = (f"Step time: from `{STEP_TIMES_FILE}`, measured alone." if step_times else
+              "Step time: each variant's mean training seconds per step over its runs, as "
+              f"the study has no `{STEP_TIMES_FILE}`; runs that trained at the same time "
+              "shared the device, so a step time measured alone (`tools/step_times.py`) is "
+              "the better one.")
+    source += " Seconds to it: the median steps times the step time."
+    return "\n".join(lines) + "\n\n" + source + "\n"
