@@ -6,10 +6,10 @@
         --backends jax torch
 
 Every figure is a ratio to the baseline `pre_ln` (pre-LN LayerNorm blocks, plain patch
-stem). The variants are those of the converged CIFAR-10 comparison (the study's
-`converged` group), so that these figures and the study's time to accuracy describe
-the same models; each changes one thing against the baseline: the placement
-(`post_ln`, `deepnorm`), the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
+stem). The variants are those of the study's `core` group (the converged CIFAR-10
+comparison's and Peri-LN), so that these figures and the studies' time to accuracy
+describe the same models; each changes one thing against the baseline: the placement
+(`post_ln`, `peri_ln`, `deepnorm`), the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
 (`dual_patchnorm`, `conv_stem`).
 
 `--measure train inference` (the default): per backend, one process builds every
@@ -29,7 +29,8 @@ variant trains first, so that what the libraries load on first use is not counte
 (memory is not timed, so they may share the machine).
 
 `--model s16` and `b16` are ViT-S/16 and ViT-B/16 at 224 px; `--model study` the
-converged study's ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512). With
+converged study's ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512);
+`--model imagenette_cpu` the Imagenette CPU study's Ti/16 body at 112 px (patch 16). With
 `--device gpu` the models and the batch are on the GPU (no step times a host-to-device
 copy); the default `cpu` hides any GPU from the workers. Results are printed as
 markdown tables and, with `--json`, written with every round's and process's figure
@@ -61,13 +62,18 @@ MODELS = {
                 num_classes=1000),
     "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512,
                   num_classes=10),
+    # the Imagenette CPU study's (recipes/imagenette_study.sh, `cpu`): Ti/16 at 112 px
+    "imagenette_cpu": dict(image_size=112, patch_size=16, width=192, depth=12, num_heads=3,
+                           mlp_dim=768, num_classes=10),
 }
 #: variant -> ViT config changes against the baseline (first): the model changes of the
-#: study's `converged` group, written out so that this parent process imports no Keras.
+#: study's `core` group (the `converged` group's and Peri-LN), written out so that this
+#: parent process imports no Keras.
 VARIANTS = {
     "pre_ln": {},
     "dual_patchnorm": {"stem": "dual_patchnorm"},
     "post_ln": {"attn_norm": "post", "mlp_norm": "post"},
+    "peri_ln": {"attn_norm": "pre_post", "mlp_norm": "pre_post"},
     "deepnorm": {"block_style": "deepnorm"},
     "conv_stem": {"stem": "conv"},
     "rmsnorm": {"norm": "rmsnorm"},

@@ -530,12 +530,13 @@ def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
 
 
 @pytest.mark.one_backend
-def test_variants_are_the_model_changes_of_the_studys_converged_group():
+def test_variants_are_the_model_changes_of_the_studys_core_group():
     from keras_vitnorm.study.variants import VARIANT_GROUPS
 
-    converged = VARIANT_GROUPS["converged"]
-    assert bench_variants.VARIANTS == {name: model for name, (model, _) in converged.items()}
-    assert bench_variants.BASELINE == next(iter(converged))
+    core = VARIANT_GROUPS["core"]
+    assert bench_variants.VARIANTS == {name: model for name, (model, _) in core.items()}
+    assert list(bench_variants.VARIANTS) == list(core)
+    assert bench_variants.BASELINE == next(iter(core))
 
 
 def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():

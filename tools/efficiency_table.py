@@ -53,7 +53,8 @@ from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
 from keras_vitnorm.study.stats import p_value_text  # noqa: E402
 from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 
-MODEL_NAMES = {"s16": "S/16", "b16": "B/16", "study": "study ViT"}
+MODEL_NAMES = {"s16": "S/16", "b16": "B/16", "study": "study ViT",
+               "imagenette_cpu": "Ti/16 at 112 px"}
 #: The variant every benchmark measures against (bench_variants.py's first).
 BASELINE = "pre_ln"
 #: Variant names of benchmark files that name each variant by its change, as the study's.
