@@ -12,6 +12,7 @@ both.
 """
 
 import csv
+import json
 import math
 import os
 import re
@@ -88,6 +89,15 @@ def table_cell(path, row_start, column):
 
 def mean_of_table(path, row_start, column):
     return float(table_cell(path, row_start, column).split(" ± ")[0])
+
+
+def step_time_ratio(name, backend, variant):
+    """A variant's training-step time over the baseline's, the median over rounds of the
+    ratio within each round, from a step-time benchmark's raw file in efficiency/."""
+    with open(os.path.join(RESULTS, "efficiency", name)) as f:
+        seconds = json.load(f)["results"][backend]["seconds"]
+    baseline = next(times for key, times in seconds.items() if key.endswith("(baseline)"))
+    return float(np.median([a / b for a, b in zip(seconds[variant], baseline)]))
 
 
 def depth_mean(variant):
@@ -219,8 +229,11 @@ def checks():
     header = row_cells(table_row(table, "| setting |"))
     columns = {v: header.index(v) for v in ("dual_patchnorm", "post_ln", "deepnorm", "conv_stem",
                                              "dyt", "batchnorm")}
-    found.append(("DyT's training throughput on JAX at S/16", "DyT on JAX at S/16 ("
-                  + table_cell(table, "| S/16 training, CPU jax ", columns["dyt"]).split(" ")[0]))
+    found.append(("DyT's training throughput on JAX at S/16, withdrawn as it does not replicate",
+                  "DyT on JAX at S/16 was "
+                  + table_cell(table, "| S/16 training, CPU jax ", columns["dyt"]).split(" ")[0]
+                  + " pre-LN's throughput in the efficiency table's benchmark and "
+                  + f"{step_time_ratio('variants_s16_float32.json', 'jax', 'dyt'):.3f}x"))
     conv = [float(table_cell(table, f"| {model} training, CPU {backend} ", columns["conv_stem"])
                   .split("x")[0])
             for model in ("S/16", "B/16") for backend in ("jax", "tensorflow", "torch")]
