@@ -90,7 +90,8 @@ def fake_study(tmp_path, curves):
 
 
 # The baseline's final accuracy is 0.72 in every run: the target. Its runs reach it at
-# steps 300, 300, 300 and 400; "fast" at 100 in every run; "never" never does.
+# steps 300, 300, 300 and 400; "fast" at 100 in every run; "never" never does; "lucky"
+# at 100 in one run of four and never in the others.
 CURVES = {
     "pre_ln": [[0.5, 0.6, 0.73, 0.73]] * 3 + [[0.5, 0.6, 0.7, 0.73]],
     "fast": [[0.73, 0.73, 0.73, 0.73]] * 4,
@@ -99,29 +100,41 @@ CURVES = {
 
 
 def test_time_to_accuracy_rows_from_a_study_folder(tmp_path):
-    target, runs = efficiency_table.study_runs(fake_study(tmp_path, CURVES), "g")
+    from scipy import stats
+
+    lucky = {**CURVES, "lucky": [[0.73, 0.6, 0.7, 0.71]] + [[0.5, 0.6, 0.7, 0.71]] * 3}
+    target, runs = efficiency_table.study_runs(fake_study(tmp_path, lucky), "g")
     assert target == pytest.approx(0.72)
     steps, seconds = efficiency_table.time_to_accuracy_rows("72% validation accuracy", runs)
-    assert steps["baseline"] == "325 steps (4 of 4 runs)"
-    assert steps["cells"] == {"fast": "0.31x (4 of 4 runs)", "never": "never (0 of 4 runs)"}
-    assert steps["verdict"].startswith("**fast**: 0.31x (4 of 4 runs), fewer steps in every run, p")
+    # Kaplan-Meier medians: the baseline's 300 (three of four runs by then)
+    assert steps["baseline"] == "300 steps (4 of 4 runs)"
+    # the runs that never arrive count, censored at their 400 steps: lucky's one early
+    # run does not make it fast (without them its mean would be 100 steps, 0.33x)
+    assert steps["cells"] == {"fast": "0.33x (4 of 4 runs)", "never": "never (0 of 4 runs)",
+                              "lucky": "n/a (1 of 4 runs)"}
+    censored = stats.CensoredData(uncensored=[100], right=[400, 400, 400])
+    p_lucky = stats.logrank(censored, stats.CensoredData(uncensored=[300, 300, 300, 400])).pvalue
+    assert p_lucky > 0.05  # the log-rank test reads the censored runs too
+    assert steps["verdict"].startswith("**fast**: 0.33x (4 of 4 runs), fewer steps in every run, p")
+    assert "lucky" not in steps["verdict"].split(";")[0]
     # the runs' own time: 0.2 s a step
-    assert seconds["baseline"] == "65 s (4 of 4 runs)"
-    assert seconds["verdict"].startswith("**fast**: 0.31x (4 of 4 runs), fewer seconds")
+    assert seconds["baseline"] == "60 s (4 of 4 runs)"
+    assert seconds["verdict"].startswith("**fast**: 0.33x (4 of 4 runs), fewer seconds")
 
 
 def test_time_to_accuracy_in_seconds_counts_each_variants_measured_step_time(tmp_path):
     _, runs = efficiency_table.study_runs(fake_study(tmp_path, CURVES), "g")
     # fast takes 3.5 times as long per step as the baseline: 100 steps cost 350, more
-    # than the baseline's 300 steps at its own step time, so it is slower in seconds.
+    # than the baseline's median 300 steps at its own step time, so it is slower in seconds.
     step_seconds = {"pre_ln": [0.01, 0.01], "fast": [0.035, 0.035], "never": [0.01, 0.01]}
     _, seconds = efficiency_table.time_to_accuracy_rows(
         "72%", runs, step_seconds, "study ViT, GPU jax")
     assert "steps times the training-step time on study ViT, GPU jax" in seconds["setting"]
-    assert seconds["baseline"] == "3 s (4 of 4 runs)"  # 325 steps at 0.01 s
-    assert seconds["cells"]["fast"] == "1.08x (4 of 4 runs)"
-    assert seconds["verdict"] == ("no resolved difference; more seconds in every run, too few "
-                                  "values to test: never")
+    assert seconds["baseline"] == "3 s (4 of 4 runs)"  # 300 steps at 0.01 s
+    assert seconds["cells"]["fast"] == "1.17x (4 of 4 runs)"
+    # never reaching it in 4 runs against the baseline's 4 arrivals: the log-rank test
+    # counts the censored runs, so it is resolved as slower
+    assert seconds["verdict"] == "no resolved difference; more seconds in every run: never"
     with pytest.raises(ValueError, match="has no never"):
         efficiency_table.time_to_accuracy_rows("72%", runs, {"pre_ln": [1.0], "fast": [1.0]},
                                                "study ViT")

@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 
 from keras_vitnorm import durable  # noqa: E402
 from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
+from keras_vitnorm.study.stats import kaplan_meier_median  # noqa: E402
 from keras_vitnorm.study.stats import p_value_text  # noqa: E402
 from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 
@@ -214,34 +215,57 @@ def study_runs(study_dir, group):
     return target, runs
 
 
-def _time_row(label, values, runs, unit, words, upper, lower):
-    """A steps or seconds row from `{variant: [figure per run that reached the target]}`,
-    baseline first, and the runs (`time_to_accuracy_rows`). `upper(n)`: the most a run of
-    `n` takes, `math.inf` unless every run reached the target; `lower(n)`: the least,
-    `math.inf` where none did. Tested with Welch's t-test on the runs that reached it."""
-    names = list(values)
+def _time_row(label, times, runs, unit, words, upper, lower):
+    """A steps or seconds row from `{variant: [figure per completed run]}`, baseline
+    first: the time to the target, or where a run never reached it its whole length,
+    at which it is right-censored (`runs`' `Arrival.reached` says which). A variant's
+    figure is the Kaplan-Meier median of its runs (`stats.kaplan_meier_median`), its
+    cell that median over the baseline's; `upper(n)`: the most a run of `n` takes,
+    `math.inf` unless every run reached the target; `lower(n)`: the least a run that
+    reached it took, `math.inf` where none did. Tested with the log-rank test, which
+    counts the censored runs."""
+    names = list(times)
     base = names[0]
-    mean = {n: statistics.mean(v) for n, v in values.items() if v}
-    counts = {n: sum(a.reached for a in runs[n]) for n in names}
+    arrived = {n: [a.reached for a in runs[n]] for n in names}
+    median = {n: kaplan_meier_median(times[n], arrived[n]) for n in names}
+    counts = {n: sum(arrived[n]) for n in names}
     reached = {n: f"{counts[n]} of {len(runs[n])} runs" for n in names}
-    cells = {}
-    for n in names[1:]:
-        cells[n] = (f"{mean[n] / mean[base]:.2f}x ({reached[n]})" if n in mean and base in mean
-                    else f"never ({reached[n]})" if not counts[n] else f"n/a ({reached[n]})")
+
+    def text(n):
+        return "never" if not counts[n] else "n/a"
+
+    cells = {n: (f"{median[n] / median[base]:.2f}x ({reached[n]})"
+                 if median[n] is not None and median[base] is not None
+                 else f"{text(n)} ({reached[n]})") for n in names[1:]}
     return resolved_row(
-        label, base, (f"{mean[base]:,.0f} {unit} ({reached[base]})" if base in mean
-                      else f"{'never' if not counts[base] else 'n/a'} ({reached[base]})"),
-        cells, mean.get, [n for n in names[1:] if upper(n) < lower(base)],
-        [n for n in names[1:] if values[base] and lower(n) > max(values[base])],
-        {n: welch_p_value(values[n], values[base]) if min(len(values[n]), len(values[base])) > 1
-         else math.nan for n in names[1:]},
+        label, base, (f"{median[base]:,.0f} {unit} ({reached[base]})" if median[base] is not None
+                      else f"{text(base)} ({reached[base]})"),
+        cells, lambda n: median[n] if median[n] is not None else math.inf,
+        [n for n in names[1:] if upper(n) < lower(base)],
+        [n for n in names[1:] if counts[base] and lower(n) > upper(base)],
+        {n: _log_rank_p(times[n], arrived[n], times[base], arrived[base]) for n in names[1:]},
         (f"fewer {words} in every run", f"more {words} in every run", ""))
+
+
+def _log_rank_p(times, arrived, base_times, base_arrived):
+    """The log-rank test's p-value of two sets of right-censored times; NaN with fewer
+    than two runs on a side or no run reaching the target on either."""
+    from scipy import stats
+
+    if min(len(times), len(base_times)) < 2 or not (any(arrived) or any(base_arrived)):
+        return math.nan
+
+    def data(values, events):
+        values, events = np.asarray(values, "float64"), np.asarray(events, bool)
+        return stats.CensoredData(uncensored=values[events], right=values[~events])
+
+    return float(stats.logrank(data(times, arrived), data(base_times, base_arrived)).pvalue)
 
 
 def time_to_accuracy_rows(setting, runs, step_seconds=None, step_setting=None):
     """The steps row and the seconds row of `runs` (`{variant: [Arrival per completed
-    run]}`, `keras_vitnorm.study.time_to_accuracy`); the runs that never reach the
-    target count in the "k of n runs" and the sides, not in the means and tests.
+    run]}`, `keras_vitnorm.study.time_to_accuracy`): a run that never reaches the
+    target counts, censored at its last step (`_time_row`).
 
     With `step_seconds` (`{variant: [per-round training-step seconds]}`, measured alone),
     a run's seconds are its steps times its variant's median step time; a variant is
@@ -249,17 +273,22 @@ def time_to_accuracy_rows(setting, runs, step_seconds=None, step_setting=None):
     baseline still beats the baseline's fastest run. Without it, each run's own seconds.
     """
     names = list(runs)
-    totals = {n: len(runs[n]) for n in names}
-    steps = {n: [a.steps for a in runs[n] if a.reached] for n in names}
+    steps = {n: [a.steps for a in runs[n]] for n in names}
 
     def bounds(values):
-        return (lambda n: max(values[n]) if values[n] and len(steps[n]) == totals[n]
-                else math.inf), (lambda n: min(values[n], default=math.inf))
+        def upper(n):
+            return max(values[n]) if all(a.reached for a in runs[n]) and values[n] else math.inf
+
+        def lower(n):
+            return min((v for v, a in zip(values[n], runs[n]) if a.reached), default=math.inf)
+
+        return upper, lower
 
     rows = [_time_row(f"steps to {setting}", steps, runs, "steps", "steps", *bounds(steps))]
     if step_seconds is None:
-        seconds = {n: [a.seconds for a in runs[n] if a.reached and a.seconds is not None]
-                   for n in names}
+        if any(a.seconds is None for n in names for a in runs[n]):
+            raise ValueError(f"a run of {setting} has no training time: give a step-time benchmark")
+        seconds = {n: [a.seconds for a in runs[n]] for n in names}
         rows.append(_time_row(f"seconds to {setting}; each run's own training time",
                               seconds, runs, "s", "seconds", *bounds(seconds)))
         return rows
