@@ -4,6 +4,8 @@
   (keeping its suffix, which some writers read), flushed to disk and renamed into
   place, so a reader finds the old content or the new, never a part.
 - `write_directory`: the same for a whole directory (a saved preset).
+- `written_together`: the files a block writes in some folders are renamed into place
+  together when it ends, or, if it fails, none of them (a study's tables and figures).
 - `fault_point`: named stages at which tests kill the process (or make a write fail)
   through the `KERAS_VITNORM_FAULT` environment variable; without it, a no-op.
 """
@@ -53,8 +55,44 @@ def _fsync_directory(directory):
         os.close(descriptor)
 
 
+#: The open `written_together` block: `(folders, {path: temporary path})`, or `None`.
+_together = None
+
+
+@contextlib.contextmanager
+def written_together(*folders):
+    """Files written (`write_file` and the writers built on it) directly in `folders`
+    while the block runs are renamed into place together as it ends, in the order they
+    were written; where the block raises, none is, and every file there stays as it was.
+
+    For outputs that must agree with each other, such as a study's tables and figures:
+    a step that fails part-way leaves none of them rewritten. Inside the block, such a
+    file reads as it was before the block. A block inside another joins it.
+    """
+    global _together
+    if _together is not None:
+        yield
+        return
+    pending = {}
+    _together = ({os.path.abspath(folder) for folder in folders}, pending)
+    try:
+        yield
+    except BaseException:
+        for temporary in pending.values():
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+        raise
+    finally:
+        _together = None
+    for path, temporary in pending.items():
+        os.replace(temporary, path)
+    for directory in {os.path.dirname(path) for path in pending}:
+        _fsync_directory(directory)
+
+
 def write_file(path, write, stage=None):
-    """Writes `path` atomically: `write(temporary_path)`, fsync, then rename into place.
+    """Writes `path` atomically: `write(temporary_path)`, fsync, then rename into place
+    (inside a `written_together` block for its folder: when the block ends).
 
     Args:
         path: destination.
@@ -65,12 +103,16 @@ def write_file(path, write, stage=None):
     directory = os.path.dirname(os.path.abspath(path))
     # The temporary name keeps the file's suffix: Keras picks the format by it.
     temporary = os.path.join(directory, f".writing.{os.path.basename(path)}")
+    deferred = _together is not None and directory in _together[0]
     try:
         write(temporary)
         with open(temporary, "rb+") as f:
             os.fsync(f.fileno())
         if stage:
             fault_point(stage)
+        if deferred:
+            _together[1][os.path.abspath(path)] = temporary
+            return
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -96,10 +138,12 @@ def read_json(path):
 
     Raises:
         ValueError: naming the file, if it does not hold valid JSON (truncated or
-            damaged by something other than this module's writes).
+            damaged by something other than this module's writes), or is a directory.
     """
     if not os.path.exists(path):
         return None
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a JSON file.")
     try:
         with open(path) as f:
             return json.load(f)

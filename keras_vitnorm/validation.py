@@ -71,3 +71,28 @@ def check_bool(argument, value):
     if not isinstance(value, bool):
         raise ValueError(f"{argument} must be True or False, got {value!r}.")
     return value
+
+
+def check_directory_path(path, what="output directory"):
+    """Raises a `FileExistsError` naming the file in the way if `path` cannot be a
+    directory: it is a file, or a folder above it is.
+
+    Args:
+        path: the directory to use or create.
+        what: str, what the directory is, for the message (e.g. `"run directory"`).
+    """
+    import os
+
+    path = os.fspath(path)
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.isdir(existing):
+        return path
+    if existing == os.path.abspath(path):
+        raise FileExistsError(
+            f"The {what} {path} is a file, not a directory. Choose another path (or move "
+            "the file away).")
+    raise FileExistsError(
+        f"The {what} {path} cannot be made: {existing} is a file, not a directory. Choose "
+        "another path.")

@@ -1,5 +1,5 @@
 """Checkpoint converters: parity with the reference implementations, resampling,
-fine-tuning into variants, errors, the convert command and export.
+fine-tuning into variants, errors and the convert command (export: tests/test_deploy.py).
 
 The reference for the Hugging Face, timm and big_vision formats is transformers'
 `ViTForImageClassification` (a Ti/16 at 224 with random weights, every parameter
@@ -325,7 +325,7 @@ def test_bad_or_unavailable_hub_handles_are_named(hf_offline_cache, capsys):
         ViT.from_preset("no_such_preset")
 
 
-# ------------------------------------------------------------------- command and export
+# ---------------------------------------------------------------------------- command
 
 
 def test_convert_command_writes_a_preset_and_refuses_to_overwrite(reference, tmp_path, capsys, images):
@@ -342,66 +342,6 @@ def test_convert_command_writes_a_preset_and_refuses_to_overwrite(reference, tmp
     assert ViT.from_preset(destination).get_config()["stem"] == "dual_patchnorm"
     assert cli.main(["convert", str(tmp_path / "nothing.npz"), str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def small_model():
-    model = ViT(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64,
-                num_classes=5, stem="dual_patchnorm")
-    rng = np.random.default_rng(3)
-    for variable in model.weights:  # the head starts at zero: perturb everything
-        variable.assign(keras.ops.convert_to_numpy(variable) + 0.1 * rng.standard_normal(variable.shape))
-    x = rng.uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-    return model, x, logits_of(model, x)
-
-
-def test_saved_model_export_gives_the_same_logits(small_model, tmp_path):
-    if keras.backend.backend() == "torch":
-        pytest.skip("Keras 3 exports a TF SavedModel from the jax and tensorflow backends only; "
-                    "load the preset under either to export (docs/checkpoints.md)")
-    tf = pytest.importorskip("tensorflow", reason="serving a SavedModel needs TensorFlow")
-    model, x, expected = small_model
-    model.export(str(tmp_path / "saved"), format="tf_saved_model", verbose=False)
-    served = tf.saved_model.load(str(tmp_path / "saved"))
-    got = served.serve(tf.constant(x)).numpy()
-    assert np.max(np.abs(got - expected)) < 1e-5 and np.max(np.abs(expected)) > 0.1
-
-
-def test_onnx_export_gives_the_same_logits(small_model, tmp_path):
-    if keras.backend.backend() == "tensorflow":
-        pytest.skip("tf2onnx writes TF's exact GELU as an Erfc node that ONNX Runtime cannot "
-                    "run; export ONNX under jax or torch (same preset; docs/checkpoints.md)")
-    ort = pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
-    model, x, expected = small_model
-    path = str(tmp_path / "vit.onnx")
-    # A static batch, which every backend exports; PyTorch's dynamic batch is the next test's.
-    model.export(path, format="onnx", verbose=False,
-                 input_signature=[keras.InputSpec(shape=x.shape, dtype="float32")])
-    session = ort.InferenceSession(path)
-    got = session.run(None, {session.get_inputs()[0].name: x})[0]
-    assert np.max(np.abs(got - expected)) < 1e-5 and np.max(np.abs(expected)) > 0.1
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch",
-                    reason="PyTorch's export of a dynamic batch: TensorFlow cannot export ONNX that "
-                    "ONNX Runtime runs, and JAX's export is the test above")
-def test_onnx_export_from_pytorch_takes_any_batch_with_native_ops(small_model, tmp_path):
-    """Without an input signature, Keras' PyTorch export traces the model with TorchScript;
-    `native_ops`' LayerNorm keeps its width a constant there, so the file runs at any
-    batch size. With the fast path off, Keras' LayerNorm cannot be traced so."""
-    from keras_vitnorm import ops as vitnorm_ops
-
-    ort = pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
-    model, x, expected = small_model
-    with vitnorm_ops.fast_paths(True, ["native_ops"]):
-        model.export(str(tmp_path / "vit.onnx"), format="onnx", verbose=False)
-    session = ort.InferenceSession(str(tmp_path / "vit.onnx"))
-    name = session.get_inputs()[0].name
-    np.testing.assert_allclose(session.run(None, {name: x})[0], expected, rtol=0, atol=1e-5)
-    one = session.run(None, {name: x[:1]})[0]
-    np.testing.assert_allclose(one, expected[:1], rtol=0, atol=1e-5)
-    with vitnorm_ops.fast_paths(False, ["native_ops"]), pytest.raises(Exception, match="not constant"):
-        model.export(str(tmp_path / "plain.onnx"), format="onnx", verbose=False)
 
 
 def test_train_fine_tunes_a_checkpoint_into_a_dpn_variant(tmp_path, capsys):

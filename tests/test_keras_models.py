@@ -14,7 +14,8 @@ equivalent check stands beside them:
 * `run_quantization_test` quantizes only layers whose type is exactly `Dense`, through
   a `DTypePolicyMap`, and returns at once on PyTorch; `test_quantized_model_saves_and_
   reloads` quantizes with `model.quantize`, as a user does, which reaches the
-  projections of every block (`FusedDense`), then saves and reloads the model.
+  projections of every block (`FusedDense`), then saves and reloads the model (the
+  ViT of every block style: tests/test_deploy.py).
 
 `ViT.backbone()` is a plain functional `keras.Model` with no class of its own to
 rebuild from `init_kwargs`, so its saving check is written out here.
@@ -188,7 +189,8 @@ def test_keras_hub_quantization(hub, name):
 
 # Keras warns of every layer without weights to quantize (norms, dropout, reshapes).
 @pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")
-@pytest.mark.parametrize("name", ("vit", "lit"))  # the Segmenter records them as LiT does
+# The ViT of every block style: tests/test_deploy.py. The Segmenter records them as LiT does.
+@pytest.mark.parametrize("name", ("lit",))
 def test_quantized_model_saves_and_reloads(tmp_path, name):
     _, _, model, inputs = _build(name)
     _randomize(model)

@@ -265,6 +265,23 @@ def test_fused_kernel_initializer_draws_each_block_as_its_own_kernel():
         layers.FusedKernelInitializer(parts=7)((300, 900))
 
 
+def test_scaled_initializer_multiplies_the_draw_as_a_whole_or_block_by_block():
+    inner = keras.initializers.GlorotUniform(seed=3)
+    drawn = keras.ops.convert_to_numpy(inner((8, 12)))
+    scaled = layers.ScaledInitializer(inner, 0.25)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(scaled((8, 12))), drawn * 0.25)
+    blockwise = layers.ScaledInitializer(inner, [1.0, 1.0, 0.5])
+    value = keras.ops.convert_to_numpy(blockwise((8, 12)))
+    np.testing.assert_array_equal(value[:, :8], drawn[:, :8])
+    np.testing.assert_array_equal(value[:, 8:], drawn[:, 8:] * 0.5)
+    clone = keras.initializers.deserialize(keras.initializers.serialize(blockwise))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(clone((8, 12))), value)
+    with pytest.raises(ValueError, match="12 is not divisible by 5"):
+        layers.ScaledInitializer(inner, [1.0] * 5)((8, 12))
+    with pytest.raises(ValueError, match="scale must be a number"):
+        layers.ScaledInitializer(inner, "0.5")
+
+
 @pytest.mark.parametrize(
     "factory, message",
     [

@@ -25,6 +25,9 @@ function a small form per backend in that backend's private module (`_jax`,
   training and evaluation steps with the Python numbers of Keras' loss, metrics and
   optimizer made on the device once (PyTorch; the fast path `device_constants`,
   chosen by `keras_vitnorm.models.steps`).
+- `keeping_variables`, `remember_variables`: a model whose `fit`, `evaluate` or
+  `predict` raised keeps its weights (JAX, whose trainer empties the variables while
+  it runs; `keras_vitnorm.models.guarded_calls`).
 
 Nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on
 (tests/test_backend_boundary.py checks it).
@@ -37,7 +40,7 @@ import keras
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins", "device_constants",
     "distribution_scope", "from_first_process", "global_random_state", "gradients_function",
-    "map_examples", "name",
+    "keeping_variables", "map_examples", "name", "remember_variables",
     "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "test_step",
@@ -266,3 +269,24 @@ def map_examples(function, *batches, chunk=None):
     which `function` sees no batch axis. JAX only: it is called inside a program of
     `compiled`, which the other backends do not make."""
     return _native().map_examples(function, *batches, chunk=chunk)
+
+
+def keeping_variables(model):
+    """A context around a call of Keras' trainer on `model` (`fit`, `evaluate`, `predict`,
+    `*_on_batch`): where the call raises, every variable it emptied gets its value back.
+
+    Keras' JAX trainer moves the variables' values into the compiled step's state and
+    empties the variables until the call ends; a call that raises (an input of the wrong
+    shape, labels the loss does not take, Ctrl-C) leaves them empty, and the model fails
+    at every later call and save. Inside this context they get the state of the call's
+    last finished step, or the values they had before it (docs/backends.md, "A failed
+    call under JAX"); a variable that cannot get one is named in a note on the error.
+    TensorFlow and PyTorch update the variables in place: a context that does nothing.
+    """
+    return _native().keeping_variables(model)
+
+
+def remember_variables(model):
+    """Takes the values of `model`'s variables as those `keeping_variables` gives back
+    (called when Keras has built everything a call needs, before its first step)."""
+    _native().remember_variables(model)

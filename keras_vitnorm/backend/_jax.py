@@ -130,3 +130,106 @@ def compiled(function):
 def map_examples(function, *batches, chunk=None):
     # Vectorized over `chunk` examples at a time, a loop over the chunks.
     return jax.lax.map(lambda example: function(*example), batches, batch_size=chunk)
+
+
+# Keras' JAX trainer, during `fit`, `evaluate` and `predict`, moves the values of the
+# model's variables into the state it passes to the compiled step and empties the
+# variables (private `Variable._value = None`); it keeps the state after each step in
+# the model's private `_jax_state` and puts it back only when the call ends normally.
+# A call that raises leaves the variables empty. `keeping_variables` gives them values
+# again: the state of this call's last finished step where Keras kept one, else the
+# values they had when the call began or when its step function was made
+# (`remember_variables`). docs/backends.md, "A failed call under JAX".
+_KEEPERS = []
+_STATE = "_jax_state"
+_UNKNOWN = object()
+
+
+def _variable_groups(model):
+    """`{group of _jax_state: variables}`, in the order Keras' trainer passes them."""
+    optimizer = getattr(model, "optimizer", None)
+    return {
+        "trainable_variables": list(model.trainable_variables),
+        "non_trainable_variables": list(model.non_trainable_variables),
+        "optimizer_variables": list(optimizer.variables) if optimizer is not None else [],
+        "metrics_variables": list(model.metrics_variables),
+    }
+
+
+def _usable(value):
+    return value is not None and not (isinstance(value, jax.Array) and value.is_deleted())
+
+
+def _emptied(variable):
+    """Whether `variable` has no usable value (emptied by Keras' trainer, or its array given
+    to a step that consumed it)."""
+    value = getattr(variable, "_value", _UNKNOWN)
+    if value is _UNKNOWN:  # Keras keeps the value elsewhere: its public property fails
+        try:
+            value = variable.value
+        except TypeError:
+            return True
+    return not _usable(value)
+
+
+class _Keeper:
+    def __init__(self, model):
+        self.model = model
+        self.state_before = getattr(model, _STATE, None)
+        self.values = {}
+        self.remember()
+
+    def remember(self):
+        for variables in _variable_groups(self.model).values():
+            for variable in variables:
+                if not _emptied(variable):
+                    self.values[id(variable)] = variable.value
+
+    def restore(self):
+        """Gives every emptied variable a value; returns the paths of those it could not."""
+        values = dict(self.values)
+        state = getattr(self.model, _STATE, None)
+        groups = _variable_groups(self.model)
+        if isinstance(state, dict) and state is not self.state_before:  # this call's last step
+            for group, variables in groups.items():
+                for variable, value in zip(variables, state.get(group) or ()):
+                    if _usable(value):
+                        values[id(variable)] = value
+        lost = []
+        for variables in groups.values():
+            for variable in variables:
+                if not _emptied(variable):
+                    continue
+                value = values.get(id(variable))
+                if _usable(value):
+                    variable.assign(value)
+                else:
+                    lost.append(variable.path)
+        if hasattr(self.model, _STATE):  # Keras takes the next call's state from the variables
+            setattr(self.model, _STATE, None)
+            self.model._jax_state_synced = True
+        return lost
+
+
+@contextlib.contextmanager
+def keeping_variables(model):
+    keeper = _Keeper(model)
+    _KEEPERS.append(keeper)
+    try:
+        yield
+    except BaseException as error:
+        lost = keeper.restore()
+        if lost and hasattr(error, "add_note"):  # Python 3.11
+            error.add_note(
+                f"The failed call left {len(lost)} of the model's variables without a value "
+                f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}): load its weights "
+                "again before using it.")
+        raise
+    finally:
+        _KEEPERS.remove(keeper)
+
+
+def remember_variables(model):
+    for keeper in _KEEPERS:
+        if keeper.model is model:
+            keeper.remember()

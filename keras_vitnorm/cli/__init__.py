@@ -8,6 +8,7 @@ The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for 
 Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
 """
 
+import signal
 import sys
 
 from keras_vitnorm.cli import ablate
@@ -71,10 +72,17 @@ def console(argv=None):
     Before a command that trains, it makes the process keep freed memory
     (`keras_vitnorm.host_memory.retain_freed_memory`; its effect on the training step
     is in docs/performance.md). `convert` and `evaluate` leave the allocator as it is.
+    Once the command has ended, a SIGTERM while the process shuts down is ignored: the
+    exit status is the command's.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
         from keras_vitnorm.host_memory import retain_freed_memory
 
         retain_freed_memory()
-    sys.exit(main(argv, hide_framework_logs=True))
+    status = main(argv, hide_framework_logs=True)
+    # The command's work is done and its status decided: a SIGTERM while the interpreter
+    # and the frameworks shut down (TensorFlow's take a while) must not end a finished
+    # run as killed (-15), which a scheduler counts as a failure to run again.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(status)

@@ -60,8 +60,11 @@ def run(args):
     from keras_vitnorm.models import load_checkpoint
     from keras_vitnorm.models.preset_io import CONFIG_FILE
 
+    from keras_vitnorm.validation import check_directory_path
+
     overrides = model_overrides(args)
     num_heads = overrides.pop("num_heads", None)
+    check_directory_path(args.destination, "destination preset directory")
     if os.path.exists(os.path.join(args.destination, CONFIG_FILE)) and not args.overwrite:
         raise FileExistsError(f"{args.destination!r} already holds a preset ({CONFIG_FILE}); "
                               "pass --overwrite to replace it.")

@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 
+from keras_vitnorm import stop_signals
+
 #: The extras of the lab: the packages each brings that every run of its commands imports
 #: (pip name, module name). tensorflow-datasets, also in the `train` extra, is needed by
 #: `tfds:` datasets only and says so where one is read
@@ -98,27 +100,34 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM received by a command outside a training run's own handling of it."""
 
     exit_status = 128 + signal.SIGTERM
+    signal = signal.SIGTERM
 
     def __init__(self):
         super().__init__("Stopped by SIGTERM.")
 
 
 @contextlib.contextmanager
-def sigterm_raises():
-    """SIGTERM raises `Terminated` (as SIGINT raises KeyboardInterrupt), so that a
-    command it stops ends with its message instead of no word at all."""
+def signals_raise(received):
+    """SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt`, each appended to
+    `received` first, so that a command they stop ends with its message instead of no
+    word at all. One whose exception Python drops (it landed in a garbage-collection
+    callback) is raised again (`keras_vitnorm.stop_signals`); one whose exception the
+    command's own code caught is still in `received` when the command ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def terminated(number, frame):
-        raise Terminated()
+    def raised(number, frame):
+        received.append(number)
+        raise Terminated() if number == signal.SIGTERM else KeyboardInterrupt()
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = {number: signal.signal(number, raised) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        with stop_signals.redelivered():
+            yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def interrupted_message(command, args, error):
@@ -138,8 +147,9 @@ def run_command(command, args):
             return fail(command.NAME, f"this command needs the {command.EXTRA!r} extra: pip "
                         f"install 'keras-vitnorm[{command.EXTRA}]' "
                         f"(missing: {', '.join(missing)}).")
+    received = []
     try:
-        with sigterm_raises():
+        with signals_raise(received):
             command.run(args)
     except KeyboardInterrupt as error:  # a signal: Ctrl-C, a scheduler's SIGTERM
         return fail(command.NAME, interrupted_message(command, args, error),
@@ -149,4 +159,8 @@ def run_command(command, args):
         if status is None:
             raise
         return fail(command.NAME, missing_backend(error) or str(error), status)
+    if received:  # its exception was caught on the way (a framework's bare `except`)
+        name = signal.Signals(received[0]).name
+        return fail(command.NAME, f"{name} received while the command ran, where it could not "
+                    "stop it: the command ran to its end first.", 128 + received[0])
     return 0

@@ -13,6 +13,7 @@ from keras_vitnorm.layers.encoder_block import deepnorm_alpha
 from keras_vitnorm.layers.encoder_block import deepnorm_beta
 from keras_vitnorm.layers.encoder_block import sub_ln_gamma
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
+from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import NORM_TYPES
 from keras_vitnorm.layers.normalization import STEM_NORM_TYPES

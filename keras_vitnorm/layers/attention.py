@@ -12,7 +12,7 @@ from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
-from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
 from keras_vitnorm.ops import call_layer
@@ -63,7 +63,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         norm_epsilon: float, default `1e-6`, for `qk_norm` and `inner_norm`.
         norm_groups: int, default `32`, for `groupnorm`.
         init_scale: float, default `1.0`. Multiplies the initial value and out
-            projection weights (DeepNorm beta, Sub-LN gamma).
+            projection kernels (DeepNorm beta, Sub-LN gamma; the biases start at
+            zero), through their initializers (`ScaledInitializer`).
         dropout: float, default `0.0`. Dropout after the out projection.
         weight_standardization: bool, default `False`. The qkv and out
             projections multiply by standardized kernels
@@ -135,10 +136,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 f"Pick num_heads among the divisors of {width}."
             )
         self.head_dim = width // self.num_heads
+        qkv_initializer = FusedKernelInitializer("glorot_uniform", parts=3)
+        if self.init_scale != 1.0:  # the value third alone; the biases start at zero
+            qkv_initializer = ScaledInitializer(qkv_initializer, [1.0, 1.0, self.init_scale])
         self.qkv = FusedDense(
             3 * width,
             use_bias=self.qkv_bias,
-            kernel_initializer=FusedKernelInitializer("glorot_uniform", parts=3),
+            kernel_initializer=qkv_initializer,
             name="qkv",
             dtype=self.dtype_policy,
             weight_standardization=self.weight_standardization,
@@ -146,20 +150,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.qkv.build(input_shape)
         self.out = FusedDense(
             width,
-            kernel_initializer="glorot_uniform",
+            kernel_initializer=(ScaledInitializer("glorot_uniform", self.init_scale)
+                                if self.init_scale != 1.0 else "glorot_uniform"),
             name="out",
             dtype=self.dtype_policy,
             weight_standardization=self.weight_standardization,
         )
         self.out.build(input_shape)
-        if self.init_scale != 1.0:
-            # Only the value third of the fused qkv kernel (and bias) is scaled.
-            segments = [1.0, 1.0, self.init_scale]
-            scale_variable(self.qkv.kernel, self.init_scale, segments=segments)
-            if self.qkv_bias:
-                scale_variable(self.qkv.bias, self.init_scale, segments=segments)
-            scale_variable(self.out.kernel, self.init_scale)
-            scale_variable(self.out.bias, self.init_scale)
         self.q_norm = self.k_norm = None
         if self.qk_norm is not None:
             head_shape = (None, None, self.num_heads, self.head_dim)

@@ -1,4 +1,4 @@
-"""Initialization helpers: fused kernels initialized part by part, and init-time rescaling."""
+"""Initialization helpers: fused kernels initialized part by part, and initial-weight gains."""
 
 import keras
 from keras import ops
@@ -61,16 +61,47 @@ class FusedKernelInitializer(keras.initializers.Initializer):
         }
 
 
-def scale_variable(variable, scale, segments=None):
-    """Multiplies a freshly initialized variable by `scale`, in place.
+@keras.saving.register_keras_serializable(package="keras_vitnorm")
+class ScaledInitializer(keras.initializers.Initializer):
+    """The values of `initializer` multiplied by a constant: an initial-weight gain.
 
-    Used instead of an initializer argument because a fused `qkv` kernel needs only
-    its value third scaled. With `segments` (a list of factors), the last axis is
-    split into equal parts and part `i` is multiplied by `segments[i]`.
+    DeepNorm's beta and Sub-LN's gamma scale some projections' initial weights. As
+    part of the initializer, the gain applies only where a float weight is freshly
+    drawn: a quantized layer builds its int8 kernel with initializers of its own, and
+    a loaded weight replaces the drawn value.
+
+    Args:
+        initializer: str, dict or `keras.initializers.Initializer`. The values to scale.
+        scale: float, or a list of floats: then the last axis is split into that many
+            equal blocks and block `i` is multiplied by `scale[i]` (the value third of
+            a fused query-key-value kernel alone: `[1.0, 1.0, beta]`).
+
+    Example:
+    >>> init = ScaledInitializer("glorot_uniform", 0.5)
+    >>> kernel = init((64, 64))  # half of a Xavier-uniform draw
     """
-    value = variable.value
-    if segments is None:
-        variable.assign(value * scale)
-        return
-    parts = ops.split(value, len(segments), axis=-1)
-    variable.assign(ops.concatenate([p * s for p, s in zip(parts, segments)], axis=-1))
+
+    def __init__(self, initializer, scale):
+        scales = scale if isinstance(scale, (list, tuple)) else [scale]
+        if not scales or any(isinstance(s, bool) or not isinstance(s, (int, float))
+                             for s in scales):
+            raise ValueError(
+                f"scale must be a number or a non-empty list of numbers, got {scale!r}.")
+        self.initializer = keras.initializers.get(initializer)
+        self.scale = [float(s) for s in scale] if isinstance(scale, (list, tuple)) else float(scale)
+
+    def __call__(self, shape, dtype=None):
+        values = self.initializer(shape, dtype=dtype)
+        if not isinstance(self.scale, list):
+            return values * self.scale
+        if shape[-1] % len(self.scale):
+            raise ValueError(
+                f"A weight of shape {tuple(shape)} cannot be split into {len(self.scale)} "
+                f"equal blocks for scale={self.scale}: {shape[-1]} is not divisible by "
+                f"{len(self.scale)}."
+            )
+        blocks = ops.split(values, len(self.scale), axis=-1)
+        return ops.concatenate([b * s for b, s in zip(blocks, self.scale)], axis=-1)
+
+    def get_config(self):
+        return {"initializer": keras.initializers.serialize(self.initializer), "scale": self.scale}

@@ -9,7 +9,7 @@ from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
-from keras_vitnorm.layers.initializers import scale_variable
+from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import call_layer
 
@@ -25,7 +25,8 @@ class MLP(keras.layers.Layer):
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
         init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2`
-            weights (DeepNorm beta, Sub-LN gamma).
+            weights (DeepNorm beta, Sub-LN gamma), through their initializers
+            (`ScaledInitializer`), so a quantized or loaded layer is not rescaled.
         dropout: float, default `0.0`. Dropout after the activation and after fc2.
         weight_standardization: bool, default `False`. fc1 and fc2 multiply by
             standardized kernels (`keras_vitnorm.ops.standardize_kernel`).
@@ -71,11 +72,17 @@ class MLP(keras.layers.Layer):
         width = input_shape[-1]
         hidden_shape = (*input_shape[:-1], self.hidden_dim)
 
+        def scaled(initializer):
+            if self.init_scale == 1.0:
+                return initializer
+            return ScaledInitializer(initializer, self.init_scale)
+
         def dense(units, name, shape):  # big_vision's MLP: Xavier-uniform, bias N(0, 1e-6)
+            bias_initializer = scaled(keras.initializers.RandomNormal(stddev=1e-6))
             layer = FusedDense(
                 units,
-                kernel_initializer="glorot_uniform",
-                bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+                kernel_initializer=scaled("glorot_uniform"),
+                bias_initializer=bias_initializer,
                 name=name,
                 dtype=self.dtype_policy,
                 weight_standardization=self.weight_standardization,
@@ -85,9 +92,6 @@ class MLP(keras.layers.Layer):
 
         self.fc1 = dense(self.hidden_dim, "fc1", input_shape)
         self.fc2 = dense(width, "fc2", hidden_shape)
-        if self.init_scale != 1.0:
-            for variable in (self.fc1.kernel, self.fc1.bias, self.fc2.kernel, self.fc2.bias):
-                scale_variable(variable, self.init_scale)
         self.mid_norm_layer = None
         if self.mid_norm is not None:
             self.mid_norm_layer = make_norm(

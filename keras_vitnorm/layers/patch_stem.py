@@ -42,6 +42,24 @@ def patchify(images, patch_size):
     return reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
 
 
+
+def image_shape_hint(found, expected):
+    """What to do about images of shape `(batch, *found)` where `(height, width, channels)`
+    `expected` ones are taken: `""`, or a sentence that starts with a space.
+
+    Channels-first images (`(channels, height, width)`) are told to transpose, images of
+    another channel count are told the model's.
+    """
+    found, expected = tuple(found), tuple(expected)
+    height, width, channels = expected
+    if found == (channels, height, width) and found != expected:
+        return (" These look channels-first (batch, channels, height, width): transpose them "
+                "to channels-last, e.g. np.transpose(images, (0, 2, 3, 1)).")
+    if len(found) == 3 and found[:2] == (height, width) and found[2] != channels:
+        return (f" The model was built for {channels}-channel images (num_channels="
+                f"{channels}); these have {found[2]}.")
+    return ""
+
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class PatchStem(keras.layers.Layer):
     """Turns images into the token sequence a ViT encoder consumes.
@@ -261,7 +279,7 @@ class PatchStem(keras.layers.Layer):
                 f"Expected images of shape (batch, {expected_pixels[0]}, "
                 f"{expected_pixels[1]}, {expected_pixels[2]}) (height, width, "
                 f"channels; {expected[0]}x{expected[1]} patches of {self.patch_size}), "
-                f"got {tuple(images.shape)}."
+                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}"
             )
         if self.stem == "conv":
             x = images

@@ -1,6 +1,7 @@
 """Pooling of the token sequence to one feature vector."""
 
 import keras
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -19,7 +20,11 @@ class ClassTokenPooling(keras.layers.Layer):
     """
 
     def call(self, x):
-        return x[:, 0]
+        # A slice, not `x[:, 0]`: JAX writes that index of an array whose batch size is
+        # left open (an exported model's) as a dynamic gather, which the TFLite
+        # converter cannot convert. Both take the same numbers.
+        token = ops.slice(x, (0, 0, 0), (ops.shape(x)[0], 1, ops.shape(x)[2]))
+        return ops.squeeze(token, axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

@@ -18,6 +18,7 @@ prompts (zero-shot classification) after reload on any backend.
 
 import functools
 import math
+import re
 
 import keras
 import numpy as np
@@ -27,12 +28,52 @@ from keras_vitnorm.layers.encoder_block import EncoderBlock
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
+from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 
 CONTRASTIVE_LOSSES = ("softmax", "sigmoid")
+#: What `TextVectorization`'s "lower_and_strip_punctuation" deletes.
+_PUNCTUATION = re.compile(r'[!"#$%&()\*\+,-\./:;<=>?@\[\\\]^_`{|}~\']')
+
+
+def caption_words(text):
+    """The words the models' tokenizer makes of `text`: lower-cased, punctuation deleted,
+    split on whitespace (`TextVectorization(standardize="lower_and_strip_punctuation")`)."""
+    return _PUNCTUATION.sub("", text.lower()).split()
+
+
+def check_class_names_fit(max_length, class_names, templates):
+    """Raises a `ValueError` where `max_length` tokens cut a class name out of a caption.
+
+    A caption is `template` with a class name at its `{}`; `TextVectorization` keeps its
+    first `max_length` words, so a shorter length cuts the class word, and every
+    caption of a class becomes the same as every other class's: training learns nothing
+    (zero-shot accuracy at chance), with no error on the way.
+
+    Args:
+        max_length: int, tokens per caption.
+        class_names: list of str, or `None` for any one-word name.
+        templates: list of str, each with a `{}`.
+    """
+    names = ["{}"] if class_names is None else list(class_names)
+    needed, caption = 0, None
+    for template in templates:
+        before = template.split("{}", 1)[0]
+        for name in names:
+            length = len(caption_words(before + ("word" if class_names is None else name)))
+            if length > needed:
+                needed, caption = length, template.format(name)
+    if max_length >= needed:
+        return
+    where = (f"{caption!r} ends its class name at token {needed}" if class_names is not None else
+             f"{caption!r} puts the class name at token {needed} (further with a name of several "
+             "words)")
+    raise ValueError(
+        f"max_length={max_length} cuts the class names out of the captions: {where}. Use a "
+        f"max_length of at least {needed}.")
 
 
 def softmax_contrastive_loss(logits):
@@ -119,7 +160,7 @@ class TextEncoder(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class LiT(PortableCompileConfig, ModelSteps, keras.Model):
+class LiT(GuardedCalls, PortableCompileConfig, ModelSteps, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
     `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):
@@ -201,6 +242,11 @@ class LiT(PortableCompileConfig, ModelSteps, keras.Model):
         """Nothing left to build: every variable is made in the constructor."""
         self.built = True
 
+    def input_shapes(self):
+        """`{"images": (height, width, channels), "tokens": (max_length,)}`: what `fit`,
+        `evaluate` and `predict` take (`keras_vitnorm.models.guarded_calls`)."""
+        return {"images": tuple(self.image_encoder.inputs[0].shape[1:]), "tokens": (self.max_length,)}
+
     @functools.cached_property
     def _tokenizer(self):
         # Kept out of Keras' tracking (a cached property bypasses `__setattr__`): it is
@@ -260,6 +306,7 @@ class LiT(PortableCompileConfig, ModelSteps, keras.Model):
         bad = [t for t in templates if "{}" not in t]
         if bad:
             raise ValueError(f"Every template needs a '{{}}' for the class name; {bad[0]!r} has none.")
+        check_class_names_fit(self.max_length, class_names, templates)
         rows = []
         for name in class_names:
             tokens = self.tokenize([t.format(name) for t in templates])

@@ -25,6 +25,7 @@ from keras_vitnorm.models.presets import PRESETS
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.ops import backend_name
 from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_directory_path
 from keras_vitnorm.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -42,7 +43,7 @@ def weights_by_path(model):
 
 def save_preset(model, directory, overwrite=False):
     """Writes `model`'s config, weights and metadata to `directory`."""
-    directory = os.fspath(directory)
+    directory = check_directory_path(directory, "preset directory")
     if os.path.exists(os.path.join(directory, CONFIG_FILE)) and not overwrite:
         raise FileExistsError(
             f"{directory!r} already holds a preset ({CONFIG_FILE}). Pass overwrite=True to "
@@ -78,10 +79,15 @@ def read_preset_directory(directory):
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     for path in (config_path, weights_path):
         if not os.path.isfile(path):
+            names = os.listdir(directory) if os.path.isdir(directory) else []
+            inside = sorted(name for name in names
+                            if os.path.isfile(os.path.join(directory, name, CONFIG_FILE)))
+            hint = (f" Its folder {os.path.join(directory, inside[0])!r} holds one (a training "
+                    "run's final model is its preset/)." if inside else "")
             raise ValueError(
                 f"{directory!r} is not a keras_vitnorm preset directory: {os.path.basename(path)} "
                 f"is missing. A preset directory holds {CONFIG_FILE} and {WEIGHTS_FILE} "
-                "(written by save_to_preset)."
+                f"(written by save_to_preset).{hint}"
             )
     saved = read_json(config_path)
     config = saved.get("config")

@@ -60,6 +60,13 @@ def validate_config(config):
             f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
             f"for this width include {divisors}."
         )
+    if c["norm"] == "groupnorm" and width % c["norm_groups"]:
+        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
+        raise ValueError(
+            f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
+            f"norm_groups={c['norm_groups']}. Valid norm_groups for this width include "
+            f"{divisors}."
+        )
     for argument, choices in (
         ("norm", NORM_TYPES),
         ("block_style", BLOCK_STYLES),

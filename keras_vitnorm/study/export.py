@@ -16,7 +16,9 @@ def export_study(study_dir, destination):
     markdown tables, `figures/`, and of every finished run (completed or diverged) the
     files in `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out
     (their checkpoints are not copied, so they could not resume). Each file is
-    written atomically; files already in `destination` are replaced by the study's.
+    written atomically; files already in `destination` are replaced by the study's. A
+    destination that holds another study (another `study_config.json`), or lies inside
+    the study, is refused.
 
     Returns:
         The number of runs copied.
@@ -25,6 +27,16 @@ def export_study(study_dir, destination):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
     if os.path.abspath(destination) == os.path.abspath(study_dir):
         raise ValueError("export_study needs a destination other than the study directory.")
+    if os.path.commonpath([os.path.abspath(destination), os.path.abspath(study_dir)]) == \
+            os.path.abspath(study_dir):
+        raise ValueError(f"export_study's destination {destination!r} lies inside the study "
+                         f"{study_dir!r}, whose copy would hold itself: choose one outside it.")
+    saved = durable.read_json(os.path.join(destination, "study_config.json"))
+    if saved is not None and saved != durable.read_json(os.path.join(study_dir,
+                                                                     "study_config.json")):
+        raise ValueError(f"{destination!r} holds another study (its study_config.json differs "
+                         f"from {study_dir!r}'s): the two studies' runs would mix. Export to "
+                         "another directory.")
 
     def copy(relative):
         target = os.path.join(destination, relative)

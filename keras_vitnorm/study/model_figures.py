@@ -136,13 +136,32 @@ def plot_stem_scales(scale, title, path):
     return save(figure, path)
 
 
+def split_by_depth(streams):
+    """`streams` (`{label: [keras_vitnorm.analysis.residual_stream result per run]}`)
+    with each label whose runs are models of different depths split into one label per
+    depth, `"<label> (<N> blocks)"`: a mean over runs is a mean over the same stages."""
+    split = {}
+    for label, runs in streams.items():
+        depths = {}
+        for stream in runs:
+            depths.setdefault(tuple(stream["names"]), []).append(stream)
+        if len(depths) < 2:
+            split[label] = runs
+            continue
+        for names, same in depths.items():
+            split[f"{label} ({len(names) - 1} blocks)"] = same
+    return split
+
+
 def plot_residual_stream(streams, title, path):
     """Residual-stream RMS and consecutive-stage cosine similarity by depth, each the
     mean over a model's runs.
 
     `streams` maps labels to lists of `keras_vitnorm.analysis.residual_stream` results
-    (one per run); models of different depths share the axes, stage by stage.
+    (one per run); models of different depths share the axes, stage by stage, and a
+    label's runs of different depths are drawn apart (`split_by_depth`).
     """
+    streams = split_by_depth(streams)
     plt = pyplot()
     figure, (rms_axes, similarity_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
     names = []

@@ -114,6 +114,7 @@ def _residual_stream_outputs(group, rows, images, figure_dir):
             streams.setdefault(run["variant"], []).append(analysis["residual_stream"])
     if not streams:
         return []
+    streams = model_figures.split_by_depth(streams)
     table = os.path.join(figure_dir, f"{group}_residual_stream.md")
     durable.write_text(table, factors.residual_stream_table(streams))
     return [model_figures.plot_residual_stream(

@@ -37,6 +37,7 @@ directory: the same `ablate` command pointed at it skips its finished runs, trai
 missing ones and redraws every figure.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,6 +51,8 @@ from keras_vitnorm.study.report import dpn_mechanism
 from keras_vitnorm.study.report import make_figures
 from keras_vitnorm.study.runs import probe_images
 from keras_vitnorm.study.runs import read_metrics
+from keras_vitnorm.study.runs import recorded_differences
+from keras_vitnorm.study.runs import resolved_model
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.study.tables import write_results
 from keras_vitnorm.study.tables import write_rows
@@ -57,6 +60,8 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
+from keras_vitnorm.training.processes import FITTED_SETTINGS
+from keras_vitnorm.training.processes import fit_to_data
 from keras_vitnorm.validation import check_choice
 
 
@@ -86,9 +91,14 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             the tables and figures. `"tables"` trains nothing: the tables and figures
             are written from the runs of the plan that have finished, the others are
             named and left out (a study part-way, one exported without weights, or
-            one whose runs a scheduler trained, re-tabled). `"plan"` trains nothing
-            either: it writes one command per run that can train now
+            one whose runs a scheduler trained, re-tabled); the tables and figures
+            are renamed into place together once all are written. `"plan"` trains
+            nothing either: it writes one command per run that can train now
             (`keras_vitnorm.study.plan`) for any scheduler to run, and returns them.
+            In every mode, a finished run whose recorded settings are not the ones
+            the plan gives it (a job file edited before it ran) is named, with what
+            differs, and left out of the tables; a recipe default its data cannot
+            take is fitted as `train` fits it.
         lr_sweep: optional list of peak learning rates. Each variant first trains at
             every rate with `sweep_seeds`; the rate with the best mean final
             validation accuracy is chosen (`keras_vitnorm.study.lr_sweep`) and the
@@ -106,10 +116,13 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
     Runs train seed by seed (every variant's first seed, then every variant's
     second, ...); the result rows and tables follow the groups' order. The study
     directory is locked (`study.lock`) while this runs, and each run's directory by
-    `train`; every table is written atomically.
+    `train`; every table is written atomically. A seed or group given twice is
+    refused: its runs would count twice.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
+    _check_distinct("seeds (--seeds)", seeds)
+    _check_distinct("groups (--groups)", groups)
     check_choice("mode", mode, MODES)
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
@@ -117,6 +130,10 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         raise ValueError("parallel and threads_per_run (--parallel, --threads-per-run) set how "
                          f"runs train here; with mode {mode!r} ({_MODE_FLAGS[mode]}) nothing "
                          "trains here: leave them out.")
+    if os.path.isfile(os.path.join(output_dir, "train_config.json")):
+        raise ValueError(f"{output_dir} is a training run's directory (it holds "
+                         "train_config.json), not a study's: the study's files would mix with "
+                         "the run's. Point --output-dir at a study directory, or a new one.")
     if mode == "tables" and not os.path.exists(os.path.join(output_dir, "study_config.json")):
         raise ValueError(f"{output_dir} holds no study (no study_config.json) to write tables for: "
                          "point --output-dir at a study directory.")
@@ -132,6 +149,7 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         sweep_seeds = list(seeds[:1] if sweep_seeds is None else sweep_seeds)
         if not sweep_seeds:
             raise ValueError("sweep_seeds (--sweep-seeds) must name at least one seed.")
+        _check_distinct("sweep_seeds (--sweep-seeds)", sweep_seeds)
     elif sweep_seeds is not None or extend_sweep:
         flag = "sweep_seeds (--sweep-seeds) are the seeds" if sweep_seeds is not None else \
             "extend_sweep (--extend-sweep) widens the grid"
@@ -151,6 +169,14 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
 _MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
 
 
+def _check_distinct(what, values):
+    """Raises a `ValueError` naming a value given twice: its runs would count twice."""
+    repeated = sorted({value for value in values if list(values).count(value) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{what} name {', '.join(map(repr, repeated))} more than once: each "
+                         "run would count twice in the tables. Give each once.")
+
+
 class _Study:
     """One invocation of `run_study` on a locked study directory."""
 
@@ -164,6 +190,9 @@ class _Study:
         self.planned = []  # the jobs of mode "plan", every phase's
         self.probe_images = None
         self.selection = None  # (the sweep's choices, every rate swept) with a sweep
+        self.train_sizes = {}  # the training split's size of each data setting
+        self.said = set()  # the notes and left-out runs named already
+        self.differences = {}  # run directory -> how its recorded settings differ from the plan's
 
     def say(self, text):
         if self.verbose:
@@ -173,16 +202,27 @@ class _Study:
         _check_study_config(self.base, self.output_dir)
         if self.mode != "plan":
             self.probe_images = probe_images(self.base)
-        if lr_sweep:
-            plan = self.sweep(plan, lr_sweep, sweep_seeds, extend_sweep)
-        jobs = self.jobs(plan, seeds, rate_dirs=bool(lr_sweep))
-        if self.mode == "plan":
-            # an extended sweep lists its unfinished runs once per pass over its grids
-            return plan_lib.write_plan(self._unfinished(self.planned + jobs), self.output_dir,
-                                       say=self.say)
-        rows = self.rows(jobs, seeds, required=not lr_sweep)
-        if not rows:
-            return rows
+        # The tables and figures agree with each other: outside training (whose tables
+        # are written as its runs finish), a step that fails leaves every one as it was.
+        outputs = (self.output_dir, os.path.join(self.output_dir, "figures"))
+        with (durable.written_together(*outputs) if self.mode != "train"
+              else contextlib.nullcontext()):
+            if lr_sweep:
+                plan = self.sweep(plan, lr_sweep, sweep_seeds, extend_sweep)
+            jobs = self.jobs(plan, seeds, rate_dirs=bool(lr_sweep))
+            if self.mode == "plan":
+                # an extended sweep lists its unfinished runs once per pass over its grids
+                return plan_lib.write_plan(self._unfinished(self.planned + jobs),
+                                           self.output_dir, say=self.say)
+            rows = self.rows(jobs, seeds, required=not lr_sweep)
+            if not rows:
+                return rows
+            with durable.written_together(*outputs):
+                self.write_outputs(plan, rows, lr_sweep)
+        return rows
+
+    def write_outputs(self, plan, rows, lr_sweep):
+        """The selection tables (with a sweep), figures and the tables read with them."""
         if lr_sweep:  # the seed noise of the final runs says which rates tie
             lr_sweep_lib.write_selection_tables(*self.selection, self.output_dir, rows)
         make_figures(rows, os.path.join(self.output_dir, "figures"),
@@ -194,7 +234,6 @@ class _Study:
             write_results(rows, self.output_dir)
         if any(group == "dpn_factors" for group, _ in plan):
             dpn_mechanism(self.base, self.output_dir)
-        return rows
 
     def sweep(self, plan, rates, seeds, extend):
         """Trains (or, outside mode `"train"`, reads) the sweep of `plan` at `rates` with
@@ -232,6 +271,9 @@ class _Study:
                                                  model={**self.base.model, **model}, seed=seed,
                                                  output_dir=None)
                     config.validate()  # a variant the base cannot take fails before anything trains
+                    if self.base.given is not None:
+                        config.given = self.base.given | set(settings)
+                    config = self.fitted(config)
                     key = _settings_key(config)
                     run_dir, owner = self.trained.get(key, (None, None))
                     if run_dir is None:
@@ -246,6 +288,49 @@ class _Study:
                     config.output_dir = run_dir
                     jobs.append((group, name, config, run_dir))
         return jobs
+
+    def fitted(self, config):
+        """`config` with the recipe's defaults that its data cannot take fitted to it as
+        `train` fits them (`processes.fit_to_data`), each change noted once: a run
+        trains, and records, the settings its job says."""
+        if config.given is None or set(FITTED_SETTINGS) <= config.given:
+            return config
+        data_settings = (config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+                         config.train_examples, config.val_examples, config.skip_bad_images,
+                         config.input_pipeline)
+        if data_settings not in self.train_sizes:
+            from keras_vitnorm.training import data as data_lib
+
+            self.train_sizes[data_settings] = data_lib.load_dataset(
+                config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+                config.train_examples, skip_bad_images=bool(config.skip_bad_images),
+                val_examples=config.val_examples, pipeline=config.input_pipeline).train.size
+        config, notes = fit_to_data(config, self.train_sizes[data_settings])
+        for note in notes:
+            self._say_once(note)
+        return config
+
+    def _say_once(self, text):
+        if text not in self.said:
+            self.said.add(text)
+            self.say(text)
+
+    def left_out(self, job):
+        """Whether the finished run of `job` is left out of the tables, its recorded
+        settings not being the plan's (named once, with what differs)."""
+        group, name, config, run_dir = job
+        if run_dir not in self.differences:
+            self.differences[run_dir] = recorded_differences(config, run_dir)
+        differences = self.differences[run_dir]
+        if differences is None:
+            self._say_once(f"[{group}] {name} seed {config.seed}: {run_dir} has no "
+                           "train_config.json: its settings cannot be checked against the "
+                           "plan's.")
+        elif differences:
+            self._say_once(f"[{group}] {name} seed {config.seed}: left out of the tables: "
+                           f"{run_dir} holds a run of other settings than the plan's "
+                           f"({differences}). Move it aside to train the run as planned.")
+        return bool(differences)
 
     def rows(self, jobs, seeds, required=True, sweep=False):
         """The result rows of `jobs` after training them (mode `"train"`); those that
@@ -277,6 +362,8 @@ class _Study:
         done = {}  # job index -> result row; the tables list them in the plan's order
         for i in order:
             group, name, config, run_dir = jobs[i]
+            if _finished(run_dir) and self.left_out(jobs[i]):
+                continue
             verbose = self.verbose if self.mode == "train" else 0
             done[i] = run_one(config, group, name, run_dir, verbose, self.take_over_lock,
                               self.probe_images, analyze=self.mode != "plan")
@@ -287,7 +374,9 @@ class _Study:
     def _write(self, jobs, sweep):
         self._write_rows([run_one(config, group, name, run_dir, 0, self.take_over_lock,
                                   self.probe_images)
-                          for group, name, config, run_dir in jobs if _finished(run_dir)], sweep)
+                          for group, name, config, run_dir in jobs
+                          if _finished(run_dir) and not self.left_out((group, name, config,
+                                                                       run_dir))], sweep)
 
     def _write_rows(self, rows, sweep):
         if sweep:
@@ -350,12 +439,8 @@ def _check_study_config(base, output_dir):
 
 def _settings_key(config):
     """What makes two runs the same: every setting, with the preset's model config
-    resolved (so `{"stem": "patch"}` on a plain preset equals no override at all)."""
-    from keras_vitnorm.models import PRESETS
-    from keras_vitnorm.models import ViT
-    from keras_vitnorm.models.presets import preset_config
-
+    resolved (`runs.resolved_model`: `{"stem": "patch"}` on a plain preset equals no
+    override at all)."""
     settings = config.to_dict()
-    if config.preset in PRESETS and not os.path.isdir(config.preset):
-        settings["model"] = {**ViT.default_config(), **preset_config(config.preset), **config.model}
+    settings["model"] = resolved_model(config.preset, config.model)
     return json.dumps(settings, sort_keys=True, default=str)

@@ -6,6 +6,7 @@ model gives the study's figures.
 """
 
 import csv
+import json
 import os
 
 from keras_vitnorm import durable
@@ -16,6 +17,44 @@ from keras_vitnorm.training import train
 def read_metrics(run_dir):
     """A run's `metrics.json`, or `None` before its first save."""
     return durable.read_json(os.path.join(run_dir, "metrics.json"))
+
+
+def resolved_model(preset, model):
+    """The model config that `model` overrides make of a built-in `preset` (so that
+    `{"stem": "patch"}` on a plain preset equals no override at all); `model` as it is
+    for a saved model, whose config is its own."""
+    from keras_vitnorm.models import PRESETS
+    from keras_vitnorm.models import ViT
+    from keras_vitnorm.models.presets import preset_config
+
+    if preset in PRESETS and not os.path.isdir(preset):
+        return {**ViT.default_config(), **preset_config(preset), **model}
+    return dict(model)
+
+
+def recorded_differences(config, run_dir):
+    """How the settings the run in `run_dir` recorded (its `train_config.json`) differ
+    from `config`, the ones its study planned for it: `"learning_rate: planned 0.002,
+    recorded 0.02; model depth: planned 2, recorded 3"`, `""` where they are the same,
+    `None` where the run recorded none. The run directory itself is not compared (a
+    study may be moved), models are compared as their presets resolve them
+    (`resolved_model`), and a setting the run did not record counts as `None` (as a
+    resumed run counts it).
+    """
+    recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
+    if not isinstance(recorded, dict):
+        return None
+    planned = json.loads(config.to_json())
+    changes = [(key, planned[key], recorded.get(key)) for key in sorted(planned)
+               if key not in ("model", "output_dir") and recorded.get(key) != planned[key]]
+    # as JSON, as the run recorded it (a tuple is a list there)
+    planned_model, recorded_model = (
+        json.loads(json.dumps(resolved_model(settings.get("preset"), settings.get("model") or {})))
+        for settings in (planned, recorded))
+    changes += [(f"model {key}", planned_model.get(key), recorded_model.get(key))
+                for key in sorted(set(planned_model) | set(recorded_model))
+                if planned_model.get(key) != recorded_model.get(key)]
+    return "; ".join(f"{key}: planned {plan!r}, recorded {run!r}" for key, plan, run in changes)
 
 
 def read_grad_norms(grad_norms_csv):

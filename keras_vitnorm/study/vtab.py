@@ -26,6 +26,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.runs import recorded_differences
 from keras_vitnorm.study.runs import run_one
 from keras_vitnorm.training import run_files
 
@@ -68,6 +69,10 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
                          ("seeds", seeds)):
         if not values:
             raise ValueError(f"{name} must name at least one value.")
+        repeated = sorted({value for value in values if list(values).count(value) > 1}, key=str)
+        if repeated:
+            raise ValueError(f"{name} name {', '.join(map(repr, repeated))} more than once: "
+                             "its runs would count twice in the table. Give each once.")
     with run_files.RunLock(output_dir, "vtab.lock", take_over=take_over_lock, what="VTAB directory"):
         rows = []
         for preset, label in zip(presets, labels):
@@ -80,6 +85,7 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
                             base, preset=preset, dataset=dataset, learning_rate=rate, seed=seed,
                             train_examples=TRAIN_EXAMPLES, val_examples=VAL_EXAMPLES, output_dir=run_dir,
                         )
+                        _check_finished_run(config, run_dir)
                         row = run_one(config, "vtab", f"{label} {dataset} lr {rate:g}", run_dir, verbose,
                                       take_over_lock, analyze=False)
                         rows.append({"preset": label, "dataset": dataset, "learning_rate": rate, "seed": seed,
@@ -87,6 +93,20 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
                                      "test_accuracy": row["test_accuracy"], "run_dir": os.path.relpath(run_dir, output_dir)})
                         _write(rows, output_dir)
         return rows
+
+
+def _check_finished_run(config, run_dir):
+    """Raises a `ValueError` where `run_dir` holds a finished run of other settings than
+    `config` (a sweep of another schedule in the same directory): the table would mix
+    the two sweeps."""
+    metrics = durable.read_json(os.path.join(run_dir, "metrics.json"))
+    if not metrics or metrics.get("status") not in ("completed", "diverged"):
+        return  # an unfinished run of other settings is refused when it resumes
+    differences = recorded_differences(config, run_dir)
+    if differences:
+        raise ValueError(f"{run_dir} holds a finished run of other settings than this sweep's "
+                         f"({differences}): its table would mix two sweeps. Use another "
+                         "--output-dir for a different sweep, or move the run aside.")
 
 
 def _write(rows, output_dir):

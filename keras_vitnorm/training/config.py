@@ -197,6 +197,11 @@ class TrainConfig:
                     "directory or a checkpoint (docs/checkpoints.md), or train the architecture "
                     "from scratch with the 'small' or 'augreg_i1k' recipe."
                 )
+        for name in ("data_dir", "manual_dir"):
+            value = getattr(self, name)
+            if value is not None and os.path.exists(value) and not os.path.isdir(value):
+                raise ValueError(f"{name}={value!r} is a file: it names a folder (of "
+                                 "tensorflow-datasets data, or of downloaded archives).")
         check_choice("mixed_precision", self.mixed_precision, PRECISIONS)
         check_choice("crop", self.crop, CROP_MODES)
         check_pipeline(self.input_pipeline, self.dataset)

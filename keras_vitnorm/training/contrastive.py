@@ -23,6 +23,7 @@ import numpy as np
 from keras_vitnorm import backend
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import caption_vocabulary
+from keras_vitnorm.models.contrastive import check_class_names_fit
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import run_files
@@ -83,6 +84,8 @@ class LiTConfig:
         check_positive_float("learning_rate", self.learning_rate)
         if self.batch_size < 2:
             raise ValueError(f"batch_size must be at least 2 for a contrastive loss, got {self.batch_size}.")
+        # Any class name: checked again with the dataset's names once they are read.
+        check_class_names_fit(self.max_length, None, TRAIN_TEMPLATES + HELD_OUT_TEMPLATES)
 
 
 def class_names_for(data):
@@ -138,6 +141,7 @@ def train_lit(config, output_dir=None, overwrite=False, verbose=1, take_over_loc
 def _train_lit(config, verbose):
     data = data_lib.load_dataset(config.dataset, train_examples=config.train_examples)
     names = class_names_for(data)
+    check_class_names_fit(config.max_length, names, TRAIN_TEMPLATES + HELD_OUT_TEMPLATES)
     keras.utils.set_random_seed(config.seed)
     # The vocabulary holds the training templates' words and the class names only: the
     # held-out templates' other words are unknown tokens to the text tower.

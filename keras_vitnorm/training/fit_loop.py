@@ -116,6 +116,7 @@ class Run:
         """Trains (from the start, or from the last checkpoint); returns the metrics."""
         resume = self.resume
         config, plan = self.config, self.plan
+        self.stop.check()  # a signal during start-up whose exception was dropped
         model = ViT.from_preset(config.preset, **plan.overrides)
         self.image_size = image_size(model)
         self.channels = model.get_config()["num_channels"]

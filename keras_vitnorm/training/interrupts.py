@@ -12,6 +12,11 @@ handlers for both:
   exactly.
 - Elsewhere (loading the data, building the model) the signal raises `RunInterrupted`
   at once: nothing there needs finishing, and the last checkpoint on disk is whole.
+  Where it lands in code whose exceptions Python drops (a garbage-collection callback,
+  which JAX installs under every backend; a `__del__` method), the signal is sent
+  again a moment later (`keras_vitnorm.stop_signals`), and the request it recorded is
+  acted on at the run's safe points too (`StopRequest.check`: before the model is
+  built, before `fit` and as it begins), so that it never goes unheard.
 
 A KeyboardInterrupt raised inside a training step is not reliable: under JAX, Keras
 converts each step's logs inside a bare `except` that swallows it (the run goes on),
@@ -29,6 +34,8 @@ import sys
 import threading
 
 import keras
+
+from keras_vitnorm import stop_signals
 
 #: The signals that stop a run.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -84,18 +91,26 @@ class StopRequest:
         self._deferred = False
 
     def _handle(self, number, frame):
+        first = self.signal is None
+        if first:
+            self.signal = number
+        if not self._deferred:  # every time: a raise that Python dropped comes back here
+            raise RunInterrupted(self.signal)
+        if first:
+            self.say(f"{signal_name(number)} received: stopping at the end of this step, with "
+                     "a checkpoint of it" + (" (Ctrl-C again stops at once)."
+                                             if number == signal.SIGINT else "."))
+        elif number == signal.SIGINT:  # Ctrl-C again: stop now
+            self.say("Stopping at once: the last checkpoint on disk is whole.")
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def check(self):
+        """A safe point: raises `RunInterrupted` if a signal came (whether or not its
+        handler's exception got through)."""
         if self.signal is not None:
-            if number == signal.SIGINT and self._deferred:  # Ctrl-C again: stop now
-                self.say("Stopping at once: the last checkpoint on disk is whole.")
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
-            return
-        self.signal = number
-        if not self._deferred:
-            raise RunInterrupted(number)
-        self.say(f"{signal_name(number)} received: stopping at the end of this step, with a "
-                 "checkpoint of it" + (" (Ctrl-C again stops at once)."
-                                       if number == signal.SIGINT else "."))
+            stop_signals.acted_on()
+            raise RunInterrupted(self.signal)
 
     @contextlib.contextmanager
     def listening(self):
@@ -107,7 +122,8 @@ class StopRequest:
         for number in SIGNALS:
             signal.signal(number, self._handle)
         try:
-            yield self
+            with stop_signals.redelivered():
+                yield self
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
@@ -116,22 +132,25 @@ class StopRequest:
     def deferred(self):
         """While training steps run: a signal waits for the step's end (`StopOnSignal`).
 
-        A request still pending when the block ends (a signal during the last step's
-        validation, or the final evaluation) raises `RunInterrupted` then.
+        A request already made when the block begins (a signal during start-up whose
+        exception was dropped) raises `RunInterrupted` at once; one still pending when
+        the block ends (a signal during the last step's validation, or the final
+        evaluation) raises it then.
         """
+        self.check()
         self._deferred = True
         try:
             yield self
         finally:
             self._deferred = False
-        if self.signal is not None:
-            raise RunInterrupted(self.signal)
+        self.check()
 
 
 class StopOnSignal(keras.callbacks.Callback):
     """Ends `fit` at the end of a step once `request` holds a signal: writes the
     checkpoint of that step (`checkpoint`, a `RunCheckpoint`, or `None` on a process
-    that writes none) and raises `RunInterrupted`.
+    that writes none) and raises `RunInterrupted`. A request made before `fit` begins
+    ends it before its first step, with nothing to write.
 
     With `agree` (a function every training process calls each step, True where any
     process's flag is), the processes of a distributed run stop at the same step.
@@ -152,6 +171,11 @@ class StopOnSignal(keras.callbacks.Callback):
         if self.checkpoint is not None:
             self.checkpoint.save_if_new()
         raise RunInterrupted(self.request.signal or signal.SIGTERM)
+
+    def on_train_begin(self, logs=None):
+        # Before the first step compiles: the state is the last checkpoint's (or step 0).
+        if self._stop_requested():
+            raise RunInterrupted(self.request.signal or signal.SIGTERM)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._stop_requested():

@@ -16,6 +16,7 @@ from keras_vitnorm.models import ViT
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.models.vit_config import validate_config
 from keras_vitnorm.training import distribution
+from keras_vitnorm.training.data.augmentation import check_randaugment
 from keras_vitnorm.training.optimizer import check_warmup
 
 
@@ -45,6 +46,10 @@ class Plan:
 
 def _largest_power_of_two(limit):
     return 1 << (max(limit, 1).bit_length() - 1)
+
+
+#: The settings `fit_to_data` fits where the user did not give them.
+FITTED_SETTINGS = ("batch_size", "warmup_steps")
 
 
 def _given(config, name):
@@ -90,6 +95,8 @@ def plan_run(config, data, overrides):
     check_warmup(config.warmup_steps, total_steps)
     if config.preset in PRESETS and not os.path.isdir(config.preset):
         validate_config({**ViT.default_config(), **preset_config(config.preset), **overrides})
+    if "num_channels" in overrides:  # a saved model's own channels are known once it loads
+        check_randaugment(config.randaugment_ops, overrides["num_channels"])
     scope, replicas = contextlib.nullcontext(), 1
     if config.distribute:
         scope, replicas = distribution.distribution_scope(

@@ -12,22 +12,44 @@ a checkpoint when the run resumes.
                              while the run is unfinished
     preset/                  the final model (`ViT.save_to_preset`)
     metrics.json             status, final validation and test accuracy, timings
+    analysis.json            what a study reads of the trained model
+                             (`keras_vitnorm.study.runs.run_analysis`)
+
+These (`RUN_ENTRIES`) and the temporary names of their atomic writes are all a run
+directory holds: `--overwrite` replaces them and refuses a directory that holds
+anything else, naming it.
 """
 
+import contextlib
 import csv
 import dataclasses
 import datetime
 import io
+import itertools
 import os
 import shutil
 
 from keras_vitnorm import durable
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
+from keras_vitnorm.validation import check_directory_path
 
 LOCK_FILE = "run.lock"
 SETTINGS_FILE = "train_config.json"
 METRICS_FILE = "metrics.json"
+#: Every entry a run writes in its directory (the module docstring's layout).
+RUN_ENTRIES = (LOCK_FILE, SETTINGS_FILE, "log.csv", "grad_norms.csv", "tensorboard",
+               "checkpoints", "backup", "preset", METRICS_FILE, "analysis.json")
+
+
+def written_by_run(entry):
+    """Whether the directory entry `entry` is one a run writes: one of `RUN_ENTRIES`,
+    or the temporary name of an atomic write of one (`keras_vitnorm.durable`)."""
+    for prefix, suffix in (("", ""), (".writing.", ""), (".", ".writing"), (".", ".old")):
+        if (entry.startswith(prefix) and entry.endswith(suffix)
+                and entry[len(prefix):len(entry) - len(suffix)] in RUN_ENTRIES):
+            return True
+    return False
 
 
 @dataclasses.dataclass
@@ -58,44 +80,83 @@ def _run_name(config):
 
 
 def default_output_dir(config):
-    """`runs/<preset>-<dataset>-<time>`."""
+    """`runs/<preset>-<dataset>-<time>` (`new_run_lock` adds `-2`, `-3`, ... to a name
+    another run took)."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return os.path.join(RUNS_FOLDER, f"{_run_name(config)}-{stamp}")
 
 
-def _unfinished_settings(path):
-    """The settings of the unfinished run in `path`, or `None` (no run, or finished)."""
+def new_run_lock(config, take_over=False):
+    """The acquired lock of a new directory of its own for a run without an
+    `output_dir`: `default_output_dir`, or, where another run took that name (two runs
+    started in the same second), the same with `-2`, `-3`, ... Each name is made
+    atomically (`RunLock(new=True)`), so two runs never share one."""
+    base = default_output_dir(config)
+    for number in itertools.count(1):
+        path = base if number == 1 else f"{base}-{number}"
+        if os.path.lexists(path):
+            continue
+        lock = run_files.RunLock(path, LOCK_FILE, take_over=take_over, new=True)
+        try:
+            return lock.acquire()
+        except FileExistsError:
+            if not os.path.lexists(path):
+                raise  # not the name taken: a file in the way above it
+
+
+def _settings_and_status(path):
+    """`(settings, status)` of the run in `path`: its `status` is `None` while it is
+    unfinished; `(None, None)` where `path` holds no readable run."""
     try:
         settings = durable.read_json(os.path.join(path, SETTINGS_FILE))
         metrics = durable.read_json(os.path.join(path, METRICS_FILE))
     except (OSError, ValueError):
-        return None
+        return None, None
     if not isinstance(settings, dict):
+        return None, None
+    status = metrics.get("status") if isinstance(metrics, dict) else None
+    return settings, status if status in ("completed", "diverged") else None
+
+
+def completed_metrics(path):
+    """The `metrics.json` of the run in `path` if it completed, else `None`."""
+    try:
+        metrics = durable.read_json(os.path.join(path, METRICS_FILE))
+    except (OSError, ValueError):
         return None
-    if isinstance(metrics, dict) and metrics.get("status") in ("completed", "diverged"):
-        return None
-    return settings
+    return metrics if isinstance(metrics, dict) and metrics.get("status") == "completed" else None
 
 
 def find_run_to_resume(config):
     """The run that `config` without an `output_dir` resumes: the latest unfinished run
-    in `runs/` with the same settings (`default_output_dir`'s name with the latest time).
+    in `runs/` with the same settings (`default_output_dir`'s name with the latest time)
+    or, where there is none and the latest run of these settings completed, that one
+    (resuming it does nothing: a scheduler that runs `--resume` again after a run
+    finished gets its success).
 
     Raises:
         ValueError: there is none; the message names the unfinished runs there are
             and what to pass.
     """
     names = sorted(os.listdir(RUNS_FOLDER)) if os.path.isdir(RUNS_FOLDER) else []
-    same, others = [], []
+    same, others, latest = [], [], None
     for name in names:
         path = os.path.join(RUNS_FOLDER, name)
-        saved = _unfinished_settings(path)
+        saved, status = _settings_and_status(path)
         if saved is None:
             continue
         current = {**config.to_dict(), "output_dir": saved.get("output_dir")}
-        (others if setting_changes(saved, current) else same).append(path)
+        if setting_changes(saved, current):
+            if status is None:
+                others.append(path)
+            continue
+        latest = (path, status)
+        if status is None:
+            same.append(path)
     if same:
         return same[-1]  # the names of runs of the same settings differ in their time only
+    if latest is not None and latest[1] == "completed":
+        return latest[0]
     listed = (f" (unfinished runs of other settings there: {', '.join(others[-3:])})"
               if others else "")
     raise ValueError(
@@ -109,12 +170,49 @@ def find_run_to_resume(config):
 def check_resumable(output_dir):
     """Raises the `ValueError` of `prepare` if `output_dir` holds no run to resume,
     before anything is locked or created there."""
+    check_directory_path(output_dir)
     if not os.path.isdir(output_dir) or not _contents(output_dir):
         raise ValueError(f"Cannot resume: {output_dir} holds no run.")
     if not os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
         raise ValueError(
             f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
             "keras-vitnorm run directory."
+        )
+
+
+def check_output_dir(output_dir, resume, overwrite):
+    """Raises the error of `prepare` for `output_dir` before anything is loaded, locked
+    or created there: a file in its place, no run to resume, or a directory a new run
+    may not use (not empty without `overwrite`, or holding what no run writes)."""
+    if resume:
+        check_resumable(output_dir)
+    else:
+        _check_new_run_dir(output_dir, overwrite)
+
+
+def _check_new_run_dir(output_dir, overwrite):
+    check_directory_path(output_dir)
+    contents = _contents(output_dir)
+    if not contents:
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"Output directory {output_dir} already exists and is not empty. Pass "
+            "--resume to continue the run in it, --overwrite to delete it and start "
+            "again, or choose another --output-dir."
+        )
+    if not os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
+        raise FileExistsError(
+            f"--overwrite deletes a run directory, but {output_dir} holds files that are "
+            f"not a keras-vitnorm run (no {SETTINGS_FILE}; e.g. {sorted(contents)[0]!r}). "
+            "Choose another --output-dir."
+        )
+    foreign = sorted(entry for entry in contents if not written_by_run(entry))
+    if foreign:
+        raise FileExistsError(
+            f"--overwrite replaces what a run wrote, but the run directory {output_dir} also "
+            f"holds {', '.join(map(repr, foreign))}, which no run writes: nothing was "
+            "deleted. Move them out of it, or choose another --output-dir."
         )
 
 
@@ -127,25 +225,20 @@ def _contents(output_dir):
 
 
 def prepare(config, output_dir, resume, overwrite):
-    """Checks the run directory for `resume` (the unfinished run it holds must have the
-    same settings) or, for a new run, empties it (`overwrite`) and writes the settings;
-    the caller holds its lock."""
+    """Checks the run directory for `resume` (the run it holds must have the same
+    settings) or, for a new run, empties it (`overwrite`: of what a run wrote, never
+    anything else) and writes the settings; the caller holds its lock.
+
+    Returns:
+        The run's `metrics.json` where `resume` finds it completed (nothing to do),
+        else `None`.
+    """
     if resume and overwrite:
         raise ValueError("Give at most one of resume and overwrite.")
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise FileExistsError(f"Output path {output_dir} exists and is not a directory.")
     settings = os.path.join(output_dir, SETTINGS_FILE)
-    contents = _contents(output_dir)
-    is_run = os.path.isfile(settings)
-    if contents and resume:
-        if not is_run:
-            raise ValueError(
-                f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
-                "keras-vitnorm run directory."
-            )
+    if resume:
+        check_resumable(output_dir)
         metrics = durable.read_json(os.path.join(output_dir, METRICS_FILE))
-        if metrics and metrics.get("status") == "completed":
-            raise ValueError(f"Cannot resume: the run in {output_dir} already completed.")
         if metrics and metrics.get("status") == "diverged":
             raise ValueError(
                 f"Cannot resume: the run in {output_dir} diverged at step "
@@ -159,22 +252,9 @@ def prepare(config, output_dir, resume, overwrite):
                 f"Cannot resume {output_dir} with different settings ({details}). "
                 "Resume with the same command, or start a new run."
             )
-        return
-    if contents and not overwrite:
-        raise FileExistsError(
-            f"Output directory {output_dir} already exists and is not empty. Pass "
-            "--resume to continue the run in it, --overwrite to delete it and start "
-            "again, or choose another --output-dir."
-        )
-    if contents and not is_run:
-        raise FileExistsError(
-            f"--overwrite deletes a run directory, but {output_dir} holds files that are "
-            f"not a keras-vitnorm run (no {SETTINGS_FILE}; e.g. {sorted(contents)[0]!r}). "
-            "Choose another --output-dir."
-        )
-    if resume:
-        raise ValueError(f"Cannot resume: {output_dir} holds no run.")
-    for entry in contents:
+        return metrics if metrics and metrics.get("status") == "completed" else None
+    _check_new_run_dir(output_dir, overwrite)
+    for entry in _contents(output_dir):
         path = os.path.join(output_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
@@ -182,6 +262,22 @@ def prepare(config, output_dir, resume, overwrite):
             os.remove(path)
     with run_files.storage_errors(settings, "Nothing was trained yet.", run_files.AGAIN):
         durable.write_text(settings, config.to_json())
+    return None
+
+
+def remove_failed_start(output_dir):
+    """Removes what a new run that failed before its first checkpoint wrote in
+    `output_dir` (the entries of `RUN_ENTRIES` but its lock, which its holder releases;
+    anything else stays), so that the same command runs once its cause is fixed."""
+    for entry in _contents(output_dir):
+        if not written_by_run(entry):
+            continue
+        path = os.path.join(output_dir, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def read_log(path):

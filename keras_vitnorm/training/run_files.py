@@ -105,6 +105,15 @@ def _process_alive(pid, start):
     return start is None or now is None or now == start
 
 
+def _is_file_at(descriptor, path):
+    """Whether the open file `descriptor` is still the file at `path` (a lock file its
+    holder removed is not)."""
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except OSError:
+        return False
+
+
 class LockedError(RuntimeError):
     """The directory is owned by another process (or by a stale lock not taken over)."""
 
@@ -123,8 +132,10 @@ class RunLock:
     container or PID namespace of this host or on another host sharing the file
     system (NFS passes `flock` on to the server), and the lock file's record of the
     holder (pid, host, start time, command) names it in the message. The file stays
-    when the lock is released: removing it would let two processes lock two files of
-    the same name.
+    when the lock is released, unless the holder added nothing to the directory (see
+    below): a process that locks a lock file just removed finds it is no longer the
+    directory's lock file and takes the new one, so two processes never hold two files
+    of the same name.
 
     Where the file system keeps no locks, the lock falls back to the file itself:
     created atomically, removed on release, and after a crash left behind. A holder
@@ -133,23 +144,30 @@ class RunLock:
     whose processes cannot be checked from here. Where the kernel holds the lock there
     is nothing to take over, and `take_over` changes nothing.
 
-    A lock that made its directory (and folders above it) and is released with nothing
-    written there takes them back, so a command that fails before its first file
-    leaves nothing behind.
+    A lock released with nothing added to its directory takes back what it made: its
+    lock file, and the directory (and folders above it) if it made them. A command that
+    fails before its first file, or refuses a directory that holds something else,
+    leaves nothing behind. With `new=True` the directory must not exist yet: it is made
+    at once (`os.mkdir`), and a `FileExistsError` says another process made it first,
+    so two processes that pick the same new name never share it.
 
     Example:
     >>> with RunLock("runs/a"):
     ...     pass  # only this process writes runs/a here
     """
 
-    def __init__(self, directory, name="run.lock", take_over=False, what="run directory"):
+    def __init__(self, directory, name="run.lock", take_over=False, what="run directory",
+                 new=False):
         self.path = os.path.join(directory, name)
         self.directory = directory
         self.take_over = take_over
         self.what = what
+        self.new = new
         self._held = False
         self._file = None  # the open lock file whose flock this lock holds
         self._made = []  # the folders acquire made, deepest first
+        self._created = False  # whether acquire created the lock file
+        self._before = set()  # the directory's other entries when it was locked
 
     def _record(self):
         import sys
@@ -186,29 +204,48 @@ class RunLock:
             "must not write one run.")
 
     def acquire(self):
+        from keras_vitnorm.validation import check_directory_path
+
+        check_directory_path(self.directory, self.what)
         with storage_errors(self.path, "Nothing was written.", AGAIN):
             self._made = []
             folder = os.path.abspath(self.directory)
             while not os.path.exists(folder):
                 self._made.append(folder)
                 folder = os.path.dirname(folder)
-            os.makedirs(self.directory, exist_ok=True)
-            created = not os.path.exists(self.path)
-            descriptor = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            import fcntl
+            if self.new:
+                if not self._made:
+                    raise FileExistsError(f"The {self.what} {self.directory} exists already.")
+                os.makedirs(os.path.dirname(self._made[0]), exist_ok=True)
+                os.mkdir(self.directory)  # FileExistsError: another process made it first
+            else:
+                os.makedirs(self.directory, exist_ok=True)
+            self._before = set(os.listdir(self.directory)) - {os.path.basename(self.path)}
+        for _ in range(3):
+            with storage_errors(self.path, "Nothing was written.", AGAIN):
+                created = not os.path.exists(self.path)
+                descriptor = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                import fcntl
 
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            raise self._in_use(self.holder()) from None
-        except (ImportError, OSError) as error:  # no file locks here: the file is the lock
-            os.close(descriptor)
-            if isinstance(error, OSError) and error.errno not in _NO_FILE_LOCKS:
-                raise
-            if created:  # the empty file made for flock is not a lock
-                os.remove(self.path)
-            return self._acquire_file()
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                raise self._in_use(self.holder()) from None
+            except (ImportError, OSError) as error:  # no file locks here: the file is the lock
+                os.close(descriptor)
+                if isinstance(error, OSError) and error.errno not in _NO_FILE_LOCKS:
+                    raise
+                if created:  # the empty file made for flock is not a lock
+                    os.remove(self.path)
+                return self._acquire_file()
+            if _is_file_at(descriptor, self.path):
+                break
+            os.close(descriptor)  # its holder removed it meanwhile: lock the file there now
+        else:
+            raise LockedError(f"Could not take the lock {self.path}: other processes kept "
+                              "replacing it.")
+        self._created = created
         self._file = os.fdopen(descriptor, "r+")
         try:
             with storage_errors(self.path, "Nothing was written.", AGAIN):
@@ -238,7 +275,7 @@ class RunLock:
             except BaseException:  # an empty lock would refuse the next run
                 os.remove(self.path)
                 raise
-            self._held = True
+            self._held = self._created = True
             return self
         raise LockedError(f"Could not take the lock {self.path}: another process took it first.")
 
@@ -266,12 +303,12 @@ class RunLock:
 
     def release(self):
         try:
-            unused = bool(self._held and self._made) and os.listdir(self.directory) == [
-                os.path.basename(self.path)]
+            added = set(os.listdir(self.directory)) - {os.path.basename(self.path)} - self._before
+            unused = self._held and self._created and not added
         except OSError:
             unused = False
         if unused and self._file is not None:
-            os.remove(self.path)  # while the lock is held: no other process took this file
+            os.remove(self.path)  # while the lock is held: a process that opened it sees it go
         if self._file is not None:
             self._file.close()  # the kernel lets go of the lock with the file
             self._file = None

@@ -71,10 +71,14 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         config: `TrainConfig`.
         resume: bool. Continue the unfinished run in `config.output_dir` from its
             last checkpoint (same settings required); a run killed after its last
-            step goes straight to its final evaluation.
-        overwrite: bool. Delete an existing run in `config.output_dir` first (a
-            directory holding anything but a run is never deleted).
+            step goes straight to its final evaluation, and a completed one is left
+            as it is (its metrics are returned).
+        overwrite: bool. Delete an existing run in `config.output_dir` first: what a
+            run writes there, and nothing else (a directory that holds anything
+            else is refused, naming it, with nothing deleted).
             Without `resume` or `overwrite`, an existing run directory is an error.
+            A new run that fails before its first checkpoint removes what it wrote
+            (`run_directory.remove_failed_start`), so the same call runs again.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a run directory whose lock was left by a
@@ -130,6 +134,8 @@ def _described(interrupted, directory=None, plan=None):
 def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
     """`train`, with `stop` listening for signals."""
     say = print if verbose else (lambda *args, **kwargs: None)
+    if config.output_dir:  # a directory the run cannot use is refused before anything loads
+        run_directory.check_output_dir(config.output_dir, resume, overwrite)
     data = data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
@@ -141,31 +147,65 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
         say(note)
     if not plan.lead:  # another process of a torch run: its first process owns the files
         say = lambda *args, **kwargs: None  # noqa: E731
-    if config.output_dir:
-        path = config.output_dir
-    elif resume:
+    path = config.output_dir
+    if not path and resume:
         path = run_directory.find_run_to_resume(config)
-        say(f"Resuming {path}, the latest unfinished run of these settings (--output-dir "
-            "names another).")
-    else:
-        path = run_directory.default_output_dir(config)
+        if run_directory.completed_metrics(path) is None:
+            say(f"Resuming {path}, the latest unfinished run of these settings (--output-dir "
+                "names another).")
     if resume:  # nothing to resume: refused before the lock creates anything
         run_directory.check_resumable(path)
-    directory = run_directory.RunDirectory(path)
+    # Without a path, the first process makes a new directory in runs/ when it claims it.
+    directory = run_directory.RunDirectory(path or run_directory.default_output_dir(config))
     with contextlib.ExitStack() as held:
         claimed = []
 
         def claim_output_dir():  # the first process locks and prepares the run directory
-            held.enter_context(run_files.RunLock(directory.path, run_directory.LOCK_FILE,
-                                                 take_over=take_over_lock))
+            nonlocal directory
+            if path:
+                lock = run_files.RunLock(path, run_directory.LOCK_FILE, take_over=take_over_lock)
+                held.enter_context(lock)
+            else:
+                lock = run_directory.new_run_lock(config, take_over_lock)  # acquired
+                held.callback(lock.release)
+                directory = run_directory.RunDirectory(lock.directory)
             claimed.append(directory)
-            run_directory.prepare(config, directory.path, resume, overwrite)
+            return run_directory.prepare(config, directory.path, resume, overwrite)
 
         try:
-            first_process_then_all(plan, claim_output_dir)
-            return _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
+            completed = first_process_then_all(plan, claim_output_dir)
+            if plan.process[1] > 1:
+                completed = backend.from_first_process(completed)
+            if completed is not None:
+                say(f"The run in {directory.path} has already completed: nothing to resume "
+                    f"(test accuracy {completed.get('test_accuracy')}).")
+                return completed
+            return _run_or_undo_start(config, data, directory, plan, resume, say, stop,
+                                      callbacks, verbose, bool(claimed))
         except interrupts.RunInterrupted as interrupted:
+            completed = claimed and run_directory.completed_metrics(claimed[0].path)
+            if completed:  # the signal came after the run completed: nothing to stop
+                say(f"{interrupts.signal_name(interrupted.signal)} received after the run in "
+                    f"{claimed[0].path} completed.")
+                return completed
             raise _described(interrupted, claimed[0] if claimed else None, plan) from None
+
+
+def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbacks, verbose,
+                       claimed):
+    """`_run`; where a new run in a directory this process `claimed` fails before its
+    first checkpoint (a preset that does not load, an image that does not decode), what
+    it wrote there is removed, so the same command runs once the cause is fixed."""
+    try:
+        return _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
+    except (TrainingDiverged, run_files.StorageError):
+        raise  # a result to keep, or a run to continue with --resume once there is space
+    except Exception:
+        started = (callbacks_lib.RunCheckpoint.latest(directory.backup)
+                   or os.path.exists(directory.metrics) or os.path.exists(directory.preset))
+        if claimed and not resume and not started:
+            run_directory.remove_failed_start(directory.path)
+        raise
 
 
 def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):

@@ -75,15 +75,21 @@ def batch_mixing(augmentation, seed):
     return mixup, cutmix
 
 
+def check_randaugment(randaugment_ops, channels):
+    """Raises a `ValueError` where RandAugment is asked for (`randaugment_ops`) on
+    images of `channels` other than 3: Keras' RandAugment takes RGB images only."""
+    if randaugment_ops and channels != 3:
+        raise ValueError(
+            f"RandAugment needs RGB images; this dataset/model has {channels} channel(s), "
+            f"and randaugment_ops={randaugment_ops} asks for it. Set randaugment_ops=0 "
+            "(--randaugment-ops 0).")
+
+
 def randaugment(augmentation, channels, seed):
     """`[Keras' RandAugment]` if asked for, else `[]` (see `resumes_exactly`)."""
     if not augmentation.randaugment_ops:
         return []
-    if channels != 3:
-        raise ValueError(
-            "RandAugment needs RGB images; this dataset/model has "
-            f"{channels} channel(s). Set randaugment_ops=0."
-        )
+    check_randaugment(augmentation.randaugment_ops, channels)
     return [keras.layers.RandAugment(
         value_range=(0, 255),
         num_ops=augmentation.randaugment_ops,
