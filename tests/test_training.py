@@ -572,6 +572,38 @@ TINY_ARGV = ["--steps", "2", "--batch-size", "32", "--warmup-steps", "1", "--no-
              *(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items())]
 
 
+def test_progress_is_a_bar_on_a_terminal_and_one_line_per_epoch_elsewhere():
+    import io
+
+    from keras_vitnorm.training.fit_loop import progress_verbosity
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert progress_verbosity(1, Terminal()) == 1
+    assert progress_verbosity(1, io.StringIO()) == 2  # a file or a pipe
+    assert progress_verbosity(0, io.StringIO()) == 0 and progress_verbosity(2, Terminal()) == 2
+
+
+@pytest.mark.one_backend
+def test_train_writes_one_line_per_epoch_to_a_log_file(tmp_path):
+    """`train`'s default verbosity piped to a file: Keras' bar redrawn in place would run
+    every step of an epoch together in one line; one line per epoch instead."""
+    import subprocess
+
+    log = tmp_path / "train.log"
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, "-m", "keras_vitnorm", "train", *TINY_ARGV,
+                               "--steps-per-epoch", "1", "--output-dir", str(tmp_path / "run")],
+                              stdout=f, stderr=subprocess.STDOUT, timeout=600)
+    text = log.read_text()
+    assert done.returncode == 0, text[-2000:]
+    epochs = [line for line in text.splitlines() if line.startswith("1/1 - ")]
+    assert len(epochs) == 2, text[-2000:]
+    assert "\r" not in text and "\x08" not in text and "━" not in text
+
+
 @pytest.mark.one_backend
 def test_resume_without_output_dir_finds_the_latest_unfinished_run_of_its_settings(
         tmp_path, monkeypatch, capsys):

@@ -190,7 +190,8 @@ def add_seed_run_arguments(parser):
                      help="replace finished runs (default: skip them)")
     run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+                     help="0 silent, 1 progress bar (default; one line per epoch where the output "
+                     "is not a terminal), 2 one line per epoch" + LOGS_NOTE)
 
 
 def model_overrides(args):

@@ -75,7 +75,8 @@ def add_parser(commands):
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default), 2 one line per epoch" + LOGS_NOTE)
+                     help="0 silent, 1 progress bar (default; one line per epoch where the output "
+                     "is not a terminal), 2 one line per epoch" + LOGS_NOTE)
 
 
 def run(args):

@@ -14,6 +14,7 @@ import importlib.util
 import math
 import os
 import shutil
+import sys
 import time
 
 import keras
@@ -32,6 +33,18 @@ from keras_vitnorm.training.optimizer import make_optimizer
 from keras_vitnorm.training.processes import first_process_then_all
 from keras_vitnorm.training.run_directory import read_log
 from keras_vitnorm.training.run_directory import truncate_csv
+
+
+def progress_verbosity(verbose, stream=None):
+    """Keras' `verbose` for `fit`: its progress bar (1) only where the output
+    (`stream`, default `sys.stdout`) is a terminal. Written to a file or a pipe, a bar
+    redrawn in place runs together into one long line per epoch, so there it becomes
+    one line per epoch (2); 0 and 2 are kept."""
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if verbose == 1 and not (callable(isatty) and isatty()):
+        return 2
+    return verbose
 
 
 class TrainingDiverged(RuntimeError):
@@ -331,7 +344,7 @@ class Run:
                     validation_data=self.val_data,
                     shuffle=False,  # the stream is shuffled by pass, reproducibly
                     callbacks=callbacks,
-                    verbose=verbose if plan.lead else 0,
+                    verbose=progress_verbosity(verbose) if plan.lead else 0,
                 )
             except callbacks_lib.LossIsNaN:
                 break
