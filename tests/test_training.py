@@ -445,6 +445,7 @@ def test_existing_output_dir_is_refused_unless_overwrite(tmp_path):
     train(config, overwrite=True, verbose=0)
     assert not (out / "grad_norms.csv").exists()  # the old run was deleted
     assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
+    assert not (out / "run.lock").exists()  # a finished run holds no lock file
     assert_unlocked(out)
 
 

@@ -131,11 +131,12 @@ class RunLock:
     run again resumes the run. A live holder is refused wherever it runs, in another
     container or PID namespace of this host or on another host sharing the file
     system (NFS passes `flock` on to the server), and the lock file's record of the
-    holder (pid, host, start time, command) names it in the message. The file stays
-    when the lock is released, unless the holder added nothing to the directory (see
-    below): a process that locks a lock file just removed finds it is no longer the
-    directory's lock file and takes the new one, so two processes never hold two files
-    of the same name.
+    holder (pid, host, start time, command) names it in the message. The holder
+    removes the file as it releases the lock, so a finished run holds no lock file; a
+    process that locks a lock file just removed finds it is no longer the directory's
+    lock file and takes the new one, so two processes never hold two files of the same
+    name. (A holder killed keeps its file, with its record, and the kernel's lock ends
+    with it.)
 
     Where the file system keeps no locks, the lock falls back to the file itself:
     created atomically, removed on release, and after a crash left behind. A holder
@@ -307,9 +308,9 @@ class RunLock:
             unused = self._held and self._created and not added
         except OSError:
             unused = False
-        if unused and self._file is not None:
-            os.remove(self.path)  # while the lock is held: a process that opened it sees it go
         if self._file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)  # while the lock is held: a process that opened it sees it go
             self._file.close()  # the kernel lets go of the lock with the file
             self._file = None
         elif self._held:
