@@ -35,3 +35,35 @@ def test_the_committed_efficiency_table_is_what_its_command_writes(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     with open(os.path.join(out, "efficiency_table_cpu.md")) as f:
         assert written.read_text() == f.read()
+
+
+@pytest.mark.one_backend
+def test_the_readmes_test_command_uses_the_readmes_venv_in_a_new_shell(tmp_path):
+    """`bash tools/test_backends.sh` in a shell where README command 1's .venv is not
+    activated runs that .venv's interpreter, not the `python` on PATH (whose pytest
+    has no pytest-xdist for -n); an activated environment or PYTHON wins."""
+    import shutil
+
+    (tmp_path / "tools").mkdir()
+    shutil.copy(os.path.join(ROOT, "tools", "test_backends.sh"), tmp_path / "tools")
+    calls = tmp_path / "calls"
+
+    def stand_in(path, name, status):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\necho {name} >> {calls}\nexit {status}\n")
+        path.chmod(0o755)
+
+    stand_in(tmp_path / ".venv" / "bin" / "python", "venv", 0)
+    stand_in(tmp_path / "path" / "python", "path", 4)  # the system's: "unrecognized -n"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHON")}
+    env["PATH"] = f"{tmp_path / 'path'}:{env['PATH']}"
+
+    def run(**extra):
+        calls.write_text("")
+        done = subprocess.run(["bash", str(tmp_path / "tools" / "test_backends.sh")],
+                              env={**env, **extra}, capture_output=True, text=True, timeout=60)
+        return done.returncode, calls.read_text().split()
+
+    assert run() == (0, ["venv"] * 3)
+    assert run(VIRTUAL_ENV="/somewhere") == (1, ["path"] * 3)  # an activated environment
+    assert run(PYTHON=str(tmp_path / ".venv" / "bin" / "python")) == (0, ["venv"] * 3)
