@@ -78,7 +78,8 @@ def test_a_refused_overwrite_of_a_folder_that_is_no_run_leaves_no_lock_in_it(tmp
 def test_what_a_run_writes_is_told_from_what_it_does_not():
     for entry in ("run.lock", "train_config.json", "log.csv", "checkpoints", "backup",
                   "preset", ".preset.writing", ".preset.old", ".writing.metrics.json",
-                  "analysis.json", "tensorboard", "grad_norms.csv"):
+                  "analysis.json", "tensorboard", "grad_norms.csv", ".replaced",
+                  ".replaced.moving"):
         assert run_directory.written_by_run(entry), entry
     for entry in ("NOTES.md", "myanalysis", ".writing.NOTES.md", ".git", "preset.bak"):
         assert not run_directory.written_by_run(entry), entry
@@ -169,6 +170,156 @@ def test_a_fixed_input_trains_with_the_same_command_after_a_failed_start(tmp_pat
     status, _, err = run_cli(capsys, *argv)
     assert status == 0, err
     assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
+
+
+# ----------------------------------------------------------------------------- --overwrite of a run
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A completed run of `SHORT_RUN` (copied by each test that replaces it)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(["train", *SHORT_RUN, "--output-dir", str(out)]) == 0
+    return out
+
+
+def files_of(path):
+    """`{relative path: bytes}` of every file under `path`."""
+    return {name: open(os.path.join(path, name), "rb").read() for name in tree(path)
+            if os.path.isfile(os.path.join(path, name))}
+
+
+def copy_run(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out, files_of(out)
+
+
+@pytest.mark.one_backend
+def test_an_overwrite_that_fails_before_its_first_checkpoint_puts_the_old_run_back(
+        tmp_path, capsys, finished_run):
+    """--overwrite keeps the run it replaces until the new run has its first checkpoint: a
+    new run that fails before it (a preset whose weights file is truncated) leaves the old
+    run as it was, bit for bit, so the same command without --overwrite still finds it."""
+    out, before = copy_run(finished_run, tmp_path)
+    assert "metrics.json" in before and os.path.join("preset", "model.weights.npz") in before
+    preset = tmp_path / "preset"
+    save_preset(preset)
+    weights = preset / "model.weights.npz"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:200])
+    argv = ["train", *SHORT_RUN[SHORT_RUN.index("--steps"):], "--preset", str(preset),
+            "--output-dir", str(out)]
+    status, _, err = run_cli(capsys, *argv, "--overwrite")
+    assert status == 2 and "model.weights.npz" in err, err
+    assert files_of(out) == before and tree(out) == tree(finished_run)  # nothing else left
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2 and "already exists" in err, err
+    weights.write_bytes(good)  # the cause fixed: --overwrite replaces the old run
+    status, _, err = run_cli(capsys, *argv, "--overwrite")
+    assert status == 0, err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["preset"] == str(preset)
+    assert not [entry for entry in os.listdir(out) if entry.startswith(".")], os.listdir(out)
+
+
+@pytest.mark.one_backend
+def test_an_overwrite_drops_the_old_run_once_the_new_one_has_its_first_checkpoint(
+        tmp_path, finished_run):
+    """Until the new run's first checkpoint the old run is kept whole (moved aside in the
+    run directory); from it on, and after the run, no copy of it remains."""
+    import keras
+
+    from keras_vitnorm.training import train
+
+    out, before = copy_run(finished_run, tmp_path)
+    old = before["metrics.json"]
+
+    def old_copies():
+        return [os.path.join(root, name) for root, _, files in os.walk(out) for name in files
+                if name == "metrics.json" and open(os.path.join(root, name), "rb").read() == old]
+
+    seen = []
+
+    class Look(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(len(old_copies()))
+
+    config = TrainConfig.from_recipe("small", model=TINY, steps=3, warmup_steps=1, batch_size=16,
+                                     backup_every=1, tensorboard=False, output_dir=str(out))
+    metrics = train(config, overwrite=True, callbacks=[Look()], verbose=0)
+    assert metrics["status"] == "completed"
+    assert seen == [1, 0, 0]  # kept before the checkpoint of step 1, gone after it
+    assert not old_copies()
+    assert not [entry for entry in os.listdir(out) if entry.startswith(".")], os.listdir(out)
+
+
+class Killed(BaseException):
+    """A process killed at this point: nothing after it runs."""
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("then", ["--resume", "--overwrite"])
+@pytest.mark.parametrize("killed", ["while moving the run aside", "before the first checkpoint"])
+def test_an_overwrite_killed_before_the_new_runs_first_checkpoint_loses_no_run(
+        tmp_path, capsys, monkeypatch, finished_run, killed, then):
+    """A process killed after --overwrite moved (part of) the old run aside, before the new
+    run's first checkpoint: the next --resume finds the old run put back, as it was, and
+    says so; the next --overwrite replaces it."""
+    out, before = copy_run(finished_run, tmp_path)
+    if killed == "while moving the run aside":  # every entry moved, their folder not renamed
+        def rename(source, destination):
+            if os.path.basename(destination) == run_directory.REPLACED:
+                raise Killed
+            os.replace(source, destination)
+
+        monkeypatch.setattr(os, "rename", rename)
+        with pytest.raises(Killed):
+            run_directory.move_aside(str(out))
+        monkeypatch.undo()
+        assert os.listdir(out) == [run_directory.MOVING]  # not even its settings in place
+    else:  # moved aside; the new run wrote its settings and then died
+        run_directory.move_aside(str(out))
+        other = TrainConfig.from_recipe("small", model=TINY, steps=5, output_dir=str(out))
+        durable.write_text(str(out / "train_config.json"), other.to_json())
+    assert files_of(out) != before
+    argv = ["train", *SHORT_RUN, "--output-dir", str(out), then, "--verbose", "1"]
+    if then == "--overwrite":
+        argv += ["--seed", "7"]
+    status, printed, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    assert "the run that an --overwrite was replacing" in printed, printed
+    if then == "--resume":
+        assert "has already completed: nothing to resume" in printed, printed
+        assert files_of(out) == before and tree(out) == tree(finished_run)
+    else:
+        assert json.loads((out / "train_config.json").read_text())["seed"] == 7
+        assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
+        assert not [entry for entry in os.listdir(out) if entry.startswith(".")], os.listdir(out)
+
+
+@pytest.mark.one_backend
+def test_an_overwrite_stopped_before_its_first_checkpoint_says_the_old_run_comes_back(
+        tmp_path, capsys, monkeypatch, finished_run):
+    from keras_vitnorm.training import fit_loop
+
+    out, before = copy_run(finished_run, tmp_path)
+    compile_classifier = fit_loop.compile_classifier
+
+    def stopped_while_compiling(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return compile_classifier(*args, **kwargs)
+
+    monkeypatch.setattr(fit_loop, "compile_classifier", stopped_while_compiling)
+    argv = ["train", *SHORT_RUN, "--output-dir", str(out)]
+    status, _, err = run_cli(capsys, *argv, "--overwrite", "--seed", "7")
+    assert status == 143, err
+    assert (f"before the new run's first checkpoint: the run it replaces in {out} is kept, and "
+            "comes back with the next command there") in err, err
+    monkeypatch.undo()
+    status, printed, err = run_cli(capsys, *argv, "--resume", "--verbose", "1")
+    assert status == 0 and "the run that an --overwrite was replacing" in printed, err
+    assert files_of(out) == before and tree(out) == tree(finished_run)
 
 
 # ----------------------------------------------------------------------------- paths

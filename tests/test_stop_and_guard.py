@@ -311,6 +311,18 @@ def test_a_command_stopped_inside_a_gc_callback_ends_with_its_status(monkeypatch
         "keras-vitnorm evaluate: error: SIGINT received while the command ran, where it could "
         "not stop it: the command ran to its end first.\n")
 
+    def changed(args):  # NumPy's import reports a KeyboardInterrupt as its own failure
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ImportError("Importing the numpy C-extensions failed.") from None
+
+    monkeypatch.setattr(evaluate_command, "run", changed)
+    assert cli.main(["evaluate", "runs/x"]) == 143
+    assert capsys.readouterr().err == (
+        "keras-vitnorm evaluate: error: Stopped by SIGTERM. Nothing was written.\n")
+
 
 def tiny_run(output_dir):
     from keras_vitnorm.training import TrainConfig
@@ -322,12 +334,14 @@ def tiny_run(output_dir):
 
 
 @pytest.mark.one_backend
-@pytest.mark.parametrize("where", ["gc_callback", "caught"])
+@pytest.mark.parametrize("where", ["gc_callback", "caught", "changed"])
 def test_a_signal_while_the_data_loads_stops_the_run_before_any_step(where, tmp_path,
                                                                      monkeypatch, signals_raise):
     """Landing in a garbage-collection callback, the signal stops the run at once; where
     the code it lands in catches its exception, at the run's next safe point: before the
-    model is built, with nothing trained."""
+    model is built, with nothing trained. Where that code raises an error of its own
+    instead (NumPy's import: "Importing the numpy C-extensions failed"), the error is
+    the stop."""
     from keras_vitnorm.training import RunInterrupted
     from keras_vitnorm.training import data as data_lib
     from keras_vitnorm.training import train
@@ -339,6 +353,12 @@ def test_a_signal_while_the_data_loads_stops_the_run_before_any_step(where, tmp_
         if where == "gc_callback":
             collect_with_signal(signal.SIGTERM)
             time.sleep(5)  # the run's code goes on: raised before this ends
+        elif where == "changed":
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise ImportError("Importing the numpy C-extensions failed.") from None
         else:
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -352,7 +372,7 @@ def test_a_signal_while_the_data_loads_stops_the_run_before_any_step(where, tmp_
     with pytest.raises(RunInterrupted) as stopped:
         train(tiny_run(run_dir), verbose=0)
     assert stopped.value.exit_status == 143
-    if where == "gc_callback":
+    if where in ("gc_callback", "changed"):
         assert str(stopped.value) == (
             "Stopped by SIGTERM before the run directory was set up: nothing was written.")
     else:
@@ -360,6 +380,34 @@ def test_a_signal_while_the_data_loads_stops_the_run_before_any_step(where, tmp_
             f"Stopped by SIGTERM before its first checkpoint: resumed, the run in {run_dir} "
             "starts from step 0.")
         assert not list(run_dir.glob("backup/step-*"))  # nothing trained
+
+
+@pytest.mark.one_backend
+def test_a_stop_changed_into_another_error_in_a_claimed_run_directory_keeps_it_to_resume(
+        tmp_path, monkeypatch, signals_raise):
+    """After the run directory is set up, a stop that the code it landed in turned into an
+    error of its own is still a stop: the directory is not removed as a failed start, and
+    the message says how to resume it."""
+    from keras_vitnorm.training import RunInterrupted
+    from keras_vitnorm.training import train
+    from keras_vitnorm.training import trainer
+
+    def building(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise RuntimeError("XLA compilation was cancelled.") from None
+
+    monkeypatch.setattr(trainer, "Run", building)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterrupted) as stopped:
+        train(tiny_run(run_dir), verbose=0)
+    assert stopped.value.exit_status == 143 and stopped.value.resumable
+    assert str(stopped.value) == (
+        f"Stopped by SIGTERM before its first checkpoint: resumed, the run in {run_dir} "
+        "starts from step 0.")
+    assert (run_dir / "train_config.json").is_file()
 
 
 SIGTERM_IN_GC_CALLBACK = """

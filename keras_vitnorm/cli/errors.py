@@ -155,6 +155,10 @@ def run_command(command, args):
         return fail(command.NAME, interrupted_message(command, args, error),
                     getattr(error, "exit_status", 128 + signal.SIGINT))
     except Exception as error:
+        if received:  # the stop, changed on its way out by the code it landed in (NumPy's
+            # import reports one as "Importing the numpy C-extensions failed")
+            stop = Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+            return fail(command.NAME, interrupted_message(command, args, stop), 128 + received[0])
         status = exit_status(error)
         if status is None:
             raise

@@ -60,7 +60,8 @@ def add_parser(commands):
                            help="continue the interrupted run in --output-dir (default: the latest "
                            "unfinished run of these settings in runs/)")
     overwrite.add_argument("--overwrite", action="store_true",
-                           help="delete an existing --output-dir and start again")
+                           help="replace the run in --output-dir and start again (the old "
+                           "run is kept aside until the new one's first checkpoint)")
     run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
     run.add_argument("--backup-every", type=int,
                      help="steps between mid-epoch backups (default: each epoch end)")

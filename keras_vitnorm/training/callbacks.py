@@ -125,10 +125,12 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     Saves at the end of every epoch, and every `save_freq` batches if it is an int.
     Before each save, `flush` callables run (the logs write what they hold), so every
-    log row up to the checkpoint's step is on disk when the checkpoint is.
+    log row up to the checkpoint's step is on disk when the checkpoint is. After each,
+    `after_save` callables run (in a run started with `--overwrite`, one deletes the
+    old run, which is kept until the new run has a checkpoint).
     """
 
-    def __init__(self, directory, save_freq="epoch", flush=()):
+    def __init__(self, directory, save_freq="epoch", flush=(), after_save=()):
         super().__init__()
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
                                      or save_freq < 1):
@@ -136,6 +138,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.directory = directory
         self.save_freq = save_freq
         self.flush = list(flush)
+        self.after_save = list(after_save)
         self.batch_offset = 0
         self._epoch = 0
         self._batches_done = 0
@@ -271,6 +274,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             durable.write_directory(final, write, stage="checkpoint:state")
         self.saved_step = step
         durable.fault_point("checkpoint:renamed")
+        for after_save in self.after_save:
+            after_save()
         for name in os.listdir(self.directory):
             match = _STEP_DIRECTORY.match(name)
             if match and int(match.group(1)) != step:

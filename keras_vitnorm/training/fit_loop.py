@@ -31,6 +31,7 @@ from keras_vitnorm.training.evaluation import image_size
 from keras_vitnorm.training.optimizer import compile_classifier
 from keras_vitnorm.training.optimizer import make_optimizer
 from keras_vitnorm.training.processes import first_process_then_all
+from keras_vitnorm.training.run_directory import drop_replaced
 from keras_vitnorm.training.run_directory import read_log
 from keras_vitnorm.training.run_directory import truncate_csv
 
@@ -282,6 +283,8 @@ class Run:
             return [nan_stop, scale, *recorders, *extra_callbacks, stop], nan_stop, checkpoint
         log = keras.callbacks.CSVLogger(self.log_path, append=True)
         checkpoint.flush = [recorder.flush for recorder in recorders]
+        # The run an --overwrite replaces is kept until this one has a checkpoint.
+        checkpoint.after_save = [lambda: drop_replaced(self.output_dir)]
         # Order matters: the NaN stop acts before anything saves; records and the log
         # row of a step are written before the checkpoint of that step.
         callbacks = [

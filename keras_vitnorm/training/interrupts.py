@@ -89,12 +89,14 @@ class StopRequest:
         self.signal = None
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self._deferred = False
+        self._raised = False
 
     def _handle(self, number, frame):
         first = self.signal is None
         if first:
             self.signal = number
         if not self._deferred:  # every time: a raise that Python dropped comes back here
+            self._raised = True
             raise RunInterrupted(self.signal)
         if first:
             self.say(f"{signal_name(number)} received: stopping at the end of this step, with "
@@ -104,6 +106,16 @@ class StopRequest:
             self.say("Stopping at once: the last checkpoint on disk is whole.")
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
+
+    def stop_behind(self, error):
+        """The `RunInterrupted` that `error` stands for, or `None`: once the handler has
+        raised, an error that comes out in place of its `RunInterrupted` is the stop,
+        changed on its way by the code it landed in (NumPy's import reports one that
+        lands in it as "Importing the numpy C-extensions failed")."""
+        if self._raised and not isinstance(error, RunInterrupted):
+            stop_signals.acted_on()
+            return RunInterrupted(self.signal)
+        return None
 
     def check(self):
         """A safe point: raises `RunInterrupted` if a signal came (whether or not its

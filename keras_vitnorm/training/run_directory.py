@@ -14,10 +14,17 @@ a checkpoint when the run resumes.
     metrics.json             status, final validation and test accuracy, timings
     analysis.json            what a study reads of the trained model
                              (`keras_vitnorm.study.runs.run_analysis`)
+    .replaced/               the run that `--overwrite` replaces, kept until the new
+                             run has its first checkpoint (`move_aside`)
+    .replaced.moving/        the same while its entries move in or out
 
 These (`RUN_ENTRIES`) and the temporary names of their atomic writes are all a run
 directory holds: `--overwrite` replaces them and refuses a directory that holds
 anything else, naming it.
+
+`--overwrite` deletes the old run only once the new one has its first checkpoint: until
+then it is moved aside (`move_aside`), a start that fails puts it back, and what a
+killed command leaves the next command there settles first (`recover_replaced`).
 """
 
 import contextlib
@@ -37,9 +44,14 @@ from keras_vitnorm.validation import check_directory_path
 LOCK_FILE = "run.lock"
 SETTINGS_FILE = "train_config.json"
 METRICS_FILE = "metrics.json"
+#: The run that `--overwrite` replaces, whole, until the new run's first checkpoint.
+REPLACED = ".replaced"
+#: `REPLACED` while the run's entries are renamed into it or back out of it.
+MOVING = ".replaced.moving"
 #: Every entry a run writes in its directory (the module docstring's layout).
 RUN_ENTRIES = (LOCK_FILE, SETTINGS_FILE, "log.csv", "grad_norms.csv", "tensorboard",
-               "checkpoints", "backup", "preset", METRICS_FILE, "analysis.json")
+               "checkpoints", "backup", "preset", METRICS_FILE, "analysis.json",
+               REPLACED, MOVING)
 
 
 def written_by_run(entry):
@@ -173,7 +185,7 @@ def check_resumable(output_dir):
     check_directory_path(output_dir)
     if not os.path.isdir(output_dir) or not _contents(output_dir):
         raise ValueError(f"Cannot resume: {output_dir} holds no run.")
-    if not os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
+    if not _holds_run(output_dir):
         raise ValueError(
             f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
             "keras-vitnorm run directory."
@@ -201,7 +213,7 @@ def _check_new_run_dir(output_dir, overwrite):
             "--resume to continue the run in it, --overwrite to delete it and start "
             "again, or choose another --output-dir."
         )
-    if not os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
+    if not _holds_run(output_dir):
         raise FileExistsError(
             f"--overwrite deletes a run directory, but {output_dir} holds files that are "
             f"not a keras-vitnorm run (no {SETTINGS_FILE}; e.g. {sorted(contents)[0]!r}). "
@@ -216,7 +228,6 @@ def _check_new_run_dir(output_dir, overwrite):
         )
 
 
-
 def _contents(output_dir):
     """The entries of `output_dir` other than its lock file."""
     if not os.path.isdir(output_dir):
@@ -224,10 +235,109 @@ def _contents(output_dir):
     return [entry for entry in os.listdir(output_dir) if entry != LOCK_FILE]
 
 
-def prepare(config, output_dir, resume, overwrite):
+def _holds_run(output_dir):
+    """Whether `output_dir` holds a run: its settings, or a run that a killed
+    `--overwrite` moved aside (checked once `prepare` has put it back)."""
+    return (os.path.isfile(os.path.join(output_dir, SETTINGS_FILE))
+            or keeps_replaced_run(output_dir))
+
+
+def _run_entries(output_dir):
+    """What the run in `output_dir` wrote there, but its lock and a run it replaces."""
+    return [entry for entry in _contents(output_dir)
+            if written_by_run(entry) and entry not in (REPLACED, MOVING)]
+
+
+def has_checkpoint_or_result(output_dir):
+    """Whether the run in `output_dir` has a checkpoint (`backup/step-<N>/`, renamed into
+    place whole) or a result (`preset/`, `metrics.json`): what a start that failed lacks."""
+    backup = os.path.join(output_dir, "backup")
+    steps = os.listdir(backup) if os.path.isdir(backup) else []
+    results = (os.path.join(output_dir, name) for name in (METRICS_FILE, "preset"))
+    return any(name.startswith("step-") for name in steps) or any(map(os.path.exists, results))
+
+
+def keeps_replaced_run(output_dir):
+    """Whether `output_dir` holds a run that an `--overwrite` moved (or was moving) aside
+    and that the next command there puts back: the new run has no checkpoint yet."""
+    if os.path.isdir(os.path.join(output_dir, MOVING)):
+        return True
+    return (os.path.isdir(os.path.join(output_dir, REPLACED))
+            and not has_checkpoint_or_result(output_dir))
+
+
+def move_aside(output_dir):
+    """Moves the run in `output_dir` (what a run wrote there, but the lock) into
+    `REPLACED`, where it stays until the new run has its first checkpoint
+    (`drop_replaced`) or fails before it (`remove_failed_start`). Each entry is renamed
+    into `MOVING`, which is then renamed `REPLACED` whole, so a kill part way leaves
+    `MOVING`, whose entries the next command puts back (`recover_replaced`)."""
+    entries = _run_entries(output_dir)
+    if not entries:
+        return
+    moving = os.path.join(output_dir, MOVING)
+    with run_files.storage_errors(output_dir, "The run there is kept.", run_files.AGAIN):
+        os.mkdir(moving)
+        for entry in entries:
+            os.rename(os.path.join(output_dir, entry), os.path.join(moving, entry))
+        os.rename(moving, os.path.join(output_dir, REPLACED))
+
+
+def _put_back(output_dir):
+    """Moves the entries of the run that `move_aside` moved aside back into `output_dir`,
+    which holds no run entries of its own by then. `REPLACED` is renamed `MOVING` first:
+    a kill part way leaves `MOVING`, as a kill in `move_aside` does."""
+    replaced, moving = (os.path.join(output_dir, name) for name in (REPLACED, MOVING))
+    if os.path.isdir(replaced):
+        os.rename(replaced, moving)
+    if not os.path.isdir(moving):
+        return
+    for entry in sorted(os.listdir(moving)):
+        target = os.path.join(output_dir, entry)
+        if os.path.lexists(target):
+            raise FileExistsError(
+                f"Cannot put back {os.path.join(moving, entry)}, the run that --overwrite was "
+                f"replacing: {target} is in its place. Move one of them out of {output_dir}.")
+        os.rename(os.path.join(moving, entry), target)
+    os.rmdir(moving)
+
+
+def drop_replaced(output_dir):
+    """Deletes the run that `move_aside` kept in `output_dir`, if any: the new run there
+    has a checkpoint (or a result) now."""
+    shutil.rmtree(os.path.join(output_dir, REPLACED), ignore_errors=True)
+
+
+def recover_replaced(output_dir):
+    """Settles what a process that replaced the run in `output_dir` left when it was
+    killed (`move_aside`): the old run is put back unless the new run has a checkpoint
+    or a result, in which case the old run is deleted. The caller holds the lock.
+
+    Returns:
+        What was done, for the user, or `None` where there was nothing to settle.
+    """
+    replaced = os.path.isdir(os.path.join(output_dir, REPLACED))
+    if replaced and has_checkpoint_or_result(output_dir):
+        drop_replaced(output_dir)
+        return (f"Deleted the run that an --overwrite was replacing in {output_dir}: the new "
+                "run there has a checkpoint.")
+    if replaced:  # a new run that never reached its first checkpoint
+        remove_failed_start(output_dir)
+    elif os.path.isdir(os.path.join(output_dir, MOVING)):  # killed while moving: all old entries
+        _put_back(output_dir)
+    else:
+        return None
+    return (f"Put back the run that an --overwrite was replacing in {output_dir}: that "
+            "command stopped before the new run's first checkpoint, and what the new run had "
+            "written is removed.")
+
+
+def prepare(config, output_dir, resume, overwrite, say=None):
     """Checks the run directory for `resume` (the run it holds must have the same
-    settings) or, for a new run, empties it (`overwrite`: of what a run wrote, never
-    anything else) and writes the settings; the caller holds its lock.
+    settings) or, for a new run, empties it (`overwrite`: the run there, never anything
+    else, is moved aside until the new run's first checkpoint: `move_aside`) and writes
+    the settings; the caller holds its lock. A run that a killed `--overwrite` left moved
+    aside is settled first (`recover_replaced`), and `say` (e.g. `print`) tells of it.
 
     Returns:
         The run's `metrics.json` where `resume` finds it completed (nothing to do),
@@ -235,6 +345,9 @@ def prepare(config, output_dir, resume, overwrite):
     """
     if resume and overwrite:
         raise ValueError("Give at most one of resume and overwrite.")
+    settled = recover_replaced(output_dir)
+    if settled and say:
+        say(settled)
     settings = os.path.join(output_dir, SETTINGS_FILE)
     if resume:
         check_resumable(output_dir)
@@ -254,12 +367,7 @@ def prepare(config, output_dir, resume, overwrite):
             )
         return metrics if metrics and metrics.get("status") == "completed" else None
     _check_new_run_dir(output_dir, overwrite)
-    for entry in _contents(output_dir):
-        path = os.path.join(output_dir, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
+    move_aside(output_dir)
     with run_files.storage_errors(settings, "Nothing was trained yet.", run_files.AGAIN):
         durable.write_text(settings, config.to_json())
     return None
@@ -268,16 +376,16 @@ def prepare(config, output_dir, resume, overwrite):
 def remove_failed_start(output_dir):
     """Removes what a new run that failed before its first checkpoint wrote in
     `output_dir` (the entries of `RUN_ENTRIES` but its lock, which its holder releases;
-    anything else stays), so that the same command runs once its cause is fixed."""
-    for entry in _contents(output_dir):
-        if not written_by_run(entry):
-            continue
+    anything else stays) and puts back the run it was replacing (`move_aside`), so that
+    the same command runs once its cause is fixed, and no run is lost."""
+    for entry in _run_entries(output_dir):
         path = os.path.join(output_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+    _put_back(output_dir)
 
 
 def read_log(path):

@@ -73,12 +73,15 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
             last checkpoint (same settings required); a run killed after its last
             step goes straight to its final evaluation, and a completed one is left
             as it is (its metrics are returned).
-        overwrite: bool. Delete an existing run in `config.output_dir` first: what a
-            run writes there, and nothing else (a directory that holds anything
-            else is refused, naming it, with nothing deleted).
+        overwrite: bool. Replace an existing run in `config.output_dir`: what a run
+            writes there, and nothing else (a directory that holds anything else is
+            refused, naming it, with nothing deleted). The old run is moved aside
+            until the new run has its first checkpoint, then deleted
+            (`run_directory.move_aside`).
             Without `resume` or `overwrite`, an existing run directory is an error.
             A new run that fails before its first checkpoint removes what it wrote
-            (`run_directory.remove_failed_start`), so the same call runs again.
+            and puts back the run it replaced (`run_directory.remove_failed_start`),
+            so the same call runs again.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a run directory whose lock was left by a
@@ -106,12 +109,22 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
             if interrupted.run_dir is None:  # stopped before the run's directory was claimed
                 raise _described(interrupted) from None
             raise
+        except Exception as error:  # before the directory was claimed (`_train` after)
+            interrupted = stop.stop_behind(error)
+            if interrupted is None:
+                raise
+            raise _described(interrupted) from error
 
 
 def _described(interrupted, directory=None, plan=None):
     """`interrupted` with a message that says where the run stands and what resumes it
     (read while the run's lock is held)."""
     name = interrupts.signal_name(interrupted.signal)
+    if directory and run_directory.keeps_replaced_run(directory.path):
+        return interrupted.describe(  # not resumable: the next command puts the old run back
+            f"Stopped by {name} before the new run's first checkpoint: the run it replaces in "
+            f"{directory.path} is kept, and comes back with the next command there.",
+            directory.path)
     settings = directory and os.path.isfile(os.path.join(directory.path,
                                                          run_directory.SETTINGS_FILE))
     if not settings:
@@ -170,18 +183,24 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
                 held.callback(lock.release)
                 directory = run_directory.RunDirectory(lock.directory)
             claimed.append(directory)
-            return run_directory.prepare(config, directory.path, resume, overwrite)
+            return run_directory.prepare(config, directory.path, resume, overwrite, say)
 
         try:
-            completed = first_process_then_all(plan, claim_output_dir)
-            if plan.process[1] > 1:
-                completed = backend.from_first_process(completed)
-            if completed is not None:
-                say(f"The run in {directory.path} has already completed: nothing to resume "
-                    f"(test accuracy {completed.get('test_accuracy')}).")
-                return completed
-            return _run_or_undo_start(config, data, directory, plan, resume, say, stop,
-                                      callbacks, verbose, bool(claimed))
+            try:
+                completed = first_process_then_all(plan, claim_output_dir)
+                if plan.process[1] > 1:
+                    completed = backend.from_first_process(completed)
+                if completed is not None:
+                    say(f"The run in {directory.path} has already completed: nothing to "
+                        f"resume (test accuracy {completed.get('test_accuracy')}).")
+                    return completed
+                return _run_or_undo_start(config, data, directory, plan, resume, say, stop,
+                                          callbacks, verbose, bool(claimed))
+            except Exception as error:
+                interrupted = stop.stop_behind(error)
+                if interrupted is None:
+                    raise
+                raise interrupted from error
         except interrupts.RunInterrupted as interrupted:
             completed = claimed and run_directory.completed_metrics(claimed[0].path)
             if completed:  # the signal came after the run completed: nothing to stop
@@ -195,17 +214,25 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
                        claimed):
     """`_run`; where a new run in a directory this process `claimed` fails before its
     first checkpoint (a preset that does not load, an image that does not decode), what
-    it wrote there is removed, so the same command runs once the cause is fixed."""
+    it wrote there is removed and the run it replaced (`--overwrite`) put back, so the
+    same command runs once the cause is fixed. Once the new run has a checkpoint or a
+    result, the run it replaced is deleted."""
+    new = claimed and not resume
     try:
-        return _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
-    except (TrainingDiverged, run_files.StorageError):
-        raise  # a result to keep, or a run to continue with --resume once there is space
-    except Exception:
-        started = (callbacks_lib.RunCheckpoint.latest(directory.backup)
-                   or os.path.exists(directory.metrics) or os.path.exists(directory.preset))
-        if claimed and not resume and not started:
+        metrics = _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
+    except Exception as error:
+        if stop.stop_behind(error) is not None:
+            raise  # not a failed start: a stop (`_train` says so), the run kept to resume
+        if new and run_directory.has_checkpoint_or_result(directory.path):
+            run_directory.drop_replaced(directory.path)  # e.g. a diverged run's result
+        # A storage error leaves a run to continue once there is space (or, before its
+        # first checkpoint, the replaced run for the next command to put back).
+        elif new and not isinstance(error, (TrainingDiverged, run_files.StorageError)):
             run_directory.remove_failed_start(directory.path)
         raise
+    if new:
+        run_directory.drop_replaced(directory.path)
+    return metrics
 
 
 def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
