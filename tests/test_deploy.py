@@ -113,6 +113,23 @@ def test_onnx_export_needs_no_call_first_and_runs_at_any_batch(tmp_path):
     assert_matches(routes.run_onnx(path, images[:1]), expected[:1])
 
 
+def test_a_model_of_another_pixel_range_exports_its_rescaling(dpn, tmp_path):
+    """The same weights loaded with `pixel_range=[0, 255]`: the exported model takes
+    0-255 images and gives what the [-1, 1] model gives on them rescaled."""
+    model, images, expected = dpn
+    model.save_to_preset(tmp_path / "preset")
+    pixels = ViT.from_preset(str(tmp_path / "preset"), pixel_range=[0, 255])
+    raw = (images + 1) * 127.5
+    if BACKEND in SAVED_MODEL_BACKENDS:
+        pytest.importorskip("tensorflow", reason="a SavedModel is served by TensorFlow")
+        pixels.export(str(tmp_path / "saved"), verbose=False)
+        assert_matches(routes.serve_saved_model(str(tmp_path / "saved"), raw), expected)
+    if BACKEND != "tensorflow":  # ONNX from jax and torch (see the test above)
+        pytest.importorskip("onnxruntime", reason="the exported model is run with ONNX Runtime")
+        pixels.export(str(tmp_path / "vit.onnx"), format="onnx", verbose=False)
+        assert_matches(routes.run_onnx(str(tmp_path / "vit.onnx"), raw), expected)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's TorchScript exporter")
 def test_onnx_export_from_pytorch_needs_native_ops_for_an_open_batch(dpn, tmp_path):
     """Keras' PyTorch export of an open batch traces the model with TorchScript;

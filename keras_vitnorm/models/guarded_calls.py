@@ -2,6 +2,9 @@
 before the trainer runs, the weights kept where a call fails."""
 
 import inspect
+import warnings
+
+import numpy as np
 
 from keras_vitnorm import backend
 from keras_vitnorm.layers.patch_stem import image_shape_hint
@@ -30,6 +33,32 @@ def _part(data, name, named_only):
     return None if named_only else data
 
 
+#: Images of a call's input whose range is checked (`GuardedCalls.check_pixel_range`).
+RANGE_SAMPLE = 64
+
+
+def _first_images(data, name, named_only, peek):
+    """Up to `RANGE_SAMPLE` images of `data`'s input `name` as NumPy: the first of arrays
+    or tensors, the first batch of a `tf.data.Dataset` where `peek` (a batch read ahead);
+    `None` where they cannot be read without consuming the data (a generator)."""
+    if hasattr(data, "element_spec"):
+        if not (peek and hasattr(data, "take")):
+            return None
+        try:
+            data = next(iter(data.take(1)))
+        except Exception:  # noqa: BLE001 (an input that only the call itself reads)
+            return None
+        data = data[0] if isinstance(data, tuple) else data
+    part = _part(data, name, named_only)
+    if part is None or getattr(part, "shape", None) is None or not len(part.shape):
+        return None
+    try:
+        sample = part[:RANGE_SAMPLE]
+        return np.asarray(sample.numpy() if hasattr(sample, "numpy") else sample, "float32")
+    except Exception:  # noqa: BLE001 (a symbolic tensor, a device tensor)
+        return None
+
+
 class GuardedCalls:
     """`fit`, `evaluate`, `predict`, `train_on_batch`, `test_on_batch` and
     `predict_on_batch`: Keras' own, with two guards.
@@ -44,9 +73,50 @@ class GuardedCalls:
       variables empty and the model unusable (`keras_vitnorm.backend.keeping_variables`;
       docs/backends.md, "A failed call under JAX").
 
+    - Images far outside the model's `pixel_range` (0-255 images given to a model that
+      takes [-1, 1]) get a warning that names both ranges, once per model
+      (`check_pixel_range`): the model would train and predict on them without a word.
+      Arrays and tensors are checked at every call; a `tf.data.Dataset` by reading its
+      first batch ahead, at the model's first call with one (`peek_datasets`).
+
     A mixin, placed before `keras.Model` in the bases. `input_shapes()` says what the
-    model takes.
+    model takes, `pixel_ranges()` in which range.
     """
+
+    #: Whether a `tf.data.Dataset` given to a call has its first batch read ahead for the
+    #: range check (the trainer, whose pipelines produce the model's range, turns it off).
+    peek_datasets = True
+
+    def pixel_ranges(self):
+        """`{input name: (low, high)}` of the image inputs whose range is checked."""
+        return {}
+
+    def check_pixel_range(self, x, method="call"):
+        """Warns (once per model) where the images of `x` lie far outside `pixel_ranges()`:
+        beyond half the range's span on either side."""
+        if getattr(self, "_pixel_range_warned", False):
+            return
+        ranges = self.pixel_ranges()
+        peek = self.peek_datasets and not getattr(self, "_pixel_range_peeked", False)
+        if hasattr(x, "element_spec") and peek:
+            self._pixel_range_peeked = True
+        for name, (low, high) in ranges.items():
+            images = _first_images(x, name, len(self.input_shapes()) > 1, peek)
+            if images is None or not images.size:
+                continue
+            found = float(images.min()), float(images.max())
+            margin = (high - low) / 2
+            if found[0] >= low - margin and found[1] <= high + margin:
+                continue
+            self._pixel_range_warned = True
+            warnings.warn(
+                f"{type(self).__name__}.{method} got {name} with values in [{found[0]:g}, "
+                f"{found[1]:g}]; the model takes {name} in [{low:g}, {high:g}] (its "
+                f"pixel_range). Scale them to that range, or build the model with the range "
+                f"they have, e.g. pixel_range=[0, 255] (also as a from_preset override): it "
+                f"maps them onto the range its weights were trained on. This warning is "
+                f"given once per model.", UserWarning, stacklevel=4)
+            return
 
     def input_shapes(self):
         """`{input name: shape without the batch}`: `{"images": (height, width, channels)}`."""
@@ -81,6 +151,8 @@ class GuardedCalls:
                 data = data[0] if data else None
             if data is not None:
                 self.check_inputs(data, method)
+                if name == "x":
+                    self.check_pixel_range(data, method)
         with backend.keeping_variables(self):
             return keras_method(*arguments[0], **arguments[1])
 

@@ -120,7 +120,9 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     # Unless an override changes the model, the file must hold exactly the model's
     # weights: a weight missing from a damaged archive is an error, not a fresh
     # initialization. (Training passes num_classes always; an equal one changes nothing.)
-    changes = {key: value for key, value in overrides.items() if config.get(key, _UNSET) != value}
+    # `pixel_range` changes no weight (a `Rescaling` of the input): the weights stay exact.
+    changes = {key: value for key, value in overrides.items()
+               if key != "pixel_range" and config.get(key, _UNSET) != value}
     try:
         model, report = weights_lib.build_from_checkpoint(
             checkpoint, cls, resample=resample, strict=not changes, **overrides

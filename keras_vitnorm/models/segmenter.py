@@ -15,6 +15,8 @@ from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.graph_calls import GraphCalls
 from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.steps import ModelSteps
+from keras_vitnorm.models.vit_config import MODEL_RANGE
+from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 
 
@@ -107,6 +109,9 @@ class Segmenter(GuardedCalls, PortableCompileConfig, ModelSteps, GraphCalls, ker
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         return cls(ViT.from_config(config.pop("vit")), **config)
+
+    def pixel_ranges(self):
+        return {"images": pixel_range_of(self.vit_config.get("pixel_range", MODEL_RANGE))}
 
     def predict_masks(self, images, batch_size=32):
         """The predicted class of every pixel, `(batch, height, width)` int32 NumPy."""

@@ -22,7 +22,9 @@ from keras_vitnorm.models.exports import SignedExports
 from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import default_final_norm
 from keras_vitnorm.models.vit_config import dtype_with_quantized_layers
+from keras_vitnorm.models.vit_config import MODEL_RANGE
 from keras_vitnorm.models.vit_config import image_hw
+from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import validate_config
 from keras_vitnorm.validation import check_known_keys
 
@@ -89,6 +91,14 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
             kernel of the stem and the blocks is standardized per output unit in
             the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
             not, as in BiT); not with `deepnorm` or `sub_ln`.
+        pixel_range: [low, high], default `[-1, 1]`. The range of the images the
+            model is given: `[0, 255]` takes decoded images as they are (what
+            `keras.utils.image_dataset_from_directory` yields), `[0, 1]` images
+            divided by 255. The model maps it onto [-1, 1], the range its layers
+            are trained on (a `Rescaling` layer, no weights), so one set of weights
+            serves every range: `ViT.from_preset(path, pixel_range=[0, 255])` gives
+            the same predictions on 0-255 images as the preset on [-1, 1] ones. A
+            batch far outside the range gets a warning (`GuardedCalls`).
         dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
             The model is then what it is under that global policy: its layers' and
             its own `dtype_policy` (which `compile` reads for loss scaling), and
@@ -133,6 +143,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
         "dropout",
         "pooling",
         "weight_standardization",
+        "pixel_range",
     )
 
     def __init__(
@@ -162,6 +173,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
         dropout=0.0,
         pooling="cls",
         weight_standardization=False,
+        pixel_range=MODEL_RANGE,
         dtype=None,
         **kwargs,
     ):
@@ -174,6 +186,11 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
         height, image_width = image_hw(image_size)
         policy = keras.dtype_policies.get(dtype) if dtype is not None else None
         images = keras.Input((height, image_width, num_channels), name="images")
+        config["pixel_range"] = low, high = pixel_range_of(pixel_range)
+        x = images
+        if config["pixel_range"] != MODEL_RANGE:  # [low, high] -> [-1, 1]
+            x = keras.layers.Rescaling(2 / (high - low), offset=-(high + low) / (high - low),
+                                       name="pixel_range", dtype=policy)(x)
         x = PatchStem(
             patch_size,
             width,
@@ -186,7 +203,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
             weight_standardization=weight_standardization,
             name="stem",
             dtype=policy,
-        )(images)
+        )(x)
         for i in range(depth):
             rate = drop_path_rate * i / (depth - 1) if depth > 1 else drop_path_rate
             x = EncoderBlock(
@@ -236,8 +253,9 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
 
     def get_config(self):
         config = {key: getattr(self, key) for key in self.CONFIG_KEYS}
-        if isinstance(config["image_size"], tuple):
-            config["image_size"] = list(config["image_size"])
+        for key in ("image_size", "pixel_range"):
+            if isinstance(config[key], tuple):
+                config[key] = list(config[key])
         config["name"] = self.name
         config["trainable"] = self.trainable
         dtype = dtype_with_quantized_layers(self, self._dtype_argument)
@@ -245,6 +263,9 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphC
             dtype = keras.dtype_policies.serialize(dtype)
         config["dtype"] = dtype
         return config
+
+    def pixel_ranges(self):
+        return {"images": self.pixel_range}
 
     def backbone(self):
         """The encoder as a model of its own: token features as well as pooled ones.

@@ -1,6 +1,8 @@
 """The ViT's config: what each value may be, checked before a layer is built, and the
 `dtype` that rebuilds a quantized model."""
 
+import math
+
 import keras
 
 from keras_vitnorm.choices import BLOCK_STYLES
@@ -18,6 +20,21 @@ from keras_vitnorm.validation import check_rate
 
 #: Every value accepted by `pooling`.
 POOLINGS = ("cls", "gap")
+#: The pixel range the layers after the input are trained on (big_vision's
+#: `value_range(-1, 1)`): a model of another `pixel_range` maps its input onto it.
+MODEL_RANGE = (-1.0, 1.0)
+
+
+def pixel_range_of(value):
+    """`(low, high)` floats of a `pixel_range` value: a pair of numbers, low < high."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value) and value[0] < value[1]:
+        return float(value[0]), float(value[1])
+    raise ValueError(
+        f"pixel_range must be a pair [low, high] of numbers with low < high, the range of the "
+        f"images the model is given (e.g. [0, 255] for decoded images, [0, 1] for "
+        f"keras.layers.Rescaling(1 / 255) output, [-1, 1], the default), got {value!r}.")
 
 
 def image_hw(image_size):
@@ -89,6 +106,7 @@ def validate_config(config):
     if c["layer_scale"] is not None:
         check_positive_float("layer_scale", c["layer_scale"])
     check_weight_standardization(c["weight_standardization"], c["block_style"])
+    pixel_range_of(c["pixel_range"])
 
 
 def default_final_norm(mlp_norm):

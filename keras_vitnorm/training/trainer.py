@@ -16,6 +16,8 @@ import keras
 
 from keras_vitnorm import backend
 from keras_vitnorm.models import ViT
+from keras_vitnorm.models.vit_config import MODEL_RANGE
+from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import interrupts
@@ -41,6 +43,15 @@ def _model_overrides(config, data):
         overrides.setdefault("num_channels", data.channels)
     if config.drop_path is not None:
         overrides["drop_path_rate"] = config.drop_path
+    # The pipelines feed images in [-1, 1]: the model trained takes that range (a saved
+    # model of another pixel_range keeps its weights, which do not depend on it).
+    if pixel_range_of(overrides.get("pixel_range", MODEL_RANGE)) != MODEL_RANGE:
+        raise ValueError(
+            f"pixel_range={overrides['pixel_range']!r}: the trainer's input pipelines feed "
+            f"images in [-1, 1], so the models it trains take [-1, 1]. Give the trained "
+            f"model another range when you load it: ViT.from_preset(path, "
+            f"pixel_range=[0, 255]).")
+    overrides["pixel_range"] = MODEL_RANGE
     unknown = sorted(set(overrides) - set(ViT.CONFIG_KEYS))
     if unknown:
         raise ValueError(
