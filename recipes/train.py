@@ -1,6 +1,6 @@
 """Train a ViT: the same command as `keras-vitnorm train` (run with --help for options).
 
-    KERAS_BACKEND=jax python recipes/train.py                 # small DPN ViT on digits
+    KERAS_BACKEND=jax python recipes/train.py                 # small pre-LN ViT on digits
     KERAS_BACKEND=jax python recipes/train.py --dataset tfds:cifar10 --epochs 100
 """
 

@@ -388,7 +388,7 @@ def test_resuming_a_completed_run_succeeds_and_says_so(tmp_path, monkeypatch, ca
     """A scheduler that runs `--resume` again after the run completed (it was stopped
     while the process shut down, say) gets success, not an error."""
     monkeypatch.chdir(tmp_path)
-    out = os.path.join("runs", "ti16_dpn-digits-20240101-000000")
+    out = os.path.join("runs", "ti16-digits-20240101-000000")
     assert run_cli(capsys, "train", *SHORT_RUN, "--output-dir", out)[0] == 0
     metrics = open(os.path.join(out, "metrics.json")).read()
     status, printed, err = run_cli(capsys, "train", *SHORT_RUN, "--output-dir", out,

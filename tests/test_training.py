@@ -627,14 +627,14 @@ def test_resume_without_output_dir_finds_the_latest_unfinished_run_of_its_settin
                                     ("20240102-000000", config, None),
                                     ("20240103-000000", other, None),
                                     ("20240104-000000", config, "completed")):
-        runs[stamp] = path = tmp_path / "runs" / f"ti16_dpn-digits-{stamp}"
+        runs[stamp] = path = tmp_path / "runs" / f"ti16-digits-{stamp}"
         path.mkdir(parents=True)
         run_directory.prepare(settings, str(path), resume=False, overwrite=False)
         if status:
             (path / "metrics.json").write_text(json.dumps({"status": status}))
     assert cli.main([*argv, "--resume"]) == 0
     out = capsys.readouterr().out
-    latest = os.path.join("runs", "ti16_dpn-digits-20240102-000000")
+    latest = os.path.join("runs", "ti16-digits-20240102-000000")
     assert f"Resuming {latest}, the latest unfinished run of these settings" in out
     assert json.loads((runs["20240102-000000"] / "metrics.json").read_text())["steps"] == 2
     assert not (runs["20240101-000000"] / "metrics.json").exists()

@@ -111,7 +111,7 @@ def add_training_arguments(parser):
                       help="named set of defaults (default: small)")
     what.add_argument("--preset", help="built-in preset name (see docs/presets.md), or a preset "
                       "directory or standard ViT checkpoint to fine-tune from "
-                      "(docs/checkpoints.md; recipe default: ti16_dpn)")
+                      "(docs/checkpoints.md; recipe default: ti16)")
     what.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> (default: digits)")
     what.add_argument("--val-fraction", type=float,
                       help="training share held out for validation if the dataset has no "

@@ -27,8 +27,8 @@ def interrupted(args, stop):
 
 
 EXAMPLES = """examples:
-  keras-vitnorm train                                   # small DPN ViT on digits (default recipe)
-  keras-vitnorm train --norm rmsnorm --stem patch       # same recipe, other normalization
+  keras-vitnorm train                                   # small pre-LN ViT on digits (default recipe)
+  keras-vitnorm train --stem dual_patchnorm --norm rmsnorm   # same recipe, other norms
   keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
   keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224 \\
       --patch-size 16 --width 384 --mlp-dim 1536 --depth 12   # S/16 as it is: the default
@@ -47,7 +47,7 @@ def add_parser(commands):
     parser = commands.add_parser(
         NAME,
         allow_abbrev=False,
-        help="train a ViT (default: a small DPN ViT on the bundled digits)",
+        help="train a ViT (default: a small pre-LN ViT on the bundled digits)",
         description="Train a ViT preset on a dataset with model.fit.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

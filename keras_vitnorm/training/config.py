@@ -96,7 +96,7 @@ class TrainConfig:
     """
 
     recipe: str = "small"
-    preset: str = "ti16_dpn"
+    preset: str = "ti16"
     model: dict = dataclasses.field(default_factory=dict)
     dataset: str = "digits"
     val_fraction: float = 0.1
