@@ -4,7 +4,7 @@
     python benchmarks/bench_ab.py --changes split_qkv --rounds 6
     python benchmarks/bench_ab.py --changes attention --backends jax torch --device gpu \
         --preset b16 --batch-size 256 --mixed-precision mixed_bfloat16 --steps 5
-    python benchmarks/bench_ab.py --changes device_constants --backends torch --modes train
+    python benchmarks/bench_ab.py --changes residual_fence --backends jax --modes train
 
 On a shared host the speed drifts by more than the few percent a code-path choice
 is worth, so two separate benchmark runs cannot settle it. Here both forms of the
@@ -14,9 +14,8 @@ alike. The table gives the median seconds per step of each form and their ratio.
 
 Changes:
 
-- each fast path of the model step (`linear`, `onednn_linear`, `split_qkv`,
-  `attention`, `residual_fence`, `direct_calls`, `native_ops`, `device_constants`;
-  what each does and on which backend is in `keras_vitnorm/ops/config.py`): the
+- each fast path of the model step (`linear`, `split_qkv`, `attention`,
+  `residual_fence`; what each does and on which backend is in `keras_vitnorm/ops/config.py`): the
   library with the fast path on against the same library with it switched off
   (`keras_vitnorm.ops.fast_paths`).
   On a backend where a fast path does not apply, the two forms are the same code.
@@ -57,8 +56,7 @@ from _common import require_keras_device
 from _common import run_worker
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
-FAST_PATHS = ("linear", "onednn_linear", "split_qkv", "attention", "residual_fence",
-              "direct_calls", "native_ops", "device_constants")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
+FAST_PATHS = ("linear", "split_qkv", "attention", "residual_fence")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
 CHANGES = (*FAST_PATHS, "tf_xla")
 MODES = ("inference", "train")
 

@@ -26,9 +26,8 @@ With `--program-forms`, (3) the augmentation program alone once for each form of
 RandAugment named, on the same inputs already on the device, each row printed as
 soon as it is measured: `chosen` (the fast path `randaugment_chosen_ops`: the
 chosen operations one image at a time, a switch per slot), `all:N` (that fast path
-off: all eleven operations computed over chunks of N images, then selected) and
-`one_affine:N` (the same with `randaugment_one_affine`: the three geometric
-operations as one affine transform), with the time to compile and the program's
+off: all eleven operations computed over chunks of N images, then selected), with
+the time to compile and the program's
 temporary memory as XLA plans it. Which form a GPU runs faster is what these rows
 say: one image at a time is many small kernels in turn, a chunk is few large ones.
 
@@ -67,21 +66,17 @@ RECIPES = {
 PIPELINES = ("python", "tf.data")
 
 
-#: `--program-forms` that take a chunk: the fast path `randaugment_one_affine` of each.
-CHUNKED_FORMS = {"all": False, "one_affine": True}
-
-
 def program_form(text):
-    """A `--program-forms` value: `"chosen"`, or `"all:N"` or `"one_affine:N"` with N
-    images per chunk, as `("chosen", None)`, `("all", N)` or `("one_affine", N)`."""
+    """A `--program-forms` value: `"chosen"`, or `"all:N"` with N images per chunk, as
+    `("chosen", None)` or `("all", N)`."""
     if text == "chosen":
         return ("chosen", None)
     name, _, count = text.partition(":")
-    if name in CHUNKED_FORMS and count.isdigit() and int(count) > 0:
+    if name == "all" and count.isdigit() and int(count) > 0:
         return (name, int(count))
     raise argparse.ArgumentTypeError(
-        f"unknown augmentation program form {text!r}: valid are 'chosen', 'all:N' and "
-        "'one_affine:N' (N images per chunk, a positive integer)")
+        f"unknown augmentation program form {text!r}: valid are 'chosen' and 'all:N' (N "
+        "images per chunk, a positive integer)")
 
 
 def ready(batch):
@@ -114,9 +109,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--program-forms", nargs="+", type=program_form, metavar="FORM",
                         help="time the python pipeline's augmentation program alone in each "
                              "form of RandAugment: 'chosen' (one image at a time, the chosen "
-                             "operations), 'all:N' (all eleven over chunks of N images) or "
-                             "'one_affine:N' (the same, the geometric ones as one affine "
-                             "transform); JAX, a recipe with RandAugment")
+                             "operations) or 'all:N' (all eleven over chunks of N images); JAX, "
+                             "a recipe with RandAugment")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds",
                                        "chunk_values"))
@@ -152,13 +146,10 @@ def time_program_forms(data, size, channels, args, augmentation, inputs):
     for form, images in args.program_forms:
         python_pipeline.CHUNK_VALUES = default_chunk if form == "chosen" else images * image_values
         name = {"chosen": "the chosen operations one image at a time",
-                "all": f"all eleven operations over chunks of {images} images",
-                "one_affine": f"all eleven operations, the geometric ones as one affine "
-                              f"transform, over chunks of {images} images"}[form]
+                "all": f"all eleven operations over chunks of {images} images"}[form]
         name = f"augmentation program alone, RandAugment: {name}"
         try:
-            with fast_paths(form == "chosen", ["randaugment_chosen_ops"]), \
-                    fast_paths(CHUNKED_FORMS.get(form, True), ["randaugment_one_affine"]):
+            with fast_paths(form == "chosen", ["randaugment_chosen_ops"]):
                 stream = data_lib.train_stream(data, size, channels, args.batch_size, 0,
                                                augmentation, start_step=0, end_step=len(inputs))
                 began = time.perf_counter()

@@ -38,8 +38,8 @@ site, with the count by kind:
 - `--mode evaluate`: one step of `evaluate`, likewise.
 - `--mode inference`: one `predict_on_batch`.
 
-`--fast-paths off` switches the library's fast paths off (`keras_vitnorm.ops`), so
-the plain Keras step is counted.
+`--fast-paths off` switches the library's fast paths off (`keras_vitnorm.ops`); the
+step itself is Keras' either way.
 """
 
 import argparse

@@ -60,22 +60,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("one_backend"):
             item.add_marker(skip)
-
-
-@pytest.fixture
-def onednn_linear_calls(monkeypatch):
-    """The input shapes of every call of PyTorch's oneDNN linear (`keras_vitnorm.ops._torch`)
-    while the test runs; the test is skipped where this PyTorch build has none."""
-    from keras_vitnorm.ops import _torch
-
-    original = _torch.onednn_linear()
-    if original is None:
-        pytest.skip("no oneDNN linear in this PyTorch build on this CPU")
-    calls = []
-
-    def counting(*args):
-        calls.append(args[0].shape)
-        return original(*args)
-
-    monkeypatch.setattr(_torch, "onednn_linear", lambda: counting)
-    return calls

@@ -114,7 +114,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_input, ["--chunk-values", "0"]),
     (bench_input, ["--program-forms", "all:0"]),
     (bench_input, ["--program-forms", "each"]),
-    (bench_input, ["--program-forms", "one_affine"]),
+    (bench_input, ["--program-forms", "one_affine:4"]),
     (bench_input, ["--program-forms", "chosen", "--recipe", "crops"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
@@ -402,8 +402,7 @@ def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch()
     # Every fast path of the model step; the input pipelines' are bench_randaugment's.
     assert bench_ab.FAST_PATHS == tuple(name for name in switch.FAST_PATHS
                                         if name not in ("bincount_histogram", "augmentation_program",
-                                                        "randaugment_chosen_ops",
-                                                        "randaugment_one_affine"))
+                                                        "randaugment_chosen_ops"))
     with switch.fast_paths(True):
         for change in bench_ab.FAST_PATHS:
             with bench_ab.other_form(change):
@@ -714,9 +713,8 @@ def test_input_benchmark_sets_the_augmentation_programs_chunk(capsys, monkeypatc
 def test_input_benchmark_times_each_form_of_the_augmentation_program(tmp_path, capsys, monkeypatch):
     """`--program-forms`: one row per form, printed as measured and in the table, each
     program built in its form: the chosen operations one image at a time (a loop over
-    single images after the draws), or all eleven over chunks of the images named (the
-    geometric ones as one affine transform in `one_affine`); a form the device has no
-    memory for is said so, and the next is measured."""
+    single images after the draws), or all eleven over chunks of the images named; a
+    form the device has no memory for is said so, and the next is measured."""
     import keras
 
     if keras.backend.backend() != "jax":
@@ -740,21 +738,16 @@ def test_input_benchmark_times_each_form_of_the_augmentation_program(tmp_path, c
         return program(stream, step_index)
 
     monkeypatch.setattr(python_pipeline.TrainBatches, "program", out_of_memory_at_3_images)
-    affines = []
-    affine_transform = keras.ops.image.affine_transform
-    monkeypatch.setattr(keras.ops.image, "affine_transform",
-                        lambda images, matrix, **k: affines.append(matrix)
-                        or affine_transform(images, matrix, **k))
     bench_input.main(["--dataset", f"folder:{tmp_path / 'images'}", "--image-size", "8",
                       "--batch-size", "4", "--batches", "2", "--rounds", "1", "--recipe",
                       "regularized", "--pipelines", "python", "--program-forms", "chosen", "all:3",
-                      "all:2", "one_affine:4"])
+                      "all:2", "all:4"])
     out = capsys.readouterr().out
     assert "all eleven operations over chunks of 3 images: out of memory (RuntimeError)" in out
     assert out.count("chunks of 3 images") == 1  # no row in the table
     assert python_pipeline.CHUNK_VALUES == chunk_values  # set back after each form
     names = ["the chosen operations one image at a time", "all eleven operations over chunks of 2 images",
-             "all eleven operations, the geometric ones as one affine transform, over chunks of 4 images"]
+             "all eleven operations over chunks of 4 images"]
     printed, table = out.split("| what |")
     for name in names:
         assert re.search(f"RandAugment: {name}: [0-9,]+ img/s; compiled in [0-9.]+ s; temporary "
@@ -762,12 +755,9 @@ def test_input_benchmark_times_each_form_of_the_augmentation_program(tmp_path, c
         assert re.search(f"RandAugment: {name} \\(temporary memory .*\\) \\| [0-9,]+ \\| "
                          r"[0-9.]+x \|", table)
     # the default program (the chosen form), then each form's: chosen, all over 2 images,
-    # one affine over 4
+    # all over 4
     per_chunk = chunk_values // (8 * 8 * 3)
     assert chunks[-4:] == [per_chunk, None, 2, 4]
-    # only the one-affine form resamples through keras.ops (Keras' layers call their
-    # backend's): once for each of RandAugment's 2 slots, with one matrix per image
-    assert [tuple(matrix.shape) for matrix in affines] == [(1, 8), (1, 8)]
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):

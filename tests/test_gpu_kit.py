@@ -244,8 +244,7 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the script exports it
     inputs = bench_input.parse_arguments(commands[0][1:])
     assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
-    assert inputs.program_forms == [("chosen", None), ("all", 32), ("one_affine", 32), ("one_affine", 64),
-                                   ("one_affine", 256)]
+    assert inputs.program_forms == [("chosen", None), ("all", 32), ("all", 64), ("all", 256)]
     profile = profile_jax.parse_arguments(commands[1][1:])
     assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
     assert os.path.dirname(profile.json) == str(tmp_path / "out")

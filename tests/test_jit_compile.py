@@ -4,8 +4,7 @@
 `torch.compile` on PyTorch. The ops of `keras_vitnorm.ops` are where the backends
 differ, so on PyTorch each op, with its fast path on and off, with and without a
 gradient recorded, is compiled whole (`fullgraph=True`: no graph break, no fallback to
-Python) and must give what it gives uncompiled; the one fast path that calls a private
-PyTorch op (`onednn_linear`) steps aside under the compiler and is taken without it.
+Python) and must give what it gives uncompiled.
 
 The models are compared compiled and uncompiled: one `fit` step from the same weights
 gives the same predictions and loss. The `large` test does so on every backend for
@@ -142,18 +141,3 @@ def test_torch_compiles_every_op_whole(name, gradient, fast_paths):
         np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="oneDNN's linear is a PyTorch op")
-def test_onednn_linear_steps_aside_under_torch_compile_and_is_taken_without_it(onednn_linear_calls):
-    import torch
-
-    calls = onednn_linear_calls
-    x, kernel = torch.ones(2, 3, 8), torch.ones(8, 4)
-    function = functools.partial(vitnorm_ops.linear, bias=torch.zeros(4))
-    with torch.no_grad(), vitnorm_ops.fast_paths(True, ["linear", "onednn_linear"]):
-        torch._dynamo.reset()
-        compiled = torch.compile(function, fullgraph=True, backend="aot_eager")(x, kernel)
-        assert calls == []  # the compiler picks its own kernel for the linear
-        eager = function(x, kernel)
-        assert calls == [(2, 3, 8)]
-    np.testing.assert_array_equal(compiled.numpy(), eager.numpy())
-    np.testing.assert_array_equal(eager.numpy(), np.full((2, 3, 4), 8.0))

@@ -209,3 +209,24 @@ def test_quantized_model_saves_and_reloads(tmp_path, name):
     assert all(layer.quantization_mode == "int8" for layer in _sublayers(restored)
                if isinstance(layer, keras.layers.Dense))
     _assert_close(restored.predict(inputs, verbose=0), quantized, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ("vit", "segmenter", "lit"))
+def test_sublayers_without_keras_private_list_finds_the_same_layers(name, monkeypatch):
+    """`vit_config.sublayers` takes Keras' private `_flatten_layers`; without it (a later
+    Keras), the layers reachable through attributes: Keras' layers, each once, and
+    besides them only layers without trainable weights (LiT's text vectorization, which
+    Keras does not track), so a quantized model records the same policy map."""
+    from keras_vitnorm.models import vit_config
+
+    _, _, model, _ = _build(name)
+    model.quantize("int8")
+    keras_list = vit_config.sublayers(model)
+    keras_map = vit_config.dtype_with_quantized_layers(model, None).get_config()
+    monkeypatch.setattr(model, "_flatten_layers", None, raising=False)
+    fallback = vit_config.sublayers(model)
+    assert len(fallback) == len({id(layer) for layer in fallback})
+    assert {id(layer) for layer in keras_list} <= {id(layer) for layer in fallback}
+    extra = [layer for layer in fallback if id(layer) not in {id(k) for k in keras_list}]
+    assert all(not layer.trainable_weights for layer in extra), [layer.name for layer in extra]
+    assert vit_config.dtype_with_quantized_layers(model, None).get_config() == keras_map

@@ -58,7 +58,7 @@ def test_switch_turns_named_fast_paths_off_and_restores_them():
             assert config.fast_path_enabled("linear")
         assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
     assert {name: config.fast_path_enabled(name) for name in config.FAST_PATHS} == initial
-    with pytest.raises(ValueError, match="Unknown fast path 'gleu'.*linear, onednn_linear"):
+    with pytest.raises(ValueError, match="Unknown fast path 'gleu'.*linear, split_qkv"):
         vitnorm_ops.set_fast_paths(False, ["gleu"])
     with pytest.raises(ValueError, match="enabled must be True or False"):
         vitnorm_ops.set_fast_paths("no")
@@ -213,67 +213,6 @@ def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activat
     assert set(dw_a) == set(dw_b) == expected
     for name in expected:
         np.testing.assert_allclose(dw_b[name], dw_a[name], rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
-@pytest.mark.parametrize("use_bias", [True, False])
-def test_onednn_linear_only_where_no_gradient_is_recorded_and_only_while_switched_on(
-    onednn_linear_calls, use_bias
-):
-    import torch
-
-    calls = onednn_linear_calls
-    rng = np.random.default_rng(2)
-    x = torch.from_numpy(rng.normal(size=(2, 7, 24)).astype("float32"))
-    kernel = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(24, 40)).astype("float32")))
-    bias = torch.nn.Parameter(torch.from_numpy(rng.normal(size=(40,)).astype("float32"))) if use_bias else None
-    expected = torch.nn.functional.linear(x, kernel.T, bias).detach().numpy()
-    with torch.no_grad(), vitnorm_ops.fast_paths(True, ["linear", "onednn_linear"]):
-        predicted = vitnorm_ops.linear(x, kernel, bias)
-        assert calls == [(2, 7, 24)]
-        with vitnorm_ops.fast_paths(False, ["onednn_linear"]):  # the fallback
-            fallback = vitnorm_ops.linear(x, kernel, bias)
-        assert len(calls) == 1
-    np.testing.assert_allclose(predicted.numpy(), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(fallback.numpy(), expected, rtol=1e-6, atol=1e-6)
-    # With a gradient recorded it is torch.nn.functional.linear, which autograd
-    # differentiates; the oneDNN op has no gradient formula.
-    trained = vitnorm_ops.linear(x, kernel, bias)
-    assert len(calls) == 1
-    trained.sum().backward()
-    np.testing.assert_allclose(kernel.grad.numpy(), np.broadcast_to(x.sum((0, 1)).numpy()[:, None], (24, 40)),
-                               rtol=1e-5, atol=1e-5)
-    with torch.no_grad():  # float64 and bfloat16 inputs keep torch.nn.functional.linear too
-        vitnorm_ops.linear(x.double(), kernel.double(), None)
-        vitnorm_ops.linear(x.bfloat16(), kernel.bfloat16(), None)
-    assert len(calls) == 1
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's oneDNN linear; this run's backend is another")
-def test_onednn_linear_is_left_out_where_it_cannot_be_checked(monkeypatch):
-    import platform
-
-    import torch
-
-    from keras_vitnorm.ops import _torch
-
-    try:
-        _torch.onednn_linear.cache_clear()
-        monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-        assert _torch.onednn_linear() is None
-        _torch.onednn_linear.cache_clear()
-        monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-        assert _torch.onednn_linear() is None
-        with torch.no_grad():  # without it, linear is torch.nn.functional.linear
-            x, kernel = torch.ones(2, 3), torch.ones(3, 4)
-            np.testing.assert_array_equal(vitnorm_ops.linear(x, kernel).numpy(), np.full((2, 4), 3.0))
-    finally:  # the real answer again, for the tests that follow
-        monkeypatch.undo()
-        _torch.onednn_linear.cache_clear()
-
-
-# --- q, k and v -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("qkv_bias", [True, False])
@@ -571,269 +510,7 @@ def _on_and_off_all(function, enabled):
         return function()
 
 
-# --- direct calls of sublayers (PyTorch) -----------------------------------------------
-
-DIRECT = ["direct_calls"]
-DIRECT_CONFIGS = [
-    {},
-    {"norm": "batchnorm", "stem": "dual_patchnorm", "drop_path_rate": 0.2, "dropout": 0.1},
-    {"block_style": "normformer", "norm": "dyt", "layer_scale": 0.1, "qk_norm": True},
-    {"block_style": "sub_ln", "stem": "conv", "attn_norm": "pre_post"},
-    {"block_style": "deepnorm", "norm": "rmsnorm"},
-]
-
-
-class _LayerCalls:
-    """Counts `keras.layers.Layer.__call__`, the calls the fast path leaves out."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        original = keras.layers.Layer.__call__
-
-        def counting(layer, *args, **kwargs):
-            self.count += 1
-            return original(layer, *args, **kwargs)
-
-        monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
-
-
-def _graph_layers(model):
-    """The layers a functional model's graph calls (its input layers are not called)."""
-    return sum(not isinstance(layer, keras.layers.InputLayer) for layer in model.layers)
-
-
-def _direct_run(config, precision, calls):
-    """Inference logits, a training-mode forward pass (dropout, stochastic depth and
-    BatchNorm's statistics at work), the gradients of a loss, and the weights after
-    it; with the `Layer.__call__`s of the inference pass and those that the model's own
-    graph makes (the model, and each layer of its graph once)."""
-    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
-    previous = keras.config.dtype_policy().name
-    keras.config.set_dtype_policy(precision)
-    try:
-        keras.utils.set_random_seed(1)
-        model = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64,
-                    num_classes=5, **config)
-        rng = np.random.default_rng(2)
-        for weight in model.trainable_weights:  # norm gains and biases off 1 and 0: not exact in bfloat16
-            weight.assign(_numpy(weight) + rng.normal(0, 0.3, weight.shape).astype("float32"))
-        before = calls.count
-        logits = _numpy(model(images, training=False))  # as `predict` calls it
-        inference_calls = calls.count - before
-        training = _numpy(model(images, training=True))
-        loss, dx, dw = value_and_gradients(model, images,
-                                           lambda y: keras.ops.sum(keras.ops.sin(y)), training=True)
-        weights = [_numpy(w) for w in model.weights]
-        graph_calls = 1 + _graph_layers(model)
-    finally:
-        keras.config.set_dtype_policy(previous)
-    return (inference_calls, graph_calls), (logits, training, loss, dx, weights, dw)
-
-
-def _assert_same(first, second):
-    (logits, training, loss, dx, weights, dw), (logits_2, training_2, loss_2, dx_2, weights_2, dw_2) = (
-        first, second)
-    for a, b in [(logits, logits_2), (training, training_2), (loss, loss_2), (dx, dx_2),
-                 *zip(weights, weights_2)]:
-        np.testing.assert_array_equal(a, b)
-    assert set(dw) == set(dw_2)
-    for path in dw:
-        np.testing.assert_array_equal(dw[path], dw_2[path], err_msg=path)
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; on this run's backend "
-                    "call_layer is Keras' call either way, as the other model tests run it")
-@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
-@pytest.mark.parametrize("config", DIRECT_CONFIGS)
-def test_direct_calls_give_the_same_numbers_with_fewer_layer_calls(config, precision, monkeypatch):
-    """The same logits, training-mode outputs, gradients and BatchNorm statistics, bit
-    for bit, with the fast path on and off; on PyTorch with it on, neither the layers of
-    the model's graph nor the sublayers below them are called through `Layer.__call__`
-    (only the model is); with it off, all of them are."""
-    calls = _LayerCalls(monkeypatch)
-    ((calls_on, graph_calls), on), ((calls_off, _), off) = _on_and_off(
-        "direct_calls", lambda: _direct_run(config, precision, calls))
-    _assert_same(on, off)
-    assert calls_on == 1 and calls_off > graph_calls
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; on this run's backend "
-                    "call_graph is Keras' call either way")
-def test_direct_calls_run_a_graph_with_other_nodes_as_keras_does(monkeypatch):
-    """A `Segmenter`'s graph has nodes that are not one-tensor layer calls: the ViT
-    backbone (a functional model called with a `mask` argument) and a slice (an
-    operation, not a layer). They run as Keras runs them, the layers around them
-    directly: the same outputs and gradients, bit for bit, in fewer `Layer.__call__`s."""
-    from keras_vitnorm.models.segmenter import Segmenter
-
-    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
-    calls = _LayerCalls(monkeypatch)
-
-    def run():
-        keras.utils.set_random_seed(1)
-        vit = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64)
-        model = Segmenter(vit, num_classes=3)
-        head = model.get_layer("segmentation_head")
-        head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
-        backbone, = [op for op in model.operations if isinstance(op, keras.Model)]
-        # The segmenter, the backbone (Keras' functional model) and its graph's layers.
-        keras_calls = 2 + _graph_layers(backbone)
-        before = calls.count
-        outputs = _numpy(model(images, training=False))
-        count = calls.count - before
-        loss, dx, dw = value_and_gradients(model, images, lambda y: keras.ops.sum(keras.ops.sin(y)))
-        return (count, keras_calls), (outputs, loss, dx, dw)
-
-    ((calls_on, keras_calls), on), ((calls_off, _), off) = _on_and_off("direct_calls", run)
-    for a, b in zip(on[:3], off[:3]):
-        np.testing.assert_array_equal(a, b)
-    assert set(on[3]) == set(off[3])
-    for path in off[3]:
-        np.testing.assert_array_equal(on[3][path], off[3][path], err_msg=path)
-    assert calls_on == keras_calls < calls_off
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_direct_graph_calls_fall_back_to_keras_without_its_per_node_call(monkeypatch):
-    """Where Keras' private per-node call of a functional graph cannot be imported, the
-    model runs Keras' own call (its graph's layers through `Layer.__call__`, the
-    sublayers below them still directly), with the same numbers."""
-    from keras_vitnorm.ops import _torch
-
-    calls = _LayerCalls(monkeypatch)
-    with vitnorm_ops.fast_paths(True, DIRECT):
-        (calls_on, graph_calls), on = _direct_run({}, "mixed_bfloat16", calls)
-        monkeypatch.setattr(_torch, "keras_operation_fn", None)
-        (calls_fallback, _), fallback = _direct_run({}, "mixed_bfloat16", calls)
-    _assert_same(on, fallback)
-    assert calls_on == 1 and calls_fallback == graph_calls
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_direct_graph_calls_leave_an_unset_training_and_masks_to_keras(monkeypatch):
-    """A model called without `training` runs Keras' functional call, whose layers take
-    the value of an outer call (here `training=True`, which turns dropout on); and a
-    call with a mask goes to Keras' call with that mask."""
-    keras.utils.set_random_seed(1)
-    model = ViT(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5,
-                dropout=0.5)
-    head = model.get_layer("head")  # zeros at first: logits that dropout could not change
-    head.kernel.assign(np.random.default_rng(2).normal(size=head.kernel.shape).astype("float32"))
-    images = np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32")
-
-    class Outer(keras.layers.Layer):
-        def call(self, x, training=None):
-            return model.call(x)  # no `training`: the outer call's applies
-
-    calls = _LayerCalls(monkeypatch)
-    with vitnorm_ops.fast_paths(True, DIRECT):
-        before = calls.count
-        inference = _numpy(model(images))
-        assert calls.count - before == 1 + _graph_layers(model)
-        np.testing.assert_array_equal(inference, _numpy(model(images, training=False)))
-        outer = _numpy(Outer()(images, training=True))
-        assert np.abs(outer - inference).max() > 0  # dropout was on
-
-        seen = {}
-
-        def functional_call(inputs, **kwargs):
-            seen.update(kwargs)
-            return inputs
-
-        mask = np.ones((2, 16, 16), bool)
-        vitnorm_ops.call_graph(model, functional_call, images, training=True, mask=mask)
-        assert sorted(seen) == ["mask", "training"] and seen["training"] is True and seen["mask"] is mask
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_direct_calls_fall_back_to_keras_without_its_autocast_scope(monkeypatch):
-    """Where Keras' private autocast scope cannot be imported, every layer is called
-    through `Layer.__call__`, with the same numbers."""
-    from keras_vitnorm.ops import _torch
-
-    calls = _LayerCalls(monkeypatch)
-    with vitnorm_ops.fast_paths(True, DIRECT):
-        calls_on, on = _direct_run({}, "mixed_bfloat16", calls)
-        monkeypatch.setattr(_torch, "get_autocast_scope", None)
-        monkeypatch.setattr(_torch, "AutocastScope", None)
-        calls_fallback, fallback = _direct_run({}, "mixed_bfloat16", calls)
-    with vitnorm_ops.fast_paths(False, DIRECT):
-        calls_off, _ = _direct_run({}, "mixed_bfloat16", calls)
-    _assert_same(on, fallback)
-    assert calls_on[0] < calls_fallback[0] == calls_off[0]
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-@pytest.mark.parametrize("scope, policy, autocast", [
-    (None, "mixed_bfloat16", True),      # Keras enters the layer's bfloat16 scope
-    ("bfloat16", "float32", True),       # a float32 layer inside a bfloat16 layer: float32 scope
-    ("bfloat16", "mixed_float16", True),  # another compute dtype: its scope
-    ("bfloat16", "mixed_bfloat16", False),  # autocast off: no scope
-    ("bfloat16", "mixed_bfloat16", True),  # the current scope kept
-])
-@pytest.mark.parametrize("input_dtype", ["float32", "bfloat16"])
-def test_direct_calls_cast_and_scope_as_keras_does(scope, policy, autocast, input_dtype):
-    """`call_layer` gives what `Layer.__call__` gives for a layer of each dtype policy,
-    on each input dtype, inside each autocast scope, bit for bit, variables included
-    (a layer whose variables autocast reads them in the scope's dtype)."""
-    from keras.src.backend.common.variables import AutocastScope
-
-    rng = np.random.default_rng(0)
-    x = keras.ops.cast(rng.normal(size=(3, 8)).astype("float32"), input_dtype)
-    layer = layers.FusedDense(4, dtype=policy, autocast=autocast)
-    layer.build((None, 8))
-    layer.kernel.assign(rng.normal(size=(8, 4)).astype("float32"))  # not exact in bfloat16
-    layer.bias.assign(rng.normal(size=(4,)).astype("float32"))
-    outer = AutocastScope(scope) if scope else contextlib.nullcontext()
-    with outer:
-        results = _on_and_off("direct_calls", lambda: vitnorm_ops.call_layer(layer, x))
-    assert results[0].dtype == results[1].dtype
-    np.testing.assert_array_equal(_numpy(results[0]), _numpy(results[1]))
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_direct_calls_leave_to_keras_what_its_call_does(monkeypatch):
-    """A layer not built yet, a quantized layer, a layer with a PyTorch hook, a layer
-    that computes masks and a masked input are called through `Layer.__call__`, which
-    builds, quantizes, runs the hook and sets or carries the mask."""
-    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(3, 8)).astype("float32"))
-    with vitnorm_ops.fast_paths(True, DIRECT):
-        unbuilt = layers.FusedDense(4)
-        y = vitnorm_ops.call_layer(unbuilt, x)
-        assert unbuilt.built and tuple(y.shape) == (3, 4)
-
-        dense = layers.FusedDense(4)
-        dense.build((None, 8))
-        plain = _numpy(dense(x))
-        dense.quantize("int8")
-        quantized = _numpy(vitnorm_ops.call_layer(dense, x))
-        np.testing.assert_array_equal(quantized, _numpy(dense(x)))
-        assert np.abs(quantized - plain).max() > 0  # int8's rounding: Keras' quantized call ran
-
-        hooked = layers.FusedDense(4)
-        hooked.build((None, 8))
-        seen = []
-        hooked.register_forward_hook(lambda module, args, output: seen.append(module))
-        vitnorm_ops.call_layer(hooked, x)
-        assert seen == [hooked]
-
-        embedding = keras.layers.Embedding(5, 4, mask_zero=True)  # a mask from an unmasked input
-        embedding.build((None, 8))
-        y = vitnorm_ops.call_layer(embedding, keras.ops.convert_to_tensor(np.arange(8)[None] % 5))
-        assert getattr(y, "_keras_mask", None) is not None
-
-        norm = keras.layers.LayerNormalization()
-        norm.build((None, 8))
-        calls = _LayerCalls(monkeypatch)
-        vitnorm_ops.call_layer(norm, x)
-        assert calls.count == 0
-        masked = x + 0
-        masked._keras_mask = keras.ops.convert_to_tensor(np.ones((3,), bool))
-        y = vitnorm_ops.call_layer(norm, masked)
-        assert calls.count == 1 and getattr(y, "_keras_mask", None) is not None
-
-
-# --- reshape and LayerNorm without keras.ops' checks (PyTorch) ---------------------------
+# --- LayerNorm --------------------------------------------------------------------------
 
 
 def _float32_loss(y):  # a bfloat16 loss would not convert to NumPy on TensorFlow
@@ -842,12 +519,11 @@ def _float32_loss(y):  # a bfloat16 loss would not convert to NumPy on TensorFlo
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"])
 @pytest.mark.parametrize("learnable", [True, False])
-def test_layer_norm_is_keras_layer_normalization_with_and_without_its_fast_path(policy, learnable):
+def test_layer_norm_is_keras_layer_normalization(policy, learnable):
     """`layers.LayerNormalization` gives what `keras.layers.LayerNormalization` with the same
-    weights gives, outputs and gradients bit for bit and in the same dtype, with
-    `native_ops` on and off, under each precision (bfloat16 variables included), on
-    inputs in the compute dtype as a model's layers hand them over; and matches the
-    formula in float64."""
+    weights gives, outputs and gradients bit for bit and in the same dtype, under each
+    precision (bfloat16 variables included), on inputs in the compute dtype as a model's
+    layers hand them over; and matches the formula in float64."""
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(3, 5, 16)) * 4 + 2).astype("float32")
     gamma, beta = rng.normal(1, 0.5, 16).astype("float32"), rng.normal(0, 0.5, 16).astype("float32")
@@ -870,7 +546,7 @@ def test_layer_norm_is_keras_layer_normalization_with_and_without_its_fast_path(
         net = model(layers.LayerNormalization(**arguments))
         return net(x), value_and_gradients(net, x, _float32_loss)
 
-    for y, (loss, dx, dw) in _on_and_off("native_ops", run):
+    for y, (loss, dx, dw) in [run()]:
         assert keras.backend.standardize_dtype(y.dtype) == keras.backend.standardize_dtype(expected.dtype)
         np.testing.assert_array_equal(_numpy(y), _numpy(expected))
         np.testing.assert_array_equal(loss, expected_grads[0])
@@ -880,9 +556,10 @@ def test_layer_norm_is_keras_layer_normalization_with_and_without_its_fast_path(
         assert set(by_name) == set(expected_by_name) == ({"gamma", "beta"} if learnable else set())
         for name in by_name:
             np.testing.assert_array_equal(by_name[name], expected_by_name[name], err_msg=name)
-    # epsilon=None is Keras' epsilon, as keras.ops takes it, in either form.
-    unset = _on_and_off("native_ops", lambda: vitnorm_ops.layer_norm(x, epsilon=None))
-    np.testing.assert_array_equal(_numpy(unset[0]), _numpy(unset[1]))
+    # epsilon=None is Keras' epsilon, as keras.ops takes it.
+    np.testing.assert_array_equal(
+        _numpy(vitnorm_ops.layer_norm(x, epsilon=None)),
+        _numpy(keras.ops.layer_normalization(x, axis=-1, epsilon=keras.config.epsilon())))
     x64 = x.astype("float64")
     normalized = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6)
     formula = normalized * gamma + beta if learnable else normalized
@@ -898,138 +575,6 @@ def test_layer_norm_over_another_axis_or_with_rms_scaling_is_keras_own_call():
     for arguments in ({"axis": [1, 2]}, {"rms_scaling": True}):
         ours, theirs = layers.LayerNormalization(**arguments), keras.layers.LayerNormalization(**arguments)
         np.testing.assert_array_equal(_numpy(ours(x)), _numpy(theirs(x)))
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_reshape_is_keras_reshape_with_and_without_its_fast_path(dtype):
-    """`ops.reshape` gives `keras.ops.reshape`'s tensor, and its gradient, with
-    `native_ops` on and off (a `-1` axis included)."""
-    x = np.random.default_rng(0).normal(size=(2, 4, 6)).astype("float32")
-
-    def function(t):
-        return vitnorm_ops.reshape(keras.ops.cast(t, dtype), (-1, 4, 3, 2)) * 1.5
-
-    expected = keras.ops.reshape(keras.ops.cast(x, dtype), (2, 4, 3, 2))
-    for enabled in (True, False):  # a single int for a shape, as keras.ops takes it
-        with vitnorm_ops.fast_paths(enabled, ["native_ops"]):
-            assert tuple(vitnorm_ops.reshape(x, 48).shape) == (48,)
-    results = _on_and_off("native_ops", lambda: (function(x), _gradients(function, x, (4, 6), _float32_loss)))
-    for y, (loss, dx, _) in results:
-        assert tuple(y.shape) == (2, 4, 3, 2) and y.dtype == (expected * 1.5).dtype
-        np.testing.assert_array_equal(_numpy(y), _numpy(expected * 1.5))
-        np.testing.assert_allclose(dx, 1.5 * np.cos(_numpy(expected * 1.5)).reshape(x.shape),
-                                   rtol=1e-2 if dtype == "bfloat16" else 1e-6)
-
-
-def _autocast_scope(dtype):
-    from keras.src.backend.common.variables import AutocastScope  # Keras' own (private)
-
-    return AutocastScope(dtype)
-
-
-def _variable_reads():
-    """Each way a layer reads a variable, as `(scope, variable, substitute)`: outside any
-    scope, under an autocast scope (a float variable, one that does not autocast, an
-    int variable), and in a stateless scope that substitutes the value."""
-    rng = np.random.default_rng(0)
-    weights = rng.normal(size=(3, 4)).astype("float32")
-    return [
-        (contextlib.nullcontext, keras.Variable(weights), None),
-        (lambda: _autocast_scope("bfloat16"), keras.Variable(weights), None),
-        (lambda: _autocast_scope("float16"), keras.Variable(weights, autocast=False), None),
-        (lambda: _autocast_scope("bfloat16"), keras.Variable(np.arange(4, dtype="int32"), trainable=False), None),
-        (lambda: _autocast_scope("bfloat16"), keras.Variable(weights), weights * 3),
-    ]
-
-
-def _read(function, variable, scope, substitute):
-    if substitute is None:
-        with scope():
-            return function(variable)
-    with keras.StatelessScope(state_mapping=[(variable, substitute)]), scope():
-        return function(variable)
-
-
-def test_tensor_reads_a_variable_as_keras_does_with_and_without_its_fast_path():
-    """`ops.tensor` gives `keras.ops.convert_to_tensor`'s tensor for a variable, in the
-    same dtype, under each scope a variable's value depends on (autocast, stateless),
-    with `native_ops` on and off; a tensor passes through as it is."""
-    for scope, variable, substitute in _variable_reads():
-        expected = _read(keras.ops.convert_to_tensor, variable, scope, substitute)
-        for ours in _on_and_off("native_ops", lambda: _read(vitnorm_ops.tensor, variable, scope, substitute)):
-            assert keras.backend.standardize_dtype(ours.dtype) == keras.backend.standardize_dtype(expected.dtype)
-            np.testing.assert_array_equal(_numpy(ours), _numpy(expected))
-    x = keras.ops.ones((2,))
-    assert all(t is x for t in _on_and_off("native_ops", lambda: vitnorm_ops.tensor(x)))
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_tensor_reads_a_variable_without_keras_value_property_and_falls_back(monkeypatch):
-    """With `native_ops` on, `ops.tensor` reads a variable's parameter without Keras'
-    `Variable.value` (whose cast it replaces), except in a stateless scope or on the
-    "meta" device of a symbolic call, or where Keras' private names are missing: then
-    through `Variable.value`, with the same tensor. The gradient reaches the variable."""
-    import torch
-
-    from keras.src.backend.torch.core import Variable
-    from keras_vitnorm.ops import _torch
-
-    reads = []
-    value = Variable.value
-    monkeypatch.setattr(Variable, "value", property(lambda v: reads.append(v) or value.fget(v)))
-    with vitnorm_ops.fast_paths(True, ["native_ops"]):
-        for scope, variable, substitute in _variable_reads():
-            expected = _read(keras.ops.convert_to_tensor, variable, scope, substitute)
-            reads.clear()
-            ours = _read(vitnorm_ops.tensor, variable, scope, substitute)
-            assert len(reads) == (0 if substitute is None else 1)
-            assert ours.dtype == expected.dtype
-            np.testing.assert_array_equal(_numpy(ours), _numpy(expected))
-        variable = keras.Variable(np.ones((3,), "float32"))
-        with _autocast_scope("bfloat16"):
-            read = vitnorm_ops.tensor(variable)
-        (read.float() * torch.arange(3.0, device=read.device)).sum().backward()
-        np.testing.assert_array_equal(variable.value.grad.cpu().numpy(), [0.0, 1.0, 2.0])
-        reads.clear()
-        with keras.device("meta"):
-            assert vitnorm_ops.tensor(variable).device.type == "meta" and len(reads) == 1
-        for name in ("in_stateless_scope", "get_device"):
-            with monkeypatch.context() as patch:
-                patch.setattr(_torch, name, None)
-                reads.clear()
-                with _autocast_scope("bfloat16"):
-                    fallback = vitnorm_ops.tensor(variable)
-                assert len(reads) == 1 and fallback.dtype == torch.bfloat16
-                np.testing.assert_array_equal(_numpy(fallback), np.ones((3,)))
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the fast path is PyTorch's; this run's backend is another")
-def test_tensor_moves_what_lies_on_another_device_as_keras_does():
-    """`keras.ops.convert_to_tensor` moves a tensor, or a variable's value, to the current
-    device; `ops.tensor` does too with `native_ops` on, and so `linear` and `layer_norm`
-    compute on the current device. (Here a variable made on PyTorch's "meta" device and a
-    meta tensor, read on the CPU: the GPU's case of weights loaded under
-    `keras.device("cpu")`.)"""
-    rng = np.random.default_rng(0)
-    with keras.device("meta"):
-        variable = keras.Variable(rng.normal(size=(4, 3)).astype("float32"))
-        gamma = keras.Variable(np.ones((4,), "float32"))
-        x = keras.ops.convert_to_tensor(rng.normal(size=(2, 4)).astype("float32"))
-    assert variable.value.device.type == "meta" and x.device.type == "meta"
-    expected = keras.ops.convert_to_tensor(variable).device
-    assert expected.type == "cpu"
-    for enabled in (True, False):
-        with vitnorm_ops.fast_paths(enabled, ["native_ops"]):
-            for scope in (contextlib.nullcontext, lambda: _autocast_scope("bfloat16")):
-                with scope():
-                    assert vitnorm_ops.tensor(variable).device == expected
-            assert vitnorm_ops.tensor(x).device == expected
-            assert vitnorm_ops.linear(x, variable).device == expected
-            assert vitnorm_ops.layer_norm(x, gamma).device == expected
-            assert vitnorm_ops.reshape(x, (8,)).device == expected
-
-
-# --- weight standardization -------------------------------------------------------------
 
 
 def _standardized(kernel, epsilon=1e-10):

@@ -198,31 +198,26 @@ def test_randaugment_augments_each_image_on_its_own():
     dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
     dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
     dict()])
-@pytest.mark.parametrize("randaugment_form", ["chosen", "all", "one_affine", "one_affine unavailable"])
+@pytest.mark.parametrize("randaugment_form", ["chosen", "all"])
 def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options,
                                                                  randaugment_form):
     """Under JAX a batch's augmentation is one compiled program (the fast path
     `augmentation_program`) from the kept uint8 images, resized ones (float32) among
     them, in chunks of 4 and 5 examples here, its RandAugment each image's chosen
-    operations alone (`randaugment_chosen_ops`), or all eleven selected, the geometric
-    ones as three resamplings or as one (`randaugment_one_affine`; where Keras lacks a
-    method it takes a matrix from, as three); and without a program, RandAugment's
+    operations alone (`randaugment_chosen_ops`), or all eleven selected; and without a
+    program, RandAugment's
     chosen operations alone on each image: the batches of NumPy and Keras' layer
     called per image, to float32 rounding."""
     from keras_vitnorm.ops import fast_paths
 
     monkeypatch.setattr(python_data, "CHUNK_VALUES", 4 * 12 * 12 * 3)
-    if randaugment_form == "one_affine unavailable":  # as where a later Keras renames it
-        monkeypatch.setitem(python_data.AFFINE_MATRICES, "random_shear",
-                            ("_shear_matrix_of_another_keras", "shear_factor"))
     data = randaugment_folder(tmp_path)
     augmentation = data_lib.Augmentation(**options)
     for size in ((12, 12), (10, 10)):
         with fast_paths(False, ["augmentation_program", "randaugment_chosen_ops"]):
             plain = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
             want = [plain[step] for step in (0, 3, 4)]
-        with fast_paths(randaugment_form == "chosen", ["randaugment_chosen_ops"]), \
-                fast_paths(randaugment_form.startswith("one_affine"), ["randaugment_one_affine"]):
+        with fast_paths(randaugment_form == "chosen", ["randaugment_chosen_ops"]):
             fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
             with fast_paths(False, ["augmentation_program"]):
                 chosen = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
@@ -231,9 +226,6 @@ def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monke
             forms = [got_plain]
             if fast._program(None) is not None:
                 forms.append([fast[step] for step in (0, 3, 4)])
-                if fast.randaugment is not None:
-                    assert fast.randaugment.folds_affines == (
-                        randaugment_form != "one_affine unavailable")
             else:
                 assert BACKEND != "jax"
         for form in forms:

@@ -21,10 +21,6 @@ function a small form per backend in that backend's private module (`_jax`,
   (JAX; the fast path `augmentation_program`, chosen by
   `keras_vitnorm.training.data.python_pipeline`), and a function of one example
   applied to each example of a batch inside it.
-- `train_step`, `test_step`, `device_constants`: the models'
-  training and evaluation steps with the Python numbers of Keras' loss, metrics and
-  optimizer made on the device once (PyTorch; the fast path `device_constants`,
-  chosen by `keras_vitnorm.models.steps`).
 - `keeping_variables`, `remember_variables`: a model whose `fit`, `evaluate` or
   `predict` raised keeps its weights (JAX, whose trainer empties the variables while
   it runs; `keras_vitnorm.models.guarded_calls`).
@@ -38,13 +34,12 @@ import importlib
 import keras
 
 __all__ = [
-    "any_process", "average_gradients", "compiled", "count_bins", "device_constants",
+    "any_process", "average_gradients", "compiled", "count_bins",
     "distribution_scope", "from_first_process", "global_random_state", "gradients_function",
     "keeping_variables", "map_examples", "name", "remember_variables",
     "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
-    "share_global_random_state", "share_variables", "test_step",
-    "train_step", "value_and_gradients",
+    "share_global_random_state", "share_variables", "value_and_gradients",
 ]
 
 
@@ -208,42 +203,6 @@ def share_global_random_state(state, lead):
     state = from_first_process(state) if _native().HAS_GLOBAL_RANDOM_STATE else None
     if state is not None and not lead:
         set_global_random_state(state)
-
-
-def train_step(model, keras_step, *args):
-    """One PyTorch training step of `model`: Keras' (`keras_step(data)`), with its Python
-    numbers made on the device once.
-
-    PyTorch runs Keras' step op by op, and each Python number that Keras' loss, loss
-    tracker, optimizer and metrics turn into a tensor there is a copy from the host
-    that waits for the GPU; this step makes them with `device_constants` instead and
-    otherwise computes what Keras' does, in the same order (docs/performance.md).
-    Where the step is traced into one program, in which such numbers are constants
-    (JAX, TensorFlow, PyTorch under `torch.compile`), it is `keras_step(*args)`.
-
-    Args:
-        model: a compiled `keras.Model`.
-        keras_step: its Keras `train_step`, bound.
-        *args: what Keras passes to `train_step`: the batch (PyTorch, TensorFlow), or
-            the state and the batch (JAX).
-
-    Returns:
-        What `keras_step` returns: the logs.
-    """
-    return _native().train_step(model, keras_step, *args)
-
-
-def test_step(model, keras_step, *args):
-    """One PyTorch evaluation step of `model`: Keras' (`keras_step(data)`), with its Python
-    numbers made on the device once, as in `train_step`."""
-    return _native().test_step(model, keras_step, *args)
-
-
-def device_constants():
-    """A context in which a tensor made from Python numbers on PyTorch is a copy, on the
-    device, of one made once (so the host does not wait for the GPU to take it); a context
-    that does nothing on JAX and TensorFlow."""
-    return _native().device_constants()
 
 
 def count_bins(indices, nbins):

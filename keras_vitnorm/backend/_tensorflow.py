@@ -72,18 +72,6 @@ def set_global_random_state(state):
     pass  # dropout draws from the layers' seed generators, restored with the model
 
 
-def train_step(model, keras_step, *args):
-    return keras_step(*args)  # Keras traces the step into one program: its numbers are constants
-
-
-def test_step(model, keras_step, *args):
-    return keras_step(*args)
-
-
-def device_constants():
-    return contextlib.nullcontext()
-
-
 def count_bins(indices, nbins):
     return tf.math.bincount(indices, minlength=nbins, maxlength=nbins, dtype="int32")
 

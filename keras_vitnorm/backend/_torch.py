@@ -11,13 +11,11 @@ backward pass instead of overlapped with it.
 
 import contextlib
 import os
-import warnings
 
 import keras
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.overrides import TorchFunctionMode
 
 #: Every process initializes its own variables from its own generator.
 PROCESSES_START_EQUAL = False
@@ -118,135 +116,6 @@ def global_random_state():
 
 def set_global_random_state(state):
     torch.set_rng_state(torch.from_numpy(np.array(state, dtype="uint8")))
-
-
-#: What `train_step` and `test_step` need of Keras' trainer (private attributes of
-#: `keras.Model` under PyTorch); where one is missing, the step is Keras' own.
-STEP_PARTS = ("_call_has_training_arg", "_compute_loss", "_loss_tracker")
-
-
-def train_step(model, keras_step, data):
-    """Keras' PyTorch training step, its Python numbers made on the device once.
-
-    The same step as Keras' (`keras_step`): forward pass, loss, loss tracker, loss
-    scaling, backward pass, optimizer update, metrics, in that order; but the loss,
-    the loss tracker, the optimizer update and the metrics run in
-    `device_constants`, so that the numbers Keras turns into tensors there (the
-    batch size, the loss's divisor, AdamW's betas and weight decay, the iteration
-    counter's increment) are copies, on the device, of tensors made once, and the
-    host never waits for the GPU to take them. The forward and backward passes run
-    outside it, at full dispatch speed (they make no such tensors). Where Keras'
-    trainer lacks a part in `STEP_PARTS`, and under `torch.compile` (which keeps such
-    numbers in the compiled graph), the step is `keras_step(data)`.
-    """
-    if torch.compiler.is_compiling() or not _has_step_parts(model):
-        return keras_step(data)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-    model.zero_grad()
-    with device_constants():
-        loss = _track_loss(model, x, y, y_pred, sample_weight, training=True)
-        if model.optimizer is not None:
-            loss = model.optimizer.scale_loss(loss)
-    variables = model.trainable_weights  # a fresh list; Keras walks every layer for it
-    if variables:
-        loss.backward()
-        with torch.no_grad(), device_constants():
-            model.optimizer.apply([v.value.grad for v in variables], variables)
-    else:
-        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-    with device_constants():
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-def test_step(model, keras_step, data):
-    """Keras' PyTorch evaluation step, its Python numbers made on the device once.
-
-    Keras' step (`keras_step`): forward pass, loss, loss tracker, metrics; the last
-    three in `device_constants`, as in `train_step`.
-    """
-    if torch.compiler.is_compiling() or not _has_step_parts(model):
-        return keras_step(data)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    y_pred = model(x, training=False) if model._call_has_training_arg else model(x)
-    with device_constants():
-        _track_loss(model, x, y, y_pred, sample_weight, training=False)
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-def _has_step_parts(model):
-    return all(hasattr(model, name) for name in STEP_PARTS) and model._loss_tracker is not None
-
-
-def _track_loss(model, x, y, y_pred, sample_weight, training):
-    """The loss, as Keras' steps compute it and add it to the loss tracker."""
-    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                               training=training)
-    batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-    model._loss_tracker.update_state(loss, sample_weight=batch_size)
-    return loss
-
-
-#: Functions that make a tensor from host data, whose Python numbers `device_constants` serves.
-_FROM_HOST_DATA = (torch.as_tensor, torch.tensor, torch.asarray)
-#: The most tensors `device_constants` keeps (a step makes about ten); beyond, it makes each anew.
-CONSTANTS_LIMIT = 256
-_constants = {}
-
-
-@contextlib.contextmanager
-def device_constants():
-    """Within it, a tensor made from Python numbers is a copy, on the device, of one made once.
-
-    Keras' PyTorch code turns Python numbers into tensors with
-    `torch.as_tensor(value, dtype=..., device=...)`; on a GPU each is a copy from host
-    memory, for which the host first waits until the GPU has run everything queued
-    before it. Here, such a call with a `bool`, `int` or `float`, or a short list or
-    tuple of them, returns a clone of a tensor made by the same call the first time
-    (kept by value, dtype and device, `CONSTANTS_LIMIT` of them at most): the same
-    tensor, made by a copy on the device that the host does not wait for, and a
-    clone, so that no caller can change another's. Other calls run as they are. Under
-    `torch.compile` the context does nothing (the compiler keeps constants in the
-    compiled graph).
-    """
-    if torch.compiler.is_compiling():
-        yield
-        return
-    with _DeviceConstants():
-        yield
-
-
-class _DeviceConstants(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _FROM_HOST_DATA and len(args) == 1 and kwargs.keys() <= {"dtype", "device"}:
-            value = _number_key(args[0])
-            if value is not None:
-                device = kwargs.get("device")
-                device = torch.get_default_device() if device is None else torch.device(device)
-                key = (func, value, kwargs.get("dtype"), device)
-                tensor = _constants.get(key)
-                if tensor is None:
-                    tensor = func(*args, **kwargs)
-                    if len(_constants) >= CONSTANTS_LIMIT:
-                        return tensor
-                    _constants[key] = tensor
-                return tensor.clone()
-        return func(*args, **kwargs)
-
-
-def _number_key(data):
-    """A key that tells `data` (a Python number, or a list or tuple of at most 8) from every
-    other such value, types and float bits included; `None` for anything else."""
-    if type(data) in (bool, int):
-        return type(data), data
-    if type(data) is float:
-        return float, data.hex()
-    if isinstance(data, (list, tuple)) and len(data) <= 8:
-        keys = tuple(_number_key(item) for item in data)
-        if all(key is not None and key[0] in (bool, int, float) for key in keys):
-            return tuple, keys
-    return None
 
 
 def count_bins(indices, nbins):

@@ -15,9 +15,7 @@ from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
-from keras_vitnorm.ops import call_layer
 from keras_vitnorm.ops import qkv_projection
-from keras_vitnorm.ops import reshape
 from keras_vitnorm.ops import split_heads
 
 
@@ -185,17 +183,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             else:  # Keras' quantized Dense computes the projection
                 q, k, v = split_heads(self.qkv(x), self.num_heads)
         if self.q_norm is not None:
-            q = call_layer(self.q_norm, q, training)
-            k = call_layer(self.k_norm, k, training)
+            q = self.q_norm(q, training=training)
+            k = self.k_norm(k, training=training)
         y = attention(q, k, v)
         if self.head_gains is not None:
             y = y * ops.cast(self.head_gains, y.dtype)
-        y = reshape(y, (-1, num_tokens, width))
+        y = ops.reshape(y, (-1, num_tokens, width))
         if self.inner_norm_layer is not None:
-            y = call_layer(self.inner_norm_layer, y, training)
-        y = call_layer(self.out, y, training)
+            y = self.inner_norm_layer(y, training=training)
+        y = self.out(y, training=training)
         # A rate of 0 is the identity: no layer call (Keras' per-call cost is eager on PyTorch).
-        return call_layer(self.dropout_layer, y, training) if self.dropout else y
+        return self.dropout_layer(y, training=training) if self.dropout else y
 
     def compute_output_shape(self, input_shape):
         return input_shape

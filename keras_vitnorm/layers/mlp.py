@@ -11,7 +11,6 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import make_norm
-from keras_vitnorm.ops import call_layer
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -105,13 +104,13 @@ class MLP(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        x = keras.activations.gelu(call_layer(self.fc1, x, training), approximate=False)
+        x = keras.activations.gelu(self.fc1(x, training=training), approximate=False)
         if self.mid_norm_layer is not None:
-            x = call_layer(self.mid_norm_layer, x, training)
+            x = self.mid_norm_layer(x, training=training)
         if self.dropout:  # a rate of 0 is the identity: no layer call
-            x = call_layer(self.dropout_layer, x, training)
-        x = call_layer(self.fc2, x, training)
-        return call_layer(self.dropout_layer, x, training) if self.dropout else x
+            x = self.dropout_layer(x, training=training)
+        x = self.fc2(x, training=training)
+        return self.dropout_layer(x, training=training) if self.dropout else x
 
     def compute_output_shape(self, input_shape):
         return input_shape

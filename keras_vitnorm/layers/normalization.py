@@ -3,7 +3,7 @@
 LayerNorm, BatchNorm and GroupNorm come from Keras core, which already computes
 their statistics in float32 under mixed precision; `LayerNormalization` here is
 Keras' layer with its call written with `keras_vitnorm.ops.layer_norm`, which on
-PyTorch skips `keras.ops`' eager work around the kernel (fast path `native_ops`).
+PyTorch keeps the normalized width a constant where Keras' ONNX export traces it.
 RMSNorm, DyT and the stem's `affine` layer are written here:
 
 * `keras.layers.RMSNormalization` autocasts its input to the compute dtype, so under
@@ -46,10 +46,11 @@ class LayerNormalization(keras.layers.LayerNormalization):
     `keras_vitnorm.ops.layer_norm`.
 
     The same arguments, weights, config and numbers as Keras' layer (float32
-    statistics under mixed precision, the compute dtype out). On PyTorch,
-    `layer_norm`'s fast path (`native_ops`) runs the computation without
-    `keras.ops`' eager checks around it, a quarter of the call's time. Other axes
-    and `rms_scaling` take Keras' own call.
+    statistics under mixed precision, the compute dtype out). On PyTorch, `layer_norm`
+    gives `torch.nn.functional.layer_norm` its width as a Python int, which Keras' ONNX
+    export with an open batch size needs (Keras' own op reads it from a tensor, which
+    the TorchScript trace cannot keep a constant). Other axes and `rms_scaling` take
+    Keras' own call.
 
     It keeps Keras' class name: Keras names a layer's weights in `.weights.h5` and
     `.keras` files after its class, so weight files written with Keras' layer load

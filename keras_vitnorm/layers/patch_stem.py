@@ -16,8 +16,6 @@ from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import make_norm
-from keras_vitnorm.ops import call_layer
-from keras_vitnorm.ops import reshape
 
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
 _USES_POST_NORM = ("dual_patchnorm", "post_patchnorm")
@@ -37,9 +35,9 @@ def patchify(images, patch_size):
     """
     _, height, width, channels = images.shape
     grid_h, grid_w = height // patch_size, width // patch_size
-    x = reshape(images, (-1, grid_h, patch_size, grid_w, patch_size, channels))
+    x = ops.reshape(images, (-1, grid_h, patch_size, grid_w, patch_size, channels))
     x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
-    return reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
+    return ops.reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
 
 
 
@@ -284,16 +282,16 @@ class PatchStem(keras.layers.Layer):
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
-                x = call_layer(layer, x, training)
-            x = call_layer(self.projection, x, training)
-            x = reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
+                x = layer(x, training=training)
+            x = self.projection(x, training=training)
+            x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
         else:
             x = patchify(images, self.patch_size)
             if self.patch_norm is not None:
-                x = call_layer(self.patch_norm, x, training)
-            x = call_layer(self.projection, x, training)
+                x = self.patch_norm(x, training=training)
+            x = self.projection(x, training=training)
             if self.stem != "post_posemb" and self.embedding_norm is not None:
-                x = call_layer(self.embedding_norm, x, training)
+                x = self.embedding_norm(x, training=training)
         if self.cls_token is not None:
             cls = ops.broadcast_to(
                 ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, self.width)
@@ -302,7 +300,7 @@ class PatchStem(keras.layers.Layer):
         if self.pos_embedding is not None:
             x = x + ops.cast(self.pos_embedding, x.dtype)
         if self.stem == "post_posemb":
-            x = call_layer(self.embedding_norm, x, training)
+            x = self.embedding_norm(x, training=training)
         return x
 
     def compute_output_shape(self, input_shape):

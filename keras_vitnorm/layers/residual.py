@@ -8,7 +8,6 @@ layers they call belong to the block, under the block's names and weight paths.
 
 from keras import ops
 
-from keras_vitnorm.ops import call_layer
 from keras_vitnorm.ops import residual_fence
 
 
@@ -24,7 +23,7 @@ class Sublayer:
 
     def __call__(self, h, training=None):
         for layer in self.layers:
-            h = call_layer(layer, h, training)
+            h = layer(h, training=training)
         return h
 
 
@@ -43,9 +42,9 @@ class Residual:
     def branch(self, h, training):
         """`D(S(h))`."""
         if self.scale is not None:
-            h = call_layer(self.scale, h, training)
+            h = self.scale(h, training=training)
         if self.drop_path is not None:
-            h = call_layer(self.drop_path, h, training)
+            h = self.drop_path(h, training=training)
         return h
 
     def __call__(self, x, training=None):
@@ -60,7 +59,7 @@ class PreNormResidual(Residual):
         self.norm = norm
 
     def __call__(self, x, training=None):
-        h = self.sublayer(call_layer(self.norm, x, training), training)
+        h = self.sublayer(self.norm(x, training=training), training)
         return residual_fence(x + self.branch(h, training))
 
 
@@ -73,8 +72,8 @@ class PrePostNormResidual(Residual):
         self.post_norm = post_norm
 
     def __call__(self, x, training=None):
-        h = self.sublayer(call_layer(self.norm, x, training), training)
-        h = call_layer(self.post_norm, h, training)
+        h = self.sublayer(self.norm(x, training=training), training)
+        h = self.post_norm(h, training=training)
         return residual_fence(x + self.branch(h, training))
 
 
@@ -90,4 +89,4 @@ class PostNormResidual(Residual):
     def __call__(self, x, training=None):
         h = self.branch(self.sublayer(x, training), training)
         residual = x if self.alpha == 1.0 else x * ops.cast(self.alpha, x.dtype)
-        return residual_fence(call_layer(self.norm, residual + h, training))
+        return residual_fence(self.norm(residual + h, training=training))

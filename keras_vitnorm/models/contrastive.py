@@ -29,7 +29,6 @@ from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
-from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import MODEL_RANGE
 from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
@@ -162,7 +161,7 @@ class TextEncoder(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class LiT(GuardedCalls, PortableCompileConfig, ModelSteps, keras.Model):
+class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
     `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):

@@ -12,9 +12,7 @@ from keras import ops
 
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
-from keras_vitnorm.models.graph_calls import GraphCalls
 from keras_vitnorm.models.guarded_calls import GuardedCalls
-from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import MODEL_RANGE
 from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
@@ -51,7 +49,7 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class Segmenter(GuardedCalls, PortableCompileConfig, ModelSteps, GraphCalls, keras.Model):
+class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
 
     The encoder is `vit.backbone()`: it shares the ViT's layers and weights, so a

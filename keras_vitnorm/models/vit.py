@@ -16,10 +16,8 @@ from keras_vitnorm.models import preset_io
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
-from keras_vitnorm.models.graph_calls import GraphCalls
 from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.exports import SignedExports
-from keras_vitnorm.models.steps import ModelSteps
 from keras_vitnorm.models.vit_config import default_final_norm
 from keras_vitnorm.models.vit_config import dtype_with_quantized_layers
 from keras_vitnorm.models.vit_config import MODEL_RANGE
@@ -33,7 +31,7 @@ _BASE_MODEL_KEYS = ("name", "trainable")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class ViT(GuardedCalls, SignedExports, PortableCompileConfig, ModelSteps, GraphCalls, keras.Model):
+class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its config.
 
     A Keras functional model, configured only by JSON-safe values, so that a norm

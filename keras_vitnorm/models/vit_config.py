@@ -123,6 +123,30 @@ def default_final_norm(mlp_norm):
     return mlp_norm != "post"
 
 
+def sublayers(model):
+    """Every layer inside `model`, at any depth, each once.
+
+    Keras' own list (`Layer._flatten_layers`, private, which `Model.quantize` walks too);
+    where that method is missing, every layer reachable from `model` through attributes
+    that hold layers, or lists, tuples and dicts of them (how the library's layers and
+    Keras' keep their sublayers).
+    """
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=False))
+    found, seen, stack = [], {id(model)}, [model]
+    while stack:
+        for value in vars(stack.pop()).values():
+            values = value.values() if isinstance(value, dict) else (
+                value if isinstance(value, (list, tuple)) else (value,))
+            for layer in values:
+                if isinstance(layer, keras.layers.Layer) and id(layer) not in seen:
+                    seen.add(id(layer))
+                    found.append(layer)
+                    stack.append(layer)
+    return found
+
+
 def dtype_with_quantized_layers(model, dtype):
     """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
 
@@ -136,8 +160,7 @@ def dtype_with_quantized_layers(model, dtype):
         dtype = keras.dtype_policies.deserialize(dtype)
     if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
         return dtype  # every layer's policy is already in it, quantized or not
-    layers = model._flatten_layers(include_self=False)
-    quantized = {layer.path: layer.dtype_policy for layer in layers
+    quantized = {layer.path: layer.dtype_policy for layer in sublayers(model)
                  if layer.quantization_mode is not None}
     if not quantized:
         return dtype

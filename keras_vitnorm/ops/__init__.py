@@ -25,9 +25,9 @@ from keras_vitnorm.ops.config import fast_paths
 from keras_vitnorm.ops.config import set_fast_paths
 
 __all__ = [
-    "FAST_PATHS", "attention", "backend_name", "call_graph", "call_layer", "fast_path_enabled",
-    "fast_paths", "heads_first_attention", "layer_norm", "linear", "qkv_projection", "reshape",
-    "residual_fence", "set_fast_paths", "split_heads", "standardize_kernel", "tensor",
+    "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths",
+    "heads_first_attention", "layer_norm", "linear", "qkv_projection", "residual_fence",
+    "set_fast_paths", "split_heads", "standardize_kernel",
 ]
 
 
@@ -68,62 +68,6 @@ def _on_cpu():
     return _native().on_cpu()
 
 
-def call_layer(layer, x, training=None):
-    """`layer(x, training=training)`: a layer's call on `x`, as Keras makes it.
-
-    `training` reaches `layer.call` where it takes that argument (as in Keras).
-
-    Fast path `direct_calls` (PyTorch, outside `torch.compile`): a built layer's `call`
-    directly, inside the autocast scope that Keras' `Layer.__call__` would enter for it
-    and on `x` cast as it would cast it, without the rest of that method's work for
-    each call (binding the arguments to the signature, looking for masks, the name
-    scope and the call context, PyTorch's module call), which a layer called on its
-    own does not need. On PyTorch that work is eager Python around each call, about
-    100 µs each on this project's CPU, and a ViT-B/16's forward pass makes 84 such
-    calls below its blocks (docs/performance.md, "The fast paths"). Where that work
-    does something (a layer not yet built, quantized, rematerialized, with an activity
-    regularizer or PyTorch hooks, or one that computes masks; a masked input; a Keras
-    distribution), or where Keras' autocast scope cannot be reached, the layer is
-    called as Keras calls it.
-    The outputs and gradients are the same either way (tests/test_ops.py).
-    """
-    if _fast("direct_calls", "torch"):
-        return _native().call_layer(layer, x, training)
-    return layer(x, training=training)
-
-
-def call_graph(model, functional_call, inputs, training=None, mask=None, **kwargs):
-    """A functional model's `call`: `functional_call(inputs, training=..., mask=..., **kwargs)`,
-    Keras' own (`super().call` of the model).
-
-    Fast path `direct_calls` (PyTorch, outside `torch.compile`): each layer of the
-    model's graph that takes one tensor is called through `call_layer`, without
-    `Layer.__call__`'s per-call work (a ViT-B/16 has 17 such layers: the stem, the
-    12 blocks, the final norm, the pooling, the head and its float32 output cast).
-    Keras' functional model runs its graph by a private method; where that method or
-    Keras' own per-node call is missing, for a mask or another call-context argument,
-    and for `training=None` (where Keras' layers take the value of an outer call), the
-    model runs Keras' call. The outputs and gradients are the same either way
-    (tests/test_ops.py).
-    """
-    if _fast("direct_calls", "torch") and mask is None and not kwargs:
-        return _native().call_graph(model, functional_call, inputs, training)
-    return functional_call(inputs, training=training, mask=mask, **kwargs)
-
-
-def reshape(x, shape):
-    """`keras.ops.reshape(x, shape)`.
-
-    Fast path `native_ops` (PyTorch): `torch.reshape`. `keras.ops.reshape` first
-    checks `shape` and looks through it for symbolic tensors, eager Python that took
-    23 µs a call on this project's CPU against 2 µs for the reshape itself, 26 times
-    per ViT-B/16 forward pass (docs/performance.md, "The fast paths").
-    """
-    if _fast("native_ops", "torch"):
-        return _native().reshape(x, shape)
-    return ops.reshape(x, shape)
-
-
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
     """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`.
 
@@ -132,47 +76,31 @@ def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
     then cast to `dtype` where given (as Keras' `LayerNormalization` returns its
     compute dtype).
 
-    Fast path `native_ops` (PyTorch): the same `torch.nn.functional.layer_norm` and
-    casts that Keras' PyTorch backend runs, without `keras.ops`' eager checks and
-    conversions around them (42 µs per Keras `LayerNormalization` call on this
-    project's CPU against 9 µs).
+    On PyTorch it is the same `torch.nn.functional.layer_norm` and casts that Keras'
+    PyTorch backend runs, with the normalized width a Python int: Keras' own op reads
+    it from a tensor, which a TorchScript trace (Keras' ONNX export with an open batch
+    size) cannot keep a constant, as ONNX's LayerNormalization needs
+    (tests/test_deploy.py). A fix, not a fast path: always on.
     """
     if epsilon is None:  # as Keras' op takes it
         epsilon = keras.config.epsilon()
-    if _fast("native_ops", "torch"):
+    if backend_name() == "torch":
         return _native().layer_norm(x, gamma, beta, epsilon, dtype)
     y = ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)
     return y if dtype is None else ops.cast(y, dtype)
-
-
-def tensor(value):
-    """`keras.ops.convert_to_tensor(value)`: a tensor as it is, a Keras variable's value,
-    on the current device.
-
-    Fast path `native_ops` (PyTorch): a variable's value read as Keras reads it in an
-    eager call (its parameter, cast to the autocast scope's dtype), without the dtype
-    checks of Keras' cast around the one `Tensor.to`; a value on another device than
-    the current one goes through Keras' conversion, which moves it.
-    """
-    if _fast("native_ops", "torch"):
-        return _native().tensor(value)
-    return ops.convert_to_tensor(value)
 
 
 def linear(x, kernel, bias=None):
     """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
 
     Fast path `linear` (PyTorch): one `torch.nn.functional.linear`, the bias add fused
-    into the matmul; and `onednn_linear` on top of it (float32 on an x86 CPU where
-    no gradient is recorded, outside `torch.compile`): oneDNN's linear, a private
-    PyTorch op used only after a check that it exists and computes the same. Under
-    `torch.compile` it steps aside: the compiler picks its own kernel for the linear.
+    into the matmul.
     """
-    x, kernel = tensor(x), tensor(kernel)
-    bias = None if bias is None else tensor(bias)
+    x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
+    bias = None if bias is None else ops.convert_to_tensor(bias)
     same_dtype = x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype)
     if same_dtype and _fast("linear", "torch"):
-        return _native().linear(x, kernel, bias, use_onednn=fast_path_enabled("onednn_linear"))
+        return _native().linear(x, kernel, bias)
     y = ops.matmul(x, kernel)
     return y if bias is None else ops.add(y, bias)
 
@@ -218,7 +146,7 @@ def qkv_projection(x, kernel, bias, num_heads):
     if _fast("split_qkv", "tensorflow"):
         kernels = ops.split(ops.convert_to_tensor(kernel), 3, axis=1)
         biases = [None] * 3 if bias is None else ops.split(ops.convert_to_tensor(bias), 3)
-        return [reshape(linear(x, k, b), (-1, tokens, num_heads, head_dim))
+        return [ops.reshape(linear(x, k, b), (-1, tokens, num_heads, head_dim))
                 for k, b in zip(kernels, biases)]
     return split_heads(linear(x, kernel, bias), num_heads)
 
@@ -232,7 +160,7 @@ def split_heads(qkv, num_heads):
     then summed (a zero fill, a copy and an add over the fused output per block).
     """
     tokens, fused = qkv.shape[1], qkv.shape[2]
-    qkv = reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
+    qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
     q, k, v = ops.unstack(qkv, axis=2)
     return q, k, v
 

@@ -3,8 +3,8 @@
 Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
 backends and devices, a faster form of the same computation (docs/performance.md
 gives each one's measured whole-step gain); so have RandAugment in both input
-pipelines (`bincount_histogram`, `augmentation_program`) and the models' training step
-on PyTorch (`device_constants`). The fast forms are on by default. Turn
+pipelines (`bincount_histogram`, `augmentation_program`). The fast forms are on by
+default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
 one, or to time a form against the other (`benchmarks/bench_ab.py` does):
 
@@ -30,7 +30,6 @@ import os
 #: Every fast path, by the name the switch knows it by.
 FAST_PATHS = (
     "linear",             # PyTorch: the bias add fused into the matmul (torch.nn.functional.linear)
-    "onednn_linear",      # PyTorch, float32 x86 CPU, no gradient: oneDNN's linear (a private op)
     "split_qkv",          # TensorFlow: q, k and v from three matmuls on the fused kernel's thirds
     "attention",          # heads-first attention on a CPU (JAX, TensorFlow); PyTorch's SDPA on
                           # strided views; JAX on a GPU: cuDNN attention on padded tokens
@@ -49,22 +48,6 @@ FAST_PATHS = (
                                # alone, instead of on chunks of images, where it
                                # computes all eleven and selects
                                # (keras_vitnorm.training.data.python_pipeline)
-    "randaugment_one_affine",  # JAX, the augmentation program where it computes all
-                               # eleven operations: the three geometric ones as one
-                               # affine transform with the chosen one's matrix
-    "direct_calls",       # PyTorch, eager: the library's layers call their built sublayers'
-                          # `call` inside the autocast scope and with the input cast of
-                          # Keras' `Layer.__call__`, without the rest of its per-call work
-                          # (keras_vitnorm.ops.call_layer), and the models their graph's
-                          # layers (keras_vitnorm.ops.call_graph)
-    "native_ops",         # PyTorch: reshape and LayerNorm as one PyTorch call each, and a
-                          # variable's value as one cast, without keras.ops' eager checks
-                          # of their arguments (keras_vitnorm.ops.reshape,
-                          # keras_vitnorm.ops.layer_norm, keras_vitnorm.ops.tensor)
-    "device_constants",   # PyTorch: the models' training and evaluation steps make the
-                          # Python numbers of Keras' loss, metrics and optimizer into
-                          # tensors on the device once (keras_vitnorm.models.steps,
-                          # keras_vitnorm.backend)
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 

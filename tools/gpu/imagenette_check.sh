@@ -12,9 +12,8 @@
 #      kept images, the host's part and the augmentation program on the device apart,
 #      then the program alone in each form of RandAugment: the chosen operations one
 #      image at a time (a loop of 256 with a switch per slot: many small kernels and a
-#      host round trip per iteration on a GPU), all eleven operations over chunks of 32
-#      images, and the same with one resampling per slot (randaugment_one_affine) over
-#      chunks of 32, 64 and 256 (few large kernels, more memory);
+#      host round trip per iteration on a GPU) and all eleven operations over chunks of
+#      32, 64 and 256 images (few large kernels, more memory);
 #   2. Ti/16's training step alone (batch 256, mixed_bfloat16, the batch already on the
 #      device), by part of the model: benchmarks/profile_jax.py (JSON: profile_ti16.json).
 # Both print into $OUT/imagenette_check.md as they go (each form's row as soon as it
@@ -28,7 +27,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     echo "== bench_input.py ($(date +%T))"
     python3 benchmarks/bench_input.py --dataset "folder:$data/train" --recipe imagenette \
         --image-size 224 --batch-size 256 --batches 8 --rounds 2 --pipelines python \
-        --mixed-precision mixed_bfloat16 --program-forms chosen all:32 one_affine:32 one_affine:64 one_affine:256 2>&1
+        --mixed-precision mixed_bfloat16 --program-forms chosen all:32 all:64 all:256 2>&1
     echo "== profile_jax.py ($(date +%T))"
     python3 benchmarks/profile_jax.py --device gpu --preset ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --json "$OUT/profile_ti16.json" 2>&1

@@ -437,11 +437,8 @@ class TrainBatches(keras.utils.PyDataset):
 
             randaugment = self.randaugment
             # One image at a time a switch runs the chosen operation alone; mapped over
-            # a chunk of images it computes every operation and selects, the geometric
-            # ones as one affine transform where `randaugment_one_affine` is on.
+            # a chunk of images it computes every operation and selects.
             chosen = randaugment is not None and fast_path_enabled("randaugment_chosen_ops")
-            one_affine = (randaugment is not None and not chosen and randaugment.folds_affines
-                          and fast_path_enabled("randaugment_one_affine"))
 
             def augment(images, taps, flips, keys, labels, mix_key):
                 def one(image, taps, flip, key):
@@ -449,8 +446,6 @@ class TrainBatches(keras.utils.PyDataset):
                     image = keras.ops.where(flip, keras.ops.flip(image, axis=1), image)
                     if chosen:  # the draws here, the chosen operations one image at a time
                         return image, randaugment.drawn_arrays(randaugment.draws(image, key))
-                    if one_affine:
-                        return randaugment.apply_one_affine(image, randaugment.draws(image, key))
                     if randaugment is not None:
                         image = randaugment.keyed(image, key)
                     return image
@@ -492,25 +487,6 @@ def _python_number(value):
     return isinstance(value, (bool, int, float))
 
 
-#: RandAugment's geometric operations, each with the 8-parameter affine transform its
-#: Keras layer resamples with for a draw (`transform_images`, which hands it to
-#: `keras.ops.image.affine_transform`): the rotation's is in its draw; the shear's and
-#: the translation's come from the layers' private methods named here
-#: (`PerImageRandAugment.folds_affines`), each given the draw's entry named.
-AFFINE_MATRICES = {
-    "random_shear": ("_get_shear_matrix", "shear_factor"),
-    "random_translation": ("_get_translation_matrix", "translations"),
-    "random_rotation": (None, "rotation_matrix"),
-}
-
-
-def affine_matrix(layer, name, draw):
-    """The affine transform of geometric operation `name` (a key of `AFFINE_MATRICES`)
-    of RandAugment `layer` for its `draw`."""
-    method, entry = AFFINE_MATRICES[name]
-    return draw[entry] if method is None else getattr(getattr(layer, name), method)(draw[entry])
-
-
 class PerImageRandAugment:
     """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
     image's position in the stream.
@@ -537,15 +513,6 @@ class PerImageRandAugment:
         self.seed = seed
         self.generator = self.layer.generator
         self._keyed = None  # `keyed` as `__call__` runs it
-        geometric = [getattr(self.layer, name) for name in AFFINE_MATRICES]
-        self.affine_settings = {(op.interpolation, op.fill_mode, float(op.fill_value), op.data_format)
-                                for op in geometric}
-        #: Whether `apply_one_affine` can stand for the layer: its three geometric
-        #: operations resample alike, and Keras still has the (private) methods that
-        #: give their matrices (`AFFINE_MATRICES`).
-        self.folds_affines = len(self.affine_settings) == 1 and all(
-            method is None or hasattr(getattr(self.layer, name), method)
-            for name, (method, _) in AFFINE_MATRICES.items())
 
     def keys(self, positions):
         """The generator states of the images at stream positions `positions`."""
@@ -603,39 +570,6 @@ class PerImageRandAugment:
                     for name, transform in draws["transforms"].items()]
         for slot in range(layer.num_ops):
             images = keras.ops.switch(draws["layer_idxes"][slot], branches, images)
-        return keras.ops.squeeze(images, 0)
-
-    def apply_one_affine(self, image, draws):
-        """`image` through each slot's chosen operation as `apply_chosen` gives it, for a
-        computation mapped over images, where every operation runs and a `where`
-        selects (as in Keras' layer): the three geometric operations as one affine
-        transform with the chosen one's matrix (the identity where the slot chose
-        another), in place of three resamplings of which two are thrown away. A
-        resampling is most of an operation's work (docs/performance.md, "RandAugment
-        on each image"); needs `folds_affines`."""
-        layer = self.layer
-        images = keras.ops.cast(keras.ops.expand_dims(image, 0), layer.compute_dtype)
-        transforms = draws["transforms"]
-        [(interpolation, fill_mode, fill_value, data_format)] = self.affine_settings
-        identity = keras.ops.convert_to_tensor([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
-        # The draws are the image's for every slot; only the slot's choice differs.
-        matrices = {index: keras.ops.reshape(keras.ops.cast(
-                        affine_matrix(layer, name, transforms[name]), "float32"), (1, 8))
-                    for index, name in enumerate(transforms) if name in AFFINE_MATRICES}
-        for slot in range(layer.num_ops):
-            chosen = draws["layer_idxes"][slot]
-            matrix = identity
-            for index, own in matrices.items():
-                matrix = keras.ops.where(chosen == index, own, matrix)
-            out = keras.ops.image.affine_transform(images, matrix, interpolation=interpolation,
-                                                   fill_mode=fill_mode, fill_value=fill_value,
-                                                   data_format=data_format)
-            out = keras.ops.cast(out, images.dtype)
-            for index, name in enumerate(transforms):
-                if name not in AFFINE_MATRICES:
-                    out = keras.ops.where(chosen == index,
-                                          self._operation(name, transforms[name], images), out)
-            images = out
         return keras.ops.squeeze(images, 0)
 
     def _operation(self, name, transform, images):
