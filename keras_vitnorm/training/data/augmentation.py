@@ -106,11 +106,9 @@ def count_histograms_with_bincount(equalization, counts=None):
     Keras 3.15's `Equalization` counts its 256-bin histogram, under the JAX backend,
     with a Python loop over the bins of every channel (JAX's `bincount` does not
     trace), and chooses that loop by the global backend, not by the backend it
-    computes with. Inside tf.data under JAX, tf.data builds the loop op by op: the
-    stream takes eight times as long to build and to give its first batch, and
-    delivers a quarter of the images per second after it
-    (`benchmarks/bench_randaugment.py`; docs/performance.md, "RandAugment under JAX").
-    In the Python pipeline under JAX the loop takes about 0.2 s per image.
+    computes with. Inside tf.data under JAX, tf.data builds the loop op by op, and in
+    the Python pipeline under JAX it runs per image: both far slower than a `bincount`
+    (docs/performance.md, "RandAugment under JAX").
 
     This replaces the layer's private `_custom_histogram_fixed_width` on this one
     layer, counting as Keras does (each value's bin, clipped to the range) with
