@@ -15,7 +15,7 @@ alike. The table gives the median seconds per step of each form and their ratio.
 Changes:
 
 - each fast path of the model step (`linear`, `split_qkv`, `attention`,
-  `residual_fence`; what each does and on which backend is in `keras_vitnorm/ops/config.py`): the
+  `residual_fence`; what each does and on which backend is in `keras_vitnorm/ops/switch.py`): the
   library with the fast path on against the same library with it switched off
   (`keras_vitnorm.ops.fast_paths`).
   On a backend where a fast path does not apply, the two forms are the same code.

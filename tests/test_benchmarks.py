@@ -379,7 +379,7 @@ def test_a_failed_backend_gets_a_full_width_row():
 
 @pytest.mark.parametrize("change", bench_ab.CHANGES)
 def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
-    from keras_vitnorm.ops import config as switch
+    from keras_vitnorm.ops import switch
 
     before = {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS}
     from keras_vitnorm.models.presets import preset_config
@@ -397,7 +397,7 @@ def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
 
 
 def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch():
-    from keras_vitnorm.ops import config as switch
+    from keras_vitnorm.ops import switch
 
     # Every fast path of the model step; the input pipelines' are bench_randaugment's.
     assert bench_ab.FAST_PATHS == tuple(name for name in switch.FAST_PATHS

@@ -669,9 +669,9 @@ def test_an_error_of_the_first_process_stops_every_process(monkeypatch, lead):
     """The first process's error (a taken lock, a damaged checkpoint) reaches the others
     through the broadcast every process joins, so none of them waits for it."""
     from keras_vitnorm import backend
-    from keras_vitnorm.training import processes
+    from keras_vitnorm.training import run_plan
 
-    plan = processes.Plan(1, 1, {}, 1, None, process=(0 if lead else 1, 2))
+    plan = run_plan.Plan(1, 1, {}, 1, None, process=(0 if lead else 1, 2))
     sent = []
     first_process_says = "The run directory /r is in use by another process"
     monkeypatch.setattr(backend, "from_first_process",
@@ -682,10 +682,10 @@ def test_an_error_of_the_first_process_stops_every_process(monkeypatch, lead):
 
     expected = LockedError if lead else ValueError
     with pytest.raises(expected, match="in use by another process"):
-        processes.first_process_then_all(plan, work)
+        run_plan.first_process_then_all(plan, work)
     assert sent == [first_process_says if lead else None]
     monkeypatch.setattr(backend, "from_first_process", lambda value: None)
-    assert processes.first_process_then_all(plan, lambda: "restored") == ("restored" if lead else None)
+    assert run_plan.first_process_then_all(plan, lambda: "restored") == ("restored" if lead else None)
 
 
 # ----------------------------------------------------------------------------- the study runner
@@ -1014,7 +1014,7 @@ def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resum
     worker) does: the run stops with the checkpoint of its step, exit status 143; the
     same job then finishes on the weights of a job never stopped."""
     from keras_vitnorm.study import plan as plan_lib
-    from keras_vitnorm.study import runs
+    from keras_vitnorm.study import one_run
     from keras_vitnorm.study import workers
 
     config = TrainConfig.from_recipe("small", **STUDY)
@@ -1030,8 +1030,8 @@ def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resum
     whole, whole_dir = job_file(tmp_path / "whole")
     plan_lib.run_job(whole, verbose=0)
     stopped, stopped_dir = job_file(tmp_path / "stopped")
-    trains = runs.train
-    monkeypatch.setattr(runs, "train", lambda config, **kwargs: trains(
+    trains = one_run.train
+    monkeypatch.setattr(one_run, "train", lambda config, **kwargs: trains(
         config, callbacks=[SignalAt(1, signal.SIGTERM)], **kwargs))
     assert workers.main([stopped]) == 143
     assert "Stopped by SIGTERM at step 2 of 6" in capsys.readouterr().err

@@ -88,14 +88,14 @@ def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatc
     import json
 
     from keras_vitnorm import host_memory
-    from keras_vitnorm.study import runs
+    from keras_vitnorm.study import one_run
     from keras_vitnorm.study import workers
     from keras_vitnorm.training import TrainConfig
 
     events = []
     monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: events.append("retain"))
     # A stand-in for training; a diverged run has no analysis to write.
-    monkeypatch.setattr(runs, "run_one",
+    monkeypatch.setattr(one_run, "run_one",
                         lambda *args, **kwargs: events.append("train") or {"status": "diverged"})
     job = {"config": TrainConfig(dataset="synthetic", steps=1).to_dict(), "group": "g",
            "name": "n", "run_dir": str(tmp_path / "run"), "verbose": 0, "take_over_lock": False}

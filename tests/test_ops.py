@@ -15,7 +15,7 @@ from keras_vitnorm import ViT
 from keras_vitnorm import layers
 from keras_vitnorm import ops as vitnorm_ops
 from keras_vitnorm.backend import value_and_gradients
-from keras_vitnorm.ops import config
+from keras_vitnorm.ops import switch
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
@@ -48,16 +48,16 @@ def _gradients(function, x, shape_in, loss=lambda y: keras.ops.sum(keras.ops.sin
 
 
 def test_switch_turns_named_fast_paths_off_and_restores_them():
-    initial = {name: config.fast_path_enabled(name) for name in config.FAST_PATHS}
+    initial = {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS}
     with vitnorm_ops.fast_paths(True):
         with vitnorm_ops.fast_paths(False, ["split_qkv", "attention"]):
-            assert not config.fast_path_enabled("split_qkv") and not config.fast_path_enabled("attention")
-            assert config.fast_path_enabled("linear")
+            assert not switch.fast_path_enabled("split_qkv") and not switch.fast_path_enabled("attention")
+            assert switch.fast_path_enabled("linear")
             with vitnorm_ops.fast_paths(False):
-                assert not any(config.fast_path_enabled(name) for name in config.FAST_PATHS)
-            assert config.fast_path_enabled("linear")
-        assert all(config.fast_path_enabled(name) for name in config.FAST_PATHS)
-    assert {name: config.fast_path_enabled(name) for name in config.FAST_PATHS} == initial
+                assert not any(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
+            assert switch.fast_path_enabled("linear")
+        assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
+    assert {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS} == initial
     with pytest.raises(ValueError, match="Unknown fast path 'gleu'.*linear, split_qkv"):
         vitnorm_ops.set_fast_paths(False, ["gleu"])
     with pytest.raises(ValueError, match="enabled must be True or False"):
@@ -68,21 +68,21 @@ def test_switch_turns_named_fast_paths_off_and_restores_them():
 def test_environment_variable_sets_the_switch_at_import():
     """Each value of KERAS_VITNORM_FAST_PATHS, read as the module is imported (one child
     process imports it, then reimports it under each value; no backend takes part)."""
-    cases = {"0": [], "off": [], "": list(config.FAST_PATHS), "1": list(config.FAST_PATHS),
+    cases = {"0": [], "off": [], "": list(switch.FAST_PATHS), "1": list(switch.FAST_PATHS),
              "attention, linear": ["linear", "attention"],
              "linear,fast": "Unknown fast path 'fast' in KERAS_VITNORM_FAST_PATHS='linear,fast'"}
     code = f"""if True:
         import importlib, os
-        os.environ[{config.ENVIRONMENT_VARIABLE!r}] = {next(iter(cases))!r}
-        from keras_vitnorm.ops import config
+        os.environ[{switch.ENVIRONMENT_VARIABLE!r}] = {next(iter(cases))!r}
+        from keras_vitnorm.ops import switch
         for value in {list(cases)!r}:
-            os.environ[config.ENVIRONMENT_VARIABLE] = value
+            os.environ[switch.ENVIRONMENT_VARIABLE] = value
             try:
-                importlib.reload(config)
+                importlib.reload(switch)
             except ValueError as error:
                 print(repr(str(error)))
                 continue
-            print([n for n in config.FAST_PATHS if config.fast_path_enabled(n)])
+            print([n for n in switch.FAST_PATHS if switch.fast_path_enabled(n)])
     """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "KERAS_BACKEND": BACKEND})

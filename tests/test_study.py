@@ -16,7 +16,7 @@ from keras_vitnorm.study import markdown_table
 from keras_vitnorm.study import report
 from keras_vitnorm.study import run_study
 from keras_vitnorm.study import runner
-from keras_vitnorm.study import runs
+from keras_vitnorm.study import one_run
 from keras_vitnorm.study import summarize
 from keras_vitnorm.study import tables
 from keras_vitnorm.study.variants import STEM_PAIRS
@@ -121,13 +121,13 @@ def test_variant_groups_and_subsets():
 def count_trainings(monkeypatch):
     """Makes the runner record each run it trains; returns the (growing) list."""
     trained = []
-    original = runs.train
+    original = one_run.train
 
     def counting(config, **kwargs):
         trained.append(config.output_dir)
         return original(config, **kwargs)
 
-    monkeypatch.setattr(runs, "train", counting)
+    monkeypatch.setattr(one_run, "train", counting)
     return trained
 
 
@@ -160,7 +160,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     # the overview's train - validation gap, from those statistics, is in on the first write
     overview = open(os.path.join(study, "stems_overview.md")).read().splitlines()
     assert all(line.split(" | ")[6] != "n/a" for line in overview[2:4]), overview
-    dpn_result = runs.run_analysis(os.path.join(study, "stems", "dual_patchnorm", "seed_0"))["patch_statistics"]
+    dpn_result = one_run.run_analysis(os.path.join(study, "stems", "dual_patchnorm", "seed_0"))["patch_statistics"]
     from keras_vitnorm.training import data as data_lib
 
     digits = data_lib.load_dataset("digits")  # under 2,000 images a split: all of each
@@ -168,8 +168,8 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     assert (dpn_result["train"]["images"], dpn_result["test"]["images"]) == (digits.train.size, digits.test.size)
     # Recomputing the residual stream on other images keeps it in analysis.json.
     run_dir = os.path.join(study, "stems", "dual_patchnorm", "seed_0")
-    runs.run_analysis(run_dir, np.zeros((3, 16, 16, 1), "float32"))
-    assert runs.run_analysis(run_dir)["patch_statistics"] == dpn_result
+    one_run.run_analysis(run_dir, np.zeros((3, 16, 16, 1), "float32"))
+    assert one_run.run_analysis(run_dir)["patch_statistics"] == dpn_result
     for name in ("stems_gains", "stems_gain_curves", "stems_loss", "stems_accuracy",
                  "stems_gradient_norms", "stems_stem_scales", "stems_residual_stream"):
         path = os.path.join(study, "figures", f"{name}.png")
@@ -211,11 +211,11 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     assert not any(part in ("preset", "checkpoints", "backup") for path in copied
                    for part in path.split(os.sep))
     dpn_run = os.path.join("stems", "dual_patchnorm", "seed_0")
-    assert {os.path.join(dpn_run, name) for name in runs.RUN_RESULT_FILES} <= copied
-    analysis = runs.run_analysis(os.path.join(exported, dpn_run))
+    assert {os.path.join(dpn_run, name) for name in one_run.RUN_RESULT_FILES} <= copied
+    analysis = one_run.run_analysis(os.path.join(exported, dpn_run))
     np.testing.assert_array_equal(
         analysis["stem_scale"], stem_scale_map(ViT.from_preset(os.path.join(study, dpn_run, "preset"))))
-    assert runs.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
+    assert one_run.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
     shutil.rmtree(os.path.join(exported, "figures"))
     os.remove(os.path.join(exported, "stems_patch_statistics.md"))
     trained.clear()
@@ -1379,7 +1379,7 @@ def test_the_imagenette_cpu_recipe_is_the_papers_patch_at_112_px_for_the_nine_va
     ({"train_seconds_this_run": 30.0, "resumed_from_step": 8}, None),
 ])
 def test_the_results_row_gives_a_resumed_runs_whole_training_time_or_none(metrics, expected):
-    assert runs.whole_train_seconds(metrics) == expected
+    assert one_run.whole_train_seconds(metrics) == expected
 
 
 def drawn_figures(monkeypatch):
@@ -1814,7 +1814,7 @@ def test_a_plan_is_one_resumable_command_per_run_and_tables_only_collects_them(
         "keras-vitnorm", f"{shlex.quote(sys.executable)} -m keras_vitnorm", 1)
     done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert runs.read_metrics(os.path.join(moved, "norm_types", "layernorm", "lr_0.001",
+    assert one_run.read_metrics(os.path.join(moved, "norm_types", "layernorm", "lr_0.001",
                                           "seed_0"))["status"] == "completed"
     for path in files[1:]:
         assert cli.main(["ablate-job", path, "--verbose", "0"]) == 0

@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from keras_vitnorm import hub
+from keras_vitnorm import hub_handles
 
 from keras_vitnorm.convert import big_vision
 from keras_vitnorm.convert import huggingface
@@ -66,14 +66,14 @@ def read_checkpoint(path, num_heads=None):
             `pytorch_model.bin`), a timm model directory from the Hub, a keras-hub
             preset directory, or a `.safetensors` /
             `.pth` / `.bin` state dict (timm or Hugging Face) or `.npz` (big_vision or
-            AugReg) file, or a hub handle (`keras_vitnorm.hub`: `hf://<owner>/<repo>`,
+            AugReg) file, or a hub handle (`keras_vitnorm.hub_handles`: `hf://<owner>/<repo>`,
             `kaggle://...`) naming one of these.
         num_heads: int; the head count for state dicts that do not record it and have
             a non-standard width.
     """
     path = os.fspath(path)
-    if hub.is_handle(path):
-        path = hub.resolve(path)
+    if hub_handles.is_handle(path):
+        path = hub_handles.resolve(path)
     if os.path.isdir(path):
         if keras_hub.is_keras_hub_directory(path):
             backbone, classifier = keras_hub.read_directory(path)

@@ -15,7 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_vitnorm import durable
-from keras_vitnorm import hub
+from keras_vitnorm import hub_handles
 from keras_vitnorm.convert import Checkpoint
 from keras_vitnorm.convert import is_checkpoint
 from keras_vitnorm.convert import read_json
@@ -104,8 +104,8 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     preset = os.fspath(preset)
     weights_lib.check_overrides(cls, overrides)
     check_choice("resample", resample, weights_lib.RESAMPLE_METHODS)
-    if hub.is_handle(preset):
-        preset = hub.resolve(preset)
+    if hub_handles.is_handle(preset):
+        preset = hub_handles.resolve(preset)
     if preset in PRESETS and not os.path.isdir(preset):
         return cls(**{**preset_config(preset), **overrides})
     if os.path.exists(preset) and is_checkpoint(preset):

@@ -2,7 +2,7 @@
 
 import difflib
 
-from keras_vitnorm import hub
+from keras_vitnorm import hub_handles
 
 _SIZES = {
     "ti": {"width": 192, "depth": 12, "mlp_dim": 768, "num_heads": 3},
@@ -58,6 +58,6 @@ def preset_config(name):
         raise ValueError(
             f"Unknown preset {name!r}, and no preset directory exists at that path.{hint} "
             f"Built-in presets: {', '.join(sorted(PRESETS))}; or a hub handle, "
-            f"{hub.HANDLE_FORMS}."
+            f"{hub_handles.HANDLE_FORMS}."
         )
     return dict(PRESETS[name]["config"])

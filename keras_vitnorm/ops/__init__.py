@@ -4,7 +4,7 @@ Each op here is written in `keras.ops` and reads like its formula. Where a backe
 (and device) runs the same computation measurably faster in another form, the op
 takes that form from the backend's module (`_jax`, `_tensorflow`, `_torch`, each
 imported only under its backend) while the fast path is switched on
-(`keras_vitnorm.ops.config`: `set_fast_paths`, `fast_paths`, the
+(`keras_vitnorm.ops.switch`: `set_fast_paths`, `fast_paths`, the
 `KERAS_VITNORM_FAST_PATHS` environment variable). Values and gradients are the same
 either way up to float32 round-off (tests/test_ops.py); docs/performance.md gives
 each fast path's measured whole-step gain.
@@ -19,10 +19,10 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.ops.config import FAST_PATHS
-from keras_vitnorm.ops.config import fast_path_enabled
-from keras_vitnorm.ops.config import fast_paths
-from keras_vitnorm.ops.config import set_fast_paths
+from keras_vitnorm.ops.switch import FAST_PATHS
+from keras_vitnorm.ops.switch import fast_path_enabled
+from keras_vitnorm.ops.switch import fast_paths
+from keras_vitnorm.ops.switch import set_fast_paths
 
 __all__ = [
     "FAST_PATHS", "attention", "backend_name", "fast_path_enabled", "fast_paths",

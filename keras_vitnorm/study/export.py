@@ -5,8 +5,8 @@ import os
 import shutil
 
 from keras_vitnorm import durable
-from keras_vitnorm.study.runs import RUN_RESULT_FILES
-from keras_vitnorm.study.runs import read_metrics
+from keras_vitnorm.study.one_run import RUN_RESULT_FILES
+from keras_vitnorm.study.one_run import read_metrics
 
 
 def export_study(study_dir, destination):

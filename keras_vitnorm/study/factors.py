@@ -12,8 +12,8 @@ import re
 import numpy as np
 
 from keras_vitnorm import durable
-from keras_vitnorm.study.runs import read_grad_norms
-from keras_vitnorm.study.runs import read_metrics
+from keras_vitnorm.study.one_run import read_grad_norms
+from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.stats import holm_adjusted

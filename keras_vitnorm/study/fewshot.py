@@ -31,7 +31,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.fewshot_lsr import L2_REGULARIZATION
 from keras_vitnorm.study.fewshot_lsr import few_shot_draws
 from keras_vitnorm.study.fewshot_lsr import fit_least_squares
-from keras_vitnorm.study.runs import ANALYSIS_FILE
+from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.stats import holm_adjusted

@@ -24,7 +24,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study import patch_statistics
-from keras_vitnorm.study.runs import ANALYSIS_FILE
+from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import mean_ci_text

@@ -26,7 +26,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.analysis.patch_norm import RELIANCE_KEYS
-from keras_vitnorm.study.runs import ANALYSIS_FILE
+from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import mean_ci_text
 
 #: Images of each split every model classifies: at 2,000 the binomial standard error of

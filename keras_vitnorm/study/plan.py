@@ -97,15 +97,15 @@ def read_job(path):
 def run_job(path, verbose=None):
     """Trains, resumes or skips (if finished) the run of the job file at `path`, then
     writes its `analysis.json` where it completed; returns its result row
-    (`keras_vitnorm.study.runs.run_one`).
+    (`keras_vitnorm.study.one_run.run_one`).
 
     The job analyzes its own run, on the study's probe images, so that the runs of a
     plan are analyzed side by side where they trained, and `--tables-only` only reads
     the files instead of loading every run's model one after another.
     """
-    from keras_vitnorm.study.runs import probe_images
-    from keras_vitnorm.study.runs import run_analysis
-    from keras_vitnorm.study.runs import run_one
+    from keras_vitnorm.study.one_run import probe_images
+    from keras_vitnorm.study.one_run import run_analysis
+    from keras_vitnorm.study.one_run import run_one
     from keras_vitnorm.training import TrainConfig
 
     content = read_job(path)

@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study import factors
-from keras_vitnorm.study.runs import run_analysis
+from keras_vitnorm.study.one_run import run_analysis
 from keras_vitnorm.study.tables import summarize
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES

@@ -49,19 +49,19 @@ from keras_vitnorm.study import plan as plan_lib
 from keras_vitnorm.study import workers
 from keras_vitnorm.study.report import dpn_mechanism
 from keras_vitnorm.study.report import make_figures
-from keras_vitnorm.study.runs import probe_images
-from keras_vitnorm.study.runs import read_metrics
-from keras_vitnorm.study.runs import recorded_differences
-from keras_vitnorm.study.runs import resolved_model
-from keras_vitnorm.study.runs import run_one
+from keras_vitnorm.study.one_run import probe_images
+from keras_vitnorm.study.one_run import read_metrics
+from keras_vitnorm.study.one_run import recorded_differences
+from keras_vitnorm.study.one_run import resolved_model
+from keras_vitnorm.study.one_run import run_one
 from keras_vitnorm.study.tables import write_results
 from keras_vitnorm.study.tables import write_rows
 from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
-from keras_vitnorm.training.processes import FITTED_SETTINGS
-from keras_vitnorm.training.processes import fit_to_data
+from keras_vitnorm.training.run_plan import FITTED_SETTINGS
+from keras_vitnorm.training.run_plan import fit_to_data
 from keras_vitnorm.validation import check_choice
 
 
@@ -291,7 +291,7 @@ class _Study:
 
     def fitted(self, config):
         """`config` with the recipe's defaults that its data cannot take fitted to it as
-        `train` fits them (`processes.fit_to_data`), each change noted once: a run
+        `train` fits them (`run_plan.fit_to_data`), each change noted once: a run
         trains, and records, the settings its job says."""
         if config.given is None or set(FITTED_SETTINGS) <= config.given:
             return config

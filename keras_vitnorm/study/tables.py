@@ -19,7 +19,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study import factors
 from keras_vitnorm.study.overview import overview_table
 from keras_vitnorm.study.overview import read_step_times
-from keras_vitnorm.study.runs import read_grad_norms
+from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text

@@ -28,8 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_vitnorm import durable
-from keras_vitnorm.study.runs import read_metrics
-from keras_vitnorm.study.runs import whole_train_seconds
+from keras_vitnorm.study.one_run import read_metrics
+from keras_vitnorm.study.one_run import whole_train_seconds
 from keras_vitnorm.study.stats import kaplan_meier_median
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
-from keras_vitnorm.study.runs import recorded_differences
-from keras_vitnorm.study.runs import run_one
+from keras_vitnorm.study.one_run import recorded_differences
+from keras_vitnorm.study.one_run import run_one
 from keras_vitnorm.training import run_files
 
 TRAIN_EXAMPLES = 800

@@ -5,7 +5,7 @@ import json
 import math
 import os
 
-from keras_vitnorm import hub
+from keras_vitnorm import hub_handles
 from keras_vitnorm.choices import CROP_MODES
 from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.choices import OPTIMIZERS
@@ -20,7 +20,7 @@ from keras_vitnorm.training.recipes import get_recipe
 
 def names_trained_model(preset):
     """Whether `preset` names a trained model (a directory, a checkpoint, a hub handle)."""
-    return isinstance(preset, str) and (os.path.exists(preset) or hub.is_handle(preset))
+    return isinstance(preset, str) and (os.path.exists(preset) or hub_handles.is_handle(preset))
 
 
 def setting_changes(saved, current):
@@ -176,7 +176,7 @@ class TrainConfig:
         return config
 
     #: The settings given to `from_recipe`; the others are the recipe's defaults, which
-    #: a run fits to a dataset too small for them (`processes.fit_to_data`). A config
+    #: a run fits to a dataset too small for them (`run_plan.fit_to_data`). A config
     #: made otherwise counts every setting as given.
     given = None
 

@@ -30,7 +30,7 @@ from keras_vitnorm.training import run_files
 from keras_vitnorm.training.evaluation import image_size
 from keras_vitnorm.training.optimizer import compile_classifier
 from keras_vitnorm.training.optimizer import make_optimizer
-from keras_vitnorm.training.processes import first_process_then_all
+from keras_vitnorm.training.run_plan import first_process_then_all
 from keras_vitnorm.training.run_directory import drop_replaced
 from keras_vitnorm.training.run_directory import read_log
 from keras_vitnorm.training.run_directory import truncate_csv
@@ -104,7 +104,7 @@ class Run:
         config: the validated `TrainConfig`.
         data: its `keras_vitnorm.training.data.Dataset`.
         directory: its `RunDirectory`, locked and prepared.
-        plan: its `keras_vitnorm.training.processes.Plan`.
+        plan: its `keras_vitnorm.training.run_plan.Plan`.
         resume: whether it continues from the directory's last checkpoint.
         say: `print`, or nothing.
         stop: the `keras_vitnorm.training.interrupts.StopRequest` that the run's

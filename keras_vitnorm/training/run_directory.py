@@ -13,7 +13,7 @@ a checkpoint when the run resumes.
     preset/                  the final model (`ViT.save_to_preset`)
     metrics.json             status, final validation and test accuracy, timings
     analysis.json            what a study reads of the trained model
-                             (`keras_vitnorm.study.runs.run_analysis`)
+                             (`keras_vitnorm.study.one_run.run_analysis`)
     .replaced/               the run that `--overwrite` replaces, kept until the new
                              run has its first checkpoint (`move_aside`)
     .replaced.moving/        the same while its entries move in or out

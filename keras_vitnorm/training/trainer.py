@@ -2,8 +2,9 @@
 
 The run's jobs, one module each: its settings (`config`), data (`data`), optimizer and
 schedule (`optimizer`), directory (`run_directory`, on `run_files`' locks and storage
-errors), processes and devices (`processes`, `distribution`), the fit loop and its
-results (`fit_loop`, `callbacks`) and the scoring of a saved model (`evaluation`).
+errors), its plan over processes and devices (`run_plan`, `distribution`), the fit
+loop and its results (`fit_loop`, `callbacks`) and the scoring of a saved model
+(`evaluation`).
 `train` puts them together: it checks the settings, loads the data, plans the run,
 locks and prepares its directory, and runs the fit loop from the start or, with
 `resume`, from the directory's last checkpoint.
@@ -28,9 +29,9 @@ from keras_vitnorm.training.fit_loop import Run
 from keras_vitnorm.training.fit_loop import TrainingDiverged
 from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
-from keras_vitnorm.training.processes import first_process_then_all
-from keras_vitnorm.training.processes import fit_to_data
-from keras_vitnorm.training.processes import plan_run
+from keras_vitnorm.training.run_plan import first_process_then_all
+from keras_vitnorm.training.run_plan import fit_to_data
+from keras_vitnorm.training.run_plan import plan_run
 
 __all__ = ["TrainingDiverged", "describe_model", "train"]
 
