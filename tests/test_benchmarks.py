@@ -114,7 +114,6 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_input, ["--chunk-values", "0"]),
     (bench_input, ["--program-forms", "all:0"]),
     (bench_input, ["--program-forms", "each"]),
-    (bench_input, ["--program-forms", "one_affine:4"]),
     (bench_input, ["--program-forms", "chosen", "--recipe", "crops"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):

@@ -224,6 +224,25 @@ def test_an_overwrite_that_fails_before_its_first_checkpoint_puts_the_old_run_ba
 
 
 @pytest.mark.one_backend
+def test_an_overwrite_that_runs_out_of_space_at_its_first_checkpoint_puts_the_old_run_back(
+        tmp_path, capsys, finished_run, monkeypatch):
+    """A full disk at the new run's first checkpoint leaves nothing of the new run to
+    resume: the old run goes back, bit for bit, and the advice is the same command again
+    (--resume would have continued the old run)."""
+    from keras_vitnorm import durable
+
+    out, before = copy_run(finished_run, tmp_path)
+    argv = ["train", *SHORT_RUN, "--output-dir", str(out), "--seed", "3", "--overwrite"]
+    monkeypatch.setenv(durable.FAULT_ENV, "enospc:checkpoint:weights")
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 4, err
+    assert err.strip().endswith(
+        f"then run the same command again: the run it was replacing in {out} is back in "
+        "place."), err
+    assert files_of(out) == before and tree(out) == tree(finished_run)
+
+
+@pytest.mark.one_backend
 def test_an_overwrite_drops_the_old_run_once_the_new_one_has_its_first_checkpoint(
         tmp_path, finished_run):
     """Until the new run's first checkpoint the old run is kept whole (moved aside in the

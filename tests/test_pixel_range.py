@@ -79,26 +79,60 @@ def test_0_255_images_given_to_a_minus_1_1_model_get_one_warning_naming_both_ran
         lambda: ViT(**SMALL, pixel_range=[0, 255]).predict(PIXELS, verbose=0)) == []
 
 
-def test_a_dataset_of_0_255_images_is_read_ahead_once_and_warned_about_in_fit():
+def test_a_dataset_of_0_255_images_is_warned_about_as_fit_reads_it_and_not_read_ahead():
+    """A `tf.data` dataset is checked as `fit` reads it (a map over its batches), not read
+    ahead: the generator behind one gives what it gives to Keras alone; a dataset in
+    range, or one the trainer feeds (`check_datasets` off), gets no warning."""
     tf = pytest.importorskip("tensorflow", reason="tf.data is TensorFlow's")
+    read = []
+
+    def counted():  # the batches the dataset gives, counted as they are read
+        for start in (0, 3):
+            read.append(start)
+            yield PIXELS[start:start + 3], np.zeros(3, "int32")
+
+    generated = tf.data.Dataset.from_generator(
+        counted, output_signature=(tf.TensorSpec((None, 16, 16, 3), "float32"),
+                                   tf.TensorSpec((None,), "int32")))
+    plain = ViT(**SMALL)
+    plain.check_datasets = False
+    plain.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    plain.fit(generated, verbose=0)
+    plain_reads, read[:] = list(read), []
     model = ViT(**SMALL)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    dataset = tf.data.Dataset.from_tensor_slices((PIXELS, np.zeros(6, "int32"))).batch(3)
-    found = range_warnings(lambda: model.fit(dataset, verbose=0))
+    found = range_warnings(lambda: model.fit(generated, verbose=0))
     assert len(found) == 1 and found[0].startswith("ViT.fit got images with values in [")
+    assert read == plain_reads  # no batch read for the check beyond what fit reads
+    dataset = tf.data.Dataset.from_tensor_slices((PIXELS, np.zeros(6, "int32"))).batch(3)
+    scaled = dataset.map(lambda x, y: (x / 127.5 - 1, y))
+    fresh = ViT(**SMALL)
+    fresh.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    assert range_warnings(lambda: fresh.fit(scaled, verbose=0)) == []
     quiet = ViT(**SMALL)
-    quiet.peek_datasets = False  # what the trainer sets: its pipelines produce the range
+    quiet.check_datasets = False  # what the trainer sets: its pipelines give the range
     quiet.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     assert range_warnings(lambda: quiet.fit(dataset, verbose=0)) == []
+
+
+def test_arrays_are_checked_once_per_model_and_non_finite_values_are_left_out():
+    model = ViT(**SMALL)
+    with_nan = (PIXELS / 127.5 - 1).copy()
+    with_nan[0, 0, 0, 0] = np.nan
+    assert range_warnings(lambda: model.predict(with_nan, verbose=0)) == []
+    # checked once: a later call is not read again (no copy of its images per call)
+    assert range_warnings(lambda: model.predict(PIXELS, verbose=0)) == []
 
 
 def test_a_segmenter_takes_its_vits_range():
     vit = ViT(**{**SMALL, "num_classes": 0}, pixel_range=[0, 255])
     segmenter = Segmenter(vit, num_classes=2)
     assert range_warnings(lambda: segmenter.predict(PIXELS, verbose=0)) == []
-    assert len(range_warnings(
+    [warning] = range_warnings(
         lambda: Segmenter(ViT(**{**SMALL, "num_classes": 0}), num_classes=2).predict(
-            PIXELS, verbose=0))) == 1
+            PIXELS, verbose=0))
+    assert "build it on a ViT of the range they have, e.g. ViT.from_preset(..., " \
+        "pixel_range=[0, 255])" in warning
 
 
 @pytest.mark.one_backend
@@ -111,7 +145,7 @@ def test_the_trainer_refuses_another_range_and_trains_a_saved_model_of_one_in_mi
     model.save_to_preset(tmp_path / "preset")
     body = {key: value for key, value in SMALL.items() if key != "num_classes"}
     settings = dict(steps=2, batch_size=32, warmup_steps=1, tensorboard=False)
-    with pytest.raises(ValueError, match=r"pixel_range=\[0, 255\]: the trainer's input "
+    with pytest.raises(ValueError, match=r"pixel_range=\[0, 255\]: the library's input "
                        r"pipelines feed images in \[-1, 1\]"):
         train(TrainConfig.from_recipe("small", model=dict(body, pixel_range=[0, 255]),
                                       output_dir=str(tmp_path / "refused"), **settings),
@@ -122,3 +156,36 @@ def test_the_trainer_refuses_another_range_and_trains_a_saved_model_of_one_in_mi
                                   output_dir=str(tmp_path / "run"), **settings), verbose=0)
     assert ViT.from_preset(str(tmp_path / "run" / "preset")).get_config()["pixel_range"] == [
         -1.0, 1.0]
+
+
+def test_the_segmenter_and_lit_builders_and_evaluate_take_minus_1_1_whatever_the_preset(
+        tmp_path, monkeypatch):
+    """Their pipelines feed [-1, 1] too: a preset saved with [0, 255] loads in [-1, 1] (the
+    same weights), and another range asked for is refused."""
+    from keras_vitnorm.training import evaluation
+    from keras_vitnorm.training.contrastive import LiTConfig
+    from keras_vitnorm.training.contrastive import build_lit
+    from keras_vitnorm.training.segmentation import SegmentationConfig
+    from keras_vitnorm.training.segmentation import build_segmenter
+
+    ViT(**{**SMALL, "num_classes": 0}, pixel_range=[0, 255]).save_to_preset(tmp_path / "p")
+    preset = str(tmp_path / "p")
+    segmenter = build_segmenter(SegmentationConfig(preset=preset, image_size=16), 2)
+    assert segmenter.pixel_ranges() == {"images": (-1.0, 1.0)}
+    lit = build_lit(LiTConfig(preset=preset, image_size=16), ["", "[UNK]", "a", "b"])
+    assert lit.pixel_ranges() == {"images": (-1.0, 1.0)}
+    with pytest.raises(ValueError, match="the library's input pipelines feed images in"):
+        build_segmenter(SegmentationConfig(preset=preset, image_size=16,
+                                           model={"pixel_range": [0, 1]}), 2)
+    loaded = []
+
+    class Spy:
+        @staticmethod
+        def from_preset(path, **overrides):
+            loaded.append(overrides)
+            raise ValueError("stop here")
+
+    monkeypatch.setattr(evaluation, "ViT", Spy)
+    with pytest.raises(ValueError, match="stop here"):
+        evaluation._score(preset, None, "test", 8, 0.0, 0)
+    assert loaded == [{"pixel_range": (-1.0, 1.0)}]

@@ -321,7 +321,9 @@ def test_a_command_stopped_inside_a_gc_callback_ends_with_its_status(monkeypatch
     monkeypatch.setattr(evaluate_command, "run", changed)
     assert cli.main(["evaluate", "runs/x"]) == 143
     assert capsys.readouterr().err == (
-        "keras-vitnorm evaluate: error: Stopped by SIGTERM. Nothing was written.\n")
+        "keras-vitnorm evaluate: error: Stopped by SIGTERM. (It landed in code that raised "
+        "ImportError: Importing the numpy C-extensions failed. instead.) Nothing was "
+        "written.\n")
 
 
 def tiny_run(output_dir):

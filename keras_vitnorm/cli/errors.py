@@ -130,6 +130,12 @@ def signals_raise(received):
             signal.signal(number, handler)
 
 
+def describe_error(error):
+    """`TypeName: the first line of its message`, for a message of one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def interrupted_message(command, args, error):
     """What a command stopped by a signal (`error`, a KeyboardInterrupt) prints: what
     stopped it, where it stands, how to continue."""
@@ -158,6 +164,8 @@ def run_command(command, args):
         if received:  # the stop, changed on its way out by the code it landed in (NumPy's
             # import reports one as "Importing the numpy C-extensions failed")
             stop = Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+            stop.args = (f"{stop} (It landed in code that raised {describe_error(error)} "
+                         "instead.)",)
             return fail(command.NAME, interrupted_message(command, args, stop), 128 + received[0])
         status = exit_status(error)
         if status is None:

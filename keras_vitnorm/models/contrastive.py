@@ -246,6 +246,10 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     def pixel_ranges(self):
         return {"images": pixel_range_of(self.vit_config.get("pixel_range", MODEL_RANGE))}
 
+    def _range_advice(self):
+        return ("build it on a ViT of the range they have, e.g. "
+                "ViT.from_preset(..., pixel_range=[0, 255])")
+
     def input_shapes(self):
         """`{"images": (height, width, channels), "tokens": (max_length,)}`: what `fit`,
         `evaluate` and `predict` take (`keras_vitnorm.models.guarded_calls`)."""

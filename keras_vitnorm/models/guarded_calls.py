@@ -2,6 +2,7 @@
 before the trainer runs, the weights kept where a call fails."""
 
 import inspect
+import sys
 import warnings
 
 import numpy as np
@@ -37,26 +38,26 @@ def _part(data, name, named_only):
 RANGE_SAMPLE = 64
 
 
-def _first_images(data, name, named_only, peek):
-    """Up to `RANGE_SAMPLE` images of `data`'s input `name` as NumPy: the first of arrays
-    or tensors, the first batch of a `tf.data.Dataset` where `peek` (a batch read ahead);
-    `None` where they cannot be read without consuming the data (a generator)."""
-    if hasattr(data, "element_spec"):
-        if not (peek and hasattr(data, "take")):
-            return None
-        try:
-            data = next(iter(data.take(1)))
-        except Exception:  # noqa: BLE001 (an input that only the call itself reads)
-            return None
-        data = data[0] if isinstance(data, tuple) else data
+def _first_images(data, name, named_only):
+    """Up to `RANGE_SAMPLE` images of the arrays or tensors `data` feed to input `name`, as
+    NumPy; `None` for anything that cannot be read without consuming it (a dataset, a
+    generator) or without a copy off a device that fails (a symbolic tensor)."""
     part = _part(data, name, named_only)
-    if part is None or getattr(part, "shape", None) is None or not len(part.shape):
+    if part is None or hasattr(data, "element_spec") or not len(getattr(part, "shape", ())):
         return None
     try:
         sample = part[:RANGE_SAMPLE]
-        return np.asarray(sample.numpy() if hasattr(sample, "numpy") else sample, "float32")
+        return np.asarray(sample.numpy() if hasattr(sample, "numpy") else sample)
     except Exception:  # noqa: BLE001 (a symbolic tensor, a device tensor)
         return None
+
+
+def _finite_range(images):
+    """`(min, max)` of the finite values of the NumPy `images`, or `None` where none is."""
+    if not np.issubdtype(images.dtype, np.number):
+        return None
+    finite = images[np.isfinite(images)] if np.issubdtype(images.dtype, np.floating) else images
+    return (float(finite.min()), float(finite.max())) if finite.size else None
 
 
 class GuardedCalls:
@@ -76,47 +77,92 @@ class GuardedCalls:
     - Images far outside the model's `pixel_range` (0-255 images given to a model that
       takes [-1, 1]) get a warning that names both ranges, once per model
       (`check_pixel_range`): the model would train and predict on them without a word.
-      Arrays and tensors are checked at every call; a `tf.data.Dataset` by reading its
-      first batch ahead, at the model's first call with one (`peek_datasets`).
+      Arrays and tensors are checked at the model's first call with them (their first
+      `RANGE_SAMPLE` images); a `tf.data.Dataset` as its batches are read, by a map
+      that looks at each batch's images (`check_datasets`). A range inside the model's
+      (images in [0, 1] given to a [-1, 1] model) cannot be told from a dark image and
+      is not warned of.
 
     A mixin, placed before `keras.Model` in the bases. `input_shapes()` says what the
     model takes, `pixel_ranges()` in which range.
     """
 
-    #: Whether a `tf.data.Dataset` given to a call has its first batch read ahead for the
-    #: range check (the trainer, whose pipelines produce the model's range, turns it off).
-    peek_datasets = True
+    #: Whether a `tf.data.Dataset` given to a call gets the range check as its batches are
+    #: read (the library's trainers, whose pipelines give the model's range, turn it off).
+    check_datasets = True
 
     def pixel_ranges(self):
         """`{input name: (low, high)}` of the image inputs whose range is checked."""
         return {}
 
+    def _range_advice(self):
+        return "build the model with the range they have, e.g. pixel_range=[0, 255] (also as " \
+            "a from_preset override)"
+
+    def _warn_outside_range(self, name, found, method):
+        """Warns, once per model, where `found` (`(min, max)`) lies beyond half the span of
+        input `name`'s range on either side; returns whether it did."""
+        low, high = self.pixel_ranges()[name]
+        margin = (high - low) / 2
+        if getattr(self, "_pixel_range_warned", False) or (
+                found[0] >= low - margin and found[1] <= high + margin):
+            return False
+        self._pixel_range_warned = True
+        warnings.warn(
+            f"{type(self).__name__}.{method} got {name} with values in [{found[0]:g}, "
+            f"{found[1]:g}]; the model takes {name} in [{low:g}, {high:g}] (its pixel_range). "
+            f"Scale them to that range, or {self._range_advice()}: it maps them onto the "
+            f"range its weights were trained on. This warning is given once per model.",
+            UserWarning, stacklevel=5)
+        return True
+
     def check_pixel_range(self, x, method="call"):
-        """Warns (once per model) where the images of `x` lie far outside `pixel_ranges()`:
-        beyond half the range's span on either side."""
-        if getattr(self, "_pixel_range_warned", False):
-            return
+        """`x`, its images checked against `pixel_ranges()` (see the class docstring):
+        arrays and tensors now, a `tf.data.Dataset` mapped to check its batches."""
         ranges = self.pixel_ranges()
-        peek = self.peek_datasets and not getattr(self, "_pixel_range_peeked", False)
-        if hasattr(x, "element_spec") and peek:
-            self._pixel_range_peeked = True
-        for name, (low, high) in ranges.items():
-            images = _first_images(x, name, len(self.input_shapes()) > 1, peek)
-            if images is None or not images.size:
-                continue
-            found = float(images.min()), float(images.max())
-            margin = (high - low) / 2
-            if found[0] >= low - margin and found[1] <= high + margin:
-                continue
-            self._pixel_range_warned = True
-            warnings.warn(
-                f"{type(self).__name__}.{method} got {name} with values in [{found[0]:g}, "
-                f"{found[1]:g}]; the model takes {name} in [{low:g}, {high:g}] (its "
-                f"pixel_range). Scale them to that range, or build the model with the range "
-                f"they have, e.g. pixel_range=[0, 255] (also as a from_preset override): it "
-                f"maps them onto the range its weights were trained on. This warning is "
-                f"given once per model.", UserWarning, stacklevel=4)
-            return
+        if not ranges or getattr(self, "_pixel_range_warned", False):
+            return x
+        named_only = len(self.input_shapes()) > 1
+        if hasattr(x, "element_spec"):
+            return self._checking_dataset(x, method, named_only) if self.check_datasets else x
+        if getattr(self, "_pixel_range_checked", False):
+            return x
+        for name in ranges:
+            images = _first_images(x, name, named_only)
+            found = None if images is None else _finite_range(images)
+            if found is not None:
+                self._pixel_range_checked = True
+                self._warn_outside_range(name, found, method)
+        return x
+
+    def _checking_dataset(self, dataset, method, named_only):
+        """`dataset` mapped to pass each batch's images' finite min and max to
+        `_warn_outside_range` (its elements unchanged), where it is a `tf.data.Dataset`."""
+        tf = sys.modules.get("tensorflow")
+        if tf is None or not isinstance(dataset, tf.data.Dataset):
+            return dataset
+
+        def check(*element):
+            first = element[0]
+            checks = []
+            for name in self.pixel_ranges():
+                images = first.get(name) if isinstance(first, dict) else (
+                    None if named_only else first)
+                if images is None or not images.dtype.is_floating and not images.dtype.is_integer:
+                    continue
+                values = tf.cast(images, "float32")
+                finite = tf.math.is_finite(values)
+                low = tf.reduce_min(tf.where(finite, values, np.inf))
+                high = tf.reduce_max(tf.where(finite, values, -np.inf))
+                checks.append(tf.py_function(
+                    lambda lo, hi, name=name: self._warn_outside_range(
+                        name, (float(lo), float(hi)), method) if lo <= hi else False,
+                    [low, high], tf.bool))
+            with tf.control_dependencies(checks):
+                element = tf.nest.map_structure(tf.identity, element)
+            return element if len(element) > 1 else element[0]
+
+        return dataset.map(check)
 
     def input_shapes(self):
         """`{input name: shape without the batch}`: `{"images": (height, width, channels)}`."""
@@ -152,9 +198,9 @@ class GuardedCalls:
             if data is not None:
                 self.check_inputs(data, method)
                 if name == "x":
-                    self.check_pixel_range(data, method)
+                    bound.arguments["x"] = self.check_pixel_range(data, method)
         with backend.keeping_variables(self):
-            return keras_method(*arguments[0], **arguments[1])
+            return keras_method(*bound.args, **bound.kwargs)
 
     def fit(self, *args, **kwargs):
         return self._guarded("fit", (args, kwargs), ("x", "validation_data"))

@@ -111,6 +111,10 @@ class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     def pixel_ranges(self):
         return {"images": pixel_range_of(self.vit_config.get("pixel_range", MODEL_RANGE))}
 
+    def _range_advice(self):
+        return ("build it on a ViT of the range they have, e.g. "
+                "ViT.from_preset(..., pixel_range=[0, 255])")
+
     def predict_masks(self, images, batch_size=32):
         """The predicted class of every pixel, `(batch, height, width)` int32 NumPy."""
         logits = self.predict(images, batch_size=batch_size, verbose=0)

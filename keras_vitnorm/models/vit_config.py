@@ -51,6 +51,19 @@ def image_hw(image_size):
     )
 
 
+def in_model_range(overrides):
+    """`overrides` (ViT keyword arguments) with `pixel_range` at [-1, 1], for a model that
+    the library's own input pipelines feed (they give [-1, 1]): a saved model of another
+    range loads with the same weights; another range asked for is a `ValueError`."""
+    if pixel_range_of(overrides.get("pixel_range", MODEL_RANGE)) != MODEL_RANGE:
+        raise ValueError(
+            f"pixel_range={overrides['pixel_range']!r}: the library's input pipelines feed "
+            f"images in [-1, 1], so the models they train and score take [-1, 1]. Give a "
+            f"trained model another range when you load it yourself: ViT.from_preset(path, "
+            f"pixel_range=[0, 255]).")
+    return {**overrides, "pixel_range": MODEL_RANGE}
+
+
 def validate_config(config):
     """Checks a ViT config dict; raises a `ValueError` naming the first bad value."""
     c = config

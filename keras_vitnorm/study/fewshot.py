@@ -189,10 +189,11 @@ def run_fewshot(run_dir, transfer, verbose=0, say=None):
     if not os.path.isdir(preset):
         return None
     from keras_vitnorm.models import ViT
+    from keras_vitnorm.models.vit_config import in_model_range
 
     if say:
         say(f"few-shot features of {run_dir}")
-    model = ViT.from_preset(preset)
+    model = ViT.from_preset(preset, **in_model_range({}))  # its images are in [-1, 1]
     shape = tuple(model.input_shape[1:])
     progress = None
     if verbose:

@@ -439,7 +439,7 @@ def _check_study_config(base, output_dir):
 
 def _settings_key(config):
     """What makes two runs the same: every setting, with the preset's model config
-    resolved (`runs.resolved_model`: `{"stem": "patch"}` on a plain preset equals no
+    resolved (`one_run.resolved_model`: `{"stem": "patch"}` on a plain preset equals no
     override at all)."""
     settings = config.to_dict()
     settings["model"] = resolved_model(config.preset, config.model)

@@ -25,6 +25,7 @@ from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import caption_vocabulary
 from keras_vitnorm.models.contrastive import check_class_names_fit
 from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.optimizer import adamw
@@ -108,7 +109,8 @@ def split_arrays(data, split, image_size, channels):
 
 def build_lit(config, vocabulary):
     """The `LiT` model of `config`: the image tower from its preset, a fresh text tower."""
-    overrides = {key: value for key, value in config.model.items() if key != "image_size"}
+    overrides = in_model_range(  # `split_arrays` feeds [-1, 1]
+        {key: value for key, value in config.model.items() if key != "image_size"})
     vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
     return LiT(vit, vocabulary, max_length=config.max_length, embed_dim=config.embed_dim,
                freeze_image_tower=config.freeze_image_tower, loss=config.loss, text_width=config.text_width,

@@ -6,6 +6,7 @@ import keras
 
 from keras_vitnorm import durable
 from keras_vitnorm.models import ViT
+from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training.optimizer import compile_classifier
 from keras_vitnorm.training.run_directory import METRICS_FILE
@@ -88,7 +89,8 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
 
 
 def _score(preset_dir, data, split, batch_size, label_smoothing, verbose):
-    model = ViT.from_preset(preset_dir)
+    model = ViT.from_preset(preset_dir, **in_model_range({}))  # the pipelines feed [-1, 1]
+    model.check_datasets = False
     classes = model.get_config()["num_classes"]
     if classes != data.num_classes:
         raise ValueError(

@@ -132,7 +132,7 @@ class Run:
         config, plan = self.config, self.plan
         self.stop.check()  # a signal during start-up whose exception was dropped
         model = ViT.from_preset(config.preset, **plan.overrides)
-        model.peek_datasets = False  # the pipelines produce the model's range by construction
+        model.check_datasets = False  # the pipelines give the model's range by construction
         self.image_size = image_size(model)
         self.channels = model.get_config()["num_channels"]
         compile_classifier(model, make_optimizer(config, plan.total_steps, model),

@@ -302,10 +302,20 @@ def _put_back(output_dir):
     os.rmdir(moving)
 
 
-def drop_replaced(output_dir):
+def drop_replaced(output_dir, strict=False):
     """Deletes the run that `move_aside` kept in `output_dir`, if any: the new run there
-    has a checkpoint (or a result) now."""
-    shutil.rmtree(os.path.join(output_dir, REPLACED), ignore_errors=True)
+    has a checkpoint (or a result) now. Where that fails (a file held open, a
+    permission), the error is raised with `strict`; without it the old run stays, and
+    the next command there deletes it first (`recover_replaced`), so a run in training
+    is not stopped for it."""
+    path = os.path.join(output_dir, REPLACED)
+    if strict:
+        with run_files.storage_errors(path, "Nothing was changed in the new run.",
+                                      run_files.AGAIN):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def recover_replaced(output_dir):
@@ -318,7 +328,7 @@ def recover_replaced(output_dir):
     """
     replaced = os.path.isdir(os.path.join(output_dir, REPLACED))
     if replaced and has_checkpoint_or_result(output_dir):
-        drop_replaced(output_dir)
+        drop_replaced(output_dir, strict=True)
         return (f"Deleted the run that an --overwrite was replacing in {output_dir}: the new "
                 "run there has a checkpoint.")
     if replaced:  # a new run that never reached its first checkpoint

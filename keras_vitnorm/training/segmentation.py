@@ -19,6 +19,7 @@ from keras_vitnorm import backend
 from keras_vitnorm.models.segmenter import PixelAccuracy
 from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
+from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.models.segmenter import segmentation_loss
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
@@ -79,7 +80,8 @@ class SegmentationConfig:
 
 def build_segmenter(config, num_classes):
     """The `Segmenter` of `config`: the encoder from its preset, a fresh linear head."""
-    overrides = {key: value for key, value in config.model.items() if key != "image_size"}
+    overrides = in_model_range(  # segmentation_data feeds [-1, 1]
+        {key: value for key, value in config.model.items() if key != "image_size"})
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.mixed_precision)
     try:

@@ -17,8 +17,7 @@ import keras
 
 from keras_vitnorm import backend
 from keras_vitnorm.models import ViT
-from keras_vitnorm.models.vit_config import MODEL_RANGE
-from keras_vitnorm.models.vit_config import pixel_range_of
+from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import interrupts
@@ -44,15 +43,7 @@ def _model_overrides(config, data):
         overrides.setdefault("num_channels", data.channels)
     if config.drop_path is not None:
         overrides["drop_path_rate"] = config.drop_path
-    # The pipelines feed images in [-1, 1]: the model trained takes that range (a saved
-    # model of another pixel_range keeps its weights, which do not depend on it).
-    if pixel_range_of(overrides.get("pixel_range", MODEL_RANGE)) != MODEL_RANGE:
-        raise ValueError(
-            f"pixel_range={overrides['pixel_range']!r}: the trainer's input pipelines feed "
-            f"images in [-1, 1], so the models it trains take [-1, 1]. Give the trained "
-            f"model another range when you load it: ViT.from_preset(path, "
-            f"pixel_range=[0, 255]).")
-    overrides["pixel_range"] = MODEL_RANGE
+    overrides = in_model_range(overrides)  # the pipelines feed [-1, 1]
     unknown = sorted(set(overrides) - set(ViT.CONFIG_KEYS))
     if unknown:
         raise ValueError(
@@ -237,8 +228,17 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
             raise  # not a failed start: a stop (`_train` says so), the run kept to resume
         if new and run_directory.has_checkpoint_or_result(directory.path):
             run_directory.drop_replaced(directory.path)  # e.g. a diverged run's result
-        # A storage error leaves a run to continue once there is space (or, before its
-        # first checkpoint, the replaced run for the next command to put back).
+        elif new and isinstance(error, run_files.StorageError) and \
+                run_directory.keeps_replaced_run(directory.path):
+            # Nothing of the new run to resume: the run it was replacing goes back, and
+            # the same command (not --resume, which would continue the old run) starts
+            # the new one again once there is space.
+            run_directory.remove_failed_start(directory.path)
+            raise run_files.StorageError(error.errno, str(error).replace(
+                "continue with --resume", f"{run_files.AGAIN}: the run it was replacing in "
+                f"{directory.path} is back in place")) from error
+        # A storage error after the first checkpoint leaves a run to continue once there
+        # is space.
         elif new and not isinstance(error, (TrainingDiverged, run_files.StorageError)):
             run_directory.remove_failed_start(directory.path)
         raise

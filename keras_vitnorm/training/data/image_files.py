@@ -1,7 +1,7 @@
 """Whether the files of an image folder are whole images, and the error that names them.
 
-Shared by both input pipelines (`keras_vitnorm.training.data` and
-`keras_vitnorm.training.python_data`).
+Shared by both input pipelines (`keras_vitnorm.training.data.tf_pipeline` and
+`keras_vitnorm.training.data.python_pipeline`).
 """
 
 import os
