@@ -189,3 +189,14 @@ def test_the_segmenter_and_lit_builders_and_evaluate_take_minus_1_1_whatever_the
     with pytest.raises(ValueError, match="stop here"):
         evaluation._score(preset, None, "test", 8, 0.0, 0)
     assert loaded == [{"pixel_range": (-1.0, 1.0)}]
+
+
+def test_a_dataset_of_another_structure_trains_unchecked():
+    """Elements whose first part is not one tensor of images (a nested tuple here) pass
+    through the check's map as they are."""
+    tf = pytest.importorskip("tensorflow", reason="tf.data is TensorFlow's")
+    model = ViT(**SMALL)
+    nested = tf.data.Dataset.from_tensor_slices(((PIXELS, PIXELS), np.zeros(6, "int32"))).batch(3)
+    checked = model.check_pixel_range(nested, "fit")
+    assert checked.element_spec == nested.element_spec
+    assert [tuple(x[0].shape) for x, _ in checked] == [(3, 16, 16, 3), (3, 16, 16, 3)]

@@ -148,8 +148,9 @@ class GuardedCalls:
             for name in self.pixel_ranges():
                 images = first.get(name) if isinstance(first, dict) else (
                     None if named_only else first)
-                if images is None or not images.dtype.is_floating and not images.dtype.is_integer:
-                    continue
+                if not isinstance(images, tf.Tensor) or not (images.dtype.is_floating
+                                                             or images.dtype.is_integer):
+                    continue  # another structure, a ragged or sparse tensor: not checked
                 values = tf.cast(images, "float32")
                 finite = tf.math.is_finite(values)
                 low = tf.reduce_min(tf.where(finite, values, np.inf))
