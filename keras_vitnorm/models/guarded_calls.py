@@ -159,8 +159,9 @@ class GuardedCalls:
                     lambda lo, hi, name=name: self._warn_outside_range(
                         name, (float(lo), float(hi)), method) if lo <= hi else False,
                     [low, high], tf.bool))
-            with tf.control_dependencies(checks):
-                element = tf.nest.map_structure(tf.identity, element)
+            if checks:  # the element waits for them (and is otherwise the same)
+                with tf.control_dependencies(checks):
+                    element = tf.nest.map_structure(tf.identity, element)
             return element if len(element) > 1 else element[0]
 
         return dataset.map(check)
