@@ -282,6 +282,17 @@ def test_a_stop_whose_exception_was_caught_is_acted_on_before_the_training_steps
             StopOnSignal(request).on_train_begin()
 
 
+def sigterm_turned_into(error):
+    """Sends this process SIGTERM and raises `error` in place of the stop its handler
+    raises, as code that reports an interrupt as a failure of its own does (NumPy's
+    import)."""
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+    except KeyboardInterrupt:
+        raise error from None
+
+
 @pytest.mark.one_backend
 def test_a_command_stopped_inside_a_gc_callback_ends_with_its_status(monkeypatch, capsys,
                                                                      signals_raise):
@@ -312,11 +323,7 @@ def test_a_command_stopped_inside_a_gc_callback_ends_with_its_status(monkeypatch
         "not stop it: the command ran to its end first.\n")
 
     def changed(args):  # NumPy's import reports a KeyboardInterrupt as its own failure
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            raise ImportError("Importing the numpy C-extensions failed.") from None
+        sigterm_turned_into(ImportError("Importing the numpy C-extensions failed."))
 
     monkeypatch.setattr(evaluate_command, "run", changed)
     assert cli.main(["evaluate", "runs/x"]) == 143
@@ -356,11 +363,7 @@ def test_a_signal_while_the_data_loads_stops_the_run_before_any_step(where, tmp_
             collect_with_signal(signal.SIGTERM)
             time.sleep(5)  # the run's code goes on: raised before this ends
         elif where == "changed":
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
-            except KeyboardInterrupt:
-                raise ImportError("Importing the numpy C-extensions failed.") from None
+            sigterm_turned_into(ImportError("Importing the numpy C-extensions failed."))
         else:
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -395,11 +398,7 @@ def test_a_stop_changed_into_another_error_in_a_claimed_run_directory_keeps_it_t
     from keras_vitnorm.training import trainer
 
     def building(*args, **kwargs):
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            raise RuntimeError("XLA compilation was cancelled.") from None
+        sigterm_turned_into(RuntimeError("XLA compilation was cancelled."))
 
     monkeypatch.setattr(trainer, "Run", building)
     run_dir = tmp_path / "run"

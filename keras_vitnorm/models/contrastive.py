@@ -29,8 +29,6 @@ from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
-from keras_vitnorm.models.vit_config import MODEL_RANGE
-from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
@@ -242,13 +240,6 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     def build(self, input_shape=None):
         """Nothing left to build: every variable is made in the constructor."""
         self.built = True
-
-    def pixel_ranges(self):
-        return {"images": pixel_range_of(self.vit_config.get("pixel_range", MODEL_RANGE))}
-
-    def _range_advice(self):
-        return ("build it on a ViT of the range they have, e.g. "
-                "ViT.from_preset(..., pixel_range=[0, 255])")
 
     def input_shapes(self):
         """`{"images": (height, width, channels), "tokens": (max_length,)}`: what `fit`,

@@ -9,6 +9,8 @@ import numpy as np
 
 from keras_vitnorm import backend
 from keras_vitnorm.layers.patch_stem import image_shape_hint
+from keras_vitnorm.models.vit_config import MODEL_RANGE
+from keras_vitnorm.models.vit_config import pixel_range_of
 
 
 def _static_shape(data):
@@ -39,11 +41,11 @@ RANGE_SAMPLE = 64
 
 
 def _first_images(data, name, named_only):
-    """Up to `RANGE_SAMPLE` images of the arrays or tensors `data` feed to input `name`, as
-    NumPy; `None` for anything that cannot be read without consuming it (a dataset, a
-    generator) or without a copy off a device that fails (a symbolic tensor)."""
+    """Up to `RANGE_SAMPLE` images of the arrays or tensors `data` (not a dataset) feed to
+    input `name`, as NumPy; `None` for anything else (a generator) or where the copy off a
+    device fails (a symbolic tensor)."""
     part = _part(data, name, named_only)
-    if part is None or hasattr(data, "element_spec") or not len(getattr(part, "shape", ())):
+    if part is None or not len(getattr(part, "shape", ())):
         return None
     try:
         sample = part[:RANGE_SAMPLE]
@@ -92,12 +94,17 @@ class GuardedCalls:
     check_datasets = True
 
     def pixel_ranges(self):
-        """`{input name: (low, high)}` of the image inputs whose range is checked."""
-        return {}
+        """`{input name: (low, high)}` of the image inputs whose range is checked: for a
+        model built on a ViT (its config in `vit_config`: `Segmenter`, `LiT`), the ViT's
+        `pixel_range`; none for another model."""
+        config = getattr(self, "vit_config", None)
+        if config is None:
+            return {}
+        return {"images": pixel_range_of(config.get("pixel_range", MODEL_RANGE))}
 
     def _range_advice(self):
-        return "build the model with the range they have, e.g. pixel_range=[0, 255] (also as " \
-            "a from_preset override)"
+        return ("build it on a ViT of the range they have, e.g. "
+                "ViT.from_preset(..., pixel_range=[0, 255])")
 
     def _warn_outside_range(self, name, found, method):
         """Warns, once per model, where `found` (`(min, max)`) lies beyond half the span of

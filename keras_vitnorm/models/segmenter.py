@@ -13,8 +13,6 @@ from keras import ops
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
-from keras_vitnorm.models.vit_config import MODEL_RANGE
-from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 
 
@@ -107,13 +105,6 @@ class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         return cls(ViT.from_config(config.pop("vit")), **config)
-
-    def pixel_ranges(self):
-        return {"images": pixel_range_of(self.vit_config.get("pixel_range", MODEL_RANGE))}
-
-    def _range_advice(self):
-        return ("build it on a ViT of the range they have, e.g. "
-                "ViT.from_preset(..., pixel_range=[0, 255])")
 
     def predict_masks(self, images, batch_size=32):
         """The predicted class of every pixel, `(batch, height, width)` int32 NumPy."""

@@ -265,6 +265,10 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def pixel_ranges(self):
         return {"images": self.pixel_range}
 
+    def _range_advice(self):
+        return ("build the model with the range they have, e.g. pixel_range=[0, 255] (also "
+                "as a from_preset override)")
+
     def backbone(self):
         """The encoder as a model of its own: token features as well as pooled ones.
 

@@ -224,8 +224,9 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
     try:
         metrics = _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
     except Exception as error:
-        if stop.stop_behind(error) is not None:
-            raise  # not a failed start: a stop (`_train` says so), the run kept to resume
+        interrupted = stop.stop_behind(error)
+        if interrupted is not None:  # not a failed start: a stop, the run kept to resume
+            raise interrupted from error
         if new and run_directory.has_checkpoint_or_result(directory.path):
             run_directory.drop_replaced(directory.path)  # e.g. a diverged run's result
         elif new and isinstance(error, run_files.StorageError) and \
