@@ -17,11 +17,7 @@ from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import make_norm
-from keras_vitnorm.layers.residual import PostNormResidual
-from keras_vitnorm.layers.residual import PreNormResidual
-from keras_vitnorm.layers.residual import PrePostNormResidual
-from keras_vitnorm.layers.residual import Residual
-from keras_vitnorm.layers.residual import Sublayer
+from keras_vitnorm.ops import residual_fence
 
 
 def default_placements(block_style):
@@ -127,15 +123,15 @@ def check_weight_standardization(weight_standardization, block_style):
 class EncoderBlock(keras.layers.Layer):
     """One transformer block (attention sublayer then MLP sublayer).
 
-    Each sublayer `F` is wrapped according to its placement, with `N` a norm of
-    type `norm`, `S` the optional LayerScale and `D` stochastic depth:
+    `call` adds each sublayer `F` to the residual stream as its placement says, with
+    `N` a norm of type `norm`, `S` the optional LayerScale and `D` stochastic depth:
 
-    | placement  | sublayer output                  | wrapper               |
-    |------------|----------------------------------|-----------------------|
-    | `pre`      | `x + D(S(F(N(x))))`              | `PreNormResidual`     |
-    | `post`     | `N(alpha * x + D(S(F(x))))`      | `PostNormResidual`    |
-    | `pre_post` | `x + D(S(N2(F(N1(x)))))`         | `PrePostNormResidual` |
-    | `none`     | `x + D(S(F(x)))`                 | `Residual`            |
+    | placement  | sublayer output              |
+    |------------|------------------------------|
+    | `pre`      | `x + D(S(F(N(x))))`          |
+    | `post`     | `N(alpha * x + D(S(F(x))))`  |
+    | `pre_post` | `x + D(S(N2(F(N(x)))))`      |
+    | `none`     | `x + D(S(F(x)))`             |
 
     `alpha` is 1 except for `block_style="deepnorm"`. The block style adds, on top
     of the placement:
@@ -242,34 +238,19 @@ class EncoderBlock(keras.layers.Layer):
 
     @property
     def residual_alpha(self):
-        if self.block_style == "deepnorm":
-            return deepnorm_alpha(self.num_layers)
-        return 1.0
-
-    def _init_scale(self):
-        if self.block_style == "deepnorm":
-            return deepnorm_beta(self.num_layers)
-        if self.block_style == "sub_ln":
-            return sub_ln_gamma(self.num_layers)
-        return 1.0
+        """`alpha` of the `post` placement: `(2N)^(1/4)` for DeepNorm, else 1."""
+        return deepnorm_alpha(self.num_layers) if self.block_style == "deepnorm" else 1.0
 
     def _norm(self, name, shape):
-        layer = make_norm(
-            self.norm,
-            epsilon=self.norm_epsilon,
-            groups=self.norm_groups,
-            name=name,
-            dtype=self.dtype_policy,
-        )
+        layer = make_norm(self.norm, epsilon=self.norm_epsilon, groups=self.norm_groups,
+                          name=name, dtype=self.dtype_policy)
         layer.build(shape)
         return layer
 
     def _placement_norms(self, prefix, placement, shape):
-        first = second = None
-        if placement != "none":
-            first = self._norm(f"{prefix}_norm", shape)
-        if placement == "pre_post":
-            second = self._norm(f"{prefix}_post_norm", shape)
+        """`(N, N2)` of a placement: `N` unless `none`, `N2` for `pre_post` only."""
+        first = None if placement == "none" else self._norm(f"{prefix}_norm", shape)
+        second = self._norm(f"{prefix}_post_norm", shape) if placement == "pre_post" else None
         return first, second
 
     def build(self, input_shape):
@@ -279,43 +260,36 @@ class EncoderBlock(keras.layers.Layer):
                 f"norm='groupnorm' needs width divisible by norm_groups; got "
                 f"width={width}, norm_groups={self.norm_groups}."
             )
-        extra_norm = self.norm if self.block_style in ("normformer", "sub_ln") else None
-        init_scale = self._init_scale()
-        normformer = self.block_style == "normformer"
+        style = self.block_style
+        normformer = style == "normformer"
+        init_scale = {"deepnorm": deepnorm_beta, "sub_ln": sub_ln_gamma}.get(
+            style, lambda num_layers: 1.0)(self.num_layers)
+        shared = dict(norm_epsilon=self.norm_epsilon, norm_groups=self.norm_groups,
+                      init_scale=init_scale, weight_standardization=self.weight_standardization,
+                      dtype=self.dtype_policy)
         self.attention = MultiHeadSelfAttention(
             self.num_heads,
             qkv_bias=self.qkv_bias,
             qk_norm=self.norm if self.qk_norm else None,
             head_scale=normformer,
-            inner_norm=extra_norm if self.block_style == "sub_ln" else None,
-            norm_epsilon=self.norm_epsilon,
-            norm_groups=self.norm_groups,
-            init_scale=init_scale,
-            # NormFormer's dropout comes after its attention-output norm (below).
+            inner_norm=self.norm if style == "sub_ln" else None,
+            # NormFormer's dropout comes after its attention-output norm (fairseq's order).
             dropout=0.0 if normformer else self.dropout,
-            weight_standardization=self.weight_standardization,
             name="attention",
-            dtype=self.dtype_policy,
+            **shared,
         )
         self.attention.build(input_shape)
         self.mlp = MLP(
             self.mlp_dim,
-            mid_norm=extra_norm,
-            norm_epsilon=self.norm_epsilon,
-            norm_groups=self.norm_groups,
-            init_scale=init_scale,
+            mid_norm=self.norm if style in ("normformer", "sub_ln") else None,
             dropout=self.dropout,
-            weight_standardization=self.weight_standardization,
             name="mlp",
-            dtype=self.dtype_policy,
+            **shared,
         )
         self.mlp.build(input_shape)
-        self.attn_out_norm = self.attn_out_dropout = None
-        if normformer:
-            self.attn_out_norm = self._norm("attn_out_norm", input_shape)
-            self.attn_out_dropout = keras.layers.Dropout(
-                self.dropout, name="attn_out_dropout", dtype=self.dtype_policy
-            )
+        self.attn_out_norm = self._norm("attn_out_norm", input_shape) if normformer else None
+        self.attn_out_dropout = keras.layers.Dropout(
+            self.dropout, name="attn_out_dropout", dtype=self.dtype_policy) if normformer else None
         self.attn_norms = self._placement_norms("attn", self.resolved_attn_norm, input_shape)
         self.mlp_norms = self._placement_norms("mlp", self.resolved_mlp_norm, input_shape)
         self.attn_scale = self.mlp_scale = None
@@ -328,30 +302,45 @@ class EncoderBlock(keras.layers.Layer):
         self.drop_path = keras.layers.Dropout(
             self.drop_path_rate, noise_shape=(None, 1, 1), name="drop_path", dtype=self.dtype_policy
         )
-        # NormFormer as fairseq orders it: the attention, its output norm, then the dropout.
-        attention = Sublayer(self.attention, self.attn_out_norm,
-                             self.attn_out_dropout if self.dropout else None)
-        self.attention_residual = self._residual(
-            self.resolved_attn_norm, attention, self.attn_norms, self.attn_scale)
-        self.mlp_residual = self._residual(
-            self.resolved_mlp_norm, Sublayer(self.mlp), self.mlp_norms, self.mlp_scale)
-
-    def _residual(self, placement, sublayer, norms, scale):
-        """The wrapper of `sublayer` for its placement (see the table above)."""
-        norm, post_norm = norms
-        # A rate of 0 is the identity: no layer call (Keras' per-call cost is eager on PyTorch).
-        wrap = {"scale": scale, "drop_path": self.drop_path if self.drop_path_rate else None}
-        if placement == "pre":
-            return PreNormResidual(sublayer, norm, **wrap)
-        if placement == "post":
-            return PostNormResidual(sublayer, norm, alpha=self.residual_alpha, **wrap)
-        if placement == "pre_post":
-            return PrePostNormResidual(sublayer, norm, post_norm, **wrap)
-        return Residual(sublayer, **wrap)
 
     def call(self, x, training=None):
-        x = self.attention_residual(x, training)
-        return self.mlp_residual(x, training)
+        # `residual_fence` is the identity; on JAX on a CPU it also keeps XLA from fusing
+        # the residual gradient across blocks (keras_vitnorm.ops.residual_fence).
+        x = residual_fence(self._residual(
+            x, self._attention_sublayer, self.resolved_attn_norm, self.attn_norms,
+            self.attn_scale, training))
+        return residual_fence(self._residual(
+            x, self.mlp, self.resolved_mlp_norm, self.mlp_norms, self.mlp_scale, training))
+
+    def _attention_sublayer(self, h, training=None):
+        """`F` of the attention sublayer: the attention, and for NormFormer its output
+        norm and then the dropout."""
+        h = self.attention(h, training=training)
+        if self.attn_out_norm is not None:
+            h = self.attn_out_norm(h, training=training)
+            if self.dropout:
+                h = self.attn_out_dropout(h, training=training)
+        return h
+
+    def _residual(self, x, sublayer, placement, norms, scale, training):
+        """One sublayer `F` on the residual stream as its placement writes it (table above)."""
+        norm, post_norm = norms
+
+        def branch(h):  # D(S(h)); no LayerScale or a drop-path rate of 0 calls no layer
+            if scale is not None:
+                h = scale(h, training=training)
+            return self.drop_path(h, training=training) if self.drop_path_rate else h
+
+        if placement == "pre":
+            return x + branch(sublayer(norm(x, training=training), training=training))
+        if placement == "pre_post":
+            h = sublayer(norm(x, training=training), training=training)
+            return x + branch(post_norm(h, training=training))
+        if placement == "post":
+            alpha = self.residual_alpha
+            residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
+            return norm(residual + branch(sublayer(x, training=training)), training=training)
+        return x + branch(sublayer(x, training=training))  # "none"
 
     def compute_output_shape(self, input_shape):
         return input_shape
