@@ -21,6 +21,7 @@ import pytest
 from keras.src.testing import TestCase
 
 from keras_vitnorm import layers
+from user_norm import ScaleNorm  # registers "scalenorm", a user's own norm
 
 # The shapes of tests/test_layers.py, so that JAX compiles each eager op once for both.
 TOKENS = (3, 9, 16)  # batch, tokens, width: 4 heads of 4
@@ -47,6 +48,13 @@ def _stem(stem, class_token=True, **kwargs):
 #: name -> (layer class or factory, constructor arguments, input shape, output shape).
 CASES = {
     **{f"norm_{norm}": _norm(norm) for norm in layers.STEM_NORM_TYPES},
+    # A user's own norm (tests/user_norm.py) as the harness runs Keras' layers, and by name
+    # in a block (with QK-norm) and in a patch-norm stem.
+    "norm_user_scalenorm": (ScaleNorm, {"epsilon": 1e-5}, TOKENS, TOKENS),
+    "block_user_norm": _block("pre", "post", "standard", "scalenorm", qk_norm=True),
+    # The patch norm alone: after it, Dual PatchNorm's second ScaleNorm would make the
+    # loss blind to the first one's scalar gain (tests/test_user_norm.py trains both).
+    "stem_user_norm": _stem("pre_patchnorm", stem_norm="scalenorm"),
     # Standardize-only forms of the norms written here (Keras' own take center/scale).
     **{f"norm_{norm}_standardize_only": _norm(norm, learnable=False)
        for norm in ("rmsnorm", "dyt", "batchnorm")},

@@ -54,22 +54,43 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 
 
-def one_of(choices):
+def one_of(choices, registered=None):
     """`add_argument` keywords of an option that takes one of the strings `choices`.
 
     As `choices=` does, but a value that is not one names the closest spelling
     (`--norm rmsnrom`: "Did you mean 'rmsnorm'?"), as the config's own checks do.
+    `registered`, where given, is a function of the names registered beside the
+    built-in ones (a user's norms), asked only for a value that is not built in.
     """
     def parse(text):
         if text in choices:
             return text
+        names = registered() if registered else []
+        if text in names:
+            return text
+        extra = (f", or a name registered by a module of KERAS_VITNORM_NORM_MODULES "
+                 f"({', '.join(names) or 'none registered'})") if registered else ""
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {text!r}.{did_you_mean(text, choices)} Valid: {', '.join(choices)}.")
+            f"invalid choice: {text!r}.{did_you_mean(text, [*choices, *names])} Valid: "
+            f"{', '.join(choices)}{extra}.")
 
-    return {"type": parse, "metavar": "{" + ",".join(choices) + "}"}
+    return {"type": parse, "metavar": "{" + ",".join(choices) + (",...}" if registered else "}")}
+
+
+def registered_norms():
+    """The norm names registered with `keras_vitnorm.layers.register_norm`, those of the
+    modules `KERAS_VITNORM_NORM_MODULES` lists included (imports Keras: asked only for a
+    `--norm` that is not built in)."""
+    from keras_vitnorm.layers import normalization
+
+    normalization.user_norm_class("", import_modules=True)  # imports the listed modules once
+    return normalization.registered_norms()
 
 
 def _model_flag_help(key, choices, text):
+    if key in ("norm", "stem_norm"):
+        return (f"{text} ({', '.join(choices)}, or a name that a module of "
+                "KERAS_VITNORM_NORM_MODULES registers: docs/your-norm.md)")
     return f"{text} ({', '.join(choices)})" if choices else text
 
 
@@ -90,7 +111,8 @@ def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None
     notes = notes or {}
     for flag, key, kind, choices, text in MODEL_FLAGS:
         if key not in fixed:
-            kinds = one_of(choices) if choices else {"type": kind}
+            norms = registered_norms if key in ("norm", "stem_norm") else None
+            kinds = one_of(choices, norms) if choices else {"type": kind}
             group.add_argument(flag, dest=f"model_{key}", **kinds,
                                help=_model_flag_help(key, choices, text) + notes.get(key, ""))
     if qk_norm:

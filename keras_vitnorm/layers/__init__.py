@@ -22,7 +22,10 @@ from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import DyT
 from keras_vitnorm.layers.normalization import LayerNormalization
 from keras_vitnorm.layers.normalization import RMSNorm
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
+from keras_vitnorm.layers.normalization import register_norm
+from keras_vitnorm.layers.normalization import registered_norms
 from keras_vitnorm.layers.pooling import ClassTokenPooling
 from keras_vitnorm.layers.patch_stem import STEM_TYPES
 from keras_vitnorm.layers.patch_stem import PatchStem

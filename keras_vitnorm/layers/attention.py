@@ -6,13 +6,13 @@ from keras import ops
 from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import QK_NORM_TYPES
 from keras_vitnorm.validation import check_bool
-from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import ScaledInitializer
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
 from keras_vitnorm.ops import qkv_projection
@@ -21,8 +21,8 @@ from keras_vitnorm.ops import split_heads
 
 def check_qk_norm(norm):
     """Raises a `ValueError` unless `norm` can normalize q and k per head and token."""
-    check_choice("norm", norm, NORM_TYPES)
-    if norm not in QK_NORM_TYPES:
+    check_norm("norm", norm)
+    if norm in NORM_TYPES and norm not in QK_NORM_TYPES:
         raise ValueError(
             f"qk_norm normalizes each head's query and key of each token on its own, "
             f"which norm={norm!r} does not (its statistics span "
@@ -49,7 +49,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     Args:
         num_heads: int. `width` must be divisible by it.
         qkv_bias: bool, default `True`.
-        qk_norm: str or None, default `None`. A norm type of `QK_NORM_TYPES`
+        qk_norm: str or None, default `None`. A norm type of `QK_NORM_TYPES` (or a
+            registered one, `register_norm`)
             applied to each head's q and k of each token over the head
             dimension (weights shared by all heads), before the
             `1/sqrt(head_dim)` scaling (ViT-22B).
@@ -100,7 +101,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             check_qk_norm(qk_norm)
         check_bool("head_scale", head_scale)
         if inner_norm is not None:
-            check_choice("inner_norm", inner_norm, NORM_TYPES)
+            check_norm("inner_norm", inner_norm)
         check_positive_float("norm_epsilon", norm_epsilon)
         check_positive_int("norm_groups", norm_groups)
         check_positive_float("init_scale", init_scale)

@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 from keras_vitnorm.choices import BLOCK_STYLES
-from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import PLACEMENTS
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
@@ -16,6 +15,7 @@ from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import residual_fence
 
@@ -150,7 +150,8 @@ class EncoderBlock(keras.layers.Layer):
         num_heads: int.
         mlp_dim: int. MLP hidden width.
         num_layers: int. Encoder depth, used by `deepnorm` and `sub_ln` constants.
-        norm: str, default `"layernorm"`. One of `NORM_TYPES`.
+        norm: str, default `"layernorm"`. One of `NORM_TYPES` or a name registered
+            with `register_norm`.
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
         attn_norm: str or None, default `None`. Placement for the attention
@@ -205,7 +206,7 @@ class EncoderBlock(keras.layers.Layer):
         check_positive_int("num_heads", num_heads)
         check_positive_int("mlp_dim", mlp_dim)
         check_positive_int("num_layers", num_layers)
-        check_choice("norm", norm, NORM_TYPES)
+        check_norm("norm", norm)
         check_positive_float("norm_epsilon", norm_epsilon)
         check_positive_int("norm_groups", norm_groups)
         resolved_attn_norm, resolved_mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)

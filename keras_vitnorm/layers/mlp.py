@@ -2,14 +2,13 @@
 
 import keras
 
-from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.validation import check_bool
-from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.initializers import ScaledInitializer
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
 
 
@@ -53,7 +52,7 @@ class MLP(keras.layers.Layer):
         super().__init__(**kwargs)
         check_positive_int("hidden_dim", hidden_dim)
         if mid_norm is not None:
-            check_choice("mid_norm", mid_norm, NORM_TYPES)
+            check_norm("mid_norm", mid_norm)
         check_positive_float("norm_epsilon", norm_epsilon)
         check_positive_int("norm_groups", norm_groups)
         check_positive_float("init_scale", init_scale)

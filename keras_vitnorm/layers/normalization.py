@@ -14,6 +14,12 @@ RMSNorm, DyT and the stem's `affine` layer are written here:
 * Keras has no Dynamic Tanh and no scale-and-shift-only layer.
 """
 
+import importlib
+import importlib.util
+import inspect
+import os
+import pathlib
+
 import keras
 from keras import ops
 
@@ -21,7 +27,7 @@ from keras_vitnorm.choices import NORM_TYPES
 from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.ops import layer_norm
 from keras_vitnorm.validation import check_bool
-from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import did_you_mean
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
@@ -232,6 +238,128 @@ class Affine(keras.layers.Layer):
         return input_shape
 
 
+#: The Keras serialization package `register_norm` registers a user's norm class in.
+USER_NORM_PACKAGE = "keras_vitnorm.norms"
+#: Environment variable: modules (dotted names or `.py` paths, comma-separated) that
+#: register norms, imported the first time a norm name is not found.
+NORM_MODULES_VARIABLE = "KERAS_VITNORM_NORM_MODULES"
+
+
+def register_norm(name, layer_class=None):
+    """Registers a user's normalization layer class under `name`.
+
+    The name then goes wherever a built-in norm name goes: `norm` (the block norms in
+    every placement and block style, QK-norm, the final norm), `stem_norm` (Dual
+    PatchNorm's two norms), `--norm` and `--stem-norm` of every command, and the
+    study's variants. The class is registered in Keras' serialization registry (package
+    `keras_vitnorm.norms`), which is where the name is looked up, so a saved model that
+    uses it loads wherever the class is registered again. Use as a function or as a
+    class decorator.
+
+    The class normalizes the last axis of `(batch, tokens, channels)` inputs and is
+    built as `layer_class(name=..., dtype=...)`, with `epsilon=` too when its
+    constructor takes an `epsilon` argument. Processes that the command line starts
+    (study workers) import the modules listed in `KERAS_VITNORM_NORM_MODULES`.
+
+    Args:
+        name: str. A new name: not a built-in norm, letters, digits and underscores.
+        layer_class: a `keras.layers.Layer` subclass, or None to return a decorator.
+
+    Example:
+    >>> @register_norm("scalenorm")
+    ... class ScaleNorm(keras.layers.Layer):
+    ...     def build(self, shape):
+    ...         self.g = self.add_weight(shape=(), initializer="ones")
+    ...     def call(self, x):
+    ...         return self.g * x / ops.maximum(ops.norm(x, axis=-1, keepdims=True), 1e-5)
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"A norm name is a string of letters, digits and underscores, got {name!r}.")
+    if name in STEM_NORM_TYPES:
+        raise ValueError(f"norm {name!r} is a built-in norm; register yours under another name.")
+
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
+            raise TypeError(f"register_norm({name!r}, ...) takes a keras.layers.Layer subclass, "
+                            f"got {cls!r}.")
+        previous = user_norm_class(name, import_modules=False)
+        if previous is not None and previous.__qualname__ != cls.__qualname__:
+            raise ValueError(f"norm {name!r} is already registered to {previous.__qualname__}; "
+                             f"pick another name for {cls.__qualname__}.")
+        return keras.saving.register_keras_serializable(package=USER_NORM_PACKAGE, name=name)(cls)
+
+    return register if layer_class is None else register(layer_class)
+
+
+def import_norm_modules():
+    """Imports each module `KERAS_VITNORM_NORM_MODULES` lists (a dotted name or a path to
+    a `.py` file), which registers its norms; a missing one is a `ValueError` naming it."""
+    for entry in filter(None, (e.strip() for e in os.environ.get(NORM_MODULES_VARIABLE, "").split(","))):
+        if entry.endswith(".py"):
+            path = pathlib.Path(entry).expanduser().resolve()
+            if not path.is_file():
+                raise ValueError(f"{NORM_MODULES_VARIABLE} lists {entry!r}, which is not a file.")
+            module_name = f"keras_vitnorm_user_norms_{path.stem}"
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(entry)
+            except ModuleNotFoundError as error:
+                raise ValueError(f"{NORM_MODULES_VARIABLE} lists module {entry!r}, which cannot be "
+                                 f"imported: {error}.") from error
+
+
+_imported_modules = False
+
+
+def user_norm_class(name, import_modules=True):
+    """The class registered under `name` (`register_norm`), or None. The first time a
+    name is not found, the modules of `KERAS_VITNORM_NORM_MODULES` are imported first."""
+    global _imported_modules
+    key = f"{USER_NORM_PACKAGE}>{name}"
+    found = keras.saving.get_custom_objects().get(key)
+    if found is None and import_modules and not _imported_modules:
+        _imported_modules = True
+        import_norm_modules()
+        found = keras.saving.get_custom_objects().get(key)
+    return found
+
+
+def registered_norms():
+    """The names registered with `register_norm`, sorted."""
+    prefix = f"{USER_NORM_PACKAGE}>"
+    return sorted(key[len(prefix):] for key in keras.saving.get_custom_objects() if key.startswith(prefix))
+
+
+def check_norm(argument, value, stem=False):
+    """Raises a `ValueError` unless `value` is a built-in norm (`STEM_NORM_TYPES` where
+    `stem`) or a registered one; the message lists both and how to register."""
+    built_in = STEM_NORM_TYPES if stem else NORM_TYPES
+    if value in built_in or (isinstance(value, str) and user_norm_class(value) is not None):
+        return value
+    registered = registered_norms()
+    modules = os.environ.get(NORM_MODULES_VARIABLE) or "unset"
+    raise ValueError(
+        f"Unknown {argument}={value!r}.{did_you_mean(value, [*built_in, *registered])} Valid: "
+        f"{', '.join(map(repr, built_in))}, or a name registered with "
+        f"keras_vitnorm.layers.register_norm (registered here: "
+        f"{', '.join(map(repr, registered)) or 'none'}; {NORM_MODULES_VARIABLE}, the modules "
+        f"that register them for the command line and its workers: {modules}).")
+
+
+def _make_user_norm(norm, epsilon, learnable, common):
+    if not learnable:
+        raise ValueError(
+            f"norm {norm!r} is a registered norm, which is used as its class defines it: "
+            "learnable=False (stem_norm_learnable=False) takes a built-in norm.")
+    cls = user_norm_class(norm)
+    if "epsilon" in inspect.signature(cls.__init__).parameters:
+        common = {**common, "epsilon": epsilon}
+    return cls(**common)
+
+
 def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=None):
     """Returns a new normalization layer for a `norm` string.
 
@@ -241,7 +369,8 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     channels of each group (GroupNorm on the token grid, as on an image).
 
     Args:
-        norm: str, one of `NORM_TYPES` or `"affine"`.
+        norm: str, one of `NORM_TYPES`, `"affine"`, or a name registered with
+            `register_norm`.
         epsilon: float, default `1e-6` (the ViT value; Keras' own default is 1e-3).
         learnable: bool, default `True`. `False` gives a standardize-only norm
             (no scale or shift); invalid for `"affine"`.
@@ -252,11 +381,13 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     Example:
     >>> layer = make_norm("rmsnorm", epsilon=1e-6)
     """
-    check_choice("norm", norm, STEM_NORM_TYPES)
+    check_norm("norm", norm, stem=True)
     check_positive_float("epsilon", epsilon)
     check_bool("learnable", learnable)
     check_positive_int("groups", groups)
     common = {"name": name, "dtype": dtype}
+    if norm not in STEM_NORM_TYPES:
+        return _make_user_norm(norm, epsilon, learnable, common)
     if norm == "layernorm":
         return LayerNormalization(
             epsilon=epsilon, center=learnable, scale=learnable, **common

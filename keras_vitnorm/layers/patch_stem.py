@@ -15,6 +15,7 @@ from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.dense import StandardizedConv2D
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
 
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
@@ -130,7 +131,7 @@ class PatchStem(keras.layers.Layer):
         check_bool("position_embedding", position_embedding)
         check_bool("weight_standardization", weight_standardization)
         if stem_norm is not None:
-            check_choice("stem_norm", stem_norm, STEM_NORM_TYPES)
+            check_norm("stem_norm", stem_norm, stem=True)
             if stem == "patch":
                 raise ValueError(
                     f"stem='patch' has no normalization, but stem_norm={stem_norm!r} was "

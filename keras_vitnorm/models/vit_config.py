@@ -6,12 +6,11 @@ import math
 import keras
 
 from keras_vitnorm.choices import BLOCK_STYLES
-from keras_vitnorm.choices import NORM_TYPES
-from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.encoder_block import check_weight_standardization
 from keras_vitnorm.layers.encoder_block import resolve_placements
+from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_float
@@ -98,15 +97,15 @@ def validate_config(config):
             f"{divisors}."
         )
     for argument, choices in (
-        ("norm", NORM_TYPES),
         ("block_style", BLOCK_STYLES),
         ("stem", STEM_TYPES),
         ("pooling", POOLINGS),
     ):
         check_choice(argument, c[argument], choices)
+    check_norm("norm", c["norm"])
     resolve_placements(c["block_style"], c["attn_norm"], c["mlp_norm"])
     if c["stem_norm"] is not None:
-        check_choice("stem_norm", c["stem_norm"], STEM_NORM_TYPES)
+        check_norm("stem_norm", c["stem_norm"], stem=True)
     check_positive_float("norm_epsilon", c["norm_epsilon"])
     for argument in ("stem_norm_learnable", "qk_norm", "qkv_bias"):
         check_bool(argument, c[argument])

@@ -1,0 +1,109 @@
+"""A user's own normalization layer, registered under a name (`register_norm`), in every
+slot a built-in norm takes: the block norms in each placement and block style, QK-norm,
+Dual PatchNorm's two stem norms and the final norm; trained, saved and reloaded
+(`.keras`, presets), named clearly where its class is not registered, and given by name
+on the command line through `KERAS_VITNORM_NORM_MODULES`. Keras' layer harness runs on it
+in tests/test_keras_harness.py."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vitnorm
+from keras_vitnorm import cli
+from keras_vitnorm.layers import normalization
+from keras_vitnorm.layers import register_norm
+from test_training import TINY_ARGV
+from user_norm import ScaleNorm
+
+MODULE_PATH = os.path.join(os.path.dirname(__file__), "user_norm.py")
+TINY = {"image_size": 16, "patch_size": 4, "width": 16, "depth": 2, "num_heads": 2,
+        "mlp_dim": 32, "num_classes": 3}
+
+
+def _scale_norms(model):
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, ScaleNorm)]
+
+
+@pytest.mark.parametrize("attn_norm, mlp_norm, block_style", [
+    ("pre", "pre", "standard"), ("post", "post", "standard"), ("pre_post", "none", "standard"),
+    ("pre", "pre", "normformer"), ("pre", "pre", "sub_ln"), (None, None, "deepnorm")])
+def test_a_user_norm_in_every_slot_trains_saves_and_reloads(tmp_path, attn_norm, mlp_norm,
+                                                           block_style):
+    # QK-norm where a gain before it still reaches the loss: a scale-invariant ScaleNorm
+    # on q and k, and on the values' path (pre_post's N2, NormFormer's and Sub-LN's norms),
+    # would leave the attention norm's gain with no gradient, as it would a LayerNorm's.
+    qk_norm = attn_norm != "pre_post" and block_style in ("standard", "deepnorm")
+    model = keras_vitnorm.ViT(**TINY, norm="scalenorm", stem="dual_patchnorm",
+                              stem_norm="scalenorm", qk_norm=qk_norm, attn_norm=attn_norm,
+                              mlp_norm=mlp_norm, block_style=block_style, final_norm=True)
+    # Per block: the placement's norms, two for QK-norm, NormFormer's and Sub-LN's extras;
+    # two in the stem and the final norm.
+    placement = {"pre": 1, "post": 1, "pre_post": 2, "none": 0, None: 1}
+    extra = {"standard": 0, "deepnorm": 0, "normformer": 2, "sub_ln": 2}[block_style]
+    per_block = placement[attn_norm] + placement[mlp_norm] + 2 * qk_norm + extra
+    assert len(_scale_norms(model)) == TINY["depth"] * per_block + 3
+    images = np.random.default_rng(0).uniform(-1, 1, (8, 16, 16, 3)).astype("float32")
+    labels = np.arange(8) % 3
+    model.compile(keras.optimizers.AdamW(1e-2), "sparse_categorical_crossentropy")
+    # Every gain but the stem's first: Dual PatchNorm's second norm, a ScaleNorm too, makes
+    # the loss blind to the scale of the first one's output.
+    trained = [norm for norm in _scale_norms(model) if not norm.path.endswith("patch_norm")]
+    gains = [float(keras.ops.convert_to_numpy(norm.g)) for norm in trained]
+    model.fit(images, labels, batch_size=8, epochs=1, verbose=0)
+    moved = [float(keras.ops.convert_to_numpy(norm.g)) for norm in trained]
+    assert len(trained) == len(_scale_norms(model)) - 1
+    assert all(a != b for a, b in zip(gains, moved)), "a ScaleNorm gain received no gradient"
+    expected = keras.ops.convert_to_numpy(model(images))
+    model.save(tmp_path / "model.keras")
+    reloaded = keras.saving.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(images)), expected, atol=1e-6)
+    model.save_to_preset(tmp_path / "preset")
+    from_preset = keras_vitnorm.ViT.from_preset(str(tmp_path / "preset"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(from_preset(images)), expected, atol=1e-6)
+
+
+def test_a_model_whose_norm_is_not_registered_names_it_and_loads_once_it_is(tmp_path, monkeypatch):
+    keras_vitnorm.ViT(**TINY, norm="scalenorm").save(tmp_path / "model.keras")
+    registry = keras.saving.get_custom_objects()
+    monkeypatch.delitem(registry, "keras_vitnorm.norms>scalenorm")
+    monkeypatch.delenv(normalization.NORM_MODULES_VARIABLE, raising=False)
+    monkeypatch.setattr(normalization, "_imported_modules", False)
+    with pytest.raises(ValueError, match=r"Unknown norm='scalenorm'.*register_norm.*"
+                       r"KERAS_VITNORM_NORM_MODULES"):
+        keras.saving.load_model(tmp_path / "model.keras")
+    # The modules the variable lists are imported the first time a name is missing.
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    monkeypatch.setattr(normalization, "_imported_modules", False)
+    assert keras.saving.load_model(tmp_path / "model.keras").get_config()["norm"] == "scalenorm"
+
+
+def test_register_norm_refuses_built_in_names_clashes_and_non_layers():
+    with pytest.raises(ValueError, match="'rmsnorm' is a built-in norm"):
+        register_norm("rmsnorm", ScaleNorm)
+    with pytest.raises(ValueError, match="already registered to ScaleNorm"):
+        register_norm("scalenorm", keras.layers.LayerNormalization)
+    with pytest.raises(TypeError, match="keras.layers.Layer subclass"):
+        register_norm("plain", object)
+    with pytest.raises(ValueError, match="letters, digits and underscores"):
+        register_norm("scale norm", ScaleNorm)
+    with pytest.raises(ValueError, match="stem_norm_learnable=False"):
+        keras_vitnorm.ViT(**TINY, stem="dual_patchnorm", stem_norm="scalenorm",
+                          stem_norm_learnable=False)
+
+
+def test_the_command_line_takes_a_registered_norm_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    status = cli.main(["train", *TINY_ARGV, "--norm", "scalenorm", "--stem", "dual_patchnorm",
+                       "--stem-norm", "scalenorm", "--verbose", "0",
+                       "--output-dir", str(tmp_path / "run")])
+    assert status == 0
+    model = keras_vitnorm.ViT.from_preset(str(tmp_path / "run" / "preset"))
+    assert (model.get_config()["norm"], model.get_config()["stem_norm"]) == ("scalenorm",) * 2
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", *TINY_ARGV, "--norm", "scalenrom", "--output-dir", str(tmp_path / "x")])
+    assert stopped.value.code == 2
+    assert "Did you mean 'scalenorm'?" in capsys.readouterr().err
