@@ -6,6 +6,7 @@ on the command line through `KERAS_VITNORM_NORM_MODULES`. Keras' layer harness r
 in tests/test_keras_harness.py."""
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -107,3 +108,68 @@ def test_the_command_line_takes_a_registered_norm_by_name(tmp_path, monkeypatch,
         cli.main(["train", *TINY_ARGV, "--norm", "scalenrom", "--output-dir", str(tmp_path / "x")])
     assert stopped.value.code == 2
     assert "Did you mean 'scalenorm'?" in capsys.readouterr().err
+
+
+STUDY_ARGV = ["--seeds", "0", "1", "--image-size", "16", "--patch-size", "4", "--width", "16",
+              "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--steps", "2",
+              "--batch-size", "32", "--warmup-steps", "1", "--verbose", "0"]
+VARIANTS = """
+[study]
+name = "my_norms"
+baseline = "layernorm"
+
+[variants.layernorm]
+
+[variants.scalenorm]
+model = { norm = "scalenorm", stem = "dual_patchnorm", stem_norm = "scalenorm" }
+train = { learning_rate = 0.002 }
+"""
+
+
+def test_a_two_variant_study_from_a_variants_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    (tmp_path / "study.toml").write_text(VARIANTS)
+    argv = ["ablate", "--variants-file", str(tmp_path / "study.toml"),
+            "--output-dir", str(tmp_path / "s"), *STUDY_ARGV]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    table = (tmp_path / "s" / "my_norms.md").read_text()
+    # Both variants, two seeds each, the difference from the baseline with its interval.
+    assert "| scalenorm |" in table and "| layernorm |" in table
+    assert "my_norms" in out
+    for variant in ("layernorm", "scalenorm"):
+        for seed in (0, 1):
+            assert (tmp_path / "s" / "my_norms" / variant / f"seed_{seed}" / "metrics.json").exists()
+    trained = keras_vitnorm.ViT.from_preset(str(tmp_path / "s" / "my_norms" / "scalenorm" /
+                                                 "seed_0" / "preset"))
+    assert trained.get_config()["norm"] == "scalenorm"
+    # The same command again finds every run finished and trains nothing.
+    metrics = sorted((tmp_path / "s" / "my_norms").glob("*/seed_*/metrics.json"))
+    written = [path.stat().st_mtime_ns for path in metrics]
+    assert cli.main(argv) == 0
+    assert [path.stat().st_mtime_ns for path in metrics] == written
+    assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[variants.a]\nmodel = { norm = 'scalenrom' }\n",
+     r"variant 'a': Unknown norm='scalenrom'\. Did you mean 'scalenorm'\?"),
+    ("[variants.a]\nmodel = { nrom = 'rmsnorm' }\n",
+     r"Unknown model key of variant 'a' in .*study.toml 'nrom'\. Did you mean 'norm'\?"),
+    ("[variants.a]\n[variants.b]\ntrain = { learning_rte = 1e-3 }\n",
+     r"Unknown train key of variant 'b' .*'learning_rte'"),
+    ("[variants.a]\ntrain = { learning_rate = -1 }\n", r"variant 'a': .*learning_rate"),
+    ("[study]\nbaseline = 'c'\n[variants.a]\n", r"baseline 'c' is not one of its variants \(a\)"),
+    ("[study]\nname = 'stems'\n[variants.a]\n", r"cannot be named 'stems'"),
+    ("[variant.a]\n", r"Unknown table in .*study.toml 'variant'\. Did you mean 'variants'\?"),
+    ("[variants.a\n", r"is not TOML"),
+])
+def test_a_bad_variants_file_is_named_before_anything_trains(tmp_path, monkeypatch, capsys,
+                                                              text, message):
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    (tmp_path / "study.toml").write_text(text)
+    status = cli.main(["ablate", "--variants-file", str(tmp_path / "study.toml"),
+                       "--output-dir", str(tmp_path / "s"), *STUDY_ARGV])
+    assert status == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "s").exists()

@@ -40,8 +40,11 @@ def add_parser(commands):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     study = parser.add_argument_group("study")
-    study.add_argument("--groups", nargs="+", required=True, **one_of(VARIANT_GROUP_NAMES),
+    study.add_argument("--groups", nargs="+", default=[], **one_of(VARIANT_GROUP_NAMES),
                        help="variant groups to run")
+    study.add_argument("--variants-file", metavar="TOML",
+                       help="a group of your own variants, each a set of model and training "
+                       "overrides (docs/your-norm.md); runs with --groups or alone")
     study.add_argument("--variants", nargs="+", default=[], metavar="GROUP:NAME",
                        help="run only these variants (the group's baseline is always run)")
     study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -78,7 +81,8 @@ def add_parser(commands):
 
 
 def study_config(args):
-    """`(base TrainConfig, {group: [variant names]})` of the parsed `ablate` arguments.
+    """`(base TrainConfig, groups, {group: [variant names]})` of the parsed `ablate`
+    arguments; a `--variants-file` is read, checked whole, and added as a group.
 
     The base is the small recipe on the plain ti16 preset unless --preset/--recipe say
     otherwise, with gradient norms recorded every 25 steps unless asked otherwise; each
@@ -89,16 +93,26 @@ def study_config(args):
                                                           "output_dir": None}))
     if config.grad_norm_every is None:
         config.grad_norm_every = 25
+    groups = list(args.groups)
+    if args.variants_file:
+        from keras_vitnorm.study.variants import add_variant_group
+        from keras_vitnorm.study.variants_file import read_variants_file
+
+        name, file_variants = read_variants_file(args.variants_file, config)
+        add_variant_group(name, file_variants)
+        groups.append(name)
+    if not groups:
+        raise ValueError("ablate needs --groups, --variants-file or both: which variants to train.")
     variants = {}
     for item in args.variants:
         group, _, name = item.partition(":")
-        if group not in args.groups or not name:
+        if group not in groups or not name:
             raise ValueError(
-                f"--variants {item!r} must be GROUP:NAME with GROUP one of --groups "
-                f"({', '.join(args.groups)})."
+                f"--variants {item!r} must be GROUP:NAME with GROUP one of the study's groups "
+                f"({', '.join(groups)})."
             )
         variants.setdefault(group, []).append(name)
-    return config, variants
+    return config, groups, variants
 
 
 def run(args):
@@ -109,14 +123,14 @@ def run(args):
     if args.tables_only and args.plan:
         raise ValueError("--tables-only and --plan are two ways of training nothing: give one.")
     mode = "tables" if args.tables_only else "plan" if args.plan else "train"
-    config, variants = study_config(args)
-    rows = run_study(config, args.groups, args.seeds, args.study_dir, variants, args.verbose,
+    config, groups, variants = study_config(args)
+    rows = run_study(config, groups, args.seeds, args.study_dir, variants, args.verbose,
                      take_over_lock=args.take_over_lock, parallel=args.parallel,
                      threads_per_run=args.threads_per_run, mode=mode, lr_sweep=args.lr_sweep,
                      sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep)
     if mode == "plan":
         return  # run_study named the commands it wrote
-    for group in args.groups:
+    for group in groups:
         group_rows = [r for r in rows if r["group"] == group]
         if group_rows:  # with a sweep, a group whose rates are not chosen yet has none
             print(f"\n{group}\n" + markdown_table(summarize(group_rows)))

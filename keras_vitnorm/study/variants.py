@@ -257,16 +257,30 @@ def variant_factors(group, name):
     return dict(VARIANT_FACTORS.get(group, {}).get(name, {}))
 
 
+#: Groups read from variants files in this process (`add_variant_group`).
+FILE_GROUPS = {}
+
+
+def add_variant_group(name, variants):
+    """Makes `variants` (`{variant: (model overrides, training overrides)}`, the baseline
+    first) the group `name`, as a variants file defines one; a built-in name is refused."""
+    if name in VARIANT_GROUPS:
+        raise ValueError(f"A variants file's group cannot be named {name!r}: that is a built-in "
+                         "group. Set another [study] name.")
+    FILE_GROUPS[name] = dict(variants)
+
+
 def get_variants(group, names=None):
     """`{variant: (model overrides, training overrides)}` of a group, optionally a subset.
 
     Args:
-        group: a key of `VARIANT_GROUPS`.
+        group: a key of `VARIANT_GROUPS`, or of a variants file (`add_variant_group`).
         names: optional list of variant names to keep (order kept as given; the
             group's baseline is added first if missing, so gains can be computed).
     """
-    check_choice("variant group", group, tuple(VARIANT_GROUPS))
-    variants = VARIANT_GROUPS[group]
+    groups = {**VARIANT_GROUPS, **FILE_GROUPS}
+    check_choice("variant group", group, tuple(groups))
+    variants = groups[group]
     if not names:
         return dict(variants)
     for name in names:

@@ -1,0 +1,101 @@
+"""`ablate --variants-file study.toml`: a study's variants written as data.
+
+    [study]
+    name = "my_norms"      # the group's name in tables and run folders (default: file stem)
+    baseline = "pre_ln"    # the variant the others are compared with (default: the first)
+
+    [variants.pre_ln]      # no overrides: the base model and recipe
+
+    [variants.scalenorm]
+    model = { norm = "scalenorm" }           # ViT config overrides (keras_vitnorm.ViT)
+    train = { learning_rate = 5e-4 }         # training settings (keras_vitnorm.training.TrainConfig)
+
+The file becomes one variant group: the same plan, resume, tables, Welch intervals, Holm
+adjustment, figures and time to accuracy as a built-in group. The whole file is checked
+(every key, and every variant's model and training settings on top of the base) before
+anything trains; an error names the file, the variant, the key and what is valid.
+"""
+
+import dataclasses
+import os
+import tomllib
+
+from keras_vitnorm.validation import check_known_keys
+
+#: Training settings a variant cannot set: the study sets them for every run.
+STUDY_SETTINGS = ("model", "output_dir", "seed", "recipe", "preset", "dataset")
+
+
+def read_variants_file(path, base):
+    """`(group name, {variant: (model overrides, training overrides)})`, the baseline first.
+
+    Args:
+        path: the TOML file.
+        base: the study's base `TrainConfig`, on which each variant's settings are checked.
+
+    Raises:
+        ValueError: naming the file, the variant and the key, for a file that is missing,
+            not TOML, or holds an unknown key or a value the model or trainer refuses.
+    """
+    try:
+        with open(path, "rb") as file:
+            content = tomllib.load(file)
+    except OSError as error:
+        raise ValueError(f"Cannot read the variants file {path}: {error.strerror}.") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"The variants file {path} is not TOML: {error}.") from None
+    check_known_keys(content, ("study", "variants"), f"table in {path}")
+    study = content.get("study", {})
+    check_known_keys(study, ("name", "baseline"), f"key of [study] in {path}")
+    name = study.get("name", os.path.splitext(os.path.basename(path))[0])
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{path}: [study] name must be letters, digits and underscores (the "
+                         f"group's folder and table name), got {name!r}.")
+    variants = content.get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise ValueError(f"{path} defines no variants: add a [variants.<name>] table for each, "
+                         "one of them the baseline.")
+    baseline = study.get("baseline", next(iter(variants)))
+    if baseline not in variants:
+        raise ValueError(f"{path}: [study] baseline {baseline!r} is not one of its variants "
+                         f"({', '.join(variants)}).")
+    group = {}
+    for variant in [baseline, *(v for v in variants if v != baseline)]:
+        group[variant] = _variant(path, variant, variants[variant], base)
+    return name, group
+
+
+def _variant(path, variant, table, base):
+    from keras_vitnorm.models import ViT
+    from keras_vitnorm.training import TrainConfig
+
+    where = f"{path}: variant {variant!r}"
+    if not isinstance(table, dict):
+        raise ValueError(f"{where} must be a table ([variants.{variant}]).")
+    check_known_keys(table, ("model", "train"), f"key of variant {variant!r} in {path}")
+    model, train = table.get("model", {}), table.get("train", {})
+    for key, value in (("model", model), ("train", train)):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {key} must be a table of settings, got {value!r}.")
+    check_known_keys(model, ViT.CONFIG_KEYS, f"model key of variant {variant!r} in {path}")
+    settable = [field for field in TrainConfig.field_names() if field not in STUDY_SETTINGS]
+    check_known_keys(train, settable, f"train key of variant {variant!r} in {path}")
+    try:
+        config = dataclasses.replace(base, model={**base.model, **model}, **train)
+        config.validate()
+        _check_model(config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
+    return model, train
+
+
+def _check_model(config):
+    """Checks the variant's whole ViT config where the base is a built-in preset (a saved
+    model's config is known only once it is read, when the run starts)."""
+    from keras_vitnorm.models import ViT
+    from keras_vitnorm.models.presets import PRESETS
+    from keras_vitnorm.models.presets import preset_config
+    from keras_vitnorm.models.vit_config import validate_config
+
+    if config.preset in PRESETS:
+        validate_config({**ViT.default_config(), **preset_config(config.preset), **config.model})
