@@ -49,6 +49,7 @@ from keras_vitnorm.training.data.augmentation import count_histograms_with_binco
 from keras_vitnorm.training.data.augmentation import randaugment
 from keras_vitnorm.training.data.augmentation import seed_states
 from keras_vitnorm.training.data.image_files import unreadable_file_error
+from keras_vitnorm.training.data.model_range import to_model_range
 
 NAME = "python"
 
@@ -293,9 +294,9 @@ class EvalBatches(keras.utils.PyDataset):
         if index in self.cache:
             return self.cache[index]
         indices = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.size))
-        images = np.stack([self.read(i) for i in indices]) / np.float32(127.5) - 1.0
+        images = to_model_range(np.stack([self.read(i) for i in indices]))
         labels = self.read.one_hot(indices, self.num_classes)
-        batch = (images.astype(np.float32), labels)
+        batch = (images, labels)
         if self.pad:  # whole batches of blanks with weight 0 (data.eval_dataset)
             blanks = self.batch_size - len(indices)
             weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
@@ -385,7 +386,7 @@ class TrainBatches(keras.utils.PyDataset):
                 images = self.randaugment(images, positions)
             labels = self.read.one_hot(np.array(indices), self.num_classes)
             images, labels = self.mixing(layer, images, labels, step)
-            return to_model_range(images), labels
+            return clipped_to_model_range(images), labels
         return self.augment(step_index, self.program_inputs(step_index))
 
     @property
@@ -460,7 +461,7 @@ class TrainBatches(keras.utils.PyDataset):
                             image, randaugment.with_arrays(template, arrays)),
                         *images)
                 images, labels = self.mixing.keyed(layer, images, labels, mix_key)
-                return to_model_range(images), labels
+                return clipped_to_model_range(images), labels
 
             self.programs[name] = backend.compiled(augment)
         return self.programs[name]
@@ -474,13 +475,13 @@ class TrainBatches(keras.utils.PyDataset):
 CHUNK_VALUES = 2**21
 
 
-def to_model_range(images):
-    """Images in [0, 255] to the model's [-1, 1], float32 (clipped there: a compiled
-    program may divide by multiplying with the reciprocal, which takes 255 to
-    1.0000001)."""
+def clipped_to_model_range(images):
+    """`to_model_range` of augmented images (NumPy, or traced in the program), clipped
+    to [-1, 1]: a compiled program may divide by multiplying with the reciprocal, which
+    takes 255 to 1.0000001."""
     if isinstance(images, np.ndarray):
-        return np.clip(images / np.float32(127.5) - 1.0, -1.0, 1.0).astype(np.float32)
-    return keras.ops.clip(keras.ops.cast(images, "float32") / 127.5 - 1.0, -1.0, 1.0)
+        return np.clip(to_model_range(images.astype(np.float32)), -1.0, 1.0)
+    return keras.ops.clip(to_model_range(keras.ops.cast(images, "float32")), -1.0, 1.0)
 
 
 def _python_number(value):
