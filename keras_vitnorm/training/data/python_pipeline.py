@@ -437,23 +437,21 @@ class TrainBatches(keras.utils.PyDataset):
             image_values = math.prod(self.image_size) * self.read.channels
 
             randaugment = self.randaugment
-            # One image at a time a switch runs the chosen operation alone; mapped over
-            # a chunk of images it computes every operation and selects.
-            chosen = randaugment is not None and fast_path_enabled("randaugment_chosen_ops")
 
             def augment(images, taps, flips, keys, labels, mix_key):
                 def one(image, taps, flip, key):
                     image = sample_taps(keras.ops.cast(image, "float32"), taps, keras.ops)
                     image = keras.ops.where(flip, keras.ops.flip(image, axis=1), image)
-                    if chosen:  # the draws here, the chosen operations one image at a time
-                        return image, randaugment.drawn_arrays(randaugment.draws(image, key))
-                    if randaugment is not None:
-                        image = randaugment.keyed(image, key)
-                    return image
+                    if randaugment is None:
+                        return image
+                    return image, randaugment.drawn_arrays(randaugment.draws(image, key))
 
                 images = backend.map_examples(one, images, taps, flips, keys,
                                               chunk=max(1, CHUNK_VALUES // image_values))
-                if chosen:
+                # RandAugment's chosen operations one image at a time: there a switch runs
+                # the chosen operation alone; mapped over a chunk it would compute all
+                # eleven and select.
+                if randaugment is not None:
                     cropped, _ = images  # the draws of one image: the static parts
                     template = randaugment.draws(cropped[0], keys[0])
                     images = backend.map_examples(
@@ -467,11 +465,9 @@ class TrainBatches(keras.utils.PyDataset):
         return self.programs[name]
 
 
-#: Values (pixels x channels) the augmentation program augments at once: RandAugment
-#: computed per image under JAX holds about 600 bytes per value of an image (all
-#: eleven operations, Keras' bilinear transforms' sampling grids), so a chunk takes
-#: about 1.3 GB (13 images at 224 px, a whole batch of 256 at 32 px) where a batch of
-#: 256 at 224 px would take 24 GB (measured on a CPU).
+#: Values (pixels x channels) the augmentation program crops, flips and draws
+#: RandAugment's parameters for at once (13 images at 224 px, a whole batch at 32 px):
+#: the chunk bounds the program's temporary memory.
 CHUNK_VALUES = 2**21
 
 
