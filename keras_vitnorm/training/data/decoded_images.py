@@ -1,5 +1,13 @@
 """The images of a split as the `python` input pipeline reads them: decoded by Pillow,
-resized as TensorFlow resizes, and kept in memory while they fit."""
+resized as TensorFlow resizes, and kept in memory while they fit.
+
+Pillow's bilinear filter smooths when it shrinks and TensorFlow's does not, so the
+resize is `tf.image.resize`'s, written out (`bilinear_sampling`): the images are the
+tf.data pipeline's to float32 rounding, within one grey level where a colour file is
+read as grayscale (the decoders weight the channels differently) and within 4 for a
+JPEG (TensorFlow decodes with the fast inverse DCT, Pillow with libjpeg's accurate
+one).
+"""
 
 import math
 
@@ -34,8 +42,8 @@ def load_image(path, channels):
 
 
 #: Decoded training images are kept in memory up to this many bytes (a split's
-#: evaluation batches, float32, when they take less): Imagenette's 8,522 training
-#: images at 224 px take 1.3 GB as uint8.
+#: evaluation batches, float32, when they take less): room for Imagenette's training
+#: images at 224 px as uint8.
 KEEP_DECODED_BYTES = 2 * 2**30
 
 
@@ -45,9 +53,9 @@ class DecodedImages:
     A split's decoded images are kept (as tf.data's `cache()` would) while they take
     at most `KEEP_DECODED_BYTES`: as the decoder's uint8 where the file is at the
     model's size already, as the resized float32 image otherwise; the images past the
-    bound are decoded at every read. CIFAR-10 batches come 8 times faster from the kept
-    images than from the files (docs/performance.md, "Input pipeline"), and a training
-    split is read once per pass.
+    bound are decoded at every read. A training split is read once per pass, and kept
+    images are read many times faster than files are decoded (docs/performance.md,
+    "Input pipeline").
     """
 
     def __init__(self, data, split, image_size, channels, keep_decoded=True):

@@ -73,7 +73,7 @@ def batch_crop_taps(crops, augmentation, image_size):
 
 def _window_of_padded(image, pad, top, left, height, width):
     """`np.pad(image, pad)[top:top + height, left:left + width]` (zero padding), without
-    building the padded image: `np.pad` took half the time of a batch of kept images."""
+    building the padded image (a copy of every example, the costly part of a batch)."""
     y, x = top - pad, left - pad  # the window's corner in the unpadded image
     rows = slice(max(y, 0), min(y + height, image.shape[0]))
     cols = slice(max(x, 0), min(x + width, image.shape[1]))

@@ -1,37 +1,19 @@
 """The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`.
 
-`keras.utils.PyDataset` is the loader Keras' `fit` accepts on every backend, so a JAX
-or PyTorch user trains on the bundled digits or on a folder of images without
-installing TensorFlow. Its functions are those of
-`keras_vitnorm.training.data.tf_pipeline` (`eval_batches`, `train_batches`,
-`errors_named`), and it gives the batches `keras_vitnorm.training.data` describes:
+`PyDataset` is the loader Keras' `fit` accepts on every backend, so a JAX or PyTorch
+user trains on digits or a folder of images without TensorFlow. Its functions are
+those of `tf_pipeline` (`eval_batches`, `train_batches`, `errors_named`), and its
+batches those `keras_vitnorm.training.data` describes: evaluation batches are the
+tf.data pipeline's to float32 rounding (`decoded_images`); training batches are
+crops and flips keyed by each example's position (`keyed_crops`), RandAugment on
+each image and MixUp or CutMix on the batch keyed by position and step
+(`keyed_layers`), so a resumed stream is exact; under JAX one compiled program per
+batch (`TrainBatches`). A seed draws other batches here than under tf.data (NumPy's
+generators, not TensorFlow's).
 
-- Images are decoded with Pillow (the folder's files) and resized with the
-  half-pixel bilinear interpolation of `tf.image.resize` (`decoded_images`, written
-  out in NumPy in `bilinear_sampling` because Pillow's bilinear filter smooths when
-  it shrinks and TensorFlow's does not), so an evaluation batch is the tf.data
-  pipeline's, to float32 rounding (within one
-  grey level where a colour file is read as grayscale: TensorFlow's decoders and
-  Pillow weight the channels differently; within 4 levels for a JPEG, which
-  TensorFlow decodes with the fast inverse DCT and Pillow with libjpeg's accurate one).
-- Each pass over the training split is a permutation drawn with the seed
-  `(seed, pass)`; crops and flips are drawn with the seed `(seed, position in the
-  stream)`. A stream started at any step is the uninterrupted stream from that step,
-  so a resumed run is exact, as with tf.data. (The draws are NumPy's, not
-  TensorFlow's: a seed gives other batches here than under tf.data.)
-- RandAugment, MixUp and CutMix are the same Keras layers as under tf.data, computed
-  with the backend's ops. RandAugment is applied to each image on its own, as tf.data
-  applies it before batching (`PerImageRandAugment`); MixUp and CutMix to the batch.
-  Their draws are keyed too, by the image's position and by the step
-  (`keras_vitnorm.training.data.augmentation.seed_states`), so a resumed stream is
-  exact with them as well. Under JAX a batch's whole augmentation is one compiled
-  program on the default device (`TrainBatches`).
-
-One process reads the batches in the training loop (no worker threads): decoding a
-batch of CIFAR-sized JPEGs takes milliseconds against a training step of hundreds on
-a CPU (`benchmarks/bench_input.py` measures both), and a training split's decoded
-images are kept in memory up to 2 GiB (Imagenette's at 224 px take 1.3 GB), which
-keeps a GPU fed.
+The batches are read in the training loop, one process, no worker threads: decoding
+is far quicker than a step, and the decoded images are kept in memory while they fit
+(docs/performance.md, "Input pipeline").
 """
 
 import contextlib

@@ -14,8 +14,6 @@ picks one of the two once.
 import contextlib
 import math
 
-import keras
-
 from keras_vitnorm.ops import fast_path_enabled
 from keras_vitnorm.training.data.augmentation import batch_mixing
 from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
