@@ -22,15 +22,6 @@ tf.data's prefetch give it), in `--mixed-precision` (the study recipes train in
 bottleneck while a pipeline's images per second stay well above the step's: the
 table gives the ratio.
 
-With `--program-forms`, (3) the augmentation program alone once for each form of
-RandAugment named, on the same inputs already on the device, each row printed as
-soon as it is measured: `chosen` (the fast path `randaugment_chosen_ops`: the
-chosen operations one image at a time, a switch per slot), `all:N` (that fast path
-off: all eleven operations computed over chunks of N images, then selected), with
-the time to compile and the program's
-temporary memory as XLA plans it. Which form a GPU runs faster is what these rows
-say: one image at a time is many small kernels in turn, a chunk is few large ones.
-
 Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
 
 - `crops`: pad-4 crops and flips; the CIFAR study's model (patch 4, width 128, depth 6).
@@ -49,7 +40,6 @@ import time
 
 from _common import check_positive_ints
 from _common import compile_like_fit
-from _common import is_out_of_memory
 
 MODEL = dict(patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512)
 REGULARIZATION = dict(randaugment_ops=2, randaugment_factor=0.5, mixup=0.2)
@@ -64,19 +54,6 @@ RECIPES = {
                        dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768), "Ti/16"),
 }
 PIPELINES = ("python", "tf.data")
-
-
-def program_form(text):
-    """A `--program-forms` value: `"chosen"`, or `"all:N"` with N images per chunk, as
-    `("chosen", None)` or `("all", N)`."""
-    if text == "chosen":
-        return ("chosen", None)
-    name, _, count = text.partition(":")
-    if name == "all" and count.isdigit() and int(count) > 0:
-        return (name, int(count))
-    raise argparse.ArgumentTypeError(
-        f"unknown augmentation program form {text!r}: valid are 'chosen' and 'all:N' (N "
-        "images per chunk, a positive integer)")
 
 
 def ready(batch):
@@ -103,80 +80,11 @@ def parse_arguments(argv=None):
                              "where TensorFlow is installed)")
     parser.add_argument("--chunk-values", type=int,
                         help="values (pixels x channels) the python pipeline's augmentation "
-                             "program augments at once (default: the pipeline's CHUNK_VALUES); "
-                             "with randaugment_chosen_ops off, larger chunks compute all of "
-                             "RandAugment's operations over more images at once")
-    parser.add_argument("--program-forms", nargs="+", type=program_form, metavar="FORM",
-                        help="time the python pipeline's augmentation program alone in each "
-                             "form of RandAugment: 'chosen' (one image at a time, the chosen "
-                             "operations) or 'all:N' (all eleven over chunks of N images); JAX, "
-                             "a recipe with RandAugment")
+                             "program augments at once (default: the pipeline's CHUNK_VALUES)")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds",
                                        "chunk_values"))
-    if args.program_forms:
-        if "randaugment_ops" not in RECIPES[args.recipe][0]:
-            with_it = ", ".join(name for name, recipe in sorted(RECIPES.items())
-                                if "randaugment_ops" in recipe[0])
-            parser.error(f"--program-forms: recipe {args.recipe!r} has no RandAugment; "
-                         f"recipes with it: {with_it}")
-        if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-            parser.error("--program-forms: the augmentation program is JAX's; run with "
-                         f"KERAS_BACKEND=jax (this process has {os.environ['KERAS_BACKEND']})")
-        if args.pipelines and "python" not in args.pipelines:
-            parser.error("--program-forms times the python pipeline's program: "
-                         "include python in --pipelines")
     return args
-
-
-def time_program_forms(data, size, channels, args, augmentation, inputs):
-    """`[(row name, images per second)]` of the augmentation program alone in each of
-    `args.program_forms`, on `inputs` (`TrainBatches.program_inputs` of batches
-    0, 1, ..., already on the device); each row is printed as it is measured, and a
-    form the device has not the memory for is printed as such and left out."""
-    import jax
-
-    from keras_vitnorm.ops import fast_paths
-    from keras_vitnorm.training import data as data_lib
-    from keras_vitnorm.training.data import python_pipeline
-
-    image_values = size[0] * size[1] * channels
-    default_chunk = python_pipeline.CHUNK_VALUES
-    rows = []
-    for form, images in args.program_forms:
-        python_pipeline.CHUNK_VALUES = default_chunk if form == "chosen" else images * image_values
-        name = {"chosen": "the chosen operations one image at a time",
-                "all": f"all eleven operations over chunks of {images} images"}[form]
-        name = f"augmentation program alone, RandAugment: {name}"
-        try:
-            with fast_paths(form == "chosen", ["randaugment_chosen_ops"]):
-                stream = data_lib.train_stream(data, size, channels, args.batch_size, 0,
-                                               augmentation, start_step=0, end_step=len(inputs))
-                began = time.perf_counter()
-                program = stream.program(0).lower(*inputs[0]).compile()
-                compile_seconds = time.perf_counter() - began
-            memory = program.memory_analysis()
-            temporary = getattr(memory, "temp_size_in_bytes", None)
-            ready(program(*inputs[0]))
-            seconds = []
-            for _ in range(args.rounds):
-                began = time.perf_counter()
-                for batch in inputs:
-                    ready(program(*batch))
-                seconds.append(time.perf_counter() - began)
-        except Exception as error:  # a larger chunk than the device holds: the next form
-            if not is_out_of_memory(str(error)):
-                raise
-            print(f"{name}: out of memory ({type(error).__name__})", flush=True)
-            continue
-        finally:
-            python_pipeline.CHUNK_VALUES = default_chunk
-        rate = args.batch_size * len(inputs) / statistics.median(seconds)
-        memory_text = "unknown" if temporary is None else f"{temporary / 2**30:.2f} GiB"
-        print(f"{name}: {rate:,.0f} img/s; compiled in {compile_seconds:.1f} s; temporary "
-              f"memory {memory_text} ({jax.devices()[0].platform})", flush=True)
-        rows.append((f"{name} (temporary memory {memory_text})", rate))
-    return rows
 
 
 def main(argv=None):
@@ -198,7 +106,7 @@ def main(argv=None):
     augmentation = data_lib.Augmentation(**augmentation_options)
     pipelines = args.pipelines or (
         ["python"] + (["tf.data"] if importlib.util.find_spec("tensorflow") else []))
-    rows, form_rows = [], []
+    rows = []
     for pipeline in pipelines:
         data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
         channels = data.channels
@@ -231,9 +139,6 @@ def main(argv=None):
                 for index, batch in enumerate(inputs):
                     ready(stream.augment(index, batch))
                 device.append(time.perf_counter() - began)
-                if args.program_forms and round_index == args.rounds - 1:
-                    form_rows = time_program_forms(data, size, channels, args, augmentation,
-                                                   inputs)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))
         if again:
@@ -244,7 +149,6 @@ def main(argv=None):
                          args.batch_size * args.batches / statistics.median(host)))
             rows.append((f"{pipeline} input, the augmentation program alone (its inputs on "
                          "the device)", args.batch_size * args.batches / statistics.median(device)))
-            rows.extend((f"{pipeline} input, {name}", rate) for name, rate in form_rows)
 
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(args.mixed_precision)

@@ -112,33 +112,12 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_packing, ["--process-seconds", "0"]),
     (bench_packing, ["--runs-per-process", "0"]),
     (bench_input, ["--chunk-values", "0"]),
-    (bench_input, ["--program-forms", "all:0"]),
-    (bench_input, ["--program-forms", "each"]),
-    (bench_input, ["--program-forms", "chosen", "--recipe", "crops"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2
     assert argv[0] in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("backend, pipelines, says", [
-    ("torch", [], "run with KERAS_BACKEND=jax (this process has torch)"),
-    ("tensorflow", [], "run with KERAS_BACKEND=jax (this process has tensorflow)"),
-    ("jax", ["--pipelines", "tf.data"], "include python in --pipelines"),
-])
-def test_bench_input_program_forms_refuse_what_has_no_program(backend, pipelines, says,
-                                                              monkeypatch, capsys):
-    """The augmentation program is the python pipeline's under JAX: another backend, or
-    --pipelines without python, is refused before any data is read."""
-    monkeypatch.setenv("KERAS_BACKEND", backend)
-    with pytest.raises(SystemExit) as exit_info:
-        bench_input.main(["--dataset", "folder:/nonexistent", "--recipe", "regularized",
-                          "--program-forms", "chosen", *pipelines])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "--program-forms" in err and says in err
 
 
 def _cuda_available():
@@ -400,8 +379,7 @@ def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch()
 
     # Every fast path of the model step; the input pipelines' are bench_randaugment's.
     assert bench_ab.FAST_PATHS == tuple(name for name in switch.FAST_PATHS
-                                        if name not in ("bincount_histogram", "augmentation_program",
-                                                        "randaugment_chosen_ops"))
+                                        if name not in ("bincount_histogram", "augmentation_program"))
     with switch.fast_paths(True):
         for change in bench_ab.FAST_PATHS:
             with bench_ab.other_form(change):
@@ -707,56 +685,6 @@ def test_input_benchmark_sets_the_augmentation_programs_chunk(capsys, monkeypatc
 
     if keras.backend.backend() == "jax":  # the program: 8 x 8 x 1 values an image
         assert chunks == [128 // (8 * 8)] * len(chunks) and chunks
-
-
-def test_input_benchmark_times_each_form_of_the_augmentation_program(tmp_path, capsys, monkeypatch):
-    """`--program-forms`: one row per form, printed as measured and in the table, each
-    program built in its form: the chosen operations one image at a time (a loop over
-    single images after the draws), or all eleven over chunks of the images named; a
-    form the device has no memory for is said so, and the next is measured."""
-    import keras
-
-    if keras.backend.backend() != "jax":
-        pytest.skip("the augmentation program is JAX's (bench_input refuses the option elsewhere)")
-    from test_training import write_image_folder
-
-    from keras_vitnorm import backend
-    from keras_vitnorm.training.data import python_pipeline
-
-    write_image_folder(tmp_path / "images", per_class=4, size=8)
-    chunk_values = python_pipeline.CHUNK_VALUES
-    chunks = []
-    mapped = backend.map_examples
-    monkeypatch.setattr(backend, "map_examples",
-                        lambda *a, chunk=None: chunks.append(chunk) or mapped(*a, chunk=chunk))
-    program = python_pipeline.TrainBatches.program
-
-    def out_of_memory_at_3_images(stream, step_index):  # as XLA says it
-        if python_pipeline.CHUNK_VALUES == 3 * 8 * 8 * 3:
-            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
-        return program(stream, step_index)
-
-    monkeypatch.setattr(python_pipeline.TrainBatches, "program", out_of_memory_at_3_images)
-    bench_input.main(["--dataset", f"folder:{tmp_path / 'images'}", "--image-size", "8",
-                      "--batch-size", "4", "--batches", "2", "--rounds", "1", "--recipe",
-                      "regularized", "--pipelines", "python", "--program-forms", "chosen", "all:3",
-                      "all:2", "all:4"])
-    out = capsys.readouterr().out
-    assert "all eleven operations over chunks of 3 images: out of memory (RuntimeError)" in out
-    assert out.count("chunks of 3 images") == 1  # no row in the table
-    assert python_pipeline.CHUNK_VALUES == chunk_values  # set back after each form
-    names = ["the chosen operations one image at a time", "all eleven operations over chunks of 2 images",
-             "all eleven operations over chunks of 4 images"]
-    printed, table = out.split("| what |")
-    for name in names:
-        assert re.search(f"RandAugment: {name}: [0-9,]+ img/s; compiled in [0-9.]+ s; temporary "
-                         r"memory ([0-9.]+ GiB|unknown)", printed)
-        assert re.search(f"RandAugment: {name} \\(temporary memory .*\\) \\| [0-9,]+ \\| "
-                         r"[0-9.]+x \|", table)
-    # the default program (the chosen form), then each form's: chosen, all over 2 images,
-    # all over 4
-    per_chunk = chunk_values // (8 * 8 * 3)
-    assert chunks[-4:] == [per_chunk, None, 2, 4]
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):

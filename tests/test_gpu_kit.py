@@ -226,8 +226,7 @@ def test_the_gpu_study_script_names_missing_parts_and_bad_arguments(tmp_path):
 def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks(tmp_path, monkeypatch):
     """tools/gpu/imagenette_check.sh after one staging call, with `python3` and
     `nvidia-smi` stood in for: `run.sh unpack` reassembles and unpacks the data, and the
-    input benchmark (with each form of the augmentation program) and the profile get
-    arguments they accept, the input its folder."""
+    input benchmark and the profile get arguments they accept, the input its folder."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_input
     import profile_jax
@@ -244,7 +243,7 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the script exports it
     inputs = bench_input.parse_arguments(commands[0][1:])
     assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
-    assert inputs.program_forms == [("chosen", None), ("all", 32), ("all", 64), ("all", 256)]
+    assert inputs.pipelines == ["python"] and inputs.mixed_precision == "mixed_bfloat16"
     profile = profile_jax.parse_arguments(commands[1][1:])
     assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
     assert os.path.dirname(profile.json) == str(tmp_path / "out")

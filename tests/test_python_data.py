@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training.data import decoded_images
+from keras_vitnorm.training.data import keyed_crops
+from keras_vitnorm.training.data import keyed_layers
 from keras_vitnorm.training.data import python_pipeline as python_data
 from test_training import BACKEND
 from test_training import TINY
@@ -99,8 +102,9 @@ def test_a_training_split_is_decoded_once_while_it_fits_in_memory(tmp_path, monk
     data = data_lib.load_dataset(f"folder:{tmp_path / 'images'}", pipeline="python")
     augmentation = data_lib.Augmentation(crop="pad", crop_padding=2, flip=True)
     reads = []
-    load_image = python_data.load_image
-    monkeypatch.setattr(python_data, "load_image", lambda *a: reads.append(a[0]) or load_image(*a))
+    load_image = decoded_images.load_image
+    monkeypatch.setattr(decoded_images, "load_image",
+                        lambda *a: reads.append(a[0]) or load_image(*a))
     two_passes = data.train.size  # steps of 2 examples
     kept = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
     kept_batches = batches(kept)
@@ -112,7 +116,7 @@ def test_a_training_split_is_decoded_once_while_it_fits_in_memory(tmp_path, monk
     assert {image.dtype for image in resized.read.decoded.values()} == {np.dtype("float32")}
     reads.clear()
     half = 12 * 12 * 3 * (data.train.size // 2)  # bytes: half of the split, as uint8
-    monkeypatch.setattr(python_data, "KEEP_DECODED_BYTES", half)
+    monkeypatch.setattr(decoded_images, "KEEP_DECODED_BYTES", half)
     decoded = data_lib.train_stream(data, (12, 12), 3, 2, 0, augmentation, 0, two_passes)
     for got, want in zip(batches(decoded), kept_batches):
         for got_part, want_part in zip(got, want):
@@ -167,7 +171,7 @@ def test_randaugment_augments_each_image_on_its_own():
     images = rng.uniform(0, 255, (6, 10, 10, 3)).astype("float32")
     images[3] = 128.0  # a flat image: some operations leave it as it is, others do not
     positions = np.arange(40, 46)
-    each = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))(images, positions)
+    each = keyed_layers.PerImageRandAugment(augmentation, 3, 5, (10, 10))(images, positions)
     layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=2, factor=0.9, seed=5)
     keys = augmentation_lib.seed_states(5, augmentation_lib.RANDAUGMENT, positions,
                                         layer.generator.state.dtype)
@@ -188,7 +192,7 @@ def test_randaugment_augments_each_image_on_its_own():
     assert not np.allclose(each, images, atol=1)
     # Another batch around the same image at the same position: the same output.
     others = rng.uniform(0, 255, (3, 10, 10, 3)).astype("float32")
-    mixed = python_data.PerImageRandAugment(augmentation, 3, 5, (10, 10))(
+    mixed = keyed_layers.PerImageRandAugment(augmentation, 3, 5, (10, 10))(
         np.stack([others[0], images[2], others[1]]), np.array([7, 42, 9]))
     np.testing.assert_array_equal(mixed[1], each[2])
 
@@ -198,41 +202,29 @@ def test_randaugment_augments_each_image_on_its_own():
     dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
     dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
     dict()])
-@pytest.mark.parametrize("randaugment_form", ["chosen", "all"])
-def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options,
-                                                                 randaugment_form):
+def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options):
     """Under JAX a batch's augmentation is one compiled program (the fast path
     `augmentation_program`) from the kept uint8 images, resized ones (float32) among
     them, in chunks of 4 and 5 examples here, its RandAugment each image's chosen
-    operations alone (`randaugment_chosen_ops`), or all eleven selected; and without a
-    program, RandAugment's
-    chosen operations alone on each image: the batches of NumPy and Keras' layer
-    called per image, to float32 rounding."""
+    operations alone: the batches of NumPy and Keras' layer called per image (the
+    plain form), to float32 rounding. Other backends have no program: their batches
+    are the plain form's."""
     from keras_vitnorm.ops import fast_paths
 
     monkeypatch.setattr(python_data, "CHUNK_VALUES", 4 * 12 * 12 * 3)
     data = randaugment_folder(tmp_path)
     augmentation = data_lib.Augmentation(**options)
     for size in ((12, 12), (10, 10)):
-        with fast_paths(False, ["augmentation_program", "randaugment_chosen_ops"]):
+        with fast_paths(False, ["augmentation_program"]):
             plain = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
             want = [plain[step] for step in (0, 3, 4)]
-        with fast_paths(randaugment_form == "chosen", ["randaugment_chosen_ops"]):
-            fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-            with fast_paths(False, ["augmentation_program"]):
-                chosen = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-                got_plain = [chosen[step] for step in (0, 3, 4)]
-            assert plain._program(None) is None
-            forms = [got_plain]
-            if fast._program(None) is not None:
-                forms.append([fast[step] for step in (0, 3, 4)])
-            else:
-                assert BACKEND != "jax"
-        for form in forms:
-            for batch, reference in zip(form, want):
-                for got, expected in zip(batch, reference):
-                    assert got.shape == expected.shape and str(got.dtype) == "float32"
-                    np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
+        assert plain._program(None) is None
+        fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
+        assert (fast._program(None) is not None) == (BACKEND == "jax")
+        for batch, reference in zip([fast[step] for step in (0, 3, 4)], want):
+            for got, expected in zip(batch, reference):
+                assert got.shape == expected.shape and str(got.dtype) == "float32"
+                np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
 
 
 def test_under_jax_randaugment_on_each_image_compiles_once_not_for_each_image(caplog):
@@ -245,7 +237,7 @@ def test_under_jax_randaugment_on_each_image_compiles_once_not_for_each_image(ca
         pytest.skip("JAX compiles programs; this backend runs the layer eagerly")
     import jax
 
-    augment = python_data.PerImageRandAugment(data_lib.Augmentation(randaugment_ops=2), 3, 0,
+    augment = keyed_layers.PerImageRandAugment(data_lib.Augmentation(randaugment_ops=2), 3, 0,
                                               (12, 12))
     images = np.random.default_rng(0).uniform(0, 255, (4, 12, 12, 3)).astype(np.float32)
     first = augment(images, np.arange(4))
@@ -276,7 +268,7 @@ def test_a_pad_crop_window_is_the_window_of_the_zero_padded_image():
         for top in range(2 * pad + 1):
             for left in range(2 * pad + 1):
                 np.testing.assert_array_equal(
-                    python_data._window_of_padded(image, pad, top, left, 7, 5),
+                    keyed_crops._window_of_padded(image, pad, top, left, 7, 5),
                     padded[top:top + 7, left:left + 5])
 
 
@@ -286,15 +278,15 @@ def test_keyed_crops_and_flips_are_the_tf_transformations():
     pad = data_lib.Augmentation(crop="pad", crop_padding=2)
     padded = np.pad(image, [(2, 2), (2, 2), (0, 0)])
     windows = {padded[i:i + 6, j:j + 6].tobytes() for i in range(5) for j in range(5)}
-    crops = [python_data.keyed_crop_and_flip(image, pad, (6, 6), rng) for _ in range(200)]
+    crops = [keyed_crops.keyed_crop_and_flip(image, pad, (6, 6), rng) for _ in range(200)]
     assert all(c.tobytes() in windows for c in crops)
     assert len({c.tobytes() for c in crops}) == 25  # every offset is drawn
-    flips = [python_data.keyed_crop_and_flip(image, data_lib.Augmentation(flip=True), (6, 6), rng)
+    flips = [keyed_crops.keyed_crop_and_flip(image, data_lib.Augmentation(flip=True), (6, 6), rng)
              for _ in range(200)]
     mirrored = sum(np.array_equal(f, image[:, ::-1]) for f in flips)
     assert mirrored + sum(np.array_equal(f, image) for f in flips) == 200 and 60 < mirrored < 140
     # zoom=0 keeps the whole image (crop_and_resize of the full box is the image itself).
-    same = python_data.keyed_crop_and_flip(image, data_lib.Augmentation(crop="zoom", zoom=0.0),
+    same = keyed_crops.keyed_crop_and_flip(image, data_lib.Augmentation(crop="zoom", zoom=0.0),
                                            (6, 6), rng)
     np.testing.assert_allclose(same, image, atol=1e-5)
 

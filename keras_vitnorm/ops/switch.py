@@ -43,11 +43,6 @@ FAST_PATHS = (
                              # CutMix) as one compiled program on the default device
                              # instead of NumPy and a layer call per image
                              # (keras_vitnorm.training.data.python_pipeline)
-    "randaugment_chosen_ops",  # JAX, the augmentation program: RandAugment one image
-                               # at a time, where a switch runs the chosen operations
-                               # alone, instead of on chunks of images, where it
-                               # computes all eleven and selects
-                               # (keras_vitnorm.training.data.python_pipeline)
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 

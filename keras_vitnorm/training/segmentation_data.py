@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from keras_vitnorm.training.data import IMAGE_EXTENSIONS
+from keras_vitnorm.training.data.model_range import to_model_range
 from keras_vitnorm.validation import did_you_mean
 
 DATASET_CHOICES = ("digit_scenes", "tfds:<name>", "folder:<path>")
@@ -58,7 +59,7 @@ class SegmentationData:
 
 def model_inputs(images):
     """uint8 images as the model takes them: float32 in [-1, 1]."""
-    return images.astype("float32") / 127.5 - 1.0
+    return to_model_range(images.astype("float32"))
 
 
 def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400, 400)):

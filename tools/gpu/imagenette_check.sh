@@ -6,18 +6,17 @@
 #
 # Where a run of the Imagenette study spends its time on this GPU, for sizing the study
 # (README.md, "The queue"); the calibration's 8 runs took about 100 ms of the GPU per
-# run and step, and the study's input about 93 ms per batch of 256 on its own:
+# run and step, and the study's input about 93 ms per batch of 256 on its own (with
+# RandAugment computed over chunks of images, a form since removed):
 #   1. the study's input (python pipeline: zoom crops, flips, RandAugment, MixUp) against
 #      the study's training step: benchmarks/bench_input.py, which times decoding, the
-#      kept images, the host's part and the augmentation program on the device apart,
-#      then the program alone in each form of RandAugment: the chosen operations one
-#      image at a time (a loop of 256 with a switch per slot: many small kernels and a
-#      host round trip per iteration on a GPU) and all eleven operations over chunks of
-#      32, 64 and 256 images (few large kernels, more memory);
+#      kept images, the host's part and the augmentation program on the device apart
+#      (RandAugment's chosen operations one image at a time: a loop of 256 with a
+#      switch per slot, many small kernels and a host round trip per iteration on a GPU);
 #   2. Ti/16's training step alone (batch 256, mixed_bfloat16, the batch already on the
 #      device), by part of the model: benchmarks/profile_jax.py (JSON: profile_ti16.json).
-# Both print into $OUT/imagenette_check.md as they go (each form's row as soon as it
-# is measured), so a call cut short keeps what it measured.
+# Both print into $OUT/imagenette_check.md as they go, so a call cut short keeps what
+# it measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 data=$(bash tools/gpu/run.sh unpack imagenette | tail -n 1) || exit 1
@@ -27,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     echo "== bench_input.py ($(date +%T))"
     python3 benchmarks/bench_input.py --dataset "folder:$data/train" --recipe imagenette \
         --image-size 224 --batch-size 256 --batches 8 --rounds 2 --pipelines python \
-        --mixed-precision mixed_bfloat16 --program-forms chosen all:32 all:64 all:256 2>&1
+        --mixed-precision mixed_bfloat16 2>&1
     echo "== profile_jax.py ($(date +%T))"
     python3 benchmarks/profile_jax.py --device gpu --preset ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --json "$OUT/profile_ti16.json" 2>&1

@@ -14,13 +14,12 @@ picks one of the two once.
 import contextlib
 import math
 
-import keras
-
 from keras_vitnorm.ops import fast_path_enabled
 from keras_vitnorm.training.data.augmentation import batch_mixing
 from keras_vitnorm.training.data.augmentation import count_histograms_with_bincount
 from keras_vitnorm.training.data.augmentation import randaugment
 from keras_vitnorm.training.data.image_files import unreadable_file_error
+from keras_vitnorm.training.data.model_range import to_model_range
 
 NAME = "tf.data"
 
@@ -108,10 +107,6 @@ def _to_model_image(image, image_size, channels):
     return tf.clip_by_value(image, 0.0, 255.0)
 
 
-def _to_model_range(image):
-    return image / 127.5 - 1.0
-
-
 def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
     """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
 
@@ -133,7 +128,7 @@ def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache
 
     def prepare(raw, label):
         image = _to_model_image(decode(raw), image_size, channels)
-        return _to_model_range(image), tf.one_hot(label, data.num_classes)
+        return to_model_range(image), tf.one_hot(label, data.num_classes)
 
     dataset = _source(split).map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if pad:
@@ -277,7 +272,7 @@ def _batch_augmentation(augmentation, seed):
             )
         elif mixup or cutmix:
             images, labels = apply(mixup or cutmix, images, labels)
-        return _to_model_range(images), labels
+        return to_model_range(images), labels
 
     return augment
 

@@ -1,0 +1,54 @@
+"""Bilinear sampling in NumPy as TensorFlow's image ops compute it, for the `python`
+input pipeline: resizing (`tf.image.resize`) and sampling at a grid
+(`tf.image.crop_and_resize`), the latter also with `keras.ops` inside a compiled
+program."""
+
+import numpy as np
+
+
+def resize_bilinear(image, size):
+    """`image` `(h, w, c)` resized to `size` as `tf.image.resize(..., "bilinear")` does
+    (half-pixel centres, no smoothing when shrinking), in float32."""
+    image = np.asarray(image, np.float32)
+    height, width = image.shape[:2]
+    if (height, width) == tuple(size):
+        return image
+
+    def centres(out_size, in_size):
+        # Source coordinate of each output pixel centre, clamped to the image.
+        x = (np.arange(out_size, dtype=np.float32) + 0.5) * (in_size / out_size) - 0.5
+        return np.clip(x, 0.0, in_size - 1)
+
+    return sample_bilinear(image, centres(size[0], height), centres(size[1], width))
+
+
+def sample_bilinear(image, ys, xs):
+    """`image` sampled at the grid `ys x xs` (pixel coordinates) bilinearly; points
+    outside the image are 0, as `tf.image.crop_and_resize` gives them."""
+    return sample_taps(image, sampling_taps(ys, xs, *image.shape[:2]))
+
+
+def sampling_taps(ys, xs, height, width):
+    """What bilinear sampling of a `(height, width)` image at the grid `ys x xs` reads:
+    per axis, each point's two neighbouring indices, the second one's weight, and
+    whether the point lies inside the image (`sample_taps`)."""
+
+    def taps(x, size):
+        low = np.floor(x).astype(np.int32)
+        weight = (x - low).astype(np.float32)
+        inside = (x >= 0) & (x <= size - 1)
+        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight, inside
+
+    return (*taps(ys, height), *taps(xs, width))
+
+
+def sample_taps(image, taps, ops=np):
+    """`image` `(h, w, c)` sampled bilinearly where `taps` (`sampling_taps`) say, points
+    outside it 0; with NumPy, or with `keras.ops` inside a compiled program."""
+    top, bottom, dy, rows_inside, left, right, dx, columns_inside = taps
+    rows = (ops.take(image, top, axis=0) * (1 - dy)[:, None, None]
+            + ops.take(image, bottom, axis=0) * dy[:, None, None])
+    out = (ops.take(rows, left, axis=1) * (1 - dx)[None, :, None]
+           + ops.take(rows, right, axis=1) * dx[None, :, None])
+    inside = rows_inside[:, None] & columns_inside[None, :]
+    return out * inside[..., None]

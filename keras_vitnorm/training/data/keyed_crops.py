@@ -1,0 +1,82 @@
+"""The crops and flips of the `python` input pipeline, drawn per example from a
+generator seeded by its position in the stream: the transformations of
+`keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`, applied with NumPy or
+given to the augmentation program as sampling taps."""
+
+import numpy as np
+
+from keras_vitnorm.training.data.bilinear_sampling import sample_bilinear
+from keras_vitnorm.training.data.bilinear_sampling import sampling_taps
+
+
+def crop_draws(augmentation, image_size, rng):
+    """`(crop, flip)` of one example, drawn from `rng` (seeded by its position).
+
+    The transformations of `keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`:
+    `pad` zero-pads by `crop_padding` and takes a random `image_size` window
+    (`crop = ("pad", top, left)`, the window's corner in the padded image); `zoom`
+    zooms in about the centre by a random factor in `[1 - zoom, 1]` per axis, sampled
+    bilinearly at a grid as `tf.image.crop_and_resize` samples (`crop = ("zoom", ys,
+    xs)`); otherwise `crop = None`. `flip`: whether the example is mirrored (half of
+    them, with `augmentation.flip`).
+    """
+    height, width = image_size
+    draws, flip_draw = rng.random(2), rng.random()
+    flip = bool(augmentation.flip and flip_draw < 0.5)
+    if augmentation.crop == "pad":
+        pad = augmentation.crop_padding
+        top = min(int(draws[0] * (2 * pad + 1)), 2 * pad)
+        left = min(int(draws[1] * (2 * pad + 1)), 2 * pad)
+        return ("pad", top, left), flip
+    if augmentation.crop == "zoom":
+        scale = 1.0 - augmentation.zoom + augmentation.zoom * draws
+        start, end = 0.5 - scale / 2, 0.5 + scale / 2
+        # crop_and_resize's sampling grid: box corners on the first and last pixel centres.
+        steps = np.arange(height) / max(height - 1, 1), np.arange(width) / max(width - 1, 1)
+        ys = (start[0] + steps[0] * (end[0] - start[0])) * (height - 1)
+        xs = (start[1] + steps[1] * (end[1] - start[1])) * (width - 1)
+        return ("zoom", ys, xs), flip
+    return None, flip
+
+
+def keyed_crop_and_flip(image, augmentation, image_size, rng):
+    """The crop and flip of one example (`crop_draws`), applied with NumPy."""
+    crop, flip = crop_draws(augmentation, image_size, rng)
+    if crop is not None and crop[0] == "pad":
+        image = _window_of_padded(image, augmentation.crop_padding, *crop[1:], *image_size)
+    elif crop is not None:
+        image = sample_bilinear(image, *crop[1:])
+    return image[:, ::-1] if flip else image
+
+
+def crop_grid(crop, augmentation, image_size):
+    """`(ys, xs)`, the sampling grid of a crop of `crop_draws` in the image's pixel
+    coordinates: a pad crop's window is a grid of whole pixels shifted by the padding,
+    whose points in the padding lie outside."""
+    height, width = image_size
+    if crop is None:
+        return np.arange(height), np.arange(width)
+    if crop[0] == "pad":
+        pad = augmentation.crop_padding
+        return np.arange(height) + (crop[1] - pad), np.arange(width) + (crop[2] - pad)
+    return crop[1:]
+
+
+def batch_crop_taps(crops, augmentation, image_size):
+    """The `sampling_taps` of each crop of `crops`, stacked: each part `(n, size)`.
+    `sampling_taps` works elementwise, so the batch's grids go through it at once."""
+    grids = [crop_grid(crop, augmentation, image_size) for crop in crops]
+    ys = np.stack([grid[0] for grid in grids])
+    xs = np.stack([grid[1] for grid in grids])
+    return sampling_taps(ys, xs, *image_size)
+
+
+def _window_of_padded(image, pad, top, left, height, width):
+    """`np.pad(image, pad)[top:top + height, left:left + width]` (zero padding), without
+    building the padded image (a copy of every example, the costly part of a batch)."""
+    y, x = top - pad, left - pad  # the window's corner in the unpadded image
+    rows = slice(max(y, 0), min(y + height, image.shape[0]))
+    cols = slice(max(x, 0), min(x + width, image.shape[1]))
+    window = np.zeros((height, width, image.shape[-1]), image.dtype)
+    window[rows.start - y:rows.stop - y, cols.start - x:cols.stop - x] = image[rows, cols]
+    return window
