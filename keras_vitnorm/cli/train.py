@@ -75,6 +75,10 @@ def add_parser(commands):
                      "over the devices (JAX)")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
+    run.add_argument("--track", choices=("mlflow",),
+                     help="mlflow: log the settings, each epoch's and the final metrics to MLflow "
+                     "(MLFLOW_TRACKING_URI, default ./mlruns); a resumed run continues its "
+                     "MLflow run")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                      help="0 silent, 1 progress bar (default; one line per epoch where the output "
                      "is not a terminal), 2 one line per epoch" + LOGS_NOTE)
@@ -84,7 +88,8 @@ def run(args):
     from keras_vitnorm.training import train
 
     metrics = train(train_config_from_args(args), resume=args.resume, overwrite=args.overwrite,
-                    verbose=args.verbose, take_over_lock=args.take_over_lock)
+                    verbose=args.verbose, take_over_lock=args.take_over_lock,
+                    track={} if args.track == "mlflow" else None)
     if args.verbose:
         print(f"metrics: test_accuracy={metrics['test_accuracy']:.4f} "
               f"val_accuracy={metrics['val_accuracy']:.4f}")

@@ -51,7 +51,7 @@ MOVING = ".replaced.moving"
 #: Every entry a run writes in its directory (the module docstring's layout).
 RUN_ENTRIES = (LOCK_FILE, SETTINGS_FILE, "log.csv", "grad_norms.csv", "tensorboard",
                "checkpoints", "backup", "preset", METRICS_FILE, "analysis.json",
-               REPLACED, MOVING)
+               "mlflow_run.json", REPLACED, MOVING)
 
 
 def written_by_run(entry):

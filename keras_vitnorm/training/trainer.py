@@ -16,6 +16,7 @@ import os
 import keras
 
 from keras_vitnorm import backend
+from keras_vitnorm import durable
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import callbacks as callbacks_lib
@@ -62,7 +63,8 @@ def _dtype_policy(name):
         keras.config.set_dtype_policy(previous)
 
 
-def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
+def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False,
+          track=None):
     """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
 
     The run directory is locked (`run.lock`) while this runs; every file in it is
@@ -89,6 +91,10 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a run directory whose lock was left by a
             process that no longer runs.
+        track: None, or a dict of `keras_vitnorm.training.tracking.TrackedRun`
+            arguments (`{}`, or a study's `{"parent_run_id": ...}`): the run's
+            settings, epochs and final metrics go to MLflow, a resumed run into the
+            MLflow run it started.
 
     Returns:
         The dict written to `<output_dir>/metrics.json`.
@@ -107,7 +113,8 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
     stop = interrupts.StopRequest()
     with stop.listening():
         try:
-            return _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop)
+            return _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop,
+                          track)
         except interrupts.RunInterrupted as interrupted:
             if interrupted.run_dir is None:  # stopped before the run's directory was claimed
                 raise _described(interrupted) from None
@@ -117,6 +124,22 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
             if interrupted is None:
                 raise
             raise _described(interrupted) from error
+
+
+def _tracked(track, config, directory, run, callbacks):
+    """`run(callbacks)` with the run tracked in MLflow (`keras_vitnorm.training.tracking`)."""
+    from keras_vitnorm.training import tracking
+
+    tracked = tracking.TrackedRun(directory.path, os.path.basename(directory.path),
+                                  params=config.to_dict(), **track)
+    try:
+        metrics = run([*callbacks, tracked.callback()])
+    except TrainingDiverged:
+        metrics = durable.read_json(os.path.join(directory.path, run_directory.METRICS_FILE))
+        tracked.finish(metrics or {}, status="FAILED")
+        raise
+    tracked.finish(metrics)
+    return metrics
 
 
 def _described(interrupted, directory=None, plan=None):
@@ -147,7 +170,7 @@ def _described(interrupted, directory=None, plan=None):
     return interrupted.describe(f"Stopped by {name} {where}", directory.path, resumable=True)
 
 
-def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
+def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, track=None):
     """`train`, with `stop` listening for signals."""
     say = print if verbose else (lambda *args, **kwargs: None)
     if config.output_dir:  # a directory the run cannot use is refused before anything loads
@@ -197,8 +220,12 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
                     say(f"The run in {directory.path} has already completed: nothing to "
                         f"resume (test accuracy {completed.get('test_accuracy')}).")
                     return completed
-                return _run_or_undo_start(config, data, directory, plan, resume, say, stop,
-                                          callbacks, verbose, bool(claimed))
+                if track is None or not plan.lead:
+                    return _run_or_undo_start(config, data, directory, plan, resume, say,
+                                              stop, callbacks, verbose, bool(claimed))
+                return _tracked(track, config, directory, lambda callbacks: _run_or_undo_start(
+                    config, data, directory, plan, resume, say, stop, callbacks, verbose,
+                    bool(claimed)), callbacks)
             except Exception as error:
                 interrupted = stop.stop_behind(error)
                 if interrupted is None:

@@ -1,0 +1,151 @@
+"""`--track mlflow`: a run's settings, per-epoch metrics and final metrics in MLflow.
+
+Each run directory gets one MLflow run, whose id it keeps in `mlflow_run.json`: a
+resumed run continues that MLflow run (its epochs after the last one logged) instead of
+starting a second one. A study is a parent MLflow run of its runs, with the study's tables
+and figures as its artifacts. The tracking server is `MLFLOW_TRACKING_URI` where set,
+else MLflow's own default: the local database `./mlflow.db`, artifacts in `./mlruns`
+(MLflow refuses its older plain-file store unless `MLFLOW_ALLOW_FILE_STORE=true`). The
+experiment is `MLFLOW_EXPERIMENT_NAME` where set, else `keras-vitnorm`. Written against `mlflow.tracking.MlflowClient`, which
+takes a run id explicitly, so runs of one process (a study) never share MLflow's global
+active run.
+"""
+
+import csv
+import json
+import math
+import os
+import time
+
+import keras
+
+from keras_vitnorm import durable
+
+#: The file in a run (or study) directory that names its MLflow run.
+RUN_FILE = "mlflow_run.json"
+DEFAULT_EXPERIMENT = "keras-vitnorm"
+#: MLflow's limit on a parameter value's length.
+_MAX_PARAM = 500
+
+
+def _client():
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise ValueError("--track mlflow needs MLflow: pip install 'keras-vitnorm[track]'.") from None
+    return MlflowClient()  # MLFLOW_TRACKING_URI, else MLflow's default
+
+
+def _experiment_id(client):
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def _flat_params(settings, prefix=""):
+    """`{name: text}` of a nested settings dict, `model.norm` for a nested key."""
+    params = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            params.update(_flat_params(value, f"{prefix}{key}."))
+        else:
+            params[f"{prefix}{key}"] = json.dumps(value)[:_MAX_PARAM] if not isinstance(
+                value, str) else value[:_MAX_PARAM]
+    return params
+
+
+class TrackedRun:
+    """The MLflow run of one run (or study) directory, created the first time it is used.
+
+    Args:
+        directory: the run or study directory, where `mlflow_run.json` is kept.
+        name: the MLflow run name.
+        params: dict of settings logged as parameters when the MLflow run is created.
+        parent_run_id: str or None. The study's MLflow run, for a run of a study.
+    """
+
+    def __init__(self, directory, name, params=None, parent_run_id=None):
+        self.directory, self.name, self.params = directory, name, params or {}
+        self.parent_run_id = parent_run_id
+        self.client = _client()
+        self.path = os.path.join(directory, RUN_FILE)
+        self.state = durable.read_json(self.path) or {}
+        if not self._exists(self.state.get("run_id")):
+            self._create()
+
+    def _exists(self, run_id):
+        if not run_id:
+            return False
+        try:
+            self.client.get_run(run_id)
+            return True
+        except Exception:  # deleted on the server, or another tracking URI: a new run
+            return False
+
+    def _create(self):
+        from mlflow.entities import Param
+
+        tags = {"mlflow.parentRunId": self.parent_run_id} if self.parent_run_id else {}
+        run = self.client.create_run(_experiment_id(self.client), run_name=self.name, tags=tags)
+        params = [Param(key, value) for key, value in _flat_params(self.params).items()]
+        for start in range(0, len(params), 100):  # MLflow takes 100 parameters a call
+            self.client.log_batch(run.info.run_id, params=params[start:start + 100])
+        self.state = {"run_id": run.info.run_id, "epochs_logged": 0}
+        durable.write_json(self.path, self.state)
+
+    @property
+    def run_id(self):
+        return self.state["run_id"]
+
+    def log_metrics(self, values, step):
+        """Logs the finite numbers of `values` at `step`."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(value), now, step) for key, value in values.items()
+                   if isinstance(value, (int, float)) and math.isfinite(value)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_epoch(self, epoch, logs):
+        """Logs epoch `epoch`'s metrics (1-based) unless it was logged before a resume."""
+        if epoch <= self.state.get("epochs_logged", 0):
+            return
+        self.log_metrics(logs or {}, step=epoch)
+        self.state = {**self.state, "epochs_logged": epoch}
+        durable.write_json(self.path, self.state)
+
+    def finish(self, metrics, status="FINISHED"):
+        """Logs the final metrics and ends the MLflow run with `status`."""
+        self.log_metrics({f"final_{key}": value for key, value in metrics.items()},
+                         step=self.state.get("epochs_logged", 0))
+        self.client.set_terminated(self.run_id, status)
+
+    def log_artifacts(self, paths):
+        for path in paths:
+            if os.path.exists(path):
+                self.client.log_artifact(self.run_id, path)
+
+    def log_earlier_epochs(self):
+        """Logs the epochs of the run's `log.csv` not logged yet: those a killed process
+        finished (and checkpointed) after its last MLflow call."""
+        path = os.path.join(self.directory, "log.csv")
+        if not os.path.exists(path):
+            return
+        with open(path, newline="") as file:
+            for row in csv.DictReader(file):
+                values = {}
+                for key, text in row.items():
+                    try:
+                        values[key] = float(text)
+                    except (TypeError, ValueError):
+                        pass
+                epoch = int(values.pop("epoch")) + 1
+                self.log_epoch(epoch, values)
+
+    def callback(self):
+        """A Keras callback that logs each epoch's metrics as the epoch ends, after the
+        earlier epochs of a resumed run."""
+        return keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: self.log_earlier_epochs(),
+            on_epoch_end=lambda epoch, logs: self.log_epoch(epoch + 1, logs))
