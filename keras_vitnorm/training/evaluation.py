@@ -9,8 +9,8 @@ from keras_vitnorm.models import ViT
 from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training.optimizer import compile_classifier
-from keras_vitnorm.training.run_directory import METRICS_FILE
-from keras_vitnorm.training.run_directory import SETTINGS_FILE
+from keras_vitnorm.training.run_layout import METRICS_FILE
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 

@@ -1,13 +1,8 @@
 """`train`: the main job, built on `model.fit` and Keras callbacks.
 
-The run's jobs, one module each: its settings (`config`), data (`data`), optimizer and
-schedule (`optimizer`), directory (`run_directory`, on `run_files`' locks and storage
-errors), its plan over processes and devices (`run_plan`, `distribution`), the fit
-loop and its results (`fit_loop`, `callbacks`) and the scoring of a saved model
-(`evaluation`).
-`train` puts them together: it checks the settings, loads the data, plans the run,
-locks and prepares its directory, and runs the fit loop from the start or, with
-`resume`, from the directory's last checkpoint.
+`train` puts the run's modules together (docs/training.md lists them): it checks the
+settings, loads the data, plans the run, locks and prepares its directory, and runs the
+fit loop from the start or, with `resume`, from the directory's last checkpoint.
 """
 
 import contextlib
@@ -21,6 +16,7 @@ from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import interrupts
+from keras_vitnorm.training import replaced_run
 from keras_vitnorm.training import run_directory
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import names_trained_model
@@ -30,6 +26,10 @@ from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
 from keras_vitnorm.training.run_plan import first_process_then_all
 from keras_vitnorm.training.run_plan import fit_to_data
+from keras_vitnorm.training.run_layout import LOCK_FILE
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
+from keras_vitnorm.training.run_layout import RunDirectory
+from keras_vitnorm.training.run_layout import has_checkpoint_or_result
 from keras_vitnorm.training.run_plan import plan_run
 
 __all__ = ["TrainingDiverged", "describe_model", "train"]
@@ -80,10 +80,10 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
             writes there, and nothing else (a directory that holds anything else is
             refused, naming it, with nothing deleted). The old run is moved aside
             until the new run has its first checkpoint, then deleted
-            (`run_directory.move_aside`).
+            (`replaced_run.move_aside`).
             Without `resume` or `overwrite`, an existing run directory is an error.
             A new run that fails before its first checkpoint removes what it wrote
-            and puts back the run it replaced (`run_directory.remove_failed_start`),
+            and puts back the run it replaced (`replaced_run.remove_failed_start`),
             so the same call runs again.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
@@ -123,13 +123,13 @@ def _described(interrupted, directory=None, plan=None):
     """`interrupted` with a message that says where the run stands and what resumes it
     (read while the run's lock is held)."""
     name = interrupts.signal_name(interrupted.signal)
-    if directory and run_directory.keeps_replaced_run(directory.path):
+    if directory and replaced_run.keeps_replaced_run(directory.path):
         return interrupted.describe(  # not resumable: the next command puts the old run back
             f"Stopped by {name} before the new run's first checkpoint: the run it replaces in "
             f"{directory.path} is kept, and comes back with the next command there.",
             directory.path)
     settings = directory and os.path.isfile(os.path.join(directory.path,
-                                                         run_directory.SETTINGS_FILE))
+                                                         SETTINGS_FILE))
     if not settings:
         return interrupted.describe(
             f"Stopped by {name} before the run directory was set up: nothing was written.")
@@ -172,19 +172,19 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
     if resume:  # nothing to resume: refused before the lock creates anything
         run_directory.check_resumable(path)
     # Without a path, the first process makes a new directory in runs/ when it claims it.
-    directory = run_directory.RunDirectory(path or run_directory.default_output_dir(config))
+    directory = RunDirectory(path or run_directory.default_output_dir(config))
     with contextlib.ExitStack() as held:
         claimed = []
 
         def claim_output_dir():  # the first process locks and prepares the run directory
             nonlocal directory
             if path:
-                lock = run_files.RunLock(path, run_directory.LOCK_FILE, take_over=take_over_lock)
+                lock = run_files.RunLock(path, LOCK_FILE, take_over=take_over_lock)
                 held.enter_context(lock)
             else:
                 lock = run_directory.new_run_lock(config, take_over_lock)  # acquired
                 held.callback(lock.release)
-                directory = run_directory.RunDirectory(lock.directory)
+                directory = RunDirectory(lock.directory)
             claimed.append(directory)
             return run_directory.prepare(config, directory.path, resume, overwrite, say)
 
@@ -227,24 +227,24 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
         interrupted = stop.stop_behind(error)
         if interrupted is not None:  # not a failed start: a stop, the run kept to resume
             raise interrupted from error
-        if new and run_directory.has_checkpoint_or_result(directory.path):
-            run_directory.drop_replaced(directory.path)  # e.g. a diverged run's result
+        if new and has_checkpoint_or_result(directory.path):
+            replaced_run.drop_replaced(directory.path)  # e.g. a diverged run's result
         elif new and isinstance(error, run_files.StorageError) and \
-                run_directory.keeps_replaced_run(directory.path):
+                replaced_run.keeps_replaced_run(directory.path):
             # Nothing of the new run to resume: the run it was replacing goes back, and
             # the same command (not --resume, which would continue the old run) starts
             # the new one again once there is space.
-            run_directory.remove_failed_start(directory.path)
+            replaced_run.remove_failed_start(directory.path)
             raise run_files.StorageError(error.errno, str(error).replace(
                 "continue with --resume", f"{run_files.AGAIN}: the run it was replacing in "
                 f"{directory.path} is back in place")) from error
         # A storage error after the first checkpoint leaves a run to continue once there
         # is space.
         elif new and not isinstance(error, (TrainingDiverged, run_files.StorageError)):
-            run_directory.remove_failed_start(directory.path)
+            replaced_run.remove_failed_start(directory.path)
         raise
     if new:
-        run_directory.drop_replaced(directory.path)
+        replaced_run.drop_replaced(directory.path)
     return metrics
 
 
