@@ -30,6 +30,7 @@ from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
 from keras_vitnorm.training.run_plan import FITTED_SETTINGS
 from keras_vitnorm.training.run_plan import fit_to_data
+from keras_vitnorm.training.trainer import load_training_data
 from keras_vitnorm.validation import check_choice
 
 
@@ -250,13 +251,8 @@ class _Study:
         data_settings = (config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
                          config.train_examples, config.val_examples, config.skip_bad_images,
                          config.input_pipeline)
-        if data_settings not in self.train_sizes:
-            from keras_vitnorm.training import data as data_lib
-
-            self.train_sizes[data_settings] = data_lib.load_dataset(
-                config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
-                config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-                val_examples=config.val_examples, pipeline=config.input_pipeline).train.size
+        if data_settings not in self.train_sizes:  # the data `train` loads
+            self.train_sizes[data_settings] = load_training_data(config).train.size
         config, notes = fit_to_data(config, self.train_sizes[data_settings])
         for note in notes:
             self._say_once(note)

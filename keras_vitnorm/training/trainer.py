@@ -19,6 +19,7 @@ from keras_vitnorm.training import interrupts
 from keras_vitnorm.training import replaced_run
 from keras_vitnorm.training import run_directory
 from keras_vitnorm.training import run_files
+from keras_vitnorm.training.config import dtype_policy
 from keras_vitnorm.training.config import names_trained_model
 from keras_vitnorm.training.fit_loop import Run
 from keras_vitnorm.training.fit_loop import TrainingDiverged
@@ -32,7 +33,7 @@ from keras_vitnorm.training.run_layout import RunDirectory
 from keras_vitnorm.training.run_layout import has_checkpoint_or_result
 from keras_vitnorm.training.run_plan import plan_run
 
-__all__ = ["TrainingDiverged", "describe_model", "train"]
+__all__ = ["TrainingDiverged", "describe_model", "load_training_data", "train"]
 
 
 def _model_overrides(config, data):
@@ -52,39 +53,32 @@ def _model_overrides(config, data):
     return overrides
 
 
-@contextlib.contextmanager
-def _dtype_policy(name):
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
+def load_training_data(config):
+    """The `Dataset` a `TrainConfig` trains on."""
+    return data_lib.load_dataset(
+        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+        config.train_examples, skip_bad_images=bool(config.skip_bad_images),
+        val_examples=config.val_examples, pipeline=config.input_pipeline,
+    )
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False):
     """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
 
-    The run directory is locked (`run.lock`) while this runs; every file in it is
-    written atomically, and the training state is checkpointed as one unit
-    (`backup/step-<N>/`), so a run killed at any moment resumes (`resume=True`) to
-    the same final weights as an uninterrupted run of the same seed.
+    The run directory is locked while this runs and every file in it is written
+    atomically, so a run killed at any moment resumes (`resume=True`) to the same final
+    weights as an uninterrupted one (docs/training.md, "What survives a crash").
 
     Args:
         config: `TrainConfig`.
-        resume: bool. Continue the unfinished run in `config.output_dir` from its
-            last checkpoint (same settings required); a run killed after its last
-            step goes straight to its final evaluation, and a completed one is left
-            as it is (its metrics are returned).
-        overwrite: bool. Replace an existing run in `config.output_dir`: what a run
-            writes there, and nothing else (a directory that holds anything else is
-            refused, naming it, with nothing deleted). The old run is moved aside
-            until the new run has its first checkpoint, then deleted
-            (`replaced_run.move_aside`).
-            Without `resume` or `overwrite`, an existing run directory is an error.
-            A new run that fails before its first checkpoint removes what it wrote
-            and puts back the run it replaced (`replaced_run.remove_failed_start`),
-            so the same call runs again.
+        resume: bool. Continue the run in `config.output_dir` from its last
+            checkpoint (same settings required); a completed run is left as it is
+            (its metrics are returned).
+        overwrite: bool. Replace the run in `config.output_dir` (a directory that
+            holds anything a run does not write is refused). The old run is kept
+            aside until the new run's first checkpoint, and put back if the new run
+            fails before it (`replaced_run`). Without `resume` or `overwrite`, an
+            existing run directory is an error.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a run directory whose lock was left by a
@@ -99,9 +93,9 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         run_files.LockedError: another process owns the run directory.
         run_files.StorageError: a file of the run could not be written (full disk,
             permissions); the last checkpoint is intact.
-        RunInterrupted: SIGTERM or SIGINT (Ctrl-C) stopped the run, at the end of the
-            step under way and with its checkpoint (`keras_vitnorm.training.interrupts`);
-            its message says where the run stands. A `KeyboardInterrupt`.
+        RunInterrupted: SIGTERM or SIGINT stopped the run at the end of a step, with
+            its checkpoint; its message says where the run stands
+            (`keras_vitnorm.training.interrupts`).
     """
     config.validate()
     stop = interrupts.StopRequest()
@@ -128,8 +122,7 @@ def _described(interrupted, directory=None, plan=None):
             f"Stopped by {name} before the new run's first checkpoint: the run it replaces in "
             f"{directory.path} is kept, and comes back with the next command there.",
             directory.path)
-    settings = directory and os.path.isfile(os.path.join(directory.path,
-                                                         SETTINGS_FILE))
+    settings = directory and os.path.isfile(os.path.join(directory.path, SETTINGS_FILE))
     if not settings:
         return interrupted.describe(
             f"Stopped by {name} before the run directory was set up: nothing was written.")
@@ -152,11 +145,7 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop):
     say = print if verbose else (lambda *args, **kwargs: None)
     if config.output_dir:  # a directory the run cannot use is refused before anything loads
         run_directory.check_output_dir(config.output_dir, resume, overwrite)
-    data = data_lib.load_dataset(
-        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
-        config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-        val_examples=config.val_examples, pipeline=config.input_pipeline,
-    )
+    data = load_training_data(config)
     config, notes = fit_to_data(config, data.train.size)
     plan = plan_run(config, data, _model_overrides(config, data))
     for note in notes:
@@ -260,7 +249,7 @@ def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
             "(the python input pipeline keys them and resumes exactly).")
     # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
     safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
-    with (_dtype_policy(config.mixed_precision), plan.scope,
+    with (dtype_policy(config.mixed_precision), plan.scope,
           data_lib.unreadable_images_named(data),
           run_files.storage_errors(directory.path, safe)):
         return Run(config, data, directory, plan, resume, say, stop).execute(callbacks,
