@@ -1,11 +1,7 @@
 """The fit loop of a training run: `model.fit` over the planned steps from where the run
 starts, with the callbacks that log, checkpoint and stop on a NaN; then the final
-evaluation and results.
-
-Every file is written under a temporary name and renamed into place; the order of the
-final writes (preset, then metrics.json, then the checkpoint is deleted) means a kill at
-any moment leaves a run that `--resume` finishes with the same weights (docs/training.md,
-"What survives a crash").
+evaluation and results, written in an order that a kill at any moment leaves a run
+`--resume` finishes (docs/training.md, "What survives a crash").
 """
 
 import dataclasses
@@ -36,10 +32,8 @@ from keras_vitnorm.training.run_plan import first_process_then_all
 
 
 def progress_verbosity(verbose, stream=None):
-    """Keras' `verbose` for `fit`: its progress bar (1) only where the output
-    (`stream`, default `sys.stdout`) is a terminal. Written to a file or a pipe, a bar
-    redrawn in place runs together into one long line per epoch, so there it becomes
-    one line per epoch (2); 0 and 2 are kept."""
+    """Keras' `verbose` for `fit`: its progress bar (1) only where `stream` (default
+    `sys.stdout`) is a terminal; in a file or a pipe, one line per epoch (2)."""
     stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     if verbose == 1 and not (callable(isatty) and isatty()):
@@ -96,8 +90,7 @@ def augmentation_of(config):
 
 
 class Run:
-    """One training run in its (locked) directory: where it starts (the last checkpoint
-    when it resumes), `fit`, the final results.
+    """One training run in its locked directory: where it starts, `fit`, the results.
 
     Args:
         config: the validated `TrainConfig`.
@@ -310,11 +303,8 @@ class Run:
         raise TrainingDiverged(message, nan_stop.step)
 
     def _finish(self, model, record, seconds):
-        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint goes.
-
-        Each is written atomically and in this order, so a kill anywhere here leaves
-        the checkpoint of the last step: `--resume` comes back to this evaluation.
-        """
+        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint
+        goes: a kill anywhere here leaves the last step's checkpoint to resume from."""
         with self.stop.deferred():  # a signal here: resumed, the run evaluates again
             val = model.evaluate(self.val_data, return_dict=True, verbose=0)
             test = model.evaluate(self.test_data, return_dict=True, verbose=0)

@@ -1,27 +1,11 @@
-"""What a training run's directory holds: the names of its entries and their paths.
+"""What a training run's directory holds: its entries' names and paths.
 
-    run.lock                 the owning process (pid, host) while it runs
-    train_config.json        the settings (a resumed run must match them)
-    log.csv                  one row per epoch (CSVLogger)
-    grad_norms.csv           per-layer gradient norms (with grad_norm_every)
-    tensorboard/             TensorBoard logs
-    checkpoints/best/, checkpoints/last/   presets of the best-validation and the
-                             latest epoch-end model
-    backup/step-<N>/         the last training state (weights, optimizer, position)
-                             while the run is unfinished
-    preset/                  the final model (`ViT.save_to_preset`)
-    metrics.json             status, final validation and test accuracy, timings
-    analysis.json            what a study reads of the trained model
-                             (`keras_vitnorm.study.one_run.run_analysis`)
-    .replaced/               the run that `--overwrite` replaces, kept until the new
-                             run has its first checkpoint (`replaced_run`)
-    .replaced.moving/        the same while its entries move in or out
-
-These (`RUN_ENTRIES`) and the temporary names of their atomic writes are all a run
-directory holds: `--overwrite` replaces them and refuses a directory that holds
-anything else, naming it.
+docs/training.md, "What a run writes", describes each entry. Besides them a run writes
+`analysis.json` (what a study reads of the trained model) and `.replaced/` (the run an
+`--overwrite` replaces, `.replaced.moving/` while it moves; `replaced_run`). These
+(`RUN_ENTRIES`) and the temporary names of their atomic writes are all a run directory
+holds: `--overwrite` refuses a directory that holds anything else, naming it.
 """
-
 import csv
 import dataclasses
 import os
@@ -33,7 +17,7 @@ METRICS_FILE = "metrics.json"
 REPLACED = ".replaced"
 #: `REPLACED` while the run's entries are renamed into it or back out of it.
 MOVING = ".replaced.moving"
-#: Every entry a run writes in its directory (the module docstring's layout).
+#: Every entry a run writes in its directory.
 RUN_ENTRIES = (LOCK_FILE, SETTINGS_FILE, "log.csv", "grad_norms.csv", "tensorboard",
                "checkpoints", "backup", "preset", METRICS_FILE, "analysis.json",
                REPLACED, MOVING)
