@@ -1,17 +1,6 @@
-"""Matplotlib figures of a study, saved as PNG.
-
-- `plot_gains`: accuracy gain of each variant over the group's baseline with the
-  gain's Welch 95% CI (the Dual PatchNorm paper's Figure 1 style).
-- `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
-- `plot_accuracy_curves`: validation accuracy per epoch, mean over seeds, shaded 95% CI
-  (from three seeds) or range (two seeds), `curve_band`.
-- `plot_gain_curves`: validation accuracy gain over the baseline per epoch, paired by
-  seed, mean and the same band.
-- `plot_lr_sweep`: final validation accuracy by peak learning rate per variant, the
-  chosen rate marked.
-
-Figures of what is inside the trained models (by depth, the stem's scale, the residual
-stream) are in `keras_vitnorm.study.model_figures`.
+"""Matplotlib figures of a study's results, saved as PNG: gains over the baseline,
+loss and accuracy curves, the learning-rate sweep. Figures of what is inside the
+trained models are in `keras_vitnorm.study.model_figures`.
 """
 
 import csv

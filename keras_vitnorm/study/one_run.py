@@ -141,16 +141,13 @@ RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.
 
 def run_analysis(run_dir, probe_images=None):
     """What the study's figures read of a finished run's trained model, kept in
-    `<run_dir>/analysis.json` so they can be redrawn where the weights are not kept.
+    `<run_dir>/analysis.json` so they can be redrawn without the weights.
 
     Returns:
-        `{"stem_scale": (P, P, C) nested list or None, "residual_stream":
-        keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
-        "probe_images": count or None}`: read from the file if it holds what is
-        asked (a residual stream on as many images when `probe_images` is given),
-        else computed from `<run_dir>/preset` and written, with any other analysis the
-        file holds (`keras_vitnorm.study.patch_statistics`) kept. `None` for a run with
-        neither.
+        `{"stem_scale", "residual_stream", "probe_images"}` (each `None` where it does
+        not apply): read from the file if it holds what is asked, else computed from
+        `<run_dir>/preset` and written beside the file's other entries. `None` for a
+        run with neither.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     cached = durable.read_json(path)
