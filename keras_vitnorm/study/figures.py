@@ -165,10 +165,8 @@ def gain_curves(rows, variant, baseline):
 
 def curve_band(curves):
     """The band shaded around the mean of `curves` `(runs, epochs)`: `(low, high, kind)`,
-    or `None` for a single run. From three runs it is the 95% Student-t interval of the
-    mean (kind `"95% CI"`). With two it is the two runs themselves (kind `"range"`):
-    their t interval reaches 12.7 standard errors either side of the mean, so wide
-    that it hides every difference a figure is there to show."""
+    or `None` for a single run: the 95% Student-t interval from three runs, the range of
+    two (whose t interval, 12.7 standard errors wide, would hide every difference)."""
     if len(curves) < 2:
         return None
     if len(curves) == 2:

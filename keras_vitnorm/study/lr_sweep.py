@@ -142,10 +142,9 @@ def at_chosen_rates(plan, selection, say=None):
 
 
 def tie_margin(values, level=0.95):
-    """How far apart two runs' final validation accuracies fall by seed alone: the
-    half-width of the `level` interval of the difference of two runs,
-    `t(n - 1) * s * sqrt(2)`, with `s` the standard deviation of `values` (the final
-    runs of one variant at one rate, n of them). `None` with fewer than two."""
+    """How far apart two runs' final validation accuracies fall by seed alone:
+    `t(n - 1) * s * sqrt(2)`, `s` the standard deviation of `values` (one variant's
+    runs at one rate). `None` with fewer than two."""
     if len(values) < 2:
         return None
     from scipy import stats
@@ -155,11 +154,9 @@ def tie_margin(values, level=0.95):
 
 
 def selection_table(selection, rates, group, final_rows=()):
-    """Markdown: per variant of `group`, the mean final validation accuracy (%) at each
-    rate of its grid (± its 95% CI over two or more seeds; blank where the rate is not
-    in its grid), the rate chosen, and the rates tied with it: those whose accuracy
-    lies within `tie_margin` of the chosen rate's, the margin taken from the variant's
-    `final_rows` at its chosen rate (its seeds; n/a with fewer than two)."""
+    """Markdown: per variant of `group`, the mean final validation accuracy at each rate
+    of its grid, the rate chosen, and the rates within `tie_margin` of it (the margin
+    from the variant's `final_rows` at its chosen rate)."""
     lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
              + " | chosen rate | tied within the seed noise |",
              "|---|" + "---|" * (len(rates) + 2)]

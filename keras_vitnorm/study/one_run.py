@@ -33,13 +33,10 @@ def resolved_model(preset, model):
 
 
 def recorded_differences(config, run_dir):
-    """How the settings the run in `run_dir` recorded (its `train_config.json`) differ
-    from `config`, the ones its study planned for it: `"learning_rate: planned 0.002,
-    recorded 0.02; model depth: planned 2, recorded 3"`, `""` where they are the same,
-    `None` where the run recorded none. The run directory itself is not compared (a
-    study may be moved), models are compared as their presets resolve them
-    (`resolved_model`), and a setting the run did not record counts as `None` (as a
-    resumed run counts it).
+    """How the settings the run in `run_dir` recorded differ from `config`, the ones its
+    study planned: `"learning_rate: planned 0.002, recorded 0.02; ..."`, `""` where
+    they are the same, `None` where the run recorded none. The run directory is not
+    compared (a study may move), and models are compared as their presets resolve them.
     """
     recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
     if not isinstance(recorded, dict):

@@ -281,13 +281,10 @@ class _Study:
         return bool(differences)
 
     def rows(self, jobs, seeds, required=True, sweep=False):
-        """The result rows of `jobs` after training them (mode `"train"`); those that
-        have finished otherwise. Mode `"plan"` notes the unfinished jobs and returns
-        the finished ones' rows. `required`: with no finished run in mode `"tables"`,
-        raise instead of returning none. The rows are written as they come, to
-        `results.csv` and the study's tables, or, for a learning-rate `sweep`'s jobs
-        (each variant at every rate), to `lr_sweep.csv` alone: the tables compare
-        each variant at its chosen rate."""
+        """The result rows of `jobs` after training them (mode `"train"`), or of those
+        that have finished (mode `"plan"` also notes the others). `required`: with no
+        finished run in mode `"tables"`, raise. Rows are written as they come, to
+        `results.csv` and the tables, or for a `sweep` to `lr_sweep.csv` alone."""
         # Every variant's first seed trains before any variant's second, so a long study
         # that is stopped part-way already compares all its variants.
         order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
