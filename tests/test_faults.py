@@ -15,7 +15,9 @@ import pytest
 from keras_vitnorm import cli
 from keras_vitnorm import durable
 from keras_vitnorm.training import TrainConfig
+from keras_vitnorm.training import replaced_run
 from keras_vitnorm.training import run_directory
+from keras_vitnorm.training import run_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: A tiny run on the bundled digits, as the fault probe ran it.
@@ -80,9 +82,9 @@ def test_what_a_run_writes_is_told_from_what_it_does_not():
                   "preset", ".preset.writing", ".preset.old", ".writing.metrics.json",
                   "analysis.json", "tensorboard", "grad_norms.csv", ".replaced",
                   ".replaced.moving"):
-        assert run_directory.written_by_run(entry), entry
+        assert run_layout.written_by_run(entry), entry
     for entry in ("NOTES.md", "myanalysis", ".writing.NOTES.md", ".git", "preset.bak"):
-        assert not run_directory.written_by_run(entry), entry
+        assert not run_layout.written_by_run(entry), entry
 
 
 # ----------------------------------------------------------------------------- failed starts
@@ -288,17 +290,17 @@ def test_an_overwrite_killed_before_the_new_runs_first_checkpoint_loses_no_run(
     out, before = copy_run(finished_run, tmp_path)
     if killed == "while moving the run aside":  # every entry moved, their folder not renamed
         def rename(source, destination):
-            if os.path.basename(destination) == run_directory.REPLACED:
+            if os.path.basename(destination) == run_layout.REPLACED:
                 raise Killed
             os.replace(source, destination)
 
         monkeypatch.setattr(os, "rename", rename)
         with pytest.raises(Killed):
-            run_directory.move_aside(str(out))
+            replaced_run.move_aside(str(out))
         monkeypatch.undo()
-        assert os.listdir(out) == [run_directory.MOVING]  # not even its settings in place
+        assert os.listdir(out) == [run_layout.MOVING]  # not even its settings in place
     else:  # moved aside; the new run wrote its settings and then died
-        run_directory.move_aside(str(out))
+        replaced_run.move_aside(str(out))
         other = TrainConfig.from_recipe("small", model=TINY, steps=5, output_dir=str(out))
         durable.write_text(str(out / "train_config.json"), other.to_json())
     assert files_of(out) != before

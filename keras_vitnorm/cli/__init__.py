@@ -67,13 +67,9 @@ def main(argv=None, hide_framework_logs=False):
 def console(argv=None):
     """Entry point of the `keras-vitnorm` console script, `python -m keras_vitnorm` and
     the scripts in `recipes/`: runs the command `argv` (default `sys.argv[1:]`) and exits
-    with its status.
-
-    Before a command that trains, it makes the process keep freed memory
-    (`keras_vitnorm.host_memory.retain_freed_memory`; its effect on the training step
-    is in docs/performance.md). `convert` and `evaluate` leave the allocator as it is.
-    Once the command has ended, a SIGTERM while the process shuts down is ignored: the
-    exit status is the command's.
+    with its status. A command that trains first makes the process keep freed memory
+    (`keras_vitnorm.host_memory.retain_freed_memory`); a SIGTERM once the command has
+    ended leaves its status as it is.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:

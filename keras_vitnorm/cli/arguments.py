@@ -203,7 +203,6 @@ def add_training_arguments(parser):
     augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
 
 
-
 def add_seed_run_arguments(parser):
     """The run options of the commands that train one run directory per seed."""
     run = parser.add_argument_group("run")

@@ -1,12 +1,7 @@
 """How a command ends: the one mapping from an error to the exit status and message, and
-the check that the extra a command needs is installed.
-
-Exit statuses: 0 success; 1 a run of a parallel study failed (its log is named); 2 bad
-arguments, bad input files, a run directory in use or a missing package; 3 training
-diverged; 4 a file could not be written (full disk, permissions; the last checkpoint
-is intact); 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM (a scheduler's stop), each
-with a message that says how to continue (a training run leaves a checkpoint of the
-step it stopped at, `keras_vitnorm.training.interrupts`).
+the check that the extra a command needs is installed. docs/training.md lists the exit
+statuses: 0 done, 1 a parallel study's run failed, 2 bad input, 3 diverged, 4 a file
+could not be written, 130 and 143 stopped by SIGINT and SIGTERM.
 """
 
 import contextlib

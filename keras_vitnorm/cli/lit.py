@@ -24,7 +24,6 @@ docs/contrastive.md.
 """
 
 
-
 def add_parser(commands):
     parser = commands.add_parser(
         NAME,

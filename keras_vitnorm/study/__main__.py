@@ -1,10 +1,6 @@
-"""`python -m keras_vitnorm.study JOB_FILE`: trains the run a job file describes, in
-this process: the child that `ablate --parallel` starts for each run
-(`keras_vitnorm.study.workers`).
-
-The entry point is the package's and not `workers`' own, because the package imports
-`workers`: run as `python -m keras_vitnorm.study.workers`, that module would be
-executed a second time as `__main__`, beside the copy the package imported.
+"""`python -m keras_vitnorm.study JOB_FILE`: the child that `ablate --parallel` starts
+for each run (`keras_vitnorm.study.workers.main`). The package's entry point, not
+`workers`', so that `workers` is not executed a second time as `__main__`.
 """
 
 import sys

@@ -10,15 +10,10 @@ from keras_vitnorm.study.one_run import read_metrics
 
 
 def export_study(study_dir, destination):
-    """Copies a study's results, without weights, into `destination`.
-
-    Copied: `study_config.json`, `results.csv`, `lr_sweep.csv`, `fewshot.csv`, the
-    markdown tables, `figures/`, and of every finished run (completed or diverged) the
-    files in `RUN_RESULT_FILES`, at the same relative paths. Unfinished runs are left out
-    (their checkpoints are not copied, so they could not resume). Each file is
-    written atomically; files already in `destination` are replaced by the study's. A
-    destination that holds another study (another `study_config.json`), or lies inside
-    the study, is refused.
+    """Copies a study's results, without weights, into `destination`: its settings,
+    result files, tables and figures, and the `RUN_RESULT_FILES` of every finished run
+    (unfinished runs could not resume without their checkpoints, so they are left out).
+    A destination that holds another study, or lies inside this one, is refused.
 
     Returns:
         The number of runs copied.

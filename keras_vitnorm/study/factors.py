@@ -210,10 +210,8 @@ def depth_table(rows, group="depth_stability"):
     (`first_to_last_block_gradient`; geometric mean and range over the completed runs
     that recorded gradient norms).
 
-    Where the group's rows ran at more than one peak learning rate (a learning-rate
-    sweep, or each variant at its own rate), each rate is a row of its own, with a
-    column for it. `""` for a group whose variants have no placement, depth and warm-up
-    (`variant_factors`)."""
+    Rows ran at more than one peak learning rate get a row and a column per rate.
+    `""` for a group without placement, depth and warm-up (`variant_factors`)."""
     group_rows = [r for r in rows if r["group"] == group
                   and {"placement", "depth", "warmup"} <= variant_factors(group, r["variant"]).keys()]
     rates = {float(r["learning_rate"]) for r in group_rows if r.get("learning_rate") not in (None, "")}
@@ -281,14 +279,11 @@ def residual_stream_table(streams):
 
 
 def convergence_table(rows):
-    """Markdown: per variant, the mean validation accuracy at the half mark, the late
-    mark and the end of training, what training added after the late mark (points),
-    and the training accuracy of the last epoch (on the augmented batches): how flat
-    each variant's validation curve is when training stops, and how far it has fitted
-    its training set. The marks are the last epochs that end at or before 1/2 and 3/4
-    of training, named in each row: with 16 epochs the late mark is epoch 12 and what
-    follows is the last quarter; with 6 it is epoch 4, and what follows is the last
-    third. `""` when no variant of `rows` logged four or more epochs."""
+    """Markdown: per variant, the mean validation accuracy at the half mark (the last
+    epoch ending at or before 1/2 of training), the late mark (3/4) and the end, what
+    training added after the late mark, and the last epoch's training accuracy: how
+    flat each curve is when training stops. `""` when no variant logged four or more
+    epochs."""
     from keras_vitnorm.study.figures import validation_curves
 
     lines = [

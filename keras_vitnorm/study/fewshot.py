@@ -1,22 +1,10 @@
 """Few-shot linear transfer of a study's trained models, as big_vision evaluates it.
 
-Each finished run's trained model gives pre-logit features (its pooled features, what
-its classifier head reads: `ViT.backbone()["pooled"]`) of a transfer dataset's images,
-resized to the model's own input size by the project's evaluation pipeline. For each
-shot count and draw, a regularized least-squares classifier is fitted on `shots`
-images per class of the transfer dataset's training images and scored on its test
-split (`keras_vitnorm.study.fewshot_lsr.fit_least_squares`, which follows big_vision's
-`big_vision/evaluators/fewshot_lsr.py`). Draw `d` takes each class's images in the
-order of a permutation drawn with seed `d`, so every model is fitted on the same
-images, and the fewer shots are the first of the more, as in big_vision.
-
-Each run's accuracies are kept in its `analysis.json` (key `fewshot`, one entry per
-request: dataset, shots, draws, test images, regularization, input pipeline), so a
-rerun reads them, and the tables can be redrawn where the weights are not kept.
-
-    <study>/<group>_fewshot.md   per shot count: each variant's accuracy over its runs
-                                 and its difference from the group's baseline
-    <study>/fewshot.csv          one row per run, shot count and draw
+Each finished run's pooled features of a transfer dataset's images are fitted by
+`keras_vitnorm.study.fewshot_lsr` on `shots` images per class (draw `d` with seed `d`,
+the same images for every model) and scored on its test split. Each run's accuracies
+are kept in its `analysis.json` (key `fewshot`, one entry per request), so a rerun
+reads them. docs/study.md describes `<group>_fewshot.md` and `fewshot.csv`.
 """
 
 import csv
@@ -81,15 +69,10 @@ def check_dataset(dataset, pipeline="auto"):
 
 
 class TransferData:
-    """A transfer dataset as one few-shot request reads it.
-
-    The training images are every non-test image of the dataset (its training and
-    validation splits together: all of `train/` for a folder with `train/` and
-    `test/`); `test_examples` takes a class-stratified subset of the test split with
-    seed 0 (`keras_vitnorm.training.data.subset`), the same for every model. Only the
-    images some draw uses are read. Digits and folders, whose labels are known before
-    any image is read.
-    """
+    """A transfer dataset as one few-shot request reads it (digits or a folder, whose
+    labels are known before any image is read): every non-test image for training,
+    only those some draw uses read; `test_examples` a stratified subset of the test
+    split, the same for every model."""
 
     def __init__(self, dataset, shots=SHOTS, draws=DRAWS, test_examples=None,
                  l2_regularization=L2_REGULARIZATION, pipeline="auto", batch_size=256):
@@ -175,10 +158,9 @@ def run_fewshot(run_dir, transfer, verbose=0, say=None):
     """A finished run's result: `{"request": ..., "accuracy": {shots: [per draw]},
     "test_images": n}`.
 
-    Read from the run's `analysis.json` when it holds this request's result; otherwise
-    computed from `<run_dir>/preset` and added to the file beside its other entries.
-    `None` for a run with neither. `say` (e.g. `print`) reports a result computed,
-    `verbose` adds a progress bar over its images.
+    Read from the run's `analysis.json` when it holds this request's result, else
+    computed from `<run_dir>/preset` and added to it; `None` for a run with neither.
+    `say` reports a result computed, `verbose` adds a progress bar.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
@@ -216,11 +198,8 @@ def run_mean(result, shots):
 
 def fewshot_table(results, shots):
     """Markdown, a table per shot count: each variant's few-shot accuracy over its runs
-    (mean ± 95% CI, percent; each run's value its mean over the draws) and its
-    difference from the baseline (the first variant) in points with a Welch 95% CI
-    (`*` where it excludes 0), the Welch test's p-value and the p-value adjusted by
-    Holm's method over the table's comparisons (`*` below 0.05), as
-    `keras_vitnorm.study.tables.difference_table` writes them.
+    (each run's mean over the draws) against the baseline (the first variant), as
+    `keras_vitnorm.study.tables.difference_table` writes it.
 
     Args:
         results: `{variant: [run_fewshot result per run]}`, baseline first.

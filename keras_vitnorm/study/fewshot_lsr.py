@@ -37,15 +37,10 @@ def _design(features, mean, std):
 def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULARIZATION):
     """Fits big_vision's few-shot linear classifier: ridge regression onto ±1 targets.
 
-    As `big_vision/evaluators/fewshot_lsr.py` does: each feature is whitened by the
-    mean and (population) standard deviation of the training features, plus 1e-5; a
-    constant feature of 100 carries the bias; the targets are the one-hot labels
-    mapped to {-1, 1}; the weights are the closed-form ridge solution
-    `(X^T X + l2 I)^-1 X^T Y`, computed through the eigendecomposition of the smaller
-    Gram matrix (`X^T X` when there are at least as many images as features, else
-    `X X^T` with `X^T (X X^T + l2 I)^-1 Y`, the same weights); the class is the largest
-    output. The penalty is one fixed value, big_vision's 2^10, not chosen per task.
-    Computed in float64 (big_vision's runs in float32).
+    Features are whitened by the training features' mean and standard deviation, a
+    constant feature carries the bias, and the weights are the closed-form ridge
+    solution `(X^T X + l2 I)^-1 X^T Y` through the eigendecomposition of the smaller
+    Gram matrix; the penalty is big_vision's fixed 2^10. Computed in float64.
 
     Args:
         features: `(images, width)` array.

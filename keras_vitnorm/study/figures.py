@@ -1,17 +1,6 @@
-"""Matplotlib figures of a study, saved as PNG.
-
-- `plot_gains`: accuracy gain of each variant over the group's baseline with the
-  gain's Welch 95% CI (the Dual PatchNorm paper's Figure 1 style).
-- `plot_loss_curves`: training and validation loss per epoch, mean over seeds.
-- `plot_accuracy_curves`: validation accuracy per epoch, mean over seeds, shaded 95% CI
-  (from three seeds) or range (two seeds), `curve_band`.
-- `plot_gain_curves`: validation accuracy gain over the baseline per epoch, paired by
-  seed, mean and the same band.
-- `plot_lr_sweep`: final validation accuracy by peak learning rate per variant, the
-  chosen rate marked.
-
-Figures of what is inside the trained models (by depth, the stem's scale, the residual
-stream) are in `keras_vitnorm.study.model_figures`.
+"""Matplotlib figures of a study's results, saved as PNG: gains over the baseline,
+loss and accuracy curves, the learning-rate sweep. Figures of what is inside the
+trained models are in `keras_vitnorm.study.model_figures`.
 """
 
 import csv
@@ -176,10 +165,8 @@ def gain_curves(rows, variant, baseline):
 
 def curve_band(curves):
     """The band shaded around the mean of `curves` `(runs, epochs)`: `(low, high, kind)`,
-    or `None` for a single run. From three runs it is the 95% Student-t interval of the
-    mean (kind `"95% CI"`). With two it is the two runs themselves (kind `"range"`):
-    their t interval reaches 12.7 standard errors either side of the mean, so wide
-    that it hides every difference a figure is there to show."""
+    or `None` for a single run: the 95% Student-t interval from three runs, the range of
+    two (whose t interval, 12.7 standard errors wide, would hide every difference)."""
     if len(curves) < 2:
         return None
     if len(curves) == 2:

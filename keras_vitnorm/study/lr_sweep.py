@@ -1,22 +1,11 @@
 """Each variant at its own learning rate: a sweep of peak rates and the choice on
 validation (`ablate --lr-sweep`).
 
-Norms move with the learning rate (post-LN, DyT, BatchNorm and DeepNorm more than
-pre-LN), so a comparison at the rate calibrated for one variant can measure the rate,
-not the norm. With a sweep, every variant first trains at every rate of the grid with
-the sweep's seeds; the rate with the highest mean final validation accuracy is its
-own (the test split is not read for the choice), and the variant's runs at that rate
-are the ones the study's tables compare. A rate at which any sweep run diverged is
-not chosen. A choice at either end of the grid is flagged: the best rate may lie
-beyond it. With `ablate --extend-sweep` such a variant then trains the next rate
-beyond that end (the grid's ratio at that end), and again while its choice stays at
-the end, up to `EXTEND_LIMIT` rates beyond the grid on either side; a variant's grid
-is then its own.
-
-Written per study: `lr_sweep.csv` (every sweep run, as `results.csv`),
-`<group>_lr_selection.md` (validation accuracy by variant and rate, and the rate
-chosen), `figures/<group>_lr_sweep.png` and, for the groups over placement, depth and
-warm-up (`deep`), `<group>_lr_sweep_summary.md`: what trains or stalls at each rate.
+Norms move with the learning rate, so a comparison at one variant's rate can measure
+the rate, not the norm. Each variant's rate is the one with the highest mean final
+validation accuracy over the sweep's seeds, never one where a run diverged; with
+`--extend-sweep` a choice at an end of the grid widens it (`extend`). docs/study.md,
+"Each variant at its own learning rate".
 """
 
 import math
@@ -153,10 +142,9 @@ def at_chosen_rates(plan, selection, say=None):
 
 
 def tie_margin(values, level=0.95):
-    """How far apart two runs' final validation accuracies fall by seed alone: the
-    half-width of the `level` interval of the difference of two runs,
-    `t(n - 1) * s * sqrt(2)`, with `s` the standard deviation of `values` (the final
-    runs of one variant at one rate, n of them). `None` with fewer than two."""
+    """How far apart two runs' final validation accuracies fall by seed alone:
+    `t(n - 1) * s * sqrt(2)`, `s` the standard deviation of `values` (one variant's
+    runs at one rate). `None` with fewer than two."""
     if len(values) < 2:
         return None
     from scipy import stats
@@ -166,11 +154,9 @@ def tie_margin(values, level=0.95):
 
 
 def selection_table(selection, rates, group, final_rows=()):
-    """Markdown: per variant of `group`, the mean final validation accuracy (%) at each
-    rate of its grid (± its 95% CI over two or more seeds; blank where the rate is not
-    in its grid), the rate chosen, and the rates tied with it: those whose accuracy
-    lies within `tie_margin` of the chosen rate's, the margin taken from the variant's
-    `final_rows` at its chosen rate (its seeds; n/a with fewer than two)."""
+    """Markdown: per variant of `group`, the mean final validation accuracy at each rate
+    of its grid, the rate chosen, and the rates within `tie_margin` of it (the margin
+    from the variant's `final_rows` at its chosen rate)."""
     lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
              + " | chosen rate | tied within the seed noise |",
              "|---|" + "---|" * (len(rates) + 2)]

@@ -1,12 +1,5 @@
-"""Matplotlib figures of what is inside a study's trained models, saved as PNG.
-
-- `plot_accuracy_by_depth`: test accuracy against depth, a line per placement.
-- `plot_gradient_norms`: gradient norm by depth (patch embedding, blocks, head) for
-  several runs, e.g. plain ViT vs DPN (Figure 2 style).
-- `plot_stem_scales`: the first stem norm's learned scale in pixel space, one panel per
-  channel (Figure 3 style).
-- `plot_residual_stream`: the residual stream's RMS and consecutive-block similarity by
-  depth, per variant.
+"""Matplotlib figures of what is inside a study's trained models, saved as PNG:
+accuracy and gradient norms by depth, the stem's learned scale, the residual stream.
 """
 
 import csv
@@ -74,10 +67,9 @@ def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
 def depth_profile(grad_norms_csv):
     """`(groups, norms)`: gradient norm per depth group, averaged over the records.
 
-    Groups are ordered patch embedding, stem (other stem weights), block_0 ... and
-    head; each record's layer norms are combined as a root sum of squares. The step-0
-    record is left out when later ones exist: with the zero-initialized head, every
-    gradient but the head's is exactly zero before the first step.
+    Groups are ordered patch embedding, stem, block_0 ... and head, each a root sum of
+    squares of its layers' norms. The step-0 record is left out when later ones exist
+    (the zero head leaves every other gradient zero there).
     """
     per_step = {}
     with open(grad_norms_csv, newline="") as f:

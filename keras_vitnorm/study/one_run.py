@@ -33,13 +33,10 @@ def resolved_model(preset, model):
 
 
 def recorded_differences(config, run_dir):
-    """How the settings the run in `run_dir` recorded (its `train_config.json`) differ
-    from `config`, the ones its study planned for it: `"learning_rate: planned 0.002,
-    recorded 0.02; model depth: planned 2, recorded 3"`, `""` where they are the same,
-    `None` where the run recorded none. The run directory itself is not compared (a
-    study may be moved), models are compared as their presets resolve them
-    (`resolved_model`), and a setting the run did not record counts as `None` (as a
-    resumed run counts it).
+    """How the settings the run in `run_dir` recorded differ from `config`, the ones its
+    study planned: `"learning_rate: planned 0.002, recorded 0.02; ..."`, `""` where
+    they are the same, `None` where the run recorded none. The run directory is not
+    compared (a study may move), and models are compared as their presets resolve them.
     """
     recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
     if not isinstance(recorded, dict):
@@ -141,16 +138,13 @@ RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.
 
 def run_analysis(run_dir, probe_images=None):
     """What the study's figures read of a finished run's trained model, kept in
-    `<run_dir>/analysis.json` so they can be redrawn where the weights are not kept.
+    `<run_dir>/analysis.json` so they can be redrawn without the weights.
 
     Returns:
-        `{"stem_scale": (P, P, C) nested list or None, "residual_stream":
-        keras_vitnorm.analysis.residual_stream(model, probe_images) or None,
-        "probe_images": count or None}`: read from the file if it holds what is
-        asked (a residual stream on as many images when `probe_images` is given),
-        else computed from `<run_dir>/preset` and written, with any other analysis the
-        file holds (`keras_vitnorm.study.patch_statistics`) kept. `None` for a run with
-        neither.
+        `{"stem_scale", "residual_stream", "probe_images"}` (each `None` where it does
+        not apply): read from the file if it holds what is asked, else computed from
+        `<run_dir>/preset` and written beside the file's other entries. `None` for a
+        run with neither.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     cached = durable.read_json(path)

@@ -1,18 +1,9 @@
 """One table per group that puts each variant's accuracy, fit and cost side by side:
-`<study>/<group>_overview.md`.
+`<study>/<group>_overview.md` (docs/study.md, "Output", lists its columns).
 
-Per variant (baseline first): its peak learning rate, finished runs, test accuracy
-with every seed's value, its difference from the baseline with the Welch interval and
-the Holm-adjusted p-value of `<group>_differences.md`, how far its training accuracy
-lies above its validation accuracy, where its validation loss bottomed out, and its
-time to the baseline's final validation accuracy in steps and CPU seconds
-(`keras_vitnorm.study.time_to_accuracy`).
-
-Seconds are steps times a step time: from `<study>/step_times.json` (`{variant: seconds
-per training step}`, measured alone: `tools/step_times.py` writes it from a
-`benchmarks/bench_variants.py` file) where the study has one, else each variant's mean
-`train_seconds / steps` over its runs, which counts whatever shared the CPU with them.
-A line under the table names the source.
+Seconds are steps times a step time: `<study>/step_times.json` (measured alone,
+`tools/step_times.py`) where the study has one, else each variant's mean
+`train_seconds / steps`, which counts whatever shared the device with its runs.
 """
 
 import csv

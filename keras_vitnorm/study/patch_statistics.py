@@ -1,23 +1,10 @@
 """What each trained model's predictions rest on: what Dual PatchNorm's first norm
-removes (each patch's mean and standard deviation) or what it keeps (each patch's
-pattern).
+removes (each patch's mean and standard deviation) or what it keeps (its pattern).
 
-For every finished run of a group that compares stems, the trained model classifies
-`IMAGES` images of the run's own training split and as many test images three times:
-as they are, with every patch's mean and standard deviation taken from the same patch
-of an image of another class, and with every patch's pattern taken from that image
-instead (`keras_vitnorm.analysis.patch_norm.patch_statistics_reliance`).
-
-- A Dual PatchNorm model standardizes each patch first: the statistics swap leaves its
-  input as it was, the pattern swap leaves it nothing of the image.
-- What a plain-stem model keeps under each swap shows how much of its accuracy each
-  part of the patches carries.
-- Training against test images shows which part a model's surplus on its training
-  images lies in; how often a swapped image is given the donor's class, training
-  against test donors, whether that part recalls fitted images.
-
-Each run's result is kept in its `analysis.json` (key `patch_statistics`), so the
-tables are redrawn where the weights are not kept.
+Each finished run of a stem group classifies training and test images as they are and
+with either part swapped for another class's
+(`keras_vitnorm.analysis.patch_norm.patch_statistics_reliance`); the result is kept in
+its `analysis.json`. docs/study.md, "Output", describes the table.
 """
 
 import os
@@ -65,12 +52,10 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
     """A finished run's result: `{"requested": count, "train": ..., "test": ...}`, each
     split a `patch_statistics_reliance` dict.
 
-    Read from the run's `analysis.json` when it holds a whole result for `count`
-    images; otherwise computed from `<run_dir>/preset` with the images
-    `images_for(run_config, image_shape, count)` returns, and added to the file. `None`
-    for a run with neither (an exported run whose result was made for another
-    `count` included, so that a table never mixes image counts). `say` (e.g. `print`)
-    reports a result being computed.
+    Read from the run's `analysis.json` when it holds a result for `count` images,
+    else computed from `<run_dir>/preset` on `images_for(run_config, image_shape,
+    count)` and added to it; `None` for a run with neither (so a table never mixes
+    image counts). `say` (e.g. `print`) reports a result being computed.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}

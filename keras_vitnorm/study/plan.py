@@ -1,22 +1,10 @@
 """A study as one command per run, for any scheduler, and the command that trains one run.
 
-`ablate --plan` (`run_study(..., mode="plan")`) trains nothing: it writes, in
-`<study>/plan/`, a job file for every run that can train now and `commands.txt`, one
-shell command a line, each training one run:
-
-    KERAS_BACKEND=jax keras-vitnorm ablate-job <study>/plan/<group>-<variant>-seed_<s>.job.json
-
-Any scheduler can run the lines, in any order and on any machines that share the
-study directory: a Slurm job array (one line per task), Ray, `xargs -P`, or a GPU at
-hand. A command resumes its run if it was interrupted and does nothing if the run has
-finished, so a line can be run again at any time. The same `ablate` command with
-`--tables-only` then collects whatever has finished into the study's tables, and with
-`--plan` again writes the runs still to train (with a learning-rate sweep: the runs
-at the chosen rates once the sweep has finished).
-
-A job file names its run directory relative to the study directory, which is the
-parent of the job file's folder, so a study directory can be moved or copied with
-its plan; the dataset and preset paths of its settings are used as given.
+`ablate --plan` writes, in `<study>/plan/`, a job file for every run that can train
+now and `commands.txt`, one `keras-vitnorm ablate-job <job file>` a line, for any
+scheduler to run in any order, any number of times. A job file names its run directory
+relative to the study (the parent of its folder), so a study moves with its plan.
+docs/study.md, "A study on a scheduler: plan and collect".
 """
 
 import os
@@ -96,13 +84,8 @@ def read_job(path):
 
 def run_job(path, verbose=None):
     """Trains, resumes or skips (if finished) the run of the job file at `path`, then
-    writes its `analysis.json` where it completed; returns its result row
-    (`keras_vitnorm.study.one_run.run_one`).
-
-    The job analyzes its own run, on the study's probe images, so that the runs of a
-    plan are analyzed side by side where they trained, and `--tables-only` only reads
-    the files instead of loading every run's model one after another.
-    """
+    writes its `analysis.json` where it completed (so that `--tables-only` only reads
+    files); returns its result row (`keras_vitnorm.study.one_run.run_one`)."""
     from keras_vitnorm.study.one_run import probe_images
     from keras_vitnorm.study.one_run import run_analysis
     from keras_vitnorm.study.one_run import run_one

@@ -15,25 +15,9 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 
 
 def make_figures(rows, figure_dir, probe_images=None):
-    """Writes every figure (and the tables computed with them) the results allow.
-
-    Per group: gains (`<group>_gains.png`, and per epoch, paired by seed,
-    `<group>_gain_curves.png`; for a group whose variants vary the stem by factor
-    level, only `<group>_differences.png`: each stem against the plain stem at its
-    own level), loss curves (`<group>_loss.png`) and
-    validation accuracy curves with CIs (`<group>_accuracy.png`). For
-    each group of `STEM_PAIRS` with gradient-norm records of both stems:
-    `<group>_gradient_norms.png`; with a finished Dual PatchNorm run:
-    `<group>_stem_scales.png` (its first seed). For `depth_stability`: test accuracy
-    by depth per placement (`depth_stability_by_depth.png`) and gradient norms
-    by depth of the deepest models with warm-up (`depth_gradient_norms.png`). With
-    `probe_images`, per group `<group>_residual_stream.png` and, beside the figures,
-    `<group>_residual_stream.md`: the residual-stream RMS and consecutive-block
-    similarity of each variant's finished runs on those images (mean over seeds).
-
-    Returns:
-        The paths written.
-    """
+    """Writes every figure the results allow (docs/study.md, "Output", lists them) and,
+    with `probe_images`, each group's `<group>_residual_stream.md` beside them; returns
+    the paths written."""
     from keras_vitnorm.study import figures
     from keras_vitnorm.study import model_figures
 
@@ -124,16 +108,10 @@ def _residual_stream_outputs(group, rows, images, figure_dir):
 
 
 def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=10000):
-    """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data.
-
-    For each patch size: linear-probe accuracy on the pixels, on the patches after
-    `LN_0`, on the same with a variance floor (near-flat patches not stretched to
-    full contrast), and on the two numbers per patch that `LN_0` removes (mean and
-    standard deviation); the share of the patches' energy in their means, and the
-    share of low-contrast patches (`keras_vitnorm.analysis.patch_norm`). Probes
-    train on the first `train_count` images of a class-stratified subset of the
-    training split and are scored on the validation split.
-    """
+    """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data
+    per patch size (`keras_vitnorm.analysis.patch_norm`; docs/study.md). Probes train
+    on `train_count` images of a stratified subset of the training split and are
+    scored on the validation split."""
     from keras_vitnorm.analysis.patch_norm import VARIANCE_FLOOR
     from keras_vitnorm.analysis.patch_norm import patch_norm_probe
     from keras_vitnorm.training import data as data_lib

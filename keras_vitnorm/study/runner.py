@@ -1,40 +1,8 @@
-"""The ablation runner: trains every (variant, seed), then tabulates and plots.
+"""The ablation runner: trains every (variant, seed) of a study, then tabulates and plots.
 
-Layout of a study directory:
-
-    <study>/<group>/<variant>/seed_<s>/      one training run (see keras_vitnorm.training)
-    <study>/<group>/<variant>/seed_<s>/analysis.json   what the figures and tables read
-                                             of the trained model (written when the run ends)
-    <study>/results.csv                      one row per run (run directories relative
-                                             to the study directory)
-    <study>/<group>.md                       the paper-style table of the group
-    <study>/<group>_overview.md              accuracy, differences, fit and cost of each
-                                             variant side by side (keras_vitnorm.study.overview)
-    <study>/<group>_lr_selection.md          with a learning-rate sweep: each variant's
-                                             validation accuracy by rate, its choice, ties
-    <study>/<group>_fewshot.md, fewshot.csv  written by `keras-vitnorm fewshot`: linear
-                                             transfer of each run's features
-                                             (keras_vitnorm.study.fewshot)
-    <study>/<group>_patch_statistics.md      for groups that compare stems: what each
-                                             model's predictions rest on, each patch's mean
-                                             and std or its pattern
-                                             (keras_vitnorm.study.patch_statistics)
-    <study>/figures/*.png                    matplotlib figures
-    <study>/logs/<group>-<variant>-seed_<s>.log, .job.json   the output and settings of
-                                             each run trained in a worker process
-                                             (`parallel` > 1)
-
-A run whose `metrics.json` says `completed` or `diverged` is not trained again when the
-study is restarted; an interrupted run is resumed from its backup. A variant whose
-settings are identical to a run earlier in the study (such as the plain pre-LN baseline
-that several groups share) reuses that run instead of training it again; its row's `run_dir`
-points at the run it shares.
-
-`export_study` copies what a study's results are made of (tables, figures, and each
-finished run's settings, metrics, logs and analysis; no weights) to another directory,
-for example one kept under version control. An exported study is itself a study
-directory: the same `ablate` command pointed at it skips its finished runs, trains the
-missing ones and redraws every figure.
+A finished run is not trained again when the study restarts, an interrupted one resumes,
+and a variant whose settings equal an earlier run's shares it. The study directory's
+layout and the modes are described in docs/study.md.
 """
 
 import contextlib
@@ -62,6 +30,7 @@ from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
 from keras_vitnorm.training.run_plan import FITTED_SETTINGS
 from keras_vitnorm.training.run_plan import fit_to_data
+from keras_vitnorm.training.trainer import load_training_data
 from keras_vitnorm.validation import check_choice
 
 
@@ -78,46 +47,30 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             variant's settings are replaced per run).
         groups: list of variant-group names (`keras_vitnorm.study.VARIANT_GROUPS`).
         seeds: list of ints.
-        output_dir: the study directory.
+        output_dir: the study directory (locked as `study.lock` while this runs).
         variants: optional `{group: [variant names]}` to run a subset.
         verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
         take_over_lock: bool. Take over the study directory (and its runs) if their
             locks were left by a process that no longer runs.
         parallel: int, runs trained at once, each in its own process
-            (`keras_vitnorm.study.workers`); 1 trains them one after another here.
+            (`keras_vitnorm.study.workers`).
         threads_per_run: compute threads of each parallel run; default the CPU
             cores shared out over `parallel`.
-        mode: `"train"` (default) trains the runs that have not finished, then writes
-            the tables and figures. `"tables"` trains nothing: the tables and figures
-            are written from the runs of the plan that have finished, the others are
-            named and left out (a study part-way, one exported without weights, or
-            one whose runs a scheduler trained, re-tabled); the tables and figures
-            are renamed into place together once all are written. `"plan"` trains
-            nothing either: it writes one command per run that can train now
-            (`keras_vitnorm.study.plan`) for any scheduler to run, and returns them.
-            In every mode, a finished run whose recorded settings are not the ones
-            the plan gives it (a job file edited before it ran) is named, with what
-            differs, and left out of the tables; a recipe default its data cannot
-            take is fitted as `train` fits it.
-        lr_sweep: optional list of peak learning rates. Each variant first trains at
-            every rate with `sweep_seeds`; the rate with the best mean final
-            validation accuracy is chosen (`keras_vitnorm.study.lr_sweep`) and the
-            variant then trains at it with `seeds`, sharing the sweep's runs at that
-            rate. Run directories are then `<group>/<variant>/lr_<rate>/seed_<s>`.
+        mode: `"train"` (default) trains the unfinished runs, then writes the tables
+            and figures; `"tables"` trains nothing and writes them from the finished
+            runs; `"plan"` writes one command per run that can train now
+            (`keras_vitnorm.study.plan`). In every mode a finished run whose recorded
+            settings are not the plan's is named and left out (docs/study.md).
+        lr_sweep: optional list of peak learning rates: each variant first trains at
+            every rate with `sweep_seeds` and then with `seeds` at the rate of the
+            best mean validation accuracy (`keras_vitnorm.study.lr_sweep`).
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
         extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
-            trains the next rate beyond it, and again while its choice stays there
-            (`keras_vitnorm.study.lr_sweep.extend`).
+            trains the next rate beyond it (`keras_vitnorm.study.lr_sweep.extend`).
 
     Returns:
         The result rows of the runs at the chosen settings (mode `"plan"`: the
         commands written).
-
-    Runs train seed by seed (every variant's first seed, then every variant's
-    second, ...); the result rows and tables follow the groups' order. The study
-    directory is locked (`study.lock`) while this runs, and each run's directory by
-    `train`; every table is written atomically. A seed or group given twice is
-    refused: its runs would count twice.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
@@ -298,13 +251,8 @@ class _Study:
         data_settings = (config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
                          config.train_examples, config.val_examples, config.skip_bad_images,
                          config.input_pipeline)
-        if data_settings not in self.train_sizes:
-            from keras_vitnorm.training import data as data_lib
-
-            self.train_sizes[data_settings] = data_lib.load_dataset(
-                config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
-                config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-                val_examples=config.val_examples, pipeline=config.input_pipeline).train.size
+        if data_settings not in self.train_sizes:  # the data `train` loads
+            self.train_sizes[data_settings] = load_training_data(config).train.size
         config, notes = fit_to_data(config, self.train_sizes[data_settings])
         for note in notes:
             self._say_once(note)
@@ -333,13 +281,10 @@ class _Study:
         return bool(differences)
 
     def rows(self, jobs, seeds, required=True, sweep=False):
-        """The result rows of `jobs` after training them (mode `"train"`); those that
-        have finished otherwise. Mode `"plan"` notes the unfinished jobs and returns
-        the finished ones' rows. `required`: with no finished run in mode `"tables"`,
-        raise instead of returning none. The rows are written as they come, to
-        `results.csv` and the study's tables, or, for a learning-rate `sweep`'s jobs
-        (each variant at every rate), to `lr_sweep.csv` alone: the tables compare
-        each variant at its chosen rate."""
+        """The result rows of `jobs` after training them (mode `"train"`), or of those
+        that have finished (mode `"plan"` also notes the others). `required`: with no
+        finished run in mode `"tables"`, raise. Rows are written as they come, to
+        `results.csv` and the tables, or for a `sweep` to `lr_sweep.csv` alone."""
         # Every variant's first seed trains before any variant's second, so a long study
         # that is stopped part-way already compares all its variants.
         order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
@@ -356,9 +301,10 @@ class _Study:
                              "tables")
             order = finished
         elif self.parallel > 1:
-            _train_in_parallel([jobs[i] for i in order], self.output_dir, self.parallel,
-                               self.threads, self.verbose, self.take_over_lock,
-                               on_finish=lambda job: self._write(jobs, sweep))
+            workers.train_jobs(self._unfinished([jobs[i] for i in order]), self.output_dir,
+                               self.parallel, self.threads, self.take_over_lock,
+                               on_finish=lambda job: self._write(jobs, sweep),
+                               say=print if self.verbose else None)
         done = {}  # job index -> result row; the tables list them in the plan's order
         for i in order:
             group, name, config, run_dir = jobs[i]
@@ -397,26 +343,6 @@ class _Study:
 def _finished(run_dir):
     metrics = read_metrics(run_dir)
     return metrics is not None and metrics.get("status") in ("completed", "diverged")
-
-
-def _train_in_parallel(jobs, output_dir, parallel, threads, verbose, take_over_lock, on_finish):
-    """Trains the unfinished runs of `jobs` (each shared run once) in worker processes."""
-    log_dir = os.path.join(output_dir, "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    work, seen = [], set()
-    for group, name, config, run_dir in jobs:
-        if run_dir in seen or _finished(run_dir):
-            continue
-        seen.add(run_dir)
-        stem = os.path.join(log_dir, plan_lib.job_file_stem(run_dir, output_dir))
-        job = plan_lib.job(group, name, config, run_dir, output_dir, take_over_lock)
-        job.update(file=stem + ".job.json", log=stem + ".log")
-        durable.write_json(job["file"], job)
-        work.append(job)
-    if work and verbose:
-        print(f"{len(work)} run(s) to train, {parallel} at a time with {threads} thread(s) each")
-    workers.train_in_workers(work, parallel, lambda job: workers.start_child(job, threads),
-                             on_finish=on_finish, say=print if verbose else None)
 
 
 def _check_study_config(base, output_dir):

@@ -56,12 +56,9 @@ def difference_interval(treated, control, level=0.95):
 
 def welch_p_value(treated, control):
     """Two-sided p-value of Welch's t-test that `treated` and `control` have the same
-    mean: the test whose 95% interval is `difference_interval`'s, so the p-value is
-    below 0.05 exactly where that interval excludes 0 (the value of
-    `scipy.stats.ttest_ind(..., equal_var=False)`).
-
-    NaN with fewer than two values on a side. With no spread on either side the
-    difference is certain: 0 if the means differ, 1 if they do not.
+    mean (`scipy.stats.ttest_ind(..., equal_var=False)`): below 0.05 exactly where
+    `difference_interval`'s 95% interval excludes 0. NaN with fewer than two values on
+    a side; with no spread on either side, 0 if the means differ, else 1.
     """
     from scipy import stats
 
@@ -76,13 +73,10 @@ def welch_p_value(treated, control):
 def holm_adjusted(p_values):
     """Holm's step-down adjustment of the p-values of one family of comparisons.
 
-    The i-th smallest of the m p-values is multiplied by `m - i + 1` (i from 1), raised
-    to the largest adjusted value before it and capped at 1; an adjusted value below
-    0.05 keeps the chance of any false positive in the family under 5% (Holm 1979).
-    NaN entries (comparisons without a test) stay NaN and are not counted in m.
-    Written here because SciPy's `false_discovery_control` offers only the
-    Benjamini-Hochberg and -Yekutieli adjustments, and statsmodels, which has Holm's,
-    is a large dependency for five lines.
+    The i-th smallest of the m p-values is multiplied by `m - i + 1`, raised to the
+    largest adjusted value before it and capped at 1 (Holm 1979); NaN entries stay NaN
+    and are not counted in m. SciPy has no Holm adjustment, and statsmodels is a large
+    dependency for five lines.
 
     Returns:
         A list of the adjusted p-values in the order given.
@@ -97,16 +91,10 @@ def holm_adjusted(p_values):
 
 
 def kaplan_meier_median(times, observed):
-    """Kaplan-Meier estimate of the median time to an event from right-censored times.
-
-    `times[i]` is when item i had the event (`observed[i]` true) or, where it did not,
-    the last time it was seen without it: the event lies beyond (right-censored). The
-    median is the first time at which the estimated survival function
-    (`scipy.stats.ecdf`) falls to 0.5 or below, as lifelines reports it.
-
-    Returns:
-        The median, or `None` where the curve stays above 0.5 (fewer than half are
-        known to have had the event: the median lies beyond the last time given).
+    """Kaplan-Meier estimate of the median time to an event from right-censored times:
+    `times[i]` is when item i had the event (`observed[i]` true) or was last seen
+    without it. The median is the first time the survival function (`scipy.stats.ecdf`)
+    falls to 0.5 or below, as lifelines reports it; `None` where it stays above.
     """
     from scipy import stats
 

@@ -41,18 +41,12 @@ _BLOCK_LAYER = re.compile(r"block_\d+/(attention/(qkv|out)|mlp/(fc1|fc2))")
 
 
 def patch_embedding_gradient_ratio(grad_norms_csv):
-    """How the patch embedding's gradient norm compares with the blocks' layers.
+    """How the patch embedding's gradient norm compares with the blocks' dense layers
+    (the step-0 record left out: the zero head leaves every other gradient zero there).
 
-    Per record (the step-0 record left out: with the zero-initialized head every
-    gradient but the head's is zero there), the patch embedding's gradient norm is
-    divided by the largest and by the median gradient norm of the blocks' dense
-    layers (qkv, attention output, fc1, fc2).
-
-    Returns a dict: `ratio_to_max` and `ratio_to_median` (means over records),
-    `largest` (share of records in which the patch embedding has the largest norm
-    of all those layers), and the norms the ratios divide: `patch_norm` and
-    `largest_block_norm` (means over records). A stem can lower the patch
-    embedding's norm and raise its ratio, by lowering the blocks' more.
+    Returns a dict of means over records: `ratio_to_max` and `ratio_to_median` (the
+    patch embedding's norm over the largest and the median block layer's), `largest`
+    (share of records where it is the largest), `patch_norm` and `largest_block_norm`.
     """
     to_max, to_median, largest, patch_norms, block_norms = [], [], [], [], []
     for layers in read_grad_norms(grad_norms_csv).values():
@@ -118,21 +112,10 @@ def write_rows(rows, output_dir, name):
 
 
 def write_results(rows, output_dir):
-    """Writes `results.csv`, one markdown table per group, `<group>_convergence.md`
-    for groups trained four or more epochs (`factors.convergence_table`) and, where
-    the groups ran: `<group>_differences.md` (for a group that varies the stem by
-    factor level, `dpn_factors` and `dpn_schedule`, each stem against the plain stem at
-    its level; for any other group of two or more variants, each variant against the
-    group's baseline), `<group>_time_to_accuracy.md` (groups of two or more variants
-    other than those, whose runs logged their epochs:
-    `keras_vitnorm.study.time_to_accuracy`), `<group>_overview.md` (the same groups:
-    `keras_vitnorm.study.overview`; both turn steps into seconds with
-    `<output_dir>/step_times.json` where there is one), `gradient_norms.md` (stem runs that
-    recorded gradient norms),
-    `dpn_factors_against_dpn.md` (every other stem against DPN, the paper's Table 6
-    format) and `<group>_summary.md` for the groups over placement, depth and warm-up,
-    `depth_stability` and `deep` (what trains, diverges or stalls by depth:
-    `factors.depth_table`)."""
+    """Writes `results.csv` and every table the rows allow: per group its paper-style
+    table and, where the groups ran, its convergence, differences, time-to-accuracy,
+    overview and summary tables, `gradient_norms.md` and `dpn_factors_against_dpn.md`
+    (docs/study.md, "Output", describes each)."""
     write_rows(rows, output_dir, "results.csv")
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]

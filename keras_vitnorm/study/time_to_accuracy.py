@@ -1,23 +1,11 @@
 """Time to accuracy: the training steps and seconds each variant takes to reach the
 validation accuracy its group's baseline ends on.
 
-This is the efficiency half of the study's question: a norm that ends level with
-pre-LN but gets there in half the steps is the cheaper one to train, and one that
-costs 10% more per step must get there in 10% fewer steps to break even.
-
-A run's steps to the target are read from its per-epoch `log.csv`, so they are
-resolved to the evaluation interval (the first evaluation at or above the target). A
-run that never reaches the target is right-censored at its last step: all it tells is
-that it would need more steps than it trained. Leaving it out would credit a variant
-with the pace of its lucky runs; counting it at its last step would make the variant
-faster than it is. A variant's time is therefore the Kaplan-Meier median over its runs
-(`stats.kaplan_meier_median`), written `>N` (N: its longest run's steps) where fewer
-than half of its runs are known to arrive.
-
-Seconds are steps times a step time: one measured alone where the study has one
-(`<study>/step_times.json`, `tools/step_times.py`), otherwise each run's own average
-rate, which counts whatever shared its device (the CPU study trains two runs at once,
-the GPU studies 8).
+Steps are read from each run's `log.csv` (the first evaluation at or above the
+target). A run that never arrives is right-censored at its last step, not dropped
+(dropping it would credit a variant with the pace of its lucky runs), so a variant's
+time is the Kaplan-Meier median over its runs (`stats.kaplan_meier_median`).
+docs/study.md, "Output", describes the table.
 """
 
 import csv
@@ -83,10 +71,8 @@ def steps_to_reach(run_dir, target):
 
 
 def runs_to_target(rows):
-    """The baseline's target and each completed run's way to it, for one group's rows.
-
-    The target is the baseline's (first variant's) final validation accuracy, mean
-    over its completed runs.
+    """The target (the first variant's final validation accuracy, mean over its
+    completed runs) and each completed run's way to it, for one group's rows.
 
     Returns:
         `(target, {variant: [Arrival per completed run with a log]})`, in the rows'
@@ -136,13 +122,10 @@ def median_seconds(arrivals, step_time=None):
 
 
 def time_to_accuracy_table(rows, step_times=None):
-    """Markdown for one group's result rows: the baseline's (first variant's) final
-    validation accuracy, mean over its completed runs, is the target; per variant, how
-    many completed runs reached it, each run's steps to it (`>N`: never, censored at its
-    last step N), the Kaplan-Meier median steps, that median as a fraction of the
-    baseline's (n/a where either is not reached) and the median seconds: steps times
-    the variant's `step_times` entry (seconds per step) where given, else each run's
-    own rate. `""` when the runs have no logs."""
+    """Markdown for one group's result rows: per variant, its runs' steps to the
+    baseline's final validation accuracy (`runs_to_target`), their Kaplan-Meier median
+    against the baseline's, and the median seconds (steps times the variant's
+    `step_times` entry where given, else each run's own rate). `""` without logs."""
     target, runs = runs_to_target(rows)
     if target is None:
         return ""

@@ -78,10 +78,9 @@ def _dpn_factors():
 
 
 #: Schedule lengths (training steps) of the `dpn_schedule` group; the shortest is
-#: `dpn_factors`'s, whose runs at the same level it shares. Four times as long is as
-#: far as a CPU study goes: a 12,000-step run takes one to two hours of a 2-core CPU
-#: (docs/normalization-guide.md, "By schedule length"); the long-schedule regime is
-#: the converged comparison's, on a GPU.
+#: `dpn_factors`'s, whose runs at the same level it shares. The longest is what a CPU
+#: study affords (docs/normalization-guide.md, "By schedule length"); longer schedules
+#: are the converged comparison's.
 DPN_SCHEDULE_STEPS = (3000, 12000)
 
 

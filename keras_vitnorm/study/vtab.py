@@ -1,19 +1,10 @@
 """The VTAB-1k transfer protocol: few-shot fine-tuning over a list of datasets.
 
-Each dataset is a VTAB-1k task: 800 training and 200 validation examples drawn from
-its training split (`train_examples=800, val_examples=200`), its full test split
-for the score. Every preset (a trained model: a preset directory or a checkpoint) is
-fine-tuned on every task with each learning rate of a sweep and each seed; per
-task and preset the learning rate with the best mean validation accuracy over the
-seeds is chosen, and the test accuracy at that rate is reported as the mean with a
-95% confidence interval over the seeds, as the Dual PatchNorm paper reports its
-VTAB-1k results (3 learning rates, 3 seeds, chosen on validation).
-
-A run directory per preset, task, rate and seed holds the usual run files; rerunning
-the same command skips finished runs and resumes interrupted ones.
-
-    <output>/vtab_results.csv   one row per run
-    <output>/vtab.md            the table: task x preset, chosen rate, test mean +- CI
+Every preset is fine-tuned on every task (800 training and 200 validation examples)
+at each learning rate and seed; per task and preset the rate with the best mean
+validation accuracy is chosen and its test accuracy reported with a 95% interval over
+the seeds, as the Dual PatchNorm paper does. Writes `vtab_results.csv` and `vtab.md`
+(docs/transfer.md).
 """
 
 import csv

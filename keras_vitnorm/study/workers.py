@@ -1,18 +1,11 @@
 """Training a study's runs in several processes at once (`ablate --parallel N`).
 
-On a CPU, N single-threaded trainings side by side finish more runs per hour than one
-training that uses N threads: a small ViT's matrices are too small to keep several
-threads busy (docs/performance.md, "Several runs at once"). Each run trains in a child
-process, `python -m keras_vitnorm.study <job.json>` (`child_command`), whose thread pools are sized
-by environment variables that PyTorch, TensorFlow and XLA read when they start
-(`thread_environment`). The child's output goes to `<study>/logs/<run>.log`.
-
-A child that fails stops new launches; the running ones finish, and the error names
-every failed run and its log. Each run is resumable on its own, so rerunning the study
-continues where it stopped. A SIGTERM or SIGINT to the parent (a scheduler's stop,
-Ctrl-C) is passed on to its children as SIGTERM, and the parent waits for them: each
-child's run ends with a checkpoint of the step it was at
-(`keras_vitnorm.training.interrupts`), and the child exits with 143.
+Each run trains in a child process (`child_command`) whose thread pools are sized by
+environment variables (`thread_environment`): a small ViT's matrices are too small to
+keep several threads busy, so N one-thread runs finish more per hour than one with N
+threads (docs/performance.md, "Several runs at once"). A failed child stops new
+launches; a SIGTERM or SIGINT to the parent is passed on to the children, each of
+which stops with a checkpoint. docs/study.md, "Several runs at once".
 """
 
 import os
@@ -156,6 +149,28 @@ def _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, runni
         running[:] = still_running
     if failures:
         raise RunsFailed(failures)
+
+
+def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, say=None):
+    """Trains `jobs` (`(group, variant, config, run directory)`: unfinished runs, each
+    once) in worker processes, each described by a job file in `<study>/logs/` beside
+    its log (`train_in_workers`)."""
+    from keras_vitnorm import durable
+    from keras_vitnorm.study import plan as plan_lib
+
+    log_dir = os.path.join(study_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    work = []
+    for group, name, config, run_dir in jobs:
+        stem = os.path.join(log_dir, plan_lib.job_file_stem(run_dir, study_dir))
+        job = plan_lib.job(group, name, config, run_dir, study_dir, take_over_lock)
+        job.update(file=stem + ".job.json", log=stem + ".log")
+        durable.write_json(job["file"], job)
+        work.append(job)
+    if work and say:
+        say(f"{len(work)} run(s) to train, {parallel} at a time with {threads} thread(s) each")
+    train_in_workers(work, parallel, lambda job: start_child(job, threads),
+                     on_finish=on_finish, say=say)
 
 
 def main(argv=None):

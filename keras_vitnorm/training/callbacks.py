@@ -45,9 +45,8 @@ def save_training_state(model, path, random_state=None):
     """Writes `training_variables(model)` to the NumPy archive `path` (`v<i>` keys),
     and `random_state` (`keras_vitnorm.backend.global_random_state`) if given.
 
-    A NumPy archive written by Python's own file I/O: a full disk is a plain
-    `OSError`. (A Keras `.weights.h5` goes through h5py, whose failed writes on a full
-    disk end in errors at garbage collection and a crash.)
+    A NumPy archive, not a `.weights.h5`: on a full disk Python's file I/O raises a
+    plain `OSError`, where h5py's failed writes end in a crash.
     """
     arrays = {}
     for index, (owner, variable) in enumerate(training_variables(model)):
@@ -57,18 +56,6 @@ def save_training_state(model, path, random_state=None):
         arrays["torch_random_state"] = random_state
     with open(path, "wb") as f:
         np.savez(f, names=names, **arrays)
-
-
-def load_training_state(model, path):
-    """Assigns the archive written by `save_training_state` to a compiled `model`.
-
-    Returns:
-        The saved PyTorch random state, or `None`.
-    """
-    values, random_state = read_training_state(model, path)
-    for variable, value in zip(training_variables_of(model), values):
-        variable.assign(value)
-    return random_state
 
 
 def read_training_state(model, path):
@@ -101,33 +88,18 @@ def read_training_state(model, path):
 class RunCheckpoint(keras.callbacks.Callback):
     """Saves the whole training state as one unit: `<directory>/step-<N>/`.
 
-    Written because Keras' `BackupAndRestore` (3.9 to 3.15) restores the epoch number
-    only (a run killed mid-epoch replays the epoch from its first batch), writes its
-    weights and its metadata as two files renamed one after the other (a kill between
-    them pairs weights with the wrong step), and restores inside `fit`, so a run killed
-    after its last step resumes into a fresh model.
+    Keras' `BackupAndRestore` restores the epoch only, writes weights and metadata as
+    two files (a kill between them pairs weights with the wrong step) and restores
+    inside `fit`. Here each checkpoint is one directory, renamed into place whole:
+    `state.npz` (every variable that decides the next step, `save_training_state`)
+    and `state.json` (epoch, batches done in it, global step, `train_seconds` summed
+    over the runs that trained them). On PyTorch it also carries the global generator
+    that dropout draws from, held from one batch's end to the next's start, so the
+    masks depend only on the step.
 
-    Each checkpoint is a directory holding every variable that decides the next step
-    (`state.npz`: weights, BatchNorm statistics, dropout seed states, optimizer state;
-    `save_training_state`) and `state.json` (epoch in progress, batches done in it,
-    global step, and `train_seconds`: the training time of the steps up to it, summed
-    over the runs that trained them, so a resumed run reports its whole training
-    time). It is written under a temporary name and renamed into place whole;
-    older checkpoints are deleted after that. `latest` finds the newest complete one,
-    so a reader sees the previous checkpoint or the new one, never a mix. The trainer
-    loads it before training (`restore`) and positions the data stream at its step.
-
-    On PyTorch, Keras' dropout draws from PyTorch's global generator, which Keras'
-    `fit` also draws from when it starts. So this callback holds that generator's
-    state from the end of one training batch to the start of the next (whatever ran in
-    between, a new `fit` call included), and saves it with each checkpoint: the
-    dropout masks then depend only on the training step.
-
-    Saves at the end of every epoch, and every `save_freq` batches if it is an int.
-    Before each save, `flush` callables run (the logs write what they hold), so every
-    log row up to the checkpoint's step is on disk when the checkpoint is. After each,
-    `after_save` callables run (in a run started with `--overwrite`, one deletes the
-    old run, which is kept until the new run has a checkpoint).
+    Saves at every epoch end, and every `save_freq` batches if it is an int. `flush`
+    callables run before each save (the logs reach the checkpoint's step) and
+    `after_save` callables after it.
     """
 
     def __init__(self, directory, save_freq="epoch", flush=(), after_save=()):
@@ -154,11 +126,8 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     @staticmethod
     def latest(directory):
-        """`(path, state)` of the newest complete checkpoint in `directory`, or `None`.
-
-        Leftovers of an interrupted save are removed, and a checkpoint that was being
-        replaced by one of the same step is put back (`durable.recover_directory`).
-        """
+        """`(path, state)` of the newest complete checkpoint in `directory`, or `None`;
+        leftovers of an interrupted save are removed or put back."""
         if not os.path.isdir(directory):
             return None
         for name in os.listdir(directory):
@@ -189,11 +158,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         return None
 
     def restore(self, model, path, assign=True):
-        """Loads a checkpoint's variables into a compiled `model` (and its random state).
-
-        With `assign=False` the values are returned instead, in `training_variables`
-        order (the processes of a distributed run assign them together).
-        """
+        """Loads a checkpoint's variables into a compiled `model` (and its random state);
+        with `assign=False` returns them instead, in `training_variables` order."""
         arrays = os.path.join(path, ARRAYS_FILE)
         try:
             values, self._random_state = read_training_state(model, arrays)
@@ -283,13 +249,9 @@ class RunCheckpoint(keras.callbacks.Callback):
 
 
 class PresetCheckpoint(keras.callbacks.Callback):
-    """Saves the model as a preset directory at the end of epochs, atomically.
-
-    With `monitor`, only when that logged value beats the best so far (`mode="max"`),
-    starting from `initial_best`: Keras' `ModelCheckpoint` with `save_best_only`, but
-    the directory is written under a temporary name and renamed whole, so a kill leaves
-    the previous one intact, and it loads with `ViT.from_preset(path)` on any backend.
-    """
+    """Saves the model as a preset directory at the end of epochs, renamed into place
+    whole (a kill leaves the previous one); with `monitor`, only when that value beats
+    the best so far, starting from `initial_best`."""
 
     def __init__(self, path, monitor=None, initial_best=None, stage="preset-checkpoint"):
         super().__init__()
@@ -328,17 +290,12 @@ class LossIsNaN(RuntimeError):
 
 
 class StopOnNaN(keras.callbacks.Callback):
-    """Stops training at the first non-finite loss and records where it happened.
+    """Stops training at the first non-finite loss, raising `LossIsNaN` at once so that
+    nothing is saved after it (Keras' `TerminateOnNaN` lets the epoch end, and its
+    checkpoints save the NaN weights). Records `step`, `epoch` and `batch` (1-based).
 
-    Keras' `TerminateOnNaN` prints the batch index within the epoch and lets the epoch
-    end normally, so end-of-epoch callbacks (checkpoints, backups) then save the NaN
-    weights. This callback records the global step in `self.step` (1-based count of
-    optimizer steps, the NaN step included), `self.epoch` and `self.batch` (1-based),
-    and raises `LossIsNaN` at once, so nothing is saved after the loss went bad. The
-    trainer catches it and reports the divergence.
-
-    With `agree` (a function every training process calls each step, True where any
-    process's flag is), the processes of a distributed run stop together.
+    With `agree` (called by every process each step, True where any process's flag
+    is), the processes of a distributed run stop together.
     """
 
     def __init__(self, agree=None):

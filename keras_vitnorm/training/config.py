@@ -1,9 +1,12 @@
 """`TrainConfig`: every setting of a training run, with checks that name bad values."""
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+
+import keras
 
 from keras_vitnorm import hub_handles
 from keras_vitnorm.choices import CROP_MODES
@@ -23,12 +26,20 @@ def names_trained_model(preset):
     return isinstance(preset, str) and (os.path.exists(preset) or hub_handles.is_handle(preset))
 
 
-def setting_changes(saved, current):
-    """`"key: saved X, now Y; ..."` for every setting that differs, or `""`.
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Keras' global dtype policy is `name` (a `mixed_precision` setting) in the block."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
-    A setting missing from `saved` (written by a version that did not have it) counts
-    as `None`, the "off" default every later-added setting has.
-    """
+
+def setting_changes(saved, current):
+    """`"key: saved X, now Y; ..."` for every setting that differs, or `""`. A setting
+    missing from `saved` counts as `None`, the "off" default of every later setting."""
     changed = sorted(key for key in current if saved.get(key) != current[key])
     return "; ".join(f"{k}: saved {saved.get(k)!r}, now {current[k]!r}" for k in changed)
 
@@ -83,13 +94,10 @@ class TrainConfig:
         input_pipeline: `"auto"` (default: tf.data where TensorFlow is installed),
             `"tf.data"` or `"python"` (Keras' PyDataset, no TensorFlow; digits and
             folders), see `keras_vitnorm.training.data.load_dataset`.
-        distribute: `False` (default) for one device; `"data"` (or `True`) data-parallel over
-            all local devices (JAX: `keras.distribution.DataParallel`; TensorFlow:
-            `tf.distribute.MirroredStrategy`) or over the processes `torchrun` started
-            (PyTorch: gradients averaged over them each step,
-            `keras_vitnorm.training.distribution`); `"fsdp"` (JAX) data-parallel with every
-            block kernel sharded over the devices too (`keras.distribution.ModelParallel`,
-            `keras_vitnorm.training.distribution.FSDP_LAYOUT`).
+        distribute: `False` (default) for one device; `"data"` (or `True`)
+            data-parallel over the local devices or `torchrun`'s processes; `"fsdp"`
+            (JAX) with every block kernel sharded too
+            (`keras_vitnorm.training.distribution`).
         tensorboard: bool, write TensorBoard logs.
         grad_norm_every: steps between per-layer gradient-norm records on a fixed
             batch of validation images (`grad_norms.csv`); `None` = off.

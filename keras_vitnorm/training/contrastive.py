@@ -1,19 +1,10 @@
 """LiT training through `model.fit`: `keras-vitnorm lit` and its API.
 
 A classification dataset becomes image-caption pairs: each training image gets a
-caption from `TRAIN_TEMPLATES` with its class name (a template drawn per image with
-the run's seed). The text tower learns from these; zero-shot classification is then
-scored on the test split with `HELD_OUT_TEMPLATES`, prompts the text tower never saw
-in training, as LiT scores ImageNet zero-shot with prompts of its own. With
-class-name captions, two images of one class in a batch share a caption: the
-softmax loss counts the other as a negative, which a dataset of free-form captions
-avoids; the sigmoid loss is hurt the same way.
-
-A run writes, each atomically, `lit.keras` (the model, vocabulary included) and
-`metrics.json` (settings, per-epoch losses, zero-shot test accuracy with the
-held-out and with the training templates).
+caption from `TRAIN_TEMPLATES` with its class name, and zero-shot accuracy is scored on
+the test split with `HELD_OUT_TEMPLATES`, prompts the text tower never saw. A run
+writes `lit.keras` and `metrics.json`, each atomically (docs/contrastive.md).
 """
-
 import dataclasses
 import time
 

@@ -1,24 +1,12 @@
 """Training on several devices: the layouts `TrainConfig.distribute` names.
 
-- `"data"`: data-parallel. JAX: `keras.distribution.DataParallel` over all devices;
-  TensorFlow: `tf.distribute.MirroredStrategy` over the local GPUs (or the logical
-  CPUs when there is no GPU); PyTorch: one process per device, started by `torchrun`,
-  each training on its share of every global batch, the gradients averaged over the
-  processes each step.
-- `"fsdp"` (JAX): fully sharded data parallel. One device mesh axis, `"batch"`,
-  carries both the batch and the weights: every kernel of the encoder blocks (and
-  the head) is split along its first dimension over the devices, as is its AdamW
-  state, and XLA gathers a kernel where a step needs it whole. Built with
-  `keras.distribution.ModelParallel` and the `FSDP_LAYOUT` layout map. A device then
-  holds 1/n of those weights and their optimizer state (the measured memory per
-  device is in docs/training.md).
+- `"data"`: data-parallel (JAX `DataParallel`, TensorFlow `MirroredStrategy`, PyTorch
+  one `torchrun` process per device with the gradients averaged each step).
+- `"fsdp"` (JAX): data-parallel with every block kernel, the head's and their AdamW
+  state split over the devices along the `"batch"` mesh axis (`FSDP_LAYOUT`).
 
-With `KERAS_DISTRIBUTION_NUM_PROCESSES` > 1 (several hosts, or several processes on
-one), JAX's data-parallel layout spans every process's devices after
-`keras.distribution.initialize()`, and Keras feeds each process its share of every
-batch. With several processes (either backend) the first one writes the run's files;
-the others train and read nothing but what it sends them. How each backend does
-this is in `keras_vitnorm.backend`.
+How each backend does it is in `keras_vitnorm.backend`; docs/training.md, "Scaling
+out", gives the commands and the memory per device.
 """
 
 from keras_vitnorm import backend

@@ -2,15 +2,14 @@
 
 import os
 
-import keras
-
 from keras_vitnorm import durable
 from keras_vitnorm.models import ViT
 from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import data as data_lib
+from keras_vitnorm.training.config import dtype_policy
 from keras_vitnorm.training.optimizer import compile_classifier
-from keras_vitnorm.training.run_directory import METRICS_FILE
-from keras_vitnorm.training.run_directory import SETTINGS_FILE
+from keras_vitnorm.training.run_layout import METRICS_FILE
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 
@@ -23,12 +22,9 @@ def image_size(model):
 
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
              data_dir=None, manual_dir=None, verbose=1):
-    """Scores a saved model on a split of a dataset.
-
-    A run's own model on its own dataset is scored as the run's final evaluation scored
-    it, so the numbers are the ones in its `metrics.json`: through the run's input
-    pipeline, under its dtype policy (`mixed_precision`), and with its loss (label
-    smoothing included).
+    """Scores a saved model on a split of a dataset; a run's own model on its own
+    dataset gives the numbers of its `metrics.json` (its pipeline, dtype policy and
+    loss).
 
     Args:
         path: a preset directory (`save_to_preset`) or a run directory from `train`
@@ -79,13 +75,9 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         val_examples=run_settings.get("val_examples") if own else None,
         pipeline=run_settings.get("input_pipeline") or "auto",
     )
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(run_settings.get("mixed_precision") or "float32")
-    try:
+    with dtype_policy(run_settings.get("mixed_precision") or "float32"):
         return _score(preset_dir, data, split, batch_size,
                       run_settings.get("label_smoothing") or 0.0, verbose)
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def _score(preset_dir, data, split, batch_size, label_smoothing, verbose):

@@ -1,14 +1,9 @@
 """The fit loop of a training run: `model.fit` over the planned steps from where the run
 starts, with the callbacks that log, checkpoint and stop on a NaN; then the final
-evaluation and results.
-
-Every file is written under a temporary name and renamed into place; the order of the
-final writes (preset, then metrics.json, then the checkpoint is deleted) means a kill at
-any moment leaves a run that `--resume` finishes with the same weights (docs/training.md,
-"What survives a crash").
+evaluation and results, written in an order that a kill at any moment leaves a run
+`--resume` finishes (docs/training.md, "What survives a crash").
 """
 
-import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -30,17 +25,15 @@ from keras_vitnorm.training import run_files
 from keras_vitnorm.training.evaluation import image_size
 from keras_vitnorm.training.optimizer import compile_classifier
 from keras_vitnorm.training.optimizer import make_optimizer
+from keras_vitnorm.training.replaced_run import drop_replaced
+from keras_vitnorm.training.resume import restore_last_checkpoint
+from keras_vitnorm.training.run_layout import read_log
 from keras_vitnorm.training.run_plan import first_process_then_all
-from keras_vitnorm.training.run_directory import drop_replaced
-from keras_vitnorm.training.run_directory import read_log
-from keras_vitnorm.training.run_directory import truncate_csv
 
 
 def progress_verbosity(verbose, stream=None):
-    """Keras' `verbose` for `fit`: its progress bar (1) only where the output
-    (`stream`, default `sys.stdout`) is a terminal. Written to a file or a pipe, a bar
-    redrawn in place runs together into one long line per epoch, so there it becomes
-    one line per epoch (2); 0 and 2 are kept."""
+    """Keras' `verbose` for `fit`: its progress bar (1) only where `stream` (default
+    `sys.stdout`) is a terminal; in a file or a pipe, one line per epoch (2)."""
     stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     if verbose == 1 and not (callable(isatty) and isatty()):
@@ -97,8 +90,7 @@ def augmentation_of(config):
 
 
 class Run:
-    """One training run in its (locked) directory: where it starts (the last checkpoint
-    when it resumes), `fit`, the final results.
+    """One training run in its locked directory: where it starts, `fit`, the results.
 
     Args:
         config: the validated `TrainConfig`.
@@ -116,15 +108,9 @@ class Run:
         self.stop = stop or interrupts.StopRequest()
         self.data = data
         self.directory = directory
-        self.output_dir = directory.path
         self.plan = plan
         self.resume = resume
         self.say = say
-        self.backup_dir = directory.backup
-        self.log_path = directory.log
-        self.grad_norms_path = directory.grad_norms
-        self.preset_dir = directory.preset
-        self.model_checkpoints = directory.checkpoints
 
     def execute(self, extra_callbacks, verbose):
         """Trains (from the start, or from the last checkpoint); returns the metrics."""
@@ -143,10 +129,10 @@ class Run:
             f"Model {describe_model(config)} ({model.count_params():,} parameters, "
             f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
             f"{plan.total_steps} steps of batch {config.batch_size}, {plan.steps_per_epoch} steps "
-            f"per epoch; output in {self.output_dir}"
+            f"per epoch; output in {self.directory.path}"
         )
         self.checkpoint = callbacks_lib.RunCheckpoint(
-            self.backup_dir, save_freq=config.backup_every or "epoch"
+            self.directory.backup, save_freq=config.backup_every or "epoch"
         )
         start, restored = (0, 0, 0), None
         several = plan.process[1] > 1
@@ -155,8 +141,9 @@ class Run:
             # (on JAX each is a step of all processes): the optimizer's first.
             model.optimizer.build(model.trainable_variables)
         if resume:
-            start, restored = first_process_then_all(
-                plan, lambda: self._restore(model, assign=not several)) or (start, restored)
+            start, restored = first_process_then_all(plan, lambda: restore_last_checkpoint(
+                self.directory, self.checkpoint, model, plan, self.say, assign=not several)
+            ) or (start, restored)
         if several:  # every process starts where the first one restored
             start = backend.from_first_process(start)
             # A fresh start where every process seeded the same (set_random_seed above)
@@ -200,64 +187,10 @@ class Run:
             self._diverged(nan_stop, record)
         return self._finish(model, record, seconds)
 
-    def _restore(self, model, assign=True):
-        """Loads the last checkpoint; returns `((epoch, batches done in it, step), values)`:
-        the checkpoint's variable values if `assign` is False (else `None`)."""
-        for directory in (self.preset_dir, *self.model_checkpoints.values()):
-            durable.recover_directory(directory)
-        found = callbacks_lib.RunCheckpoint.latest(self.backup_dir)
-        epoch, batch, step = 0, 0, 0
-        values = None
-        if not found:
-            self._check_nothing_trained()
-        if found:
-            path, state = found
-            epoch, batch, step = state["epoch"], state["batch"], state["step"]
-            if step != epoch * self.plan.steps_per_epoch + batch:
-                raise ValueError(
-                    f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
-                    f"not fit {self.plan.steps_per_epoch} steps per epoch."
-                )
-            values = self.checkpoint.restore(model, path, assign=assign)
-            # A checkpoint whose state has no `train_seconds` leaves the total unknown.
-            self.checkpoint.seconds_before = state.get("train_seconds")
-            if batch >= self.plan.steps_per_epoch:
-                epoch, batch = epoch + 1, 0
-            where = ("all steps done: final evaluation" if step >= self.plan.total_steps
-                     else f"epoch {epoch + 1}, batch {batch}")
-            self.say(f"Resuming from step {step} ({where}).")
-        # Logs hold exactly the rows up to the checkpoint (a kill may have left more).
-        truncate_csv(self.log_path, lambda row: int(row["epoch"]) < epoch)
-        if step == 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.grad_norms_path)
-        else:
-            truncate_csv(self.grad_norms_path, lambda row: int(row["step"]) <= step)
-        return (epoch, batch, step), values
-
-    def _check_nothing_trained(self):
-        """Raises unless the run, which has no checkpoint, trained nothing yet (it was
-        stopped before its first): resuming it from step 0 would train the run again
-        and replace what it has."""
-        where = f"Cannot resume {self.output_dir}: it has no checkpoint to resume from"
-        if os.path.exists(self.preset_dir):
-            raise ValueError(
-                f"{where} but a final model (preset/): it finished, and its metrics.json is "
-                "gone. Score the model with ViT.from_preset, or train it again with "
-                "--overwrite instead of --resume.")
-        # Every epoch end writes a checkpoint, so a log of two epochs had one; a log of
-        # one may be a kill at the first epoch end, between its log row and checkpoint.
-        epochs = len(read_log(self.log_path))
-        if epochs > 1:
-            raise ValueError(
-                f"{where}, but log.csv records {epochs} trained epochs: its checkpoints "
-                "were removed. Train it again with --overwrite instead of --resume.")
-        self.say("No checkpoint yet (the run stopped before its first): training from step 0.")
-
     def _callbacks(self, extra_callbacks):
         config = self.config
         previous_best = max(
-            (row.get("val_accuracy", -1.0) for row in read_log(self.log_path)), default=None
+            (row.get("val_accuracy", -1.0) for row in read_log(self.directory.log)), default=None
         )
         nan_stop = callbacks_lib.StopOnNaN(
             agree=backend.any_process if self.plan.process[1] > 1 else None)
@@ -273,7 +206,7 @@ class Run:
                     images, labels, every=config.grad_norm_every,
                     # Every process computes the records (a step of JAX's processes runs
                     # on all of them); the first one writes them.
-                    path=self.grad_norms_path if self.plan.lead else None,
+                    path=self.directory.grad_norms if self.plan.lead else None,
                 )
             )
         # Last: a signal ends the step with every other callback's work of it done.
@@ -282,10 +215,10 @@ class Run:
             agree=backend.any_process if self.plan.process[1] > 1 else None)
         if not self.plan.lead:  # the first process writes the logs and checkpoints
             return [nan_stop, scale, *recorders, *extra_callbacks, stop], nan_stop, checkpoint
-        log = keras.callbacks.CSVLogger(self.log_path, append=True)
+        log = keras.callbacks.CSVLogger(self.directory.log, append=True)
         checkpoint.flush = [recorder.flush for recorder in recorders]
         # The run an --overwrite replaces is kept until this one has a checkpoint.
-        checkpoint.after_save = [lambda: drop_replaced(self.output_dir)]
+        checkpoint.after_save = [lambda: drop_replaced(self.directory.path)]
         # Order matters: the NaN stop acts before anything saves; records and the log
         # row of a step are written before the checkpoint of that step.
         callbacks = [
@@ -294,12 +227,12 @@ class Run:
             *recorders,
             log,
             callbacks_lib.PresetCheckpoint(
-                self.model_checkpoints["best"],
+                self.directory.checkpoints["best"],
                 monitor="val_accuracy",
                 initial_best=previous_best,
                 stage="best",
             ),
-            callbacks_lib.PresetCheckpoint(self.model_checkpoints["last"], stage="last"),
+            callbacks_lib.PresetCheckpoint(self.directory.checkpoints["last"], stage="last"),
             checkpoint,
             *extra_callbacks,
         ]
@@ -354,7 +287,7 @@ class Run:
                 break
 
     def _diverged(self, nan_stop, record):
-        last = self.model_checkpoints["last"]
+        last = self.directory.checkpoints["last"]
         message = (
             f"Training diverged: the loss became NaN/inf at step {nan_stop.step} "
             f"(epoch {nan_stop.epoch}, batch {nan_stop.batch}). Stopped. "
@@ -370,18 +303,15 @@ class Run:
         raise TrainingDiverged(message, nan_stop.step)
 
     def _finish(self, model, record, seconds):
-        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint goes.
-
-        Each is written atomically and in this order, so a kill anywhere here leaves
-        the checkpoint of the last step: `--resume` comes back to this evaluation.
-        """
+        """Final evaluation, then the preset, then `metrics.json`, then the checkpoint
+        goes: a kill anywhere here leaves the last step's checkpoint to resume from."""
         with self.stop.deferred():  # a signal here: resumed, the run evaluates again
             val = model.evaluate(self.val_data, return_dict=True, verbose=0)
             test = model.evaluate(self.test_data, return_dict=True, verbose=0)
         val["loss"] *= self.loss_scale["validation"]
         test["loss"] *= self.loss_scale["test"]
         durable.fault_point("final:evaluated")
-        log = read_log(self.log_path) if self.plan.lead else []
+        log = read_log(self.directory.log) if self.plan.lead else []
         best = max(log, key=lambda row: row.get("val_accuracy", -1.0), default={})
         metrics = {
             "status": "completed",
@@ -397,18 +327,18 @@ class Run:
         }
         if not self.plan.lead:  # the first process writes the results
             return metrics
-        safe = f"The checkpoint in {self.backup_dir} is intact."
-        with run_files.storage_errors(self.preset_dir, safe):
-            durable.write_directory(self.preset_dir, model.save_to_preset, stage="preset")
+        safe = f"The checkpoint in {self.directory.backup} is intact."
+        with run_files.storage_errors(self.directory.preset, safe):
+            durable.write_directory(self.directory.preset, model.save_to_preset, stage="preset")
         metrics_path = self.directory.metrics
         with run_files.storage_errors(metrics_path, safe):
             durable.write_json(metrics_path, metrics, stage="metrics")
         durable.fault_point("final:completed")
-        shutil.rmtree(self.backup_dir, ignore_errors=True)
+        shutil.rmtree(self.directory.backup, ignore_errors=True)
         self.say(
             f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
             f"test accuracy {metrics['test_accuracy']:.4f} ({self.data.test.size} images). "
-            f"Model saved to {self.preset_dir}."
+            f"Model saved to {self.directory.preset}."
         )
         return metrics
 

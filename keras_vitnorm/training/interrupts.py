@@ -1,30 +1,12 @@
 """SIGTERM and SIGINT end a training run at a step it resumes from.
 
-SIGTERM is what a scheduler sends before it preempts or cancels a job (Slurm, Kubernetes,
-a preemptible VM), SIGINT what Ctrl-C sends. While `train` runs, `StopRequest` holds
-handlers for both:
-
-- While training steps run (`StopRequest.deferred`: `model.fit` and the final
-  evaluation), a signal only records the request. `StopOnSignal`, the last callback of
-  `fit`, acts on it at the end of the step under way: it writes the checkpoint of that
-  step and raises `RunInterrupted` out of `fit`. A step is never cut in the middle, so
-  the checkpoint is the state after a whole step, and `--resume` continues from it
-  exactly.
-- Elsewhere (loading the data, building the model) the signal raises `RunInterrupted`
-  at once: nothing there needs finishing, and the last checkpoint on disk is whole.
-  Where it lands in code whose exceptions Python drops (a garbage-collection callback,
-  which JAX installs under every backend; a `__del__` method), the signal is sent
-  again a moment later (`keras_vitnorm.stop_signals`), and the request it recorded is
-  acted on at the run's safe points too (`StopRequest.check`: before the model is
-  built, before `fit` and as it begins), so that it never goes unheard.
-
-A KeyboardInterrupt raised inside a training step is not reliable: under JAX, Keras
-converts each step's logs inside a bare `except` that swallows it (the run goes on),
-and one raised while XLA compiles leaves the process to crash as it exits. SIGTERM's
-own action ends the process with no checkpoint of the steps since the last one.
-
-A second Ctrl-C stops the process at once, by SIGINT's own action (the last checkpoint
-on disk stays whole, and the kernel releases the run's lock).
+While training steps run (`StopRequest.deferred`), a signal only records the request,
+and `StopOnSignal` acts on it at the end of the step under way, with a checkpoint of
+that step: a KeyboardInterrupt inside a step is not reliable (under JAX, Keras swallows
+it; raised while XLA compiles, the process crashes as it exits). Elsewhere the signal
+raises `RunInterrupted` at once, and is sent again where Python dropped the exception
+(`keras_vitnorm.stop_signals`). A second Ctrl-C stops at once. docs/training.md,
+"Interrupted runs".
 """
 
 import contextlib
@@ -47,10 +29,8 @@ def signal_name(number):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by a signal.
-
-    A `KeyboardInterrupt`, so that code which handles errors (`except Exception`)
-    lets it through, as it lets Ctrl-C through.
+    """A run stopped by a signal: a `KeyboardInterrupt`, so that `except Exception`
+    lets it through.
 
     Attributes:
         signal: the signal's number.
@@ -78,12 +58,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """Turns SIGTERM and SIGINT into a request to stop, while `listening()`.
-
-    `signal` is the first signal received (`None` until one is). Handlers are only
-    installed in the main thread (Python runs signal handlers there alone); elsewhere
-    the signals keep their own handlers.
-    """
+    """Turns SIGTERM and SIGINT into a request to stop, while `listening()`; `signal` is
+    the first one received. Outside the main thread the signals keep their handlers."""
 
     def __init__(self, say=None):
         self.signal = None
@@ -109,9 +85,8 @@ class StopRequest:
 
     def stop_behind(self, error):
         """The `RunInterrupted` that `error` stands for, or `None`: once the handler has
-        raised, an error that comes out in place of its `RunInterrupted` is the stop,
-        changed on its way by the code it landed in (NumPy's import reports one that
-        lands in it as "Importing the numpy C-extensions failed")."""
+        raised, an error in its place is the stop, changed by the code it landed in
+        (e.g. NumPy's import failing)."""
         if self._raised and not isinstance(error, RunInterrupted):
             stop_signals.acted_on()
             return RunInterrupted(self.signal)
@@ -143,12 +118,8 @@ class StopRequest:
     @contextlib.contextmanager
     def deferred(self):
         """While training steps run: a signal waits for the step's end (`StopOnSignal`).
-
-        A request already made when the block begins (a signal during start-up whose
-        exception was dropped) raises `RunInterrupted` at once; one still pending when
-        the block ends (a signal during the last step's validation, or the final
-        evaluation) raises it then.
-        """
+        A request made before the block raises as it begins, one still pending as it
+        ends."""
         self.check()
         self._deferred = True
         try:
@@ -160,13 +131,9 @@ class StopRequest:
 
 class StopOnSignal(keras.callbacks.Callback):
     """Ends `fit` at the end of a step once `request` holds a signal: writes the
-    checkpoint of that step (`checkpoint`, a `RunCheckpoint`, or `None` on a process
-    that writes none) and raises `RunInterrupted`. A request made before `fit` begins
-    ends it before its first step, with nothing to write.
-
-    With `agree` (a function every training process calls each step, True where any
-    process's flag is), the processes of a distributed run stop at the same step.
-    Last in the callback list, so the step's other callbacks have run.
+    checkpoint of that step (`checkpoint`, or `None` on a process that writes none) and
+    raises `RunInterrupted`. Last in the callback list, so the step's other callbacks
+    have run; with `agree` (as `StopOnNaN`'s) the processes stop at the same step.
     """
 
     def __init__(self, request, checkpoint=None, agree=None):

@@ -84,7 +84,6 @@ def _decay_kernels_only(optimizer, model):
     return optimizer
 
 
-
 def compile_classifier(model, optimizer, label_smoothing):
     """Compiles `model` with cross-entropy on its logits and a weighted accuracy (the
     blank examples of a padded split weigh 0)."""

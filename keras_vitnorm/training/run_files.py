@@ -1,12 +1,7 @@
-"""What keeps a run directory usable whatever moment its process is killed.
-
-- `RunLock`: one process owns a run (or study) directory at a time.
-- `StorageError`: a full disk or a refused write becomes one message that names the
-  file and what is still safe.
-- `results_run`: the lock and the final writes of a run that saves its results once,
-  at its end (segmentation, LiT).
-
-The atomic writes and fault points themselves are in `keras_vitnorm.durable`.
+"""What keeps a run directory usable whatever moment its process is killed: `RunLock`
+(one process owns a directory at a time), `StorageError` (a refused write named in one
+message, with what is still safe) and `results_run` (the lock and final writes of a run
+that saves its results once, at its end). The atomic writes are `keras_vitnorm.durable`'s.
 """
 
 import contextlib
@@ -22,10 +17,7 @@ _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.E
 
 class StorageError(OSError):
     """A run's file could not be written (full disk, quota, permissions, read-only).
-
-    Its text is its message alone: the message gives the reason in words, so the errno
-    number `OSError` puts before it would repeat it.
-    """
+    Its text is its message alone, without the errno number `OSError` puts first."""
 
     def __str__(self):
         return str(self.strerror)
@@ -125,32 +117,13 @@ _NO_FILE_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 class RunLock:
     """An exclusive lock on a run or study directory: `<directory>/<name>`.
 
-    The lock is the operating system's (`flock` on the lock file), held for as long as
-    the process that took it runs: the kernel releases it when that process ends,
-    however it ends (kill -9, the OOM killer, a preempted node), so the same command
-    run again resumes the run. A live holder is refused wherever it runs, in another
-    container or PID namespace of this host or on another host sharing the file
-    system (NFS passes `flock` on to the server), and the lock file's record of the
-    holder (pid, host, start time, command) names it in the message. The holder
-    removes the file as it releases the lock, so a finished run holds no lock file; a
-    process that locks a lock file just removed finds it is no longer the directory's
-    lock file and takes the new one, so two processes never hold two files of the same
-    name. (A holder killed keeps its file, with its record, and the kernel's lock ends
-    with it.)
-
-    Where the file system keeps no locks, the lock falls back to the file itself:
-    created atomically, removed on release, and after a crash left behind. A holder
-    that no longer runs on this host is then reported, and `take_over=True` (the CLI's
-    `--take-over-lock`) replaces the lock, as it does for a holder on another host
-    whose processes cannot be checked from here. Where the kernel holds the lock there
-    is nothing to take over, and `take_over` changes nothing.
-
-    A lock released with nothing added to its directory takes back what it made: its
-    lock file, and the directory (and folders above it) if it made them. A command that
-    fails before its first file, or refuses a directory that holds something else,
-    leaves nothing behind. With `new=True` the directory must not exist yet: it is made
-    at once (`os.mkdir`), and a `FileExistsError` says another process made it first,
-    so two processes that pick the same new name never share it.
+    The kernel's (`flock` on the lock file), so it ends with its process however that
+    ends, and the lock file's record (pid, host, start time, command) names a live
+    holder. Where the file system keeps no locks, the file itself is the lock, and
+    `take_over=True` replaces one whose holder is gone. A lock released with nothing
+    added to its directory removes what it made; with `new=True` the directory must
+    not exist yet (`FileExistsError`: another process made it first). docs/training.md,
+    "Interrupted runs", says what users see.
 
     Example:
     >>> with RunLock("runs/a"):

@@ -1,19 +1,14 @@
 """Training a `Segmenter` through `model.fit`: `keras-vitnorm segment` and its API.
 
-The encoder comes from any preset name, preset directory or checkpoint
-(`ViT.from_preset`, the position embedding resampled to the image size); the linear
-head starts at zero. The optimizer is the classification trainer's AdamW with linear
-warm-up and cosine decay, kernels decayed only. A run writes, each atomically,
-`segmenter.keras` (the trained model) and `metrics.json` (the settings, the
-per-epoch history and the test mean IoU, pixel accuracy and loss); an existing run
-directory is never replaced unless asked.
+The encoder comes from any preset or checkpoint, the linear head starts at zero, and
+the optimizer is the classification trainer's AdamW schedule. A run writes
+`segmenter.keras` and `metrics.json`, each atomically (docs/segmentation.md).
 """
 
 import dataclasses
 import time
 
 import keras
-import numpy as np
 
 from keras_vitnorm import backend
 from keras_vitnorm.models.segmenter import PixelAccuracy
@@ -25,6 +20,7 @@ from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.training.segmentation_data import load_segmentation_data
 from keras_vitnorm.training.segmentation_data import model_inputs
 from keras_vitnorm.training import run_files
+from keras_vitnorm.training.config import dtype_policy
 from keras_vitnorm.training.optimizer import adamw
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
@@ -82,13 +78,9 @@ def build_segmenter(config, num_classes):
     """The `Segmenter` of `config`: the encoder from its preset, a fresh linear head."""
     overrides = in_model_range(  # segmentation_data feeds [-1, 1]
         {key: value for key, value in config.model.items() if key != "image_size"})
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.mixed_precision)
-    try:
+    with dtype_policy(config.mixed_precision):
         vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
         return Segmenter(vit, num_classes)
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=None,
@@ -145,15 +137,3 @@ def _train_segmenter(config, verbose, data):
     }
     return metrics, model
 
-
-def per_class_iou(model, images, masks, num_classes, ignore_class):
-    """`(num_classes,)` IoU of each class on `images` (NaN for a class absent from both)."""
-    predicted = model.predict_masks(model_inputs(images))
-    keep = masks != ignore_class
-    truth, predicted = masks[keep], predicted[keep]
-    ious = np.full(num_classes, np.nan)
-    for c in range(num_classes):
-        union = np.sum((truth == c) | (predicted == c))
-        if union:
-            ious[c] = np.sum((truth == c) & (predicted == c)) / union
-    return ious

@@ -1,24 +1,10 @@
 """Segmentation datasets: images with a class label per pixel, held in memory.
 
-Three sources, named by a string as the classification datasets are:
-
-- `"digit_scenes"`: scenes composed offline from scikit-learn's handwritten digits
-  (no download). Each scene holds one to three upscaled digits in random colours on a
-  noisy background; a pixel is labelled with its digit's class plus one where the
-  stroke is solid, `0` on the background, and `IGNORE_CLASS` on a stroke's faint edge,
-  where the label is ambiguous. The three splits draw from disjoint digit images, so
-  the test scenes hold handwriting the model never saw.
-- `"tfds:<name>"`: a tensorflow-datasets dataset with `image` and
-  `segmentation_mask` features (for example `tfds:oxford_iiit_pet`).
-- `"folder:<path>"`: `<path>/images/<name>.<ext>` with `<path>/masks/<name>.png`
-  (single-channel class indices), or `train/`, `val/` or `validation/`, and `test/`
-  subfolders laid out that way.
-
-Images are resized bilinearly and masks by nearest neighbour to the model's size.
-A source without a validation or test split has one carved off its training split
-with a fixed seed (0). Every mask is checked: a label outside `[0, num_classes)` other
-than the ignore label, or a mask whose size differs from its image's, is a
-`ValueError` naming the source.
+Three sources, named as the classification datasets are: `"digit_scenes"` (composed
+offline from scikit-learn's digits), `"tfds:<name>"` (with `image` and
+`segmentation_mask` features) and `"folder:<path>"` (`images/` and `masks/`). Every
+mask is checked against its image and `num_classes`. docs/segmentation.md, "Datasets",
+describes each source.
 """
 
 import dataclasses

@@ -1,13 +1,8 @@
 """`train`: the main job, built on `model.fit` and Keras callbacks.
 
-The run's jobs, one module each: its settings (`config`), data (`data`), optimizer and
-schedule (`optimizer`), directory (`run_directory`, on `run_files`' locks and storage
-errors), its plan over processes and devices (`run_plan`, `distribution`), the fit
-loop and its results (`fit_loop`, `callbacks`) and the scoring of a saved model
-(`evaluation`).
-`train` puts them together: it checks the settings, loads the data, plans the run,
-locks and prepares its directory, and runs the fit loop from the start or, with
-`resume`, from the directory's last checkpoint.
+`train` puts the run's modules together (docs/training.md lists them): it checks the
+settings, loads the data, plans the run, locks and prepares its directory, and runs the
+fit loop from the start or, with `resume`, from the directory's last checkpoint.
 """
 
 import contextlib
@@ -22,8 +17,10 @@ from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import callbacks as callbacks_lib
 from keras_vitnorm.training import data as data_lib
 from keras_vitnorm.training import interrupts
+from keras_vitnorm.training import replaced_run
 from keras_vitnorm.training import run_directory
 from keras_vitnorm.training import run_files
+from keras_vitnorm.training.config import dtype_policy
 from keras_vitnorm.training.config import names_trained_model
 from keras_vitnorm.training.fit_loop import Run
 from keras_vitnorm.training.fit_loop import TrainingDiverged
@@ -31,9 +28,13 @@ from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
 from keras_vitnorm.training.run_plan import first_process_then_all
 from keras_vitnorm.training.run_plan import fit_to_data
+from keras_vitnorm.training.run_layout import LOCK_FILE
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
+from keras_vitnorm.training.run_layout import RunDirectory
+from keras_vitnorm.training.run_layout import has_checkpoint_or_result
 from keras_vitnorm.training.run_plan import plan_run
 
-__all__ = ["TrainingDiverged", "describe_model", "train"]
+__all__ = ["TrainingDiverged", "describe_model", "load_training_data", "train"]
 
 
 def _model_overrides(config, data):
@@ -53,40 +54,33 @@ def _model_overrides(config, data):
     return overrides
 
 
-@contextlib.contextmanager
-def _dtype_policy(name):
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
+def load_training_data(config):
+    """The `Dataset` a `TrainConfig` trains on."""
+    return data_lib.load_dataset(
+        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
+        config.train_examples, skip_bad_images=bool(config.skip_bad_images),
+        val_examples=config.val_examples, pipeline=config.input_pipeline,
+    )
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False,
           track=None):
     """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
 
-    The run directory is locked (`run.lock`) while this runs; every file in it is
-    written atomically, and the training state is checkpointed as one unit
-    (`backup/step-<N>/`), so a run killed at any moment resumes (`resume=True`) to
-    the same final weights as an uninterrupted run of the same seed.
+    The run directory is locked while this runs and every file in it is written
+    atomically, so a run killed at any moment resumes (`resume=True`) to the same final
+    weights as an uninterrupted one (docs/training.md, "What survives a crash").
 
     Args:
         config: `TrainConfig`.
-        resume: bool. Continue the unfinished run in `config.output_dir` from its
-            last checkpoint (same settings required); a run killed after its last
-            step goes straight to its final evaluation, and a completed one is left
-            as it is (its metrics are returned).
-        overwrite: bool. Replace an existing run in `config.output_dir`: what a run
-            writes there, and nothing else (a directory that holds anything else is
-            refused, naming it, with nothing deleted). The old run is moved aside
-            until the new run has its first checkpoint, then deleted
-            (`run_directory.move_aside`).
-            Without `resume` or `overwrite`, an existing run directory is an error.
-            A new run that fails before its first checkpoint removes what it wrote
-            and puts back the run it replaced (`run_directory.remove_failed_start`),
-            so the same call runs again.
+        resume: bool. Continue the run in `config.output_dir` from its last
+            checkpoint (same settings required); a completed run is left as it is
+            (its metrics are returned).
+        overwrite: bool. Replace the run in `config.output_dir` (a directory that
+            holds anything a run does not write is refused). The old run is kept
+            aside until the new run's first checkpoint, and put back if the new run
+            fails before it (`replaced_run`). Without `resume` or `overwrite`, an
+            existing run directory is an error.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a run directory whose lock was left by a
@@ -105,9 +99,9 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
         run_files.LockedError: another process owns the run directory.
         run_files.StorageError: a file of the run could not be written (full disk,
             permissions); the last checkpoint is intact.
-        RunInterrupted: SIGTERM or SIGINT (Ctrl-C) stopped the run, at the end of the
-            step under way and with its checkpoint (`keras_vitnorm.training.interrupts`);
-            its message says where the run stands. A `KeyboardInterrupt`.
+        RunInterrupted: SIGTERM or SIGINT stopped the run at the end of a step, with
+            its checkpoint; its message says where the run stands
+            (`keras_vitnorm.training.interrupts`).
     """
     config.validate()
     stop = interrupts.StopRequest()
@@ -135,7 +129,7 @@ def _tracked(track, config, directory, run, callbacks):
     try:
         metrics = run([*callbacks, tracked.callback()])
     except TrainingDiverged:
-        metrics = durable.read_json(os.path.join(directory.path, run_directory.METRICS_FILE))
+        metrics = durable.read_json(directory.metrics)
         tracked.finish(metrics or {}, status="FAILED")
         raise
     tracked.finish(metrics)
@@ -146,13 +140,12 @@ def _described(interrupted, directory=None, plan=None):
     """`interrupted` with a message that says where the run stands and what resumes it
     (read while the run's lock is held)."""
     name = interrupts.signal_name(interrupted.signal)
-    if directory and run_directory.keeps_replaced_run(directory.path):
+    if directory and replaced_run.keeps_replaced_run(directory.path):
         return interrupted.describe(  # not resumable: the next command puts the old run back
             f"Stopped by {name} before the new run's first checkpoint: the run it replaces in "
             f"{directory.path} is kept, and comes back with the next command there.",
             directory.path)
-    settings = directory and os.path.isfile(os.path.join(directory.path,
-                                                         run_directory.SETTINGS_FILE))
+    settings = directory and os.path.isfile(os.path.join(directory.path, SETTINGS_FILE))
     if not settings:
         return interrupted.describe(
             f"Stopped by {name} before the run directory was set up: nothing was written.")
@@ -175,11 +168,7 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, 
     say = print if verbose else (lambda *args, **kwargs: None)
     if config.output_dir:  # a directory the run cannot use is refused before anything loads
         run_directory.check_output_dir(config.output_dir, resume, overwrite)
-    data = data_lib.load_dataset(
-        config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
-        config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-        val_examples=config.val_examples, pipeline=config.input_pipeline,
-    )
+    data = load_training_data(config)
     config, notes = fit_to_data(config, data.train.size)
     plan = plan_run(config, data, _model_overrides(config, data))
     for note in notes:
@@ -195,19 +184,19 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, 
     if resume:  # nothing to resume: refused before the lock creates anything
         run_directory.check_resumable(path)
     # Without a path, the first process makes a new directory in runs/ when it claims it.
-    directory = run_directory.RunDirectory(path or run_directory.default_output_dir(config))
+    directory = RunDirectory(path or run_directory.default_output_dir(config))
     with contextlib.ExitStack() as held:
         claimed = []
 
         def claim_output_dir():  # the first process locks and prepares the run directory
             nonlocal directory
             if path:
-                lock = run_files.RunLock(path, run_directory.LOCK_FILE, take_over=take_over_lock)
+                lock = run_files.RunLock(path, LOCK_FILE, take_over=take_over_lock)
                 held.enter_context(lock)
             else:
                 lock = run_directory.new_run_lock(config, take_over_lock)  # acquired
                 held.callback(lock.release)
-                directory = run_directory.RunDirectory(lock.directory)
+                directory = RunDirectory(lock.directory)
             claimed.append(directory)
             return run_directory.prepare(config, directory.path, resume, overwrite, say)
 
@@ -254,24 +243,24 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
         interrupted = stop.stop_behind(error)
         if interrupted is not None:  # not a failed start: a stop, the run kept to resume
             raise interrupted from error
-        if new and run_directory.has_checkpoint_or_result(directory.path):
-            run_directory.drop_replaced(directory.path)  # e.g. a diverged run's result
+        if new and has_checkpoint_or_result(directory.path):
+            replaced_run.drop_replaced(directory.path)  # e.g. a diverged run's result
         elif new and isinstance(error, run_files.StorageError) and \
-                run_directory.keeps_replaced_run(directory.path):
+                replaced_run.keeps_replaced_run(directory.path):
             # Nothing of the new run to resume: the run it was replacing goes back, and
             # the same command (not --resume, which would continue the old run) starts
             # the new one again once there is space.
-            run_directory.remove_failed_start(directory.path)
+            replaced_run.remove_failed_start(directory.path)
             raise run_files.StorageError(error.errno, str(error).replace(
                 "continue with --resume", f"{run_files.AGAIN}: the run it was replacing in "
                 f"{directory.path} is back in place")) from error
         # A storage error after the first checkpoint leaves a run to continue once there
         # is space.
         elif new and not isinstance(error, (TrainingDiverged, run_files.StorageError)):
-            run_directory.remove_failed_start(directory.path)
+            replaced_run.remove_failed_start(directory.path)
         raise
     if new:
-        run_directory.drop_replaced(directory.path)
+        replaced_run.drop_replaced(directory.path)
     return metrics
 
 
@@ -287,7 +276,7 @@ def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
             "(the python input pipeline keys them and resumes exactly).")
     # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
     safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
-    with (_dtype_policy(config.mixed_precision), plan.scope,
+    with (dtype_policy(config.mixed_precision), plan.scope,
           data_lib.unreadable_images_named(data),
           run_files.storage_errors(directory.path, safe)):
         return Run(config, data, directory, plan, resume, say, stop).execute(callbacks,

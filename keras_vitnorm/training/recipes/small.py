@@ -1,11 +1,10 @@
-"""The default recipe: a small pre-LN ViT that trains on a 2-core CPU in a few minutes.
+"""The default recipe: a small pre-LN ViT that trains on a CPU.
 
-The `ti16` preset (3 heads, pre-LN LayerNorm blocks, plain patch stem: what
-docs/normalization-guide.md recommends for short training, where Dual PatchNorm costs
-2 to 4 points) cut down to width 96, MLP 384 and 6
-blocks, on 32x32 images in 8x8 patches (16 tokens), trained with AdamW, linear warmup then cosine decay, label smoothing
-and pad-and-crop augmentation. On scikit-learn's digits (upsampled from 8x8) it reaches
-about 98% test accuracy (README.md gives the measured figure and time).
+The `ti16` preset (pre-LN, plain patch stem: docs/normalization-guide.md's choice for
+short training) cut down to width 96, MLP 384 and 6 blocks, on 32x32 images in 8x8
+patches (16 tokens), trained with AdamW, linear warm-up then cosine decay, label
+smoothing and pad-and-crop augmentation. On scikit-learn's digits (upsampled from
+8x8) it reaches about 98% test accuracy (README.md gives the measured figure).
 
 Run it (these are the defaults, so the bare command is the same):
 

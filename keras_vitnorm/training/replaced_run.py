@@ -1,0 +1,112 @@
+"""The run that `--overwrite` replaces, kept aside until the new run's first checkpoint.
+
+`move_aside` moves the old run into `.replaced/`; the new run's first checkpoint deletes
+it (`drop_replaced`), a start that fails before it puts it back
+(`remove_failed_start`), and whatever a killed command left is settled by the next
+command there (`recover_replaced`). docs/training.md, "What survives a crash".
+"""
+
+import contextlib
+import os
+import shutil
+
+from keras_vitnorm.training import run_files
+from keras_vitnorm.training.run_layout import MOVING
+from keras_vitnorm.training.run_layout import REPLACED
+from keras_vitnorm.training.run_layout import has_checkpoint_or_result
+from keras_vitnorm.training.run_layout import run_entries
+
+
+def keeps_replaced_run(output_dir):
+    """Whether `output_dir` holds a run that an `--overwrite` moved (or was moving) aside
+    and that the next command there puts back: the new run has no checkpoint yet."""
+    if os.path.isdir(os.path.join(output_dir, MOVING)):
+        return True
+    return (os.path.isdir(os.path.join(output_dir, REPLACED))
+            and not has_checkpoint_or_result(output_dir))
+
+
+def move_aside(output_dir):
+    """Moves the run in `output_dir` (what a run wrote there, but the lock) into
+    `REPLACED`. Each entry is renamed into `MOVING`, which is then renamed `REPLACED`
+    whole, so a kill part way leaves `MOVING`, whose entries the next command puts back."""
+    entries = run_entries(output_dir)
+    if not entries:
+        return
+    moving = os.path.join(output_dir, MOVING)
+    with run_files.storage_errors(output_dir, "The run there is kept.", run_files.AGAIN):
+        os.mkdir(moving)
+        for entry in entries:
+            os.rename(os.path.join(output_dir, entry), os.path.join(moving, entry))
+        os.rename(moving, os.path.join(output_dir, REPLACED))
+
+
+def _put_back(output_dir):
+    """Moves the entries of the run that `move_aside` moved aside back into `output_dir`,
+    which holds no run entries of its own by then. `REPLACED` is renamed `MOVING` first:
+    a kill part way leaves `MOVING`, as a kill in `move_aside` does."""
+    replaced, moving = (os.path.join(output_dir, name) for name in (REPLACED, MOVING))
+    if os.path.isdir(replaced):
+        os.rename(replaced, moving)
+    if not os.path.isdir(moving):
+        return
+    for entry in sorted(os.listdir(moving)):
+        target = os.path.join(output_dir, entry)
+        if os.path.lexists(target):
+            raise FileExistsError(
+                f"Cannot put back {os.path.join(moving, entry)}, the run that --overwrite was "
+                f"replacing: {target} is in its place. Move one of them out of {output_dir}.")
+        os.rename(os.path.join(moving, entry), target)
+    os.rmdir(moving)
+
+
+def drop_replaced(output_dir, strict=False):
+    """Deletes the run that `move_aside` kept in `output_dir`, if any. Where that fails,
+    the error is raised with `strict`; without it the old run stays for the next
+    command there to delete, so a run in training is not stopped for it."""
+    path = os.path.join(output_dir, REPLACED)
+    if strict:
+        with run_files.storage_errors(path, "Nothing was changed in the new run.",
+                                      run_files.AGAIN):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def recover_replaced(output_dir):
+    """Settles what a killed `--overwrite` left in `output_dir`: the old run is put back
+    unless the new run has a checkpoint or a result, in which case the old run is
+    deleted. The caller holds the lock.
+
+    Returns:
+        What was done, for the user, or `None` where there was nothing to settle.
+    """
+    replaced = os.path.isdir(os.path.join(output_dir, REPLACED))
+    if replaced and has_checkpoint_or_result(output_dir):
+        drop_replaced(output_dir, strict=True)
+        return (f"Deleted the run that an --overwrite was replacing in {output_dir}: the new "
+                "run there has a checkpoint.")
+    if replaced:  # a new run that never reached its first checkpoint
+        remove_failed_start(output_dir)
+    elif os.path.isdir(os.path.join(output_dir, MOVING)):  # killed while moving: all old entries
+        _put_back(output_dir)
+    else:
+        return None
+    return (f"Put back the run that an --overwrite was replacing in {output_dir}: that "
+            "command stopped before the new run's first checkpoint, and what the new run had "
+            "written is removed.")
+
+
+def remove_failed_start(output_dir):
+    """Removes what a new run that failed before its first checkpoint wrote in
+    `output_dir` (its run entries but the lock; anything else stays) and puts back the
+    run it was replacing, so that the same command runs once the cause is fixed."""
+    for entry in run_entries(output_dir):
+        path = os.path.join(output_dir, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    _put_back(output_dir)
