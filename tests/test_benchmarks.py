@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
-import bench_packing  # noqa: E402
 import bench_parallel  # noqa: E402
 import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
@@ -106,11 +105,6 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "l16"]),
-    (bench_packing, ["--packs", "2", "0"]),
-    (bench_packing, ["--steps", "0"]),
-    (bench_packing, ["--sharing", "mps"]),
-    (bench_packing, ["--process-seconds", "0"]),
-    (bench_packing, ["--runs-per-process", "0"]),
     (bench_input, ["--chunk-values", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
@@ -912,185 +906,6 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     assert [t["batch"] for t in found["keras_vitnorm (torch)"]["tries"]] == [4]  # 2 from the table
     assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
 
-
-@pytest.mark.one_backend
-def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sharing():
-    import subprocess
-
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
-    done = subprocess.run(
-        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "1", "3",
-         "--steps", "2", "--rounds", "1", "--check", "--sharing", "program", "processes"],
-        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    checked = re.search(r"3 runs in one program against each alone after 2 steps \(float32\): "
-                        r"largest difference (\S+) of the variables' scale", done.stdout)
-    assert checked and float(checked.group(1)) <= 1e-4, done.stdout
-    rows = re.findall(r"^\| (\d+) \| ([a-z ]+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$",
-                      done.stdout, re.M)
-    assert [(packs, how) for packs, how, _ in rows] == [
-        ("1", "one run"), ("3", "one program"), ("3", "processes")], done.stdout
-    assert rows[0][2] == "1.00"
-    # The processes' row is printed as soon as it is measured, before the table (a lent
-    # GPU's call cut short keeps it), with how long its slowest process took to start.
-    measured = re.search(r"^3 processes: [\d.]+ ms per step, [\d,]+ images/s in all \(the "
-                         r"last compiled its step \d+ s after its start\)$", done.stdout, re.M)
-    assert measured and measured.start() < done.stdout.index("| runs |"), done.stdout
-
-
-@pytest.mark.one_backend
-def test_processes_of_several_runs_each_count_every_run_in_their_row():
-    import subprocess
-
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
-    done = subprocess.run(
-        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "2",
-         "--steps", "2", "--rounds", "1", "--sharing", "processes", "--runs-per-process", "2"],
-        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = re.findall(r"^\| (\d+) \| ([a-z0-9 ]+) \| [\d.]+ \| ([\d,]+) \| [\d.]+x \|$",
-                      done.stdout, re.M)
-    assert [(runs, how) for runs, how, _ in rows] == [
-        ("1", "one run"), ("4", "processes of 2 runs in one program each")], done.stdout
-
-
-#: What `--device gpu --sharing mps` parses to, for the MPS rows.
-MPS_ARGS = bench_packing.parse_arguments(["--device", "gpu", "--sharing", "mps"])
-
-
-def _fake_mps_control(folder, start_code=0, servers=""):
-    """An `nvidia-cuda-mps-control` on PATH that logs its calls, as the daemon's control
-    answers them: `-d` exits with `start_code`, `get_server_list` prints `servers`."""
-    log = folder / "calls.log"
-    script = folder / "nvidia-cuda-mps-control"
-    script.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = -d ]; then
-    echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}
-    [ {start_code} = 0 ] || echo "cannot open the pipe folder" >&2
-    exit {start_code}
-fi
-read -r command
-echo "$command" >> {log}
-[ "$command" = get_server_list ] && echo {servers}
-exit 0
-""")
-    script.chmod(0o755)
-    return log
-
-
-@pytest.mark.parametrize("start_code, servers, said", [
-    (0, "4242", None),
-    (0, "", "the MPS daemon started no server; the processes ran without it"),
-    (1, "", "nvidia-cuda-mps-control -d exited with 1: cannot open the pipe folder"),
-])
-def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not(
-        tmp_path, monkeypatch, start_code, servers, said):
-    log = _fake_mps_control(tmp_path, start_code, servers)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    seen = []
-
-    def row(args, packs, how, env=None):
-        seen.append(env["CUDA_MPS_PIPE_DIRECTORY"])
-        assert os.path.isdir(env["CUDA_MPS_PIPE_DIRECTORY"])  # while the daemon runs
-        return packs, how, 0.01, 100.0 * packs
-
-    monkeypatch.setattr(bench_packing, "processes_row", row)
-    rows = bench_packing._mps_rows(MPS_ARGS, [2, 8])
-    calls = log.read_text().split("\n")
-    if start_code:
-        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
-        assert seen == [] and calls[1:] == [""]  # nothing to quit
-        return
-    assert calls == [f"start {seen[0]}", "get_server_list", "quit", ""]
-    assert seen == [seen[0]] * 2 and not os.path.exists(seen[0])  # its folder is removed
-    if said is None:
-        assert rows == [(2, "processes under MPS", 0.01, 200.0),
-                        (8, "processes under MPS", 0.01, 800.0)]
-    else:
-        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
-
-
-def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch,
-                                                                             capsys):
-    import subprocess
-    import time
-
-    class Stuck:  # a worker that never ends
-        killed = False
-
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def communicate(self, timeout=None):
-            if not Stuck.killed:
-                time.sleep(timeout)
-                raise subprocess.TimeoutExpired("worker", timeout)
-            return "", ""
-
-        def kill(self):
-            Stuck.killed = True
-
-    monkeypatch.setattr(subprocess, "Popen", Stuck)
-    args = bench_packing.parse_arguments(["--model", "tiny", "--process-seconds", "1"])
-    started = time.monotonic()
-    row = bench_packing._guarded(lambda: bench_packing.processes_row(args, 2, "processes"), 2,
-                                 "processes")
-    assert time.monotonic() - started < 5 and Stuck.killed
-    assert row == (2, "processes", None,
-                   "2 processes did not finish in 1 s (--process-seconds)")
-    assert capsys.readouterr().out == (
-        "2 processes: did not run: 2 processes did not finish in 1 s (--process-seconds)\n")
-
-
-def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    rows = bench_packing._mps_rows(MPS_ARGS, [8])
-    assert rows == [(8, "processes under MPS", None,
-                     "nvidia-cuda-mps-control is not on this machine's PATH")]
-    assert capsys.readouterr().out == ("processes under MPS: did not run: "
-                                       "nvidia-cuda-mps-control is not on this machine's PATH\n")
-
-
-def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", "torch")
-    with pytest.raises(SystemExit, match="run it with KERAS_BACKEND=jax"):
-        bench_packing.main(["--model", "tiny"])
-
-
-def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, capsys):
-    import keras
-
-    if keras.backend.backend() != "jax":
-        pytest.skip("bench_packing.py times JAX programs (the subprocess test covers the check)")
-    from keras_vitnorm import ops
-
-    monkeypatch.setattr(bench_packing, "check", lambda *args: 0.5)
-    fence = ops.fast_path_enabled("residual_fence")  # the script turns it off
-    try:
-        with pytest.raises(SystemExit, match=r"the check failed: .*\(2 runs: 5.00e-01\)"):
-            bench_packing.main(["--model", "tiny", "--batch-size", "2", "--packs", "1", "2",
-                                "--steps", "1", "--rounds", "1", "--check"])
-    finally:
-        keras.config.set_dtype_policy("float32")
-        ops.set_fast_paths(fence, ["residual_fence"])
-    out = capsys.readouterr().out
-    assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
-
-
-def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(tmp_path):
-    """tools/gpu/packing.sh with `python3` and `nvidia-smi` stood in for: each of its
-    commands parses (a refused one would spend a lent GPU's minutes on an error), and
-    its output comes back in $OUT."""
-    from test_gpu_kit import with_stand_in_gpu
-
-    done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 3
-    parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
-    assert all(args.device == "gpu" for args in parsed)
-    assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
-    assert parsed[-1].check  # the check, which compiles most, last
-    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 3
 
 
 @pytest.mark.parametrize("op_name, part", [
