@@ -397,36 +397,6 @@ def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="de
     return result
 
 
-def peak_memory(run, device="cpu", backend=None):
-    """The peak memory that `run()` (build and train a model) adds to what the process holds.
-
-    The peak above the use before `run`, read by `_memory.WorkerMemory` (reset first
-    where it can be): on a GPU the backend's allocator (JAX's `peak_bytes_in_use`,
-    which cannot be reset, so call this in a fresh process that has allocated little
-    else; PyTorch's `max_memory_allocated`; TensorFlow's peak), on a CPU the
-    process's peak resident memory.
-
-    Args:
-        run: a function of no arguments.
-        device: "cpu" or "gpu".
-        backend: the Keras backend; default: the running one.
-
-    Returns:
-        `(bytes, what)`: the peak added, and in words what was measured.
-    """
-    from _memory import WorkerMemory
-
-    if backend is None:
-        import keras
-
-        backend = keras.backend.backend()
-    memory = WorkerMemory(backend, device)
-    memory.reset()
-    before = memory.current()
-    run()
-    return memory.peak() - before, memory.what
-
-
 #: How PyTorch, XLA, TensorFlow, cuDNN and cuBLAS, and Python say that memory ran out.
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "resource_exhausted",
                          "resourceexhaustederror", "oom when allocating", "alloc_failed",

@@ -22,7 +22,7 @@ with the range over rounds; so drift of the machine between rounds cancels.
 
 `--measure memory`: per backend and variant, a fresh process builds only that
 variant and trains `--warmup` + 1 steps; its peak memory above what it held before
-the model was built is the variant's (`_common.peak_memory`: the device allocator's
+the model was built is the variant's (`_memory.peak_memory`: the device allocator's
 peak on a GPU, the peak resident set size on a CPU). A one-block model of the same
 variant trains first, so that what the libraries load on first use is not counted.
 `--memory-repeats` processes per variant, `--memory-parallel` of them at a time
@@ -49,10 +49,10 @@ from _common import apply_host_memory
 from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
-from _common import peak_memory
 from _common import require_keras_device
 from _common import run_worker
 from _common import synthetic_batch
+from _memory import peak_memory
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 MODELS = {

@@ -6,7 +6,7 @@ reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-h
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --backends jax torch --timm eager compiled \
-        --interleave --rounds 3 --largest-batch
+        --interleave --rounds 3
 
 Each implementation runs in its own subprocess (a Keras backend is fixed per
 process), with the same thread count. Per implementation it reports:
@@ -34,10 +34,9 @@ process), with the same thread count. Per implementation it reports:
   and of the datasheet's dense bfloat16 peak where the GPU is listed
   (`DATASHEET_BF16_TFLOPS`);
 - peak memory of each mode's step: on a GPU the device memory the framework's
-  allocator held, on the CPU the worker's peak resident memory (`_memory.WorkerMemory`);
-- with `--largest-batch`, each implementation's largest training batch that fits,
-  each try in a fresh process (`_memory.largest_batch`), within
-  `--largest-batch-seconds`.
+  allocator held, on the CPU the worker's peak resident memory (`_memory.WorkerMemory`).
+  Each implementation's largest training batch is tools/gpu/largest_batch.py's, which
+  runs this script's workers.
 
 Keras models are timed through the paths `fit` and `predict` use
 (`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
@@ -48,7 +47,6 @@ timm needs torchvision: where it does not import, its rows say so.
 """
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -69,8 +67,6 @@ from _common import run_worker
 from _common import timm_steps
 from _common import worker_env
 from _memory import WorkerMemory
-from _memory import describe_largest_batch
-from _memory import largest_batches
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -160,7 +156,7 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     del a
-    torch.cuda.empty_cache()  # the workers, --largest-batch's too, get the GPU's memory
+    torch.cuda.empty_cache()  # the workers get the GPU's memory
     return 2 * size**3 * repeats / seconds / 1e9
 
 
@@ -427,22 +423,6 @@ def interleaved(args, runs):
     return {label: results[label] for label, _, _ in runs if label in results}
 
 
-def try_batch(args, implementation, backend, batch, seconds):
-    """One try of `--largest-batch`: a fresh worker trains at `batch` (its first call and
-    one more step) within `seconds`; `largest_batch`'s outcome of it."""
-    trial = argparse.Namespace(**{**vars(args), "batch_size": batch, "modes": ["train"],
-                                  "steps": 1, "warmup": 0, "repeats": 1})
-    result = run_worker(__file__, worker_arguments(trial, implementation), backend, args.threads,
-                        args.device, gpu_memory="whole", timeout=seconds)
-    if "error" in result:
-        if result.get("out_of_memory"):
-            return {"fits": False}
-        return {key: result[key] for key in ("error", "timed_out") if key in result}
-    train = result["train"]
-    return {"fits": True, "peak_bytes": train.get("peak_bytes"),
-            "capacity_bytes": train.get("capacity_bytes")}
-
-
 def _gib(count):
     return "n/a" if count is None else f"{count / 2**30:.1f}"
 
@@ -480,33 +460,11 @@ def table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet):
     return lines
 
 
-def largest_batch_table(args, largest):
-    """The markdown table of `--largest-batch`: per implementation what it found and its tries."""
-    where = "device memory" if args.device == "gpu" else "resident host memory"
-    title = (f"Largest training batch of {args.preset} at {args.image_size}x{args.image_size}, "
-             f"{args.mixed_precision}, from batch {args.batch_size} up to "
-             f"{args.largest_batch_limit}; peak memory: {where}")
-    columns = ("implementation", "largest batch", "peak memory at it (GiB)", "capacity (GiB)",
-               "tries")
-    lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for label, result in largest.items():
-        known = {int(batch): peak for batch, peak in result.get("known", {}).items()}
-        fitted = [attempt for attempt in result["tries"] if attempt.get("fits")]
-        peaks = {**known, **{attempt["batch"]: attempt.get("peak_bytes") for attempt in fitted}}
-        capacity = next((a["capacity_bytes"] for a in reversed(fitted) if a.get("capacity_bytes")),
-                        None)
-        tries = [f"{batch} known" for batch in known]
-        tries += [f"{a['batch']} " + ("fits" if a.get("fits") else
-                                      "does not fit" if "fits" in a else "failed")
-                  for a in result["tries"]]
-        lines.append(f"| {label} | {describe_largest_batch(result)} | "
-                     f"{_gib(peaks.get(result['largest']))} | {_gib(capacity)} | "
-                     f"{', '.join(tries) or 'none'} |")
-    return lines
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def argument_parser(description=None):
+    """The parser of this script's options (and its workers'); tools/gpu/largest_batch.py adds
+    its own to it."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--preset", default="s16", help="built-in plain or _dpn preset (default s16)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -526,25 +484,6 @@ def main(argv=None):
     parser.add_argument("--timm", nargs="+", default=[], choices=("eager", "compiled"),
                         help="also time timm's ViT of the same size (PyTorch, AdamW, as the "
                              "reference): eager, and/or its forward pass under torch.compile")
-    parser.add_argument("--largest-batch", action="store_true",
-                        help="after the table, find each implementation's largest training batch "
-                             "that fits: doubling from --batch-size, then bisecting (guided by the "
-                             "measured peak memory), each try in a fresh process")
-    parser.add_argument("--largest-batch-only", action="store_true",
-                        help="--largest-batch without the throughput table (each search then "
-                             "starts with a try at --batch-size)")
-    parser.add_argument("--largest-batch-known", metavar="TABLE.json",
-                        help="with --largest-batch-only: this script's --json of a run of the same "
-                             "settings, whose training steps count as known fits (one try less "
-                             "each) and order the search by their compile times")
-    parser.add_argument("--largest-batch-limit", type=int,
-                        help="the largest batch --largest-batch tries (default 8192 on a GPU; "
-                             "required on the CPU, where running out of memory means swapping or "
-                             "the kernel killing a process)")
-    parser.add_argument("--largest-batch-seconds", type=float, default=600.0,
-                        help="time for the whole --largest-batch search, shared by the "
-                             "implementations; a search out of time reports what it found "
-                             "(default 600)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every implementation this many times in turn and report the median "
                              "across rounds, so drift of a shared machine hits all alike (default 1)")
@@ -560,14 +499,15 @@ def main(argv=None):
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", choices=IMPLEMENTATIONS,
                         help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return worker_main(args)
+    return parser
+
+
+def model_config(parser, args):
+    """The checked arguments' ViT config; exits through `parser.error` on a bad argument."""
     check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "threads", "image_size",
-                                       "rounds", "largest_batch_limit"))
+                                       "rounds"))
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
-    check_largest_batch_arguments(parser, args)
     # This process only reads the preset: it must not need TensorFlow (Keras'
     # default backend) on a machine that runs only the other backends.
     os.environ.setdefault("KERAS_BACKEND", args.backends[0])
@@ -579,6 +519,27 @@ def main(argv=None):
         parser.error(str(error))
     if config["image_size"] != args.image_size:
         parser.error(f"--overrides sets image_size {config['image_size']}: give it as --image-size")
+    return config
+
+
+def implementations(args):
+    """`(label, backend, implementation)` of each implementation the arguments ask for."""
+    runs = []
+    if not args.no_reference:
+        runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
+    runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
+    runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
+    if args.keras_hub:
+        runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
+    return runs
+
+
+def main(argv=None):
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    config = model_config(parser, args)
     flops = model_flops(config["width"], config["depth"], config["mlp_dim"], config["patch_size"],
                         args.image_size, 3, config.get("num_classes", 1000))
     datasheet = None
@@ -597,16 +558,8 @@ def main(argv=None):
     else:
         matmul_dtype = "float32"
         peak, peak_sources = matmul_rate(args.threads, args.backends)
-    runs = []
-    if not args.no_reference:
-        runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
-    runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
-    runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
-    if args.keras_hub:
-        runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
-    if args.largest_batch_only:
-        results = known_results(parser, args)
-    elif args.interleave:
+    runs = implementations(args)
+    if args.interleave:
         results = interleaved(args, runs)
     else:
         rounds = {label: [] for label, _, _ in runs}
@@ -616,13 +569,7 @@ def main(argv=None):
                       flush=True)
                 rounds[label].append(spawn(args, implementation, backend))
         results = {label: combine_rounds(measured) for label, measured in rounds.items()}
-    largest, lines = None, []
-    if not args.largest_batch_only:
-        lines = table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet)
-    if args.largest_batch:
-        largest = largest_batches(runs, results, args.batch_size, args.largest_batch_limit,
-                                  args.largest_batch_seconds, functools.partial(try_batch, args))
-        lines += ([""] if lines else []) + largest_batch_table(args, largest)
+    lines = table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet)
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -632,59 +579,13 @@ def main(argv=None):
             json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
                        "matmul_gflops_by_library": peak_sources, "matmul_dtype": matmul_dtype,
                        "datasheet": datasheet and {"gpu": datasheet[0], "tflops": datasheet[1]},
-                       "results": results, "largest_batch": largest}, f, indent=2)
+                       "results": results}, f, indent=2)
     return 0
-
-
-#: The settings a `--largest-batch-known` table must share with the search.
-KNOWN_SETTINGS = ("preset", "image_size", "batch_size", "mixed_precision", "device", "overrides")
-
-
-def known_results(parser, args):
-    """The results of `--largest-batch-known` (`{}` without it); exits through
-    `parser.error` if the file cannot be read or was measured with other settings."""
-    if not args.largest_batch_known:
-        return {}
-    try:
-        with open(args.largest_batch_known) as f:
-            report = json.load(f)
-        settings, results = report["settings"], report["results"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        parser.error(f"--largest-batch-known {args.largest_batch_known}: not a table of this "
-                     f"script's --json ({error})")
-    for name in KNOWN_SETTINGS:
-        if settings.get(name) != getattr(args, name):
-            parser.error(f"--largest-batch-known {args.largest_batch_known} was measured with "
-                         f"{name} {settings.get(name)!r}, this search has {getattr(args, name)!r}")
-    return results
 
 
 #: The table's labels and the workers' `--implementation` of each `--timm` kind.
 TIMM_LABELS = {"eager": "timm ViT (PyTorch eager)", "compiled": "timm ViT (torch.compile)"}
 TIMM_IMPLEMENTATIONS = {"eager": "timm", "compiled": "timm_compiled"}
-
-
-def check_largest_batch_arguments(parser, args):
-    """Exits through `parser.error` where the `--largest-batch` options do not fit together,
-    and sets the GPU's default limit."""
-    args.largest_batch = args.largest_batch or args.largest_batch_only
-    if args.largest_batch_known and not args.largest_batch_only:
-        parser.error("--largest-batch-known only applies with --largest-batch-only")
-    if not args.largest_batch:
-        if args.largest_batch_limit is not None:
-            parser.error("--largest-batch-limit only applies with --largest-batch")
-        return
-    if args.largest_batch_seconds <= 0:
-        parser.error(f"--largest-batch-seconds must be positive, got {args.largest_batch_seconds}")
-    if args.largest_batch_limit is None:
-        if args.device == "cpu":
-            parser.error("--largest-batch on the CPU needs --largest-batch-limit: there running "
-                         "out of memory means swapping or the kernel killing a process, not an "
-                         "error")
-        args.largest_batch_limit = 8192
-    if args.largest_batch_limit < args.batch_size:
-        parser.error(f"--largest-batch-limit ({args.largest_batch_limit}) must be at least "
-                     f"--batch-size ({args.batch_size})")
 
 
 if __name__ == "__main__":

@@ -83,14 +83,7 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_ab, ["--host-memory", "keep"]),
     (bench_vit, ["--host-memory", "keep"]),
     (bench_vit, ["--timm", "lazy"]),
-    (bench_vit, ["--largest-batch"]),  # on the CPU without a limit
-    (bench_vit, ["--largest-batch-limit", "64"]),  # without --largest-batch
-    (bench_vit, ["--largest-batch-limit", "0", "--largest-batch"]),
-    (bench_vit, ["--largest-batch-limit", "8", "--largest-batch", "--batch-size", "16"]),
-    (bench_vit, ["--largest-batch-seconds", "0", "--largest-batch-only",
-                 "--largest-batch-limit", "64"]),
     (bench_vit, ["--overrides", '{"image_size": 32}']),
-    (bench_vit, ["--largest-batch-known", "table.json", "--largest-batch"]),
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
     (profile_torch, ["--rows", "0"]),
@@ -510,7 +503,7 @@ def test_variants_are_the_model_changes_of_the_studys_core_group():
 
 
 def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
-    import _common
+    import _memory
 
     def allocate():
         # 64 MiB of fresh pages (not memory the allocator kept), every one written
@@ -518,7 +511,7 @@ def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
         np.frombuffer(block, dtype=np.uint8)[:] = 1
         block.close()
 
-    peak, what = _common.peak_memory(allocate, "cpu")
+    peak, what = _memory.peak_memory(allocate, "cpu")
     assert what == "host peak RSS"
     assert 60 * 2 ** 20 <= peak < 200 * 2 ** 20
 
@@ -529,7 +522,7 @@ def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_be
         backend, monkeypatch):
     """The GPU branch against stand-ins of each library's allocator statistics (this
     machine has no GPU); `monkeypatch` fails where the library lacks the function."""
-    import _common
+    import _memory
 
     used = {"now": 1000, "peak": 1000}
 
@@ -561,7 +554,7 @@ def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_be
                             lambda _: {"current": used["now"], "peak": used["peak"]})
     if backend != "jax":
         used["peak"] = 9000  # before the measurement, forgotten by the reset (JAX has none)
-    peak, what = _common.peak_memory(run, "gpu", backend)
+    peak, what = _memory.peak_memory(run, "gpu", backend)
     assert peak == 4000 and what.startswith("GPU")
 
 
