@@ -2,9 +2,8 @@
 
     python benchmarks/profile_torch.py --mode inference
     python benchmarks/profile_torch.py --mode train --steps 2 --rows 30
-    python benchmarks/profile_torch.py --mode train --steps 1 --find-syncs
     python benchmarks/profile_torch.py --mode train --device gpu --preset b16 --batch-size 256 \
-        --mixed-precision mixed_bfloat16 --find-syncs
+        --mixed-precision mixed_bfloat16
 
 Both models (same size, random weights) run `--steps` steps under
 `torch.profiler` after two warm-up steps, in this process: Keras through
@@ -20,29 +19,18 @@ Run it with the allocator settings you want to compare (for example
 With `--device gpu` both models and the batch are on the GPU, the profile records
 CUDA kernels too (a second table, by GPU time, and the GPU kernel time per step),
 and `--mixed-precision mixed_bfloat16` runs Keras under that policy and the
-reference under `torch.autocast`.
-
-`--find-syncs` then runs one more step of each model under `host_waits.HostWaits`
-and prints every call that makes the host wait for the GPU, or would on a GPU (a
-value read back, a tensor made from host data), with the Python frames that led to
-it: a step that blocks mid-way leaves the GPU idle while the host catches up. It
-needs no GPU (host_waits.py says what the CPU count leaves out). With `--device gpu`
-one more step of each runs under `torch.cuda.set_sync_debug_mode("warn")`, and the
-calls at which PyTorch itself saw the host wait are listed too.
+reference under `torch.autocast`. Where each step makes the host wait for the GPU is
+tools/gpu/host_waits.py's (`--reference` lists the reference's too).
 """
 
 import argparse
-import collections
 import os
 import sys
 import time
-import traceback
-import warnings
 
 from _common import check_positive_ints
 from _common import keras_steps
 from _common import reference_steps
-from host_waits import HostWaits
 
 
 def main(argv=None):
@@ -55,9 +43,6 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--mixed-precision", default="float32", choices=("float32", "mixed_bfloat16"))
-    parser.add_argument("--find-syncs", action="store_true",
-                        help="list the calls of one step that make (or on a GPU would make) "
-                             "the host wait for the GPU")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("batch_size", "steps", "rows", "threads"))
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
@@ -106,46 +91,7 @@ def main(argv=None):
                           if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6 / args.steps
             print(f"GPU kernel time per step: {kernels:.3f} s")
             print(averages.table(sort_by="self_device_time_total", row_limit=args.rows))
-    if args.find_syncs:
-        for name, step in steps:
-            with HostWaits(host_tensors=getattr(step, "host_tensors", list)()) as waits:
-                step()
-            print(f"== {name}, one step: {waits.report()}")
-            if device == "cuda":
-                stacks = synchronizing_calls(step)
-                print(f"== {name}, one step under PyTorch's sync debug mode: "
-                      f"{sum(stacks.values())} calls that waited for the GPU")
-                for frames, count in stacks.items():
-                    print(f"x{count}:\n{frames}")
     return 0
-
-
-def synchronizing_calls(step, frames=6):
-    """`{innermost Python frames: count}` of the calls in `step()` that made the host wait for the GPU.
-
-    PyTorch's sync debug mode warns at each such call (a `.item()`, a copy to the
-    host, a copy from pageable host memory); the stack is read at that moment.
-    """
-    import torch
-
-    found = collections.Counter()
-
-    def record(*args, **kwargs):
-        stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
-        if stack[-1].name == "set_sync_debug_mode":  # the mode announces itself; not a wait
-            return
-        found["\n".join(f"    {f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}: {f.line}"
-                         for f in stack[-frames:])] += 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return found
 
 
 if __name__ == "__main__":

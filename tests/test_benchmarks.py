@@ -18,7 +18,6 @@ import bench_parallel  # noqa: E402
 import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
-import host_waits  # noqa: E402
 import profile_jax  # noqa: E402
 import profile_tensorflow  # noqa: E402
 import profile_torch  # noqa: E402
@@ -87,8 +86,6 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_torch, ["--steps", "0"]),
     (profile_torch, ["--mode", "speed"]),
     (profile_torch, ["--rows", "0"]),
-    (host_waits, ["--batch-size", "0"]),
-    (host_waits, ["--mode", "test"]),
     (profile_torch, ["--device", "tpu"]),
     (profile_tensorflow, ["--steps", "0"]),
     (profile_tensorflow, ["--mode", "speed"]),
@@ -145,36 +142,6 @@ def test_profile_torch_gpu_device_without_a_gpu_exits_with_a_message(capsys):
         profile_torch.main(["--device", "gpu"])
     assert exit_info.value.code == 2
     assert "--device gpu: PyTorch sees no CUDA GPU here" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
-                    reason="counts the PyTorch backend's calls")
-def test_host_waits_counts_reads_and_uploads_and_not_device_work():
-    """Each read of a value and each tensor made from host data counts once, by phase;
-    work that stays on the device, and tensors named as kept on the host, do not."""
-    import torch
-
-    x = torch.ones(3)
-    step = torch.zeros(())  # as PyTorch's optimizers keep their step counters
-    with host_waits.HostWaits(host_tensors=[step]) as waits:
-        waits.mark("first")
-        y = torch.nn.functional.softmax(x * 2.0, dim=0).sum()  # device work only
-        y.item()
-        float(y)
-        bool(y > 0)
-        waits.mark("second")
-        y.numpy()
-        y.tolist()
-        torch.as_tensor(0.5)
-        torch.tensor([1, 2])
-        x[x > 0]  # boolean indexing: the output's size is a value
-        step.item()
-    assert waits.count() == 8 and waits.count(phase="second") == 5
-    assert (waits.count("read"), waits.count("upload")) == (6, 2)
-    sites = waits.sites("first")
-    assert sum(sites.values()) == 3
-    assert all("test_benchmarks.py" in frames for _, _, frames in sites)
-    assert "3 reads, 0 uploads" in waits.report("first")
 
 
 def test_norm_worker_times_every_size_norm_and_mode():

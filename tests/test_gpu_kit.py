@@ -29,6 +29,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
 import bench_packing  # noqa: E402
+import host_waits  # noqa: E402
 
 RUN_SH = os.path.join(ROOT, "tools", "gpu", "run.sh")
 #: Extra ablate options: they come last in the recipe's command, so they win.
@@ -558,3 +559,57 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
     assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
     assert parsed[-1].check  # the check, which compiles most, last
     assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 3
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="counts the PyTorch backend's calls")
+def test_host_waits_counts_reads_and_uploads_and_not_device_work():
+    """Each read of a value and each tensor made from host data counts once, by phase;
+    work that stays on the device, and tensors named as kept on the host, do not."""
+    import torch
+
+    x = torch.ones(3)
+    step = torch.zeros(())  # as PyTorch's optimizers keep their step counters
+    with host_waits.HostWaits(host_tensors=[step]) as waits:
+        waits.mark("first")
+        y = torch.nn.functional.softmax(x * 2.0, dim=0).sum()  # device work only
+        y.item()
+        float(y)
+        bool(y > 0)
+        waits.mark("second")
+        y.numpy()
+        y.tolist()
+        torch.as_tensor(0.5)
+        torch.tensor([1, 2])
+        x[x > 0]  # boolean indexing: the output's size is a value
+        step.item()
+    assert waits.count() == 8 and waits.count(phase="second") == 5
+    assert (waits.count("read"), waits.count("upload")) == (6, 2)
+    sites = waits.sites("first")
+    assert sum(sites.values()) == 3
+    assert all("test_gpu_kit.py" in frames for _, _, frames in sites)
+    assert "3 reads, 0 uploads" in waits.report("first")
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="counts the PyTorch backend's calls")
+def test_host_waits_counts_keras_step_and_the_references_side_by_side(capsys):
+    """Keras' `train_on_batch` makes the host wait at each Python number it turns into a
+    tensor; the reference waits once, for its loss (docs/performance.md, "Where the host
+    waits")."""
+    assert host_waits.main(["--mode", "train", "--reference", "--batch-size", "1"]) == 0
+    out = capsys.readouterr().out
+    keras_part, reference_part = out.split("== transformers ViT (reference), one train call")
+    assert keras_part.startswith("== keras_vitnorm (torch), train, float32, fast paths on")
+    waits = int(keras_part.split("\n")[1].split()[0])
+    assert waits > 1
+    assert reference_part.split("\n")[1] == "1 calls that would wait for the GPU (1 reads, 0 uploads)"
+
+
+@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--mode", "test"],
+                                  ["--mode", "fit", "--reference"]])
+def test_host_waits_refuses_bad_arguments_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        host_waits.main(argv)
+    assert exit_info.value.code == 2
+    assert argv[-1].lstrip("-") in capsys.readouterr().err
