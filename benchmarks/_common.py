@@ -1,7 +1,8 @@
-"""What the benchmark scripts share: timing and running one backend per subprocess."""
+"""What the benchmark scripts share: the timer, the models' steps and one backend per subprocess."""
 
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -323,21 +324,52 @@ def timm_vit(config):
     return model
 
 
-def median_seconds(step, warmup, steps, repeats):
-    """Median seconds per call of `step` over `repeats` runs of `steps` calls, after `warmup` calls.
+def timed(step, steps=1, repeats=1, warmup=0, first_call=False, memory=None, wait=None):
+    """Times `step()`, the one timer of every benchmark here.
+
+    Args:
+        step: a function of no arguments, one step.
+        steps, repeats: `repeats` timed runs of `steps` calls each.
+        warmup: untimed calls before them.
+        first_call: time the first call (tracing, compilation) on its own, before the warm-up.
+        memory: a `_memory.WorkerMemory`, reset after the warm-up, read after the runs.
+        wait: called after the warm-up and at the end of each timed run (inside it), for
+            steps that return before their work is done (JAX's asynchronous dispatch, CUDA).
 
     Returns:
-        `(median, per-run seconds)`.
+        dict: `step_s`, the median seconds per call over the runs; `runs`, each run's;
+        `faults` and `kernel_s`, this process's minor page faults and system CPU seconds
+        (`getrusage`) per timed call, the cost of memory the allocator maps afresh (see
+        `keras_vitnorm.host_memory.retain_freed_memory`); `compile_s` with `first_call`;
+        `peak_bytes` and `capacity_bytes` with `memory`.
     """
+    wait = wait or (lambda: None)
+    result = {}
+    if first_call:
+        start = time.perf_counter()
+        step()
+        wait()
+        result["compile_s"] = time.perf_counter() - start
     for _ in range(warmup):
         step()
+    wait()
+    if memory is not None:
+        memory.reset()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
             step()
+        wait()
         runs.append((time.perf_counter() - start) / steps)
-    return statistics.median(runs), runs
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    result.update(step_s=statistics.median(runs), runs=runs,
+                  faults=(after.ru_minflt - before.ru_minflt) / (steps * repeats),
+                  kernel_s=(after.ru_stime - before.ru_stime) / (steps * repeats))
+    if memory is not None:
+        result.update(peak_bytes=memory.peak(), capacity_bytes=memory.capacity())
+    return result
 
 
 #: `worker_env`'s GPU memory settings for JAX: "default" leaves JAX's own (it reserves 75%

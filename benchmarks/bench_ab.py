@@ -51,9 +51,9 @@ from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
-from _common import median_seconds
 from _common import require_keras_device
 from _common import run_worker
+from _common import timed
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 FAST_PATHS = ("linear", "split_qkv", "attention", "residual_fence")  # keras_vitnorm.ops.FAST_PATHS of the model step (tested)
@@ -114,7 +114,7 @@ def worker_ab(change, modes, config, batch_size, rounds, steps, device="cpu", dt
         for _ in range(rounds):
             for form, context in forms.items():
                 with context():
-                    seconds, _ = median_seconds(lambda f=form: _step(models[f], mode, x, y), 0, steps, 1)
+                    seconds = timed(lambda f=form: _step(models[f], mode, x, y), steps)["step_s"]
                 times[form].append(seconds)
         results[mode] = times
     return results

@@ -41,7 +41,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from _common import add_host_memory_argument
@@ -52,6 +51,7 @@ from _common import compile_like_fit
 from _common import require_keras_device
 from _common import run_worker
 from _common import synthetic_batch
+from _common import timed
 from _memory import peak_memory
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
@@ -122,25 +122,22 @@ def worker(args):
     """Per-round seconds per training and per inference step of every variant, in one process."""
     config, x, y = prepare(args)
     names = chosen_variants(args.variants)
-    timed = [TIMED[mode][0] for mode in TIMED if mode in args.measure]
+    keys = [TIMED[mode][0] for mode in TIMED if mode in args.measure]
     calls = {}
     for name in names:
         model = build(config, name)
         steps = {"seconds": lambda model=model: model.train_on_batch(x, y),
                  "inference_seconds": lambda model=model: model.predict_on_batch(x)}
-        calls[name] = {key: steps[key] for key in timed}
+        calls[name] = {key: steps[key] for key in keys}
         for _ in range(args.warmup):
             for call in calls[name].values():
                 call()
-    result = {key: {name: [] for name in names} for key in timed}
+    result = {key: {name: [] for name in names} for key in keys}
     for index in range(args.rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             for key, call in calls[name].items():
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    call()
-                result[key][name].append((time.perf_counter() - start) / args.steps)
+                result[key][name].append(timed(call, args.steps)["step_s"])
     return result
 
 

@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 from _common import add_host_memory_argument
@@ -61,9 +60,9 @@ from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import failure_row
 from _common import keras_steps
-from _common import median_seconds
 from _common import reference_steps
 from _common import run_worker
+from _common import timed
 from _common import timm_steps
 from _common import worker_env
 from _memory import WorkerMemory
@@ -94,13 +93,7 @@ _BACKEND_MATMUL = {
 
 def _rate(run, matrix, size, repeats):
     """Best GFLOP/s of `run(matrix)`, one `size x size` matmul, over `repeats` timed calls after a warm-up."""
-    run(matrix)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(matrix)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times) / 1e9
+    return 2 * size**3 / min(timed(lambda: run(matrix), 1, repeats, warmup=1)["runs"]) / 1e9
 
 
 def matmul_rate(threads, backends=(), size=2048, repeats=5):
@@ -147,14 +140,7 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     if not torch.cuda.is_available():
         raise RuntimeError("PyTorch sees no CUDA GPU on this machine")
     a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds = timed(lambda m=a: m @ m, repeats, warmup=3, wait=torch.cuda.synchronize)["step_s"] * repeats
     del a
     torch.cuda.empty_cache()  # the workers get the GPU's memory
     return 2 * size**3 * repeats / seconds / 1e9
@@ -172,38 +158,6 @@ def datasheet_tflops(gpu_name, dtype):
     if dtype != "bfloat16":
         return None
     return next((tflops for part, tflops in DATASHEET_BF16_TFLOPS if part in gpu_name), None)
-
-
-def _timed(step, warmup, steps, repeats, memory=None):
-    """`{"compile_s", "step_s", "faults", "kernel_s"}` of `step`, and its memory with `memory`.
-
-    `compile_s` is the first call, `step_s` the median seconds per step after
-    `warmup` more calls. `faults` and `kernel_s` are this process's minor page
-    faults and system CPU time (`getrusage`) over the timed runs, per step: the
-    cost of memory the allocator maps afresh (see
-    `keras_vitnorm.host_memory.retain_freed_memory`). With a `WorkerMemory`, also
-    `peak_bytes` (the peak from the timed runs on, where it can be reset) and
-    `capacity_bytes`.
-    """
-    import resource
-
-    start = time.perf_counter()
-    step()
-    compile_seconds = time.perf_counter() - start
-    for _ in range(warmup):
-        step()
-    if memory is not None:
-        memory.reset()
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    median = median_seconds(step, 0, steps, repeats)[0]
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    count = steps * repeats
-    result = {"compile_s": compile_seconds, "step_s": median,
-              "faults": (after.ru_minflt - before.ru_minflt) / count,
-              "kernel_s": (after.ru_stime - before.ru_stime) / count}
-    if memory is not None:
-        result.update(peak_bytes=memory.peak(), capacity_bytes=memory.capacity())
-    return result
 
 
 # ----------------------------------------------------------------------------- workers
@@ -238,9 +192,15 @@ def worker_main(args):
     memory = WorkerMemory(framework, args.device)
     if args.serve:
         return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout, memory)
-    results = {mode: _timed(step, args.warmup, args.steps, args.repeats, memory)
+    results = {mode: _timing(timed(step, args.steps, args.repeats, args.warmup, first_call=True,
+                                   memory=memory))
                for mode, step in steps.items()}
     print("RESULT " + json.dumps(results))
+
+
+def _timing(result):
+    """A mode's `timed` result as the workers report it (without each run's seconds)."""
+    return {key: value for key, value in result.items() if key != "runs"}
 
 
 def serve(steps, warmup, count, repeats, requests, replies, memory=None):
@@ -256,7 +216,7 @@ def serve(steps, warmup, count, repeats, requests, replies, memory=None):
     """
     ready = {}
     for mode, step in steps.items():
-        timing = _timed(step, warmup, 1, 1, memory)  # first call, warm-up, one timed step
+        timing = timed(step, warmup=warmup, first_call=True, memory=memory)  # and one timed step
         ready[mode] = {key: timing[key] for key in ("compile_s", "peak_bytes", "capacity_bytes")
                        if key in timing}
     print("READY " + json.dumps(ready), file=replies, flush=True)
@@ -270,7 +230,7 @@ def serve(steps, warmup, count, repeats, requests, replies, memory=None):
             print("ERROR " + json.dumps(f"unknown mode {mode!r}; valid: {', '.join(steps)}"), file=replies,
                   flush=True)
             continue
-        timing = _timed(steps[mode], 0, count, repeats)
+        timing = timed(steps[mode], count, repeats, warmup=1)
         print("TIMED " + json.dumps({key: timing[key] for key in ("step_s", "faults", "kernel_s")}),
               file=replies, flush=True)
         release()
