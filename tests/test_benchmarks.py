@@ -18,9 +18,7 @@ import bench_parallel  # noqa: E402
 import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
-import profile_jax  # noqa: E402
-import profile_tensorflow  # noqa: E402
-import profile_torch  # noqa: E402
+import profile_step  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -83,13 +81,12 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_vit, ["--host-memory", "keep"]),
     (bench_vit, ["--timm", "lazy"]),
     (bench_vit, ["--overrides", '{"image_size": 32}']),
-    (profile_torch, ["--steps", "0"]),
-    (profile_torch, ["--mode", "speed"]),
-    (profile_torch, ["--rows", "0"]),
-    (profile_torch, ["--device", "tpu"]),
-    (profile_tensorflow, ["--steps", "0"]),
-    (profile_tensorflow, ["--mode", "speed"]),
-    (profile_tensorflow, ["--image-size", "-3"]),
+    (profile_step, ["--steps", "0"]),
+    (profile_step, ["--mode", "speed"]),
+    (profile_step, ["--rows", "0"]),
+    (profile_step, ["--device", "tpu"]),
+    (profile_step, ["--image-size", "-3"]),
+    (profile_step, ["--overrides", "{depth: 1}"]),
     (bench_input, ["--batches", "0"]),
     (bench_randaugment, ["--randaugment-ops", "0"]),
     (bench_randaugment, ["--counts", "loop"]),
@@ -112,18 +109,6 @@ def _cuda_available():
     return torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("script, backend", [(profile_torch, "torch"), (profile_tensorflow, "tensorflow")])
-def test_profile_scripts_refuse_a_process_with_another_keras_backend(script, backend, capsys):
-    import keras
-
-    if keras.backend.backend() == backend:
-        pytest.skip(f"the check is for a process whose backend is not {backend}, as this run's is")
-    with pytest.raises(SystemExit) as exit_info:
-        script.main(["--steps", "1"])
-    assert exit_info.value.code == 2
-    assert "another backend" in capsys.readouterr().err
-
-
 @pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
 def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -132,16 +117,17 @@ def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     assert "--device gpu needs PyTorch with a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
-def test_profile_torch_gpu_device_without_a_gpu_exits_with_a_message(capsys):
+def test_the_profile_refuses_what_this_backend_cannot_run():
+    import _common
     import keras
 
-    if keras.backend.backend() != "torch":
-        pytest.skip("profile_torch.py refuses another backend before it looks for a GPU")
-    with pytest.raises(SystemExit) as exit_info:
-        profile_torch.main(["--device", "gpu"])
-    assert exit_info.value.code == 2
-    assert "--device gpu: PyTorch sees no CUDA GPU here" in capsys.readouterr().err
+    backend = keras.backend.backend()
+    if backend != "torch":
+        with pytest.raises(SystemExit, match=f"KERAS_BACKEND=torch \\(this process has {backend}\\)"):
+            profile_step.main(["--reference"])
+    if _common.keras_backend_device() == "cpu":
+        with pytest.raises(SystemExit, match=f"--device gpu: the {backend} backend computes on cpu"):
+            profile_step.main(["--device", "gpu"])
 
 
 def test_norm_worker_times_every_size_norm_and_mode():
@@ -375,45 +361,36 @@ def test_ab_tf_xla_compiles_only_the_other_form_with_xla_on_tensorflow():
     assert result["max_abs_diff"] < 1e-5
 
 
-@pytest.mark.parametrize("op_name, expected", [
-    ("vit_1/block_4_1/mlp_1/fc1_1/Tensordot/MatMul", ("mlp", "forward")),
-    ("gradient_tape/vit_1/block_0_1/attention_1/MatMul_1/MatMul", ("attention", "backward")),
-    ("gradient_tape/vit_1/block_2_1/mlp_norm_1/mul_2/Mul", ("norm", "backward")),
-    ("vit_1/stem_1/projection_1/Tensordot/MatMul", ("stem", "forward")),
-    ("adam_w/Sqrt_17", ("optimizer", "forward")),
-    ("AddN_4/tmp_var_initializer", ("unscoped", "forward")),
-    ("mul_28", ("unscoped", "forward")),
-    ("vit_1/Cast", ("other", "forward")),
-])
-def test_tensorflow_profile_assigns_ops_to_model_parts(op_name, expected):
-    assert profile_tensorflow.part_of(op_name, "vit") == expected
+TINY_PROFILE = ["--batch-size", "2", "--steps", "2", "--rows", "5", "--overrides", json.dumps(
+    {"image_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
+     "num_classes": 3})]
 
 
 @pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
                     reason="profiles TensorFlow kernels; this run's backend is another")
-def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(tmp_path):
-    from _common import compile_like_fit
+def test_the_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(capsys):
+    from _common import tensorflow_steps_use_xla
 
-    from keras_vitnorm import ViT
+    if tensorflow_steps_use_xla():
+        pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events")
+    result = profile_step.main(TINY_PROFILE)
+    kernels, parts = result["kernels"], result["parts"]
+    # Per step: the block's four forward matmuls (qkv, out, two in the MLP) and their backward.
+    assert sum(calls for kernel, (_, calls) in kernels.items() if kernel.endswith("MatMul")) >= 3 * 4
+    for part in ("attention: projections", "attention: softmax(q k^T) v", "MLP", "norms"):
+        assert parts[f"{part}|forward"] > 0 and parts[f"{part}|backward"] > 0
+    assert parts["optimizer update|"] > 0
+    out = capsys.readouterr().out
+    assert "| optimizer update |" in out and "| kernel | ms per step | calls per step |" in out
 
-    model = compile_like_fit(ViT(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32,
-                                 num_classes=10))
-    x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
-    y = np.array([1, 2])
-    model.train_on_batch(x, y)
-    wall, path = profile_tensorflow.profile_steps(lambda: model.train_on_batch(x, y), 2, str(tmp_path))
-    by_kernel, by_part = profile_tensorflow.summarize(path, 2, model.name)
-    assert wall > 0
-    if model.jit_compile:
-        pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events to check")
-    assert any("MatMul" in kernel for kernel in by_kernel)
-    # Per step: the block's six forward matmuls (q, k, v, out, two in the MLP) and their backward.
-    assert sum(calls for kernel, (_, calls) in by_kernel.items() if kernel.endswith("MatMul")) >= 3 * 4
-    for part in ("attention", "mlp", "norm"):
-        assert by_part[(part, "forward")] > 0 and by_part[(part, "backward")] > 0
-    assert by_part[("optimizer", "forward")] > 0
-    lines = profile_tensorflow.tables(by_kernel, by_part, rows=5)
-    assert lines[0].startswith("| kernel |") and len(lines) >= 2 + 5
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="profiles PyTorch operators; this run's backend is another")
+def test_the_pytorch_profile_lists_the_operators_of_keras_and_the_reference(capsys):
+    result = profile_step.main([*TINY_PROFILE, "--mode", "inference", "--reference"])
+    reference, ours = result["tables"]
+    assert reference.startswith("== transformers ViT (reference): ")
+    assert ours.startswith("== keras_vitnorm (torch): ") and "aten::addmm" in ours
 
 
 def _variant_arguments(**changes):
@@ -663,7 +640,7 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
 
 
 @pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_variants, bench_vit,
-                                    profile_tensorflow])
+                                    profile_step])
 def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
     import _common
 
@@ -871,6 +848,7 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("op_name, part", [
+    # JAX's name scopes
     ("jit(step)/jvp(block_3)/attn_norm/jit(_var)/reduce_sum", ("norms", "forward")),
     ("jit(step)/transpose(jvp(final_norm))/mul", ("norms", "backward")),
     ("jit(step)/jvp(stem)/patch_norm/sub", ("norms", "forward")),
@@ -883,9 +861,21 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     ("jit(step)/jvp(compile_loss)/categorical_crossentropy/exp", ("head and loss", "forward")),
     ("jit(step)/adam_w/CosineDecay/cos", ("optimizer update", "")),
     ("jit(step)/add", ("other", "")),
+    # TensorFlow's op names
+    ("vit_1/block_4_1/mlp_1/fc1_1/Tensordot/MatMul", ("MLP", "forward")),
+    ("gradient_tape/vit_1/block_0_1/attention_1/MatMul_1/MatMul",
+     ("attention: softmax(q k^T) v", "backward")),
+    ("gradient_tape/vit_1/block_0_1/attention_1/qkv_1/Tensordot/MatMul",
+     ("attention: projections", "backward")),
+    ("gradient_tape/vit_1/block_2_1/mlp_norm_1/mul_2/Mul", ("norms", "backward")),
+    ("vit_1/stem_1/projection_1/Tensordot/MatMul", ("stem", "forward")),
+    ("adam_w/Sqrt_17", ("optimizer update", "")),
+    ("compile_loss/sparse_categorical_crossentropy/Log", ("head and loss", "forward")),
+    ("mul_28", ("other", "forward")),
+    ("vit_1/Cast", ("other", "forward")),
 ])
-def test_the_jax_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
-    assert profile_jax.part_of(op_name) == part
+def test_the_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
+    assert profile_step.part_of(op_name) == part
 
 
 class _Event:
@@ -915,15 +905,15 @@ def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
     class Profile:
         planes = [host, gpu]
 
-    assert profile_jax.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
+    assert profile_step.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
     cpu = _Plane("/host:CPU", [_Line("thread 1", [_Event("a", 5, hlo_op="a", **kernel)]),
                                _Line("thread 2", [_Event("b", 7, hlo_op="b", **kernel)])])
 
     class CpuProfile:
         planes = [cpu]
 
-    assert profile_jax.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
-    rows = profile_jax.trace_contents(Profile)
+    assert profile_step.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
+    rows = profile_step.trace_contents(Profile)
     assert "/device:GPU:0 / XLA Ops: fusion.1 x1, gemm.2 x1" in rows
 
 
@@ -931,7 +921,7 @@ def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
 def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
     import subprocess
 
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_jax.py")
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_step.py")
     tiny = json.dumps({"image_size": 16, "patch_size": 8, "width": 16, "depth": 1,
                        "num_heads": 2, "mlp_dim": 32, "num_classes": 3})
     done = subprocess.run(
@@ -966,7 +956,7 @@ ENTRY %main.9 (p: f32[4]) -> f32[4] {
   ROOT %copy.5 = f32[4]{0} copy(%copy_bitcast_fusion.1)
 }
 """
-    scopes = profile_jax.instruction_scopes(hlo)
+    scopes = profile_step.instruction_scopes(hlo)
     assert scopes["dot.2"] == "jit(step)/jvp(block_0)/attn_norm/add"
     assert scopes["mul_fusion"] == "jit(step)/jvp(block_0)/mlp/mul"  # its computation's root
     # added by the compiler, no metadata anywhere: the scope of what it reads

@@ -235,7 +235,7 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     input benchmark and the profile get arguments they accept, the input its folder."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_input
-    import profile_jax
+    import profile_step
 
     archive = _archive(tmp_path, "imagenette")
     _kit_with(tmp_path / "kit", archive, 0)
@@ -245,12 +245,12 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     assert done.returncode == 0, done.stderr[-2000:]
     data = tmp_path / "machine" / "data" / "imagenette2_224"
     assert sorted(os.listdir(data)) == ["train", "val"]
-    assert [c[0] for c in commands] == ["benchmarks/bench_input.py", "benchmarks/profile_jax.py"]
+    assert [c[0] for c in commands] == ["benchmarks/bench_input.py", "benchmarks/profile_step.py"]
     monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the script exports it
     inputs = bench_input.parse_arguments(commands[0][1:])
     assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
     assert inputs.pipelines == ["python"] and inputs.mixed_precision == "mixed_bfloat16"
-    profile = profile_jax.parse_arguments(commands[1][1:])
+    profile = profile_step.parse_arguments(commands[1][1:])
     assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
     assert os.path.dirname(profile.json) == str(tmp_path / "out")
     assert (tmp_path / "out" / "imagenette_check.md").read_text().count("| a row |") == 2

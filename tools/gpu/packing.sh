@@ -11,8 +11,8 @@
 #   8 processes of 2 runs in one program each (what `ablate` would gain by training a
 #   variant's rates together);
 #   the check that runs packed in one program train as runs alone (float32).
-# (Whether Imagenette's Ti/16 step leaves room to pack is profile_jax.py's to say first:
-# README.md, the queue.)
+# (Whether Imagenette's Ti/16 step leaves room to pack is benchmarks/profile_step.py's to
+# say first: README.md, the queue.)
 # Each table comes back in $OUT/packing.md as soon as it is printed, so a call that runs
 # out of time keeps the tables and rows before it.
 set -uo pipefail
