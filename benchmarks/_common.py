@@ -146,8 +146,10 @@ def batch_on(device, *arrays):
     return arrays
 
 
-def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras"):
-    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would.
+def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras",
+                jit_compile="auto"):
+    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would
+    (with `jit_compile`).
 
     Inference is `predict_on_batch`, training `train_on_batch` (AdamW, cross-entropy),
     on one random batch; with `device="gpu"` the batch is on the GPU, so no step
@@ -169,7 +171,7 @@ def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32",
         model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
     else:
         model = ViT(**config)
-    compile_like_fit(model)
+    compile_like_fit(model, jit_compile)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))

@@ -7,6 +7,8 @@ reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-h
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --backends jax torch --timm eager compiled \
         --interleave --rounds 3
+    python benchmarks/bench_vit.py --no-reference --backends torch --other-forms linear \
+        --interleave --rounds 5 --steps 2 --repeats 1
 
 Each implementation runs in its own subprocess (a Keras backend is fixed per
 process), with the same thread count. Per implementation it reports:
@@ -23,6 +25,13 @@ process), with the same thread count. Per implementation it reports:
   runs of `--steps` steps of every implementation in turn, in an order that
   rotates. Rounds are then seconds apart instead of minutes, and many more fit
   in the same time;
+- with `--other-forms`, keras_vitnorm also runs in another form on each backend: a
+  fast path of `keras_vitnorm.ops` switched off (`linear`, `split_qkv`, `attention`,
+  `residual_fence`; on a backend where it does not apply, the same code), or
+  `tf_xla`, TensorFlow's steps compiled with XLA (`jit_compile=True`) where Keras'
+  choice is `"auto"`. Such a row's ratio compares it with the library's form on the
+  same backend, round by round: its step time over the library's is the library
+  form's time over the other form's, what a fast path must bring below 0.95;
 - host memory: by default every implementation's process, the reference's too,
   first calls `keras_vitnorm.host_memory.retain_freed_memory()` (glibc keeps freed memory
   instead of mapping each step's buffers afresh); `--host-memory default` leaves
@@ -166,6 +175,27 @@ def datasheet_tflops(gpu_name, dtype):
 #: What `--implementation` names: Keras models, the transformers reference, timm eager
 #: and under `torch.compile`.
 IMPLEMENTATIONS = ("keras", "keras_hub", "reference", "timm", "timm_compiled")
+#: The fast paths of the model's step (`keras_vitnorm.ops.FAST_PATHS` less the input
+#: pipelines'), each an `--other-forms` form with it off, and XLA for TensorFlow.
+MODEL_FAST_PATHS = ("linear", "split_qkv", "attention", "residual_fence")
+OTHER_FORMS = (*MODEL_FAST_PATHS, "tf_xla")
+
+
+def apply_form(form):
+    """Puts this worker's library in `form` (an `OTHER_FORMS` name, or None for the
+    library's own); returns the `jit_compile` its models compile with."""
+    if form == "tf_xla":
+        return True
+    if form is not None:
+        from keras_vitnorm import ops
+
+        ops.set_fast_paths(False, [form])
+    return "auto"
+
+
+def form_label(backend, form):
+    """The table's label of keras_vitnorm in `form` on `backend`."""
+    return f"keras_vitnorm ({backend}), " + ("XLA" if form == "tf_xla" else f"{form} off")
 
 
 def worker_main(args):
@@ -177,7 +207,7 @@ def worker_main(args):
     config.setdefault("num_classes", 1000)
     if args.implementation in ("keras", "keras_hub"):
         steps = keras_steps(config, args.batch_size, args.modes, args.device, args.mixed_precision,
-                            args.implementation)
+                            args.implementation, jit_compile=apply_form(args.form))
         import keras
 
         framework = keras.backend.backend()
@@ -282,11 +312,14 @@ def ratio_to_reference(timing, reference):
 
 
 def worker_arguments(args, implementation):
-    return ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
-                 "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                 "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
-                 "--overrides", args.overrides, "--device", args.device, "--host-memory", args.host_memory,
-                 "--modes", *args.modes]
+    """A worker's arguments for `implementation` (`IMPLEMENTATIONS`, or "keras:FORM")."""
+    implementation, _, form = implementation.partition(":")
+    return ["--implementation", implementation, *(["--form", form] if form else []),
+            "--preset", args.preset, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+            "--mixed-precision", args.mixed_precision, "--overrides", args.overrides,
+            "--device", args.device, "--host-memory", args.host_memory, "--modes", *args.modes]
 
 
 def spawn(args, implementation, backend):
@@ -408,11 +441,16 @@ def table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet):
         if "error" in result:
             lines.append(failure_row(label, result, len(columns)))
             continue
+        library = label.partition(", ")[0] if label.startswith("keras_vitnorm (") else None
         for mode, timing in result.items():
             rate = args.batch_size / timing["step_s"]
             flop_rate = rate * flops * (3 if mode == "train" else 1)
-            cells = [label, mode, f"{rate:.1f}", ratio_to_reference(timing, reference.get(mode)),
-                     f"{flop_rate / (peak * 1e9):.1%}"]
+            if library and library != label:  # another form: against the library's
+                ratio = ratio_to_reference(timing, results.get(library, {}).get(mode))
+                ratio = f"{ratio} vs library form"
+            else:
+                ratio = ratio_to_reference(timing, reference.get(mode))
+            cells = [label, mode, f"{rate:.1f}", ratio, f"{flop_rate / (peak * 1e9):.1%}"]
             cells += [f"{flop_rate / (datasheet[1] * 1e12):.1%}"] if datasheet else []
             cells += [f"{timing['compile_s']:.1f}", _gib(timing.get("peak_bytes")),
                       f"{timing['faults']:,.0f}", f"{timing['kernel_s']:.2f}"]
@@ -450,6 +488,9 @@ def argument_parser(description=None):
     parser.add_argument("--interleave", action="store_true",
                         help="start every implementation once and keep it running; each of --rounds rounds "
                              "times --repeats runs of --steps steps of every implementation in turn")
+    parser.add_argument("--other-forms", nargs="+", default=[], choices=OTHER_FORMS,
+                        help="also time keras_vitnorm with each of these fast paths off (or, "
+                             "tf_xla, TensorFlow compiled with XLA), against its library form")
     add_host_memory_argument(parser, "retain: every implementation's process (the reference "
                                      "too) calls keras_vitnorm.host_memory.retain_freed_memory() "
                                      "first; default: glibc's own settings")
@@ -459,6 +500,7 @@ def argument_parser(description=None):
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", choices=IMPLEMENTATIONS,
                         help=argparse.SUPPRESS)
+    parser.add_argument("--form", choices=OTHER_FORMS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -488,7 +530,10 @@ def implementations(args):
     if not args.no_reference:
         runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
     runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
-    runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
+    for b in args.backends:
+        runs.append((f"keras_vitnorm ({b})", b, "keras"))
+        runs += [(form_label(b, form), b, f"keras:{form}") for form in args.other_forms
+                 if form != "tf_xla" or b == "tensorflow"]
     if args.keras_hub:
         runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
     return runs

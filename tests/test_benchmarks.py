@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
-import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_parallel  # noqa: E402
@@ -74,11 +73,8 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
-    (bench_ab, ["--rounds", "0"]),
-    (bench_ab, ["--changes", "faster"]),
-    (bench_ab, ["--preset", "s17"]),
-    (bench_ab, ["--host-memory", "keep"]),
     (bench_vit, ["--host-memory", "keep"]),
+    (bench_vit, ["--other-forms", "faster"]),
     (bench_vit, ["--timm", "lazy"]),
     (bench_vit, ["--overrides", '{"image_size": 32}']),
     (profile_step, ["--steps", "0"]),
@@ -297,39 +293,51 @@ def test_a_failed_backend_gets_a_full_width_row():
     assert table[-1].count("|") == table[0].count("|")
 
 
-@pytest.mark.parametrize("change", bench_ab.CHANGES)
-def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
+def test_other_forms_are_the_models_fast_paths_and_each_flips_only_its_own_switch():
     from keras_vitnorm.ops import switch
 
-    before = {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS}
-    from keras_vitnorm.models.presets import preset_config
-
-    config = {**preset_config("s16"), "image_size": 32, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2,
-              "mlp_dim": 64, "num_classes": 10}
-    result = bench_ab.worker_ab(change, ["inference", "train"], config, batch_size=2, rounds=2, steps=1)
-    assert result["max_abs_diff"] < 1e-5
-    for mode in ("inference", "train"):
-        assert all(len(result[mode][form]) == 2 and min(result[mode][form]) > 0 for form in ("library", "other"))
-    assert {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS} == before  # switched back
-    table = bench_ab.ab_table({("this backend", change): result, ("other", change): {"error": "worker died"}})
-    assert len(table) == 2 + 2 + 1
-    assert table[-1].count("|") == table[0].count("|")
-
-
-def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch():
-    from keras_vitnorm.ops import switch
-
-    # Every fast path of the model step; the input pipelines' are bench_randaugment's.
-    assert bench_ab.FAST_PATHS == tuple(name for name in switch.FAST_PATHS
-                                        if name not in ("bincount_histogram", "augmentation_program"))
+    # Every fast path of the model step; the input pipelines' are bench_input's.
+    assert bench_vit.MODEL_FAST_PATHS == tuple(
+        name for name in switch.FAST_PATHS
+        if name not in ("bincount_histogram", "augmentation_program"))
+    for form in bench_vit.MODEL_FAST_PATHS:
+        with switch.fast_paths(True):
+            assert bench_vit.apply_form(form) == "auto"
+            assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [form]
     with switch.fast_paths(True):
-        for change in bench_ab.FAST_PATHS:
-            with bench_ab.other_form(change):
-                assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [change]
-            assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
-    with pytest.raises(ValueError, match="unknown change 'attend'"):
-        with bench_ab.other_form("attend"):
-            pass
+        assert bench_vit.apply_form("tf_xla") is True and bench_vit.apply_form(None) == "auto"
+        assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
+
+
+def test_other_forms_run_beside_the_library_form_and_compare_with_it(monkeypatch, capsys):
+    parser = bench_vit.argument_parser()
+    args = parser.parse_args(["--backends", "jax", "tensorflow", "--no-reference",
+                              "--other-forms", "attention", "tf_xla", "--modes", "train",
+                              "--host-memory", "default"])  # this process keeps glibc's
+    runs = bench_vit.implementations(args)
+    assert runs == [("keras_vitnorm (jax)", "jax", "keras"),
+                    ("keras_vitnorm (jax), attention off", "jax", "keras:attention"),
+                    ("keras_vitnorm (tensorflow)", "tensorflow", "keras"),
+                    ("keras_vitnorm (tensorflow), attention off", "tensorflow", "keras:attention"),
+                    ("keras_vitnorm (tensorflow), XLA", "tensorflow", "keras:tf_xla")]
+    worker = parser.parse_args(["--worker", *bench_vit.worker_arguments(args, "keras:tf_xla")])
+    assert (worker.implementation, worker.form) == ("keras", "tf_xla")
+    # The worker compiles its models in its form.
+    compiled = []
+    monkeypatch.setattr(bench_vit, "keras_steps", lambda *a, **kw: compiled.append(kw) or {})
+    monkeypatch.setattr(bench_vit, "WorkerMemory", lambda *a: None)
+    bench_vit.worker_main(worker)
+    assert compiled[0]["jit_compile"] is True and capsys.readouterr().out == "RESULT {}\n"
+    # Its ratio is its library form's time over its own, round by round.
+    timing = {"compile_s": 1.0, "faults": 0.0, "kernel_s": 0.0}
+    results = {"keras_vitnorm (tensorflow)": {"train": {**timing, "step_s": 1.5,
+                                                        "round_step_s": [1.0, 2.0]}},
+               "keras_vitnorm (tensorflow), XLA": {"train": {**timing, "step_s": 2.0,
+                                                             "round_step_s": [1.25, 2.0]}}}
+    args.threads = 1
+    lines = bench_vit.table(args, results, 1e9, 100.0, {"numpy": 100.0}, "float32", None)
+    assert lines[4].split(" | ")[3] == "n/a"  # no reference
+    assert lines[5].split(" | ")[3] == "0.90x (0.80 to 1.00) vs library form"
 
 
 @pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
@@ -342,23 +350,6 @@ def test_tensorflow_micro_benchmarks_take_the_path_keras_picks_for_fit():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")  # jit_compile="auto"
     assert model.jit_compile is tensorflow_steps_use_xla()
-
-
-def test_ab_tf_xla_compiles_only_the_other_form_with_xla_on_tensorflow():
-    import keras
-
-    from _common import tensorflow_steps_use_xla
-
-    from keras_vitnorm.models.presets import preset_config
-
-    config = {**preset_config("s16"), "image_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2,
-              "mlp_dim": 32, "num_classes": 10}
-    result = bench_ab.worker_ab("tf_xla", ["inference"], config, batch_size=2, rounds=1, steps=1)
-    if keras.backend.backend() == "tensorflow":
-        assert result["jit_compile"] == {"library": tensorflow_steps_use_xla(), "other": True}
-    else:  # both forms take Keras' choice
-        assert result["jit_compile"]["library"] == result["jit_compile"]["other"]
-    assert result["max_abs_diff"] < 1e-5
 
 
 TINY_PROFILE = ["--batch-size", "2", "--steps", "2", "--rows", "5", "--overrides", json.dumps(
@@ -639,8 +630,7 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
     assert "| torch | failed: boom | | |" in table
 
 
-@pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_variants, bench_vit,
-                                    profile_step])
+@pytest.mark.parametrize("script", [bench_parallel, bench_variants, bench_vit, profile_step])
 def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
     import _common
 
