@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_parallel  # noqa: E402
-import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import profile_step  # noqa: E402
@@ -84,8 +83,6 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (profile_step, ["--image-size", "-3"]),
     (profile_step, ["--overrides", "{depth: 1}"]),
     (bench_input, ["--batches", "0"]),
-    (bench_randaugment, ["--randaugment-ops", "0"]),
-    (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "l16"]),
     (bench_input, ["--chunk-values", "0"]),
@@ -544,28 +541,6 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
     memory = out[out.index("Peak memory"):]
     assert "(host peak RSS)" in memory and "median over 2 process(es)" in memory
     assert "| pre_ln | 200 MiB |" in memory and "| rmsnorm | 100 MiB (0.500) |" in memory
-
-
-@pytest.mark.one_backend
-def test_randaugment_benchmark_times_each_histogram_count_against_bincount(capsys, monkeypatch):
-    """One row per count asked for, each against `bincount`; `keras` builds the stream
-    without the replacement. The script's bookkeeping is the same under every backend,
-    and under JAX Keras' count takes most of a minute to build."""
-    from keras_vitnorm.training import data as data_lib
-    from keras_vitnorm.training.data import tf_pipeline
-
-    replaced = []
-    count = tf_pipeline.count_histograms_with_bincount
-    monkeypatch.setattr(tf_pipeline, "count_histograms_with_bincount",
-                        lambda layer, *counts: replaced.append(layer) or count(layer, *counts))
-    bench_randaugment.main(["--image-size", "8", "--batch-size", "2", "--batches", "1", "--rounds", "1",
-                            "--randaugment-ops", "1", "--counts", "bincount"])
-    table = capsys.readouterr().out
-    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
-    assert rows == ["histogram count", "bincount"]
-    assert "| 1.00x | 1.00x |" in table and len(replaced) == 1
-    first, rate = bench_randaugment.time_stream(data_lib.load_dataset("digits"), (8, 8), 2, 1, 1, "keras")
-    assert first > 0 and rate > 0 and len(replaced) == 1
 
 
 def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
