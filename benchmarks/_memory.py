@@ -42,7 +42,6 @@ class WorkerMemory:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device {device!r} is not one of cpu, gpu")
         self.framework, self.device = framework, device
-        self.where = "host" if device == "cpu" else "device"
 
     def reset(self):
         """Starts the peak again where it can be (see the class)."""
@@ -135,22 +134,10 @@ class WorkerMemory:
 
 
 def peak_memory(run, device="cpu", backend=None):
-    """The peak memory that `run()` (build and train a model) adds to what the process holds.
-
-    The peak above the use before `run`, read by `WorkerMemory` (reset first
-    where it can be): on a GPU the backend's allocator (JAX's `peak_bytes_in_use`,
-    which cannot be reset, so call this in a fresh process that has allocated little
-    else; PyTorch's `max_memory_allocated`; TensorFlow's peak), on a CPU the
-    process's peak resident memory.
-
-    Args:
-        run: a function of no arguments.
-        device: "cpu" or "gpu".
-        backend: the Keras backend; default: the running one.
-
-    Returns:
-        `(bytes, what)`: the peak added, and in words what was measured.
-    """
+    """`(bytes, what)`: the peak memory that `run()` (build and train a model) adds to what
+    the process holds, as `WorkerMemory` reads it on `device` under `backend` (default: the
+    running Keras backend's), and in words what was measured. JAX's peak cannot be reset:
+    call this in a fresh process that has allocated little else."""
     if backend is None:
         import keras
 

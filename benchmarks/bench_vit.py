@@ -1,8 +1,8 @@
 """Throughput of keras_vitnorm's ViT on every Keras backend, side by side with the
 reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-hub's ViT.
 
-    python benchmarks/bench_vit.py --preset s16 --batch-size 16            # docs/performance.md's CPU setup
-    python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 --steps 2 --repeats 1
+    python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 \
+        --steps 2 --repeats 1                                   # docs/performance.md's CPU table
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --backends jax torch --timm eager compiled \
@@ -10,51 +10,36 @@ reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-h
     python benchmarks/bench_vit.py --no-reference --backends torch --other-forms linear \
         --interleave --rounds 5 --steps 2 --repeats 1
 
-Each implementation runs in its own subprocess (a Keras backend is fixed per
-process), with the same thread count. Per implementation it reports:
+Each implementation runs in its own subprocess with the same thread count. Keras
+models run through `predict_on_batch` and `train_on_batch` (the compiled functions of
+`predict` and `fit`; AdamW, cross-entropy), the reference and timm as PyTorch users
+run them (`model(x)` under `inference_mode`; forward, backward, `AdamW.step()`;
+`--timm compiled` under `torch.compile`; timm needs torchvision, and its rows say
+where it does not import). Per implementation and mode the table gives:
 
-- inference and training-step throughput in images/s: the median of `--repeats`
-  timed runs of `--steps` steps each, after `--warmup` untimed steps; the first
-  call (tracing/compilation) is timed separately and reported as "compile";
-- the ratio to the PyTorch reference. With `--rounds N`, every implementation runs
-  N times in turn; the img/s column is the median across rounds, and the ratio is
-  the median of the N per-round ratios (each comparing runs made one after the
-  other, so a drifting machine slows both alike), with their range;
-- with `--interleave`, every implementation's process starts once (one at a
-  time, so compilation is timed alone), and each round then times `--repeats`
-  runs of `--steps` steps of every implementation in turn, in an order that
-  rotates. Rounds are then seconds apart instead of minutes, and many more fit
-  in the same time;
-- with `--other-forms`, keras_vitnorm also runs in another form on each backend: a
-  fast path of `keras_vitnorm.ops` switched off (`linear`, `split_qkv`, `attention`,
-  `residual_fence`; on a backend where it does not apply, the same code), or
-  `tf_xla`, TensorFlow's steps compiled with XLA (`jit_compile=True`) where Keras'
-  choice is `"auto"`. Such a row's ratio compares it with the library's form on the
-  same backend, round by round: its step time over the library's is the library
-  form's time over the other form's, what a fast path must bring below 0.95;
-- host memory: by default every implementation's process, the reference's too,
-  first calls `keras_vitnorm.host_memory.retain_freed_memory()` (glibc keeps freed memory
-  instead of mapping each step's buffers afresh); `--host-memory default` leaves
-  glibc's settings, for the comparison;
-- model FLOP utilization: the model's FLOPs per image (counted analytically, below)
-  times images/s, as a fraction of this machine's measured float32 matmul rate
-  (a large square matmul, the best of NumPy and PyTorch); with `--device gpu`, of
-  PyTorch's CUDA matmul rate in the compute dtype (bfloat16 under `mixed_bfloat16`),
-  and of the datasheet's dense bfloat16 peak where the GPU is listed
-  (`DATASHEET_BF16_TFLOPS`);
-- peak memory of each mode's step: on a GPU the device memory the framework's
-  allocator held, on the CPU the worker's peak resident memory (`_memory.WorkerMemory`).
-  Each implementation's largest training batch is tools/gpu/largest_batch.py's, which
-  runs this script's workers.
-
-Keras models are timed through the paths `fit` and `predict` use
-(`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
-functions, with AdamW and cross-entropy). The reference and timm are timed as
-PyTorch users run them: `model(x)` under `inference_mode`, and forward + backward +
-`AdamW.step()`; `--timm compiled` passes the model through `torch.compile` first.
-timm needs torchvision: where it does not import, its rows say so.
+- images/s: the median of `--repeats` runs of `--steps` steps after `--warmup`
+  steps; the first call (tracing, compilation) is the "compile" column;
+- the ratio to the reference. With `--rounds N` every implementation runs N times
+  in turn (a fresh process each); the ratio is the median of the per-round ratios,
+  with their range, so a drifting machine slows both alike. `--interleave` starts
+  each process once (one at a time, so compilations do not compete) and each round
+  times every implementation in turn, in a rotating order: rounds seconds apart;
+- with `--other-forms`, keras_vitnorm on each backend with a fast path of
+  `keras_vitnorm.ops` switched off (`linear`, `split_qkv`, `attention`,
+  `residual_fence`; where it does not apply, the same code), or `tf_xla`, TensorFlow
+  compiled with XLA; its ratio is the library form's step time over its own, round
+  by round: what a fast path must bring below 0.95;
+- model FLOP utilization: the analytic FLOPs (`model_flops`) per second over the
+  machine's float32 matmul rate (the best of NumPy, PyTorch and each backend's
+  library); with `--device gpu`, over PyTorch's CUDA matmul rate in the compute
+  dtype, and over the datasheet's dense bfloat16 peak (`DATASHEET_BF16_TFLOPS`);
+- peak memory (`_memory.WorkerMemory`): on a GPU the device memory the framework's
+  allocator held, on the CPU the worker's peak resident memory. Each
+  implementation's largest training batch is tools/gpu/largest_batch.py's;
+- page faults and kernel time per step: every process, the reference's too, first
+  calls `keras_vitnorm.host_memory.retain_freed_memory()` unless `--host-memory
+  default`.
 """
-
 import argparse
 import json
 import os
@@ -149,10 +134,10 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     if not torch.cuda.is_available():
         raise RuntimeError("PyTorch sees no CUDA GPU on this machine")
     a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
-    seconds = timed(lambda m=a: m @ m, repeats, warmup=3, wait=torch.cuda.synchronize)["step_s"] * repeats
+    seconds = timed(lambda m=a: m @ m, repeats, warmup=3, wait=torch.cuda.synchronize)["step_s"]
     del a
     torch.cuda.empty_cache()  # the workers get the GPU's memory
-    return 2 * size**3 * repeats / seconds / 1e9
+    return 2 * size**3 / seconds / 1e9
 
 
 #: Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s, from NVIDIA's H100 and H200
@@ -167,9 +152,6 @@ def datasheet_tflops(gpu_name, dtype):
     if dtype != "bfloat16":
         return None
     return next((tflops for part, tflops in DATASHEET_BF16_TFLOPS if part in gpu_name), None)
-
-
-# ----------------------------------------------------------------------------- workers
 
 
 #: What `--implementation` names: Keras models, the transformers reference, timm eager
@@ -222,28 +204,17 @@ def worker_main(args):
     memory = WorkerMemory(framework, args.device)
     if args.serve:
         return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout, memory)
-    results = {mode: _timing(timed(step, args.steps, args.repeats, args.warmup, first_call=True,
-                                   memory=memory))
-               for mode, step in steps.items()}
+    results = {mode: timed(step, args.steps, args.repeats, args.warmup, first_call=True,
+                           memory=memory) for mode, step in steps.items()}
     print("RESULT " + json.dumps(results))
 
 
-def _timing(result):
-    """A mode's `timed` result as the workers report it (without each run's seconds)."""
-    return {key: value for key, value in result.items() if key != "runs"}
-
-
 def serve(steps, warmup, count, repeats, requests, replies, memory=None):
-    """The worker's side of `--interleave`: compile and warm up every mode, then time on request.
-
-    Prints `READY {mode: {"compile_s", "peak_bytes", "capacity_bytes"}}` (the
-    memory figures with a `WorkerMemory`), then answers each line `<mode>` read
-    from `requests` with `TIMED {"step_s", "faults", "kernel_s"}`: one untimed step
-    (the process may have sat idle while the others ran), then the median of
-    `repeats` runs of `count` steps. Stops at `quit` or the end of `requests`.
-    After each reply it releases what `memory` can (`WorkerMemory.release`), as
-    the other workers run next.
-    """
+    """The worker's side of `--interleave`: compile and warm up every mode, print `READY
+    {mode: {"compile_s", "peak_bytes", "capacity_bytes"}}`, then answer each line `<mode>`
+    of `requests` with `TIMED {"step_s", "faults", "kernel_s"}` (one untimed step, as the
+    process may have sat idle, then `repeats` runs of `count` steps) until `quit`. After
+    each reply it releases what `memory` can (`WorkerMemory.release`) for the others."""
     ready = {}
     for mode, step in steps.items():
         timing = timed(step, warmup=warmup, first_call=True, memory=memory)  # and one timed step
@@ -265,9 +236,6 @@ def serve(steps, warmup, count, repeats, requests, replies, memory=None):
               file=replies, flush=True)
         release()
     return 0
-
-
-# ------------------------------------------------------------------------------- driver
 
 
 def combine_rounds(measured):
@@ -373,14 +341,10 @@ class Worker:
 
 
 def interleaved(args, runs):
-    """`{label: result}` as `combine_rounds` gives it, from workers kept running and timed in turn.
-
-    The workers start (and compile) one at a time, so no compilation competes
-    with another for the CPU. Then each round times one segment of every
-    implementation per mode, in an order that rotates from round to round; a
-    worker sleeps while the others run. A worker that fails, at its start or in a
-    round, gets `{"error": ...}` and the others go on.
-    """
+    """`{label: result}` as `combine_rounds` gives it, from workers kept running and timed in
+    turn: they start (and compile) one at a time, then each round times one segment of
+    every implementation per mode, in an order that rotates from round to round. A worker
+    that fails, at its start or in a round, gets `{"error": ...}` and the others go on."""
     workers, results = {}, {}
     try:
         for label, backend, implementation in runs:

@@ -6,35 +6,27 @@
     KERAS_BACKEND=jax python benchmarks/profile_step.py --device gpu --preset b16 \
         --batch-size 256 --mixed-precision mixed_bfloat16
 
-keras_vitnorm's ViT, compiled as `bench_vit.py` times it (AdamW, cross-entropy on
-logits), runs `--steps` steps on one batch on the device under the backend's own
-profiler, after two warm-up steps:
+keras_vitnorm's ViT, compiled as `bench_vit.py` times it, runs `--steps` steps on a
+batch on the device under the backend's profiler, after two warm-up steps:
 
-- JAX: Keras' `train_step` (or `predict_step`) under `jax.jit`, traced with
-  `jax.profiler`. Each XLA operation the device ran (a GPU kernel, a CPU thunk) is
-  matched by its `hlo_op` to the compiled program's instruction and so to its name
-  scope (Keras names scopes after the layers; `transpose(jvp(...))` is the backward
-  pass). A fused operation counts where XLA's metadata puts it (its root's scope).
-  Also: XLA's FLOP count and its rate against the datasheet's dense bfloat16 peak
-  (`bench_vit.py`'s table of GPU names), and the step fed a NumPy batch each time.
-  With no `hlo_op` in the trace, it lists what the trace holds instead.
-- TensorFlow: `train_on_batch` or `predict_on_batch`, compiled as `fit` compiles them
-  (`jit_compile="auto"`: on a machine without a GPU, a graph of TensorFlow's kernels),
-  traced with `tf.profiler`; each kernel's op name gives its layer scope
-  (`gradient_tape/...` for the backward pass). Also: the kernels by time per step.
-- PyTorch: `train_on_batch` or `predict_on_batch` under `torch.profiler`, the ATen
-  operators by self time (with `--device gpu`, the CUDA kernels by GPU time too);
-  `--reference` profiles the transformers ViT the same way, run as PyTorch users run
-  it, for the operators side by side. Where each step makes the host wait for a GPU
-  is tools/gpu/host_waits.py's.
+- JAX: Keras' `train_step` (or `predict_step`) under `jax.jit` and `jax.profiler`.
+  Each operation the device ran (a GPU kernel, a CPU thunk) is matched by its
+  `hlo_op` to the compiled program's instruction and so to its name scope (a fused
+  one to its root's). Also XLA's FLOP count, its rate against the datasheet's dense
+  bfloat16 peak, and the step fed a NumPy batch. A trace without `hlo_op` is listed.
+- TensorFlow: `train_on_batch` or `predict_on_batch` as `fit` compiles them (on a
+  machine without a GPU, a graph of TensorFlow's kernels) under `tf.profiler`; each
+  kernel's op name gives its scope. Also the kernels by time.
+- PyTorch: the same steps under `torch.profiler`, the ATen operators by self time
+  (and the CUDA kernels by GPU time); `--reference` profiles the transformers ViT
+  too, side by side. Where a step makes the host wait for a GPU is
+  tools/gpu/host_waits.py's.
 
-For JAX and TensorFlow the table gives the time per step of each part (the norms, the
-attention's softmax(q k^T) v, its projections, the MLP, the stem, the head and loss,
-the optimizer's update, the rest), forward and backward, and its share. On a CPU,
-XLA and TensorFlow run operations on several threads at once, so the parts add up to
-more than the wall time.
+For JAX and TensorFlow the table gives the time per step of each part of the model
+(`PARTS`), forward (`jvp(...)`) and backward (`transpose(...)`, `gradient_tape/...`).
+On a CPU both run operations on several threads at once, so the parts add up to more
+than the wall time.
 """
-
 import argparse
 import collections
 import glob
@@ -171,6 +163,20 @@ def trace_contents(profile, limit=12):
     return rows
 
 
+def traced(start, stop, run):
+    """`(run(), the serialized XSpace of its trace)`, `run` between `start(folder)` and
+    `stop()` of JAX's or TensorFlow's profiler."""
+    with tempfile.TemporaryDirectory() as folder:
+        start(folder)
+        result = run()
+        stop()
+        paths = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+        if not paths:
+            raise RuntimeError(f"the profiler wrote no .xplane.pb file under {folder}")
+        with open(max(paths, key=os.path.getmtime), "rb") as f:
+            return result, f.read()
+
+
 def by_part(named_seconds):
     """`{"part|pass": seconds}` summed from `(op_name, seconds)` pairs."""
     parts = collections.defaultdict(float)
@@ -206,19 +212,15 @@ def profile_jax(args, config):
 
     seconds = run(data)["step_s"]
     host_seconds = run(host_data)["step_s"]
-    with tempfile.TemporaryDirectory() as folder:
-        jax.profiler.start_trace(folder)
-        traced = run(data)["step_s"]
-        jax.profiler.stop_trace()
-        path = max(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True),
-                   key=os.path.getmtime)
-        trace = jax.profiler.ProfileData.from_file(path)
-        module = compiled.as_text().split("\n", 1)[0].split()[1].rstrip(",")
-        events = device_events(trace, module)
-        contents = [] if events else trace_contents(trace)
+    profiled, xspace = traced(jax.profiler.start_trace, jax.profiler.stop_trace,
+                              lambda: run(data)["step_s"])
+    trace = jax.profiler.ProfileData.from_serialized_xspace(xspace)
+    module = compiled.as_text().split("\n", 1)[0].split()[1].rstrip(",")
+    events = device_events(trace, module)
+    contents = [] if events else trace_contents(trace)
     scopes = instruction_scopes(compiled.as_text())
     unmatched = sum(ns for op, ns in events if op not in scopes) / 1e9 / args.steps
-    return {"seconds": traced, "untraced_seconds": seconds, "host_batch_seconds": host_seconds,
+    return {"seconds": profiled, "untraced_seconds": seconds, "host_batch_seconds": host_seconds,
             "flops": float(costs.get("flops", 0.0)) if costs else 0.0,
             "device": jax.devices()[0].device_kind, "trace_contents": contents,
             "parts": by_part((scopes.get(op, ""), ns / 1e9 / args.steps) for op, ns in events),
@@ -236,17 +238,11 @@ def profile_tensorflow(args, config):
     step = keras_steps(config, args.batch_size, [args.mode], args.device,
                        args.mixed_precision)[args.mode]
     timed(step, warmup=2)
-    with tempfile.TemporaryDirectory() as folder:
-        tf.profiler.experimental.start(folder)
-        seconds = timed(step, args.steps)["step_s"]
-        tf.profiler.experimental.stop()
-        paths = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
-        if not paths:
-            raise RuntimeError(f"tf.profiler wrote no .xplane.pb file under {folder}")
-        space = xplane_pb2.XSpace()
-        with open(max(paths, key=os.path.getmtime), "rb") as f:
-            space.ParseFromString(f.read())
-    events = []  # (op name, kernel, seconds per step) on the executor threads
+    seconds, xspace = traced(tf.profiler.experimental.start, tf.profiler.experimental.stop,
+                             lambda: timed(step, args.steps)["step_s"])
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(xspace)
+    ops, kernels = [], collections.defaultdict(lambda: [0.0, 0.0])  # on the executor threads
     for plane in space.planes:
         for line in plane.lines:
             if line.name.startswith("tf_Compute"):
@@ -254,13 +250,10 @@ def profile_tensorflow(args, config):
                     name = plane.event_metadata[event.metadata_id].name
                     if ":" in name and not name.startswith("ExecutorState"):
                         op_name, kernel = name.rsplit(":", 1)
-                        events.append((op_name, kernel, event.duration_ps / 1e12 / args.steps))
-    kernels = collections.defaultdict(lambda: [0.0, 0.0])
-    for _, kernel, kernel_seconds in events:
-        kernels[kernel][0] += kernel_seconds
-        kernels[kernel][1] += 1 / args.steps
-    return {"seconds": seconds, "parts": by_part((op, s) for op, _, s in events),
-            "kernels": dict(kernels)}
+                        ops.append((op_name, event.duration_ps / 1e12 / args.steps))
+                        kernels[kernel][0] += ops[-1][1]
+                        kernels[kernel][1] += 1 / args.steps
+    return {"seconds": seconds, "parts": by_part(ops), "kernels": dict(kernels)}
 
 
 def profile_torch(args, config):
@@ -272,7 +265,7 @@ def profile_torch(args, config):
                                                    args.device, args.mixed_precision)[args.mode])]
     if args.reference:
         steps.insert(0, ("transformers ViT (reference)", reference_steps(
-            config, args.batch_size, [args.mode], args.threads, args.device,
+            config, args.batch_size, [args.mode], os.cpu_count(), args.device,
             args.mixed_precision)[args.mode]))
     gpu = args.device == "gpu"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
@@ -353,8 +346,6 @@ def parse_arguments(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     parser.add_argument("--rows", type=int, default=20,
                         help="kernels (TensorFlow) or operators (PyTorch) listed")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="PyTorch's threads for the reference")
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
@@ -366,7 +357,7 @@ def parse_arguments(argv=None):
                                      "retain_freed_memory() first, as bench_vit.py does")
     parser.add_argument("--json", help="write the profile to this file")
     args = parser.parse_args(argv)
-    check_positive_ints(parser, args, ("image_size", "batch_size", "steps", "rows", "threads"))
+    check_positive_ints(parser, args, ("image_size", "batch_size", "steps", "rows"))
     try:
         args.overrides = json.loads(args.overrides)
     except json.JSONDecodeError as error:

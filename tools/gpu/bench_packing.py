@@ -68,10 +68,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
                                 "benchmarks"))
 from _common import check_positive_ints  # noqa: E402
 from _common import jax_training  # noqa: E402
-from _common import require_jax_backend  # noqa: E402
-from _common import require_jax_device  # noqa: E402
 from _common import wait_at_barrier  # noqa: E402
 from _common import worker_result  # noqa: E402
+
+
+def require_jax_backend(script, does):
+    """Exits unless this process's Keras backend is JAX (or not set), and sets it: for
+    the scripts that build JAX programs themselves (`does`: what the script does)."""
+    found = os.environ.get("KERAS_BACKEND", "jax")
+    if found != "jax":
+        raise SystemExit(f"{script} {does}: run it with KERAS_BACKEND=jax (this process has "
+                         f"KERAS_BACKEND={found}).")
+    os.environ["KERAS_BACKEND"] = "jax"
+
+
+def require_jax_device(device):
+    """Exits unless JAX computes on `device` ("cpu" or "gpu") here."""
+    import jax
+
+    if device == "gpu" and jax.default_backend() != "gpu":
+        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
+                         f"{jax.default_backend()}).")
+
 
 MODELS = {
     "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512),
