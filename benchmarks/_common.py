@@ -228,7 +228,7 @@ def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cp
             loss.item()  # Keras' train_on_batch returns the loss as a Python float too
 
         # AdamW's step counters, which PyTorch keeps on the host whatever the device: reading
-        # them waits for no GPU (host_waits.HostWaits leaves them out).
+        # them waits for no GPU (tools/gpu/host_waits.py leaves them out).
         train.host_tensors = lambda: [state["step"] for state in optimizer.state.values()
                                       if "step" in state]
         steps["train"] = train
