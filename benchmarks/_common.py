@@ -1,7 +1,8 @@
-"""What the benchmark scripts share: timing and running one backend per subprocess."""
+"""What the benchmark scripts share: the timer, the models' steps and one backend per subprocess."""
 
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -56,25 +57,6 @@ def synthetic_batch(config, batch_size):
     x = rng.uniform(-1, 1, (batch_size, size, size, 3)).astype("float32")
     y = rng.integers(0, config["num_classes"], (batch_size,))
     return x, y
-
-
-def require_jax_backend(script, does):
-    """Exits unless this process's Keras backend is JAX (or not set), and sets it: for
-    the scripts that build JAX programs themselves (`does`: what the script does)."""
-    found = os.environ.get("KERAS_BACKEND", "jax")
-    if found != "jax":
-        raise SystemExit(f"{script} {does}: run it with KERAS_BACKEND=jax (this process has "
-                         f"KERAS_BACKEND={found}).")
-    os.environ["KERAS_BACKEND"] = "jax"
-
-
-def require_jax_device(device):
-    """Exits unless JAX computes on `device` ("cpu" or "gpu") here."""
-    import jax
-
-    if device == "gpu" and jax.default_backend() != "gpu":
-        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
-                         f"{jax.default_backend()}).")
 
 
 def jax_training(model):
@@ -145,8 +127,10 @@ def batch_on(device, *arrays):
     return arrays
 
 
-def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras"):
-    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would.
+def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32", implementation="keras",
+                jit_compile="auto"):
+    """`{mode: step function}` for a Keras model (keras_vitnorm or keras-hub), compiled as `fit` would
+    (with `jit_compile`).
 
     Inference is `predict_on_batch`, training `train_on_batch` (AdamW, cross-entropy),
     on one random batch; with `device="gpu"` the batch is on the GPU, so no step
@@ -168,11 +152,8 @@ def keras_steps(config, batch_size, modes, device="cpu", dtype_policy="float32",
         model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=config["num_classes"])
     else:
         model = ViT(**config)
-    compile_like_fit(model)
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (batch_size, config["image_size"], config["image_size"], 3)).astype("float32")
-    y = rng.integers(0, config["num_classes"], (batch_size,))
-    x, y = batch_on(device, x, y)
+    compile_like_fit(model, jit_compile)
+    x, y = batch_on(device, *synthetic_batch(config, batch_size))
     steps = {}
     if "inference" in modes:
         def predict():
@@ -203,18 +184,12 @@ def timm_steps(config, batch_size, modes, threads, device="cpu", mixed_precision
 
 def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cpu",
                 mixed_precision="float32", compiled=False):
-    """`{mode: step function}` for a PyTorch classifier, run as PyTorch users run it.
-
-    Inference is the model's forward pass under `inference_mode`, training forward,
-    backward and `AdamW.step()`, both under `torch.autocast` in bfloat16 with
-    `mixed_precision="mixed_bfloat16"`; the batch is on the device. With
-    `compiled=True` the forward pass (and so its backward) runs through
-    `torch.compile(model)`, compiled at the first call of each mode.
-
-    Args:
-        model: a `torch.nn.Module` taking `(batch, 3, size, size)` images.
-        logits_of: `logits_of(forward, x)`, the logits of `x` through `forward` (the
-            model or its compiled form).
+    """`{mode: step function}` for a PyTorch classifier (`model`, taking `(batch, 3, size,
+    size)` images; `logits_of(forward, x)` its logits through the model or its compiled
+    form), run as PyTorch users run it: inference is the forward pass under
+    `inference_mode`, training forward, backward and `AdamW.step()`, both under
+    `torch.autocast` in bfloat16 with `mixed_precision="mixed_bfloat16"`, the batch on
+    the device. `compiled=True` runs the forward pass through `torch.compile(model)`.
     """
     import torch
 
@@ -225,11 +200,8 @@ def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cp
     model = model.to(device)
     forward = torch.compile(model) if compiled else model
     dtype = torch.bfloat16 if mixed_precision == "mixed_bfloat16" else None
-    rng = np.random.default_rng(0)
-    size = config["image_size"]
-    x = torch.from_numpy(rng.uniform(-1, 1, (batch_size, 3, size, size)).astype("float32"))
-    y = torch.from_numpy(rng.integers(0, config["num_classes"], (batch_size,)))
-    x, y = x.to(device), y.to(device)
+    x, y = synthetic_batch(config, batch_size)
+    x, y = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device), torch.from_numpy(y).to(device)
 
     def autocast():
         return torch.autocast(device, dtype=dtype) if dtype else torch.autocast(device, enabled=False)
@@ -256,7 +228,7 @@ def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cp
             loss.item()  # Keras' train_on_batch returns the loss as a Python float too
 
         # AdamW's step counters, which PyTorch keeps on the host whatever the device: reading
-        # them waits for no GPU (host_waits.HostWaits leaves them out).
+        # them waits for no GPU (tools/gpu/host_waits.py leaves them out).
         train.host_tensors = lambda: [state["step"] for state in optimizer.state.values()
                                       if "step" in state]
         steps["train"] = train
@@ -264,12 +236,8 @@ def torch_steps(model, logits_of, config, batch_size, modes, threads, device="cp
 
 
 def tensorflow_steps_use_xla():
-    """Whether Keras' `jit_compile="auto"` compiles TensorFlow's steps with XLA on this machine.
-
-    Keras turns XLA off for TensorFlow on machines with no device but the CPU,
-    and runs the step as a graph of TensorFlow's own kernels (oneDNN on x86).
-    Micro-benchmarks take the same path as `fit` by asking this.
-    """
+    """Whether Keras' `jit_compile="auto"` compiles TensorFlow's steps with XLA here: not on a
+    machine with no device but the CPU, where a step is a graph of TensorFlow's kernels."""
     import tensorflow as tf
 
     return any(device.device_type != "CPU" for device in tf.config.list_physical_devices())
@@ -290,18 +258,13 @@ TIMM_SIZE_NAMES = {192: "tiny", 384: "small", 768: "base", 1024: "large"}
 
 
 def timm_vit(config):
-    """timm's `VisionTransformer` (random weights) of the size of a keras_vitnorm config.
-
-    Built with `timm.create_model` under the standard name of its size (e.g.
-    `vit_base_patch16_224` for B/16), with every size given explicitly (image
-    and patch size, width, depth, heads, MLP width, classes), so that a config
-    of another size builds the same kind of model.
+    """timm's `VisionTransformer` (random weights) of the size of a keras_vitnorm config:
+    `timm.create_model` under the standard name of its size (`vit_base_patch16_224` for
+    B/16), every size given explicitly, so that another size builds the same kind of model.
 
     Raises:
-        ImportError: timm does not import here (it needs torchvision built for
-            this PyTorch).
-        ValueError: the MLP width is not a multiple timm can express as
-            `mlp_ratio * width`.
+        ImportError: timm does not import here (it needs torchvision built for this PyTorch).
+        ValueError: the MLP width is not one timm can express as `mlp_ratio * width`.
     """
     try:
         import timm
@@ -323,27 +286,51 @@ def timm_vit(config):
     return model
 
 
-def median_seconds(step, warmup, steps, repeats):
-    """Median seconds per call of `step` over `repeats` runs of `steps` calls, after `warmup` calls.
+def timed(step, steps=1, repeats=1, warmup=0, first_call=False, memory=None, wait=None):
+    """Times `repeats` runs of `steps` calls of `step()` after `warmup` calls: the one timer
+    of every benchmark here.
 
-    Returns:
-        `(median, per-run seconds)`.
+    `first_call` times the first call (tracing, compilation) on its own, before the
+    warm-up; a `_memory.WorkerMemory` `memory` is reset after the warm-up and read after
+    the runs; `wait()` runs after the warm-up and ends each timed run, for steps that
+    return before their work is done (JAX's asynchronous dispatch, CUDA). Returns a dict:
+    `step_s`, the median seconds per call; `runs`, each run's; `faults` and `kernel_s`,
+    minor page faults and system CPU seconds per call (`getrusage`: the cost of memory
+    the allocator maps afresh); `compile_s` with `first_call`; `peak_bytes` and
+    `capacity_bytes` with `memory`.
     """
+    wait = wait or (lambda: None)
+    result = {}
+    if first_call:
+        start = time.perf_counter()
+        step()
+        wait()
+        result["compile_s"] = time.perf_counter() - start
     for _ in range(warmup):
         step()
+    wait()
+    if memory is not None:
+        memory.reset()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
             step()
+        wait()
         runs.append((time.perf_counter() - start) / steps)
-    return statistics.median(runs), runs
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    result.update(step_s=statistics.median(runs), runs=runs,
+                  faults=(after.ru_minflt - before.ru_minflt) / (steps * repeats),
+                  kernel_s=(after.ru_stime - before.ru_stime) / (steps * repeats))
+    if memory is not None:
+        result.update(peak_bytes=memory.peak(), capacity_bytes=memory.capacity())
+    return result
 
 
-#: `worker_env`'s GPU memory settings for JAX: "default" leaves JAX's own (it reserves 75%
-#: of the GPU at its first computation); "shared" makes JAX take memory as it needs it, for
-#: workers that share the GPU (`--interleave`); "whole" lets JAX use 95% of the GPU, for a
-#: worker that has it alone and is to find how much fits (`--largest-batch`).
+#: `worker_env`'s GPU memory settings for JAX: "default" leaves JAX's own (75% of the GPU
+#: at its first computation); "shared": as it needs it, for workers sharing the GPU
+#: (`--interleave`); "whole": 95%, for tools/gpu/largest_batch.py's tries.
 GPU_MEMORY_SETTINGS = ("default", "shared", "whole")
 
 
@@ -369,17 +356,11 @@ def worker_env(backend, threads, device="cpu", gpu_memory="default"):
 
 def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="default",
                timeout=None):
-    """Runs `script --worker ...` under a Keras backend and returns its `RESULT` JSON.
-
-    With `device="cpu"` the child sees no GPU (so a GPU machine can still be
-    benchmarked on its CPU); with `"gpu"` it sees what the machine has, under JAX's
-    memory setting `gpu_memory` (`worker_env`).
-    The child prints one line `RESULT <json>`. A failure returns `{"error": ...}`
-    with the last lines of its output, so one broken backend does not stop a table,
-    and `"out_of_memory": True` where the child ran out of memory
-    (`is_out_of_memory`); a child still running after `timeout` seconds is killed
-    and returns `{"error": ..., "timed_out": True}`.
-    """
+    """Runs `script --worker ...` in the environment `worker_env` gives it and returns the
+    JSON of its `RESULT <json>` line. A failure returns `{"error": ...}` with the last
+    lines of its output, so that one broken backend does not stop a table, with
+    `"out_of_memory": True` where it ran out of memory (`is_out_of_memory`); a child still
+    running after `timeout` seconds is killed: `{"error": ..., "timed_out": True}`."""
     command = [sys.executable, os.path.abspath(script), "--worker", *arguments, "--threads", str(threads)]
     try:
         done = subprocess.run(
@@ -395,36 +376,6 @@ def run_worker(script, arguments, backend, threads, device="cpu", gpu_memory="de
             failure["out_of_memory"] = True
         return failure
     return result
-
-
-def peak_memory(run, device="cpu", backend=None):
-    """The peak memory that `run()` (build and train a model) adds to what the process holds.
-
-    The peak above the use before `run`, read by `_memory.WorkerMemory` (reset first
-    where it can be): on a GPU the backend's allocator (JAX's `peak_bytes_in_use`,
-    which cannot be reset, so call this in a fresh process that has allocated little
-    else; PyTorch's `max_memory_allocated`; TensorFlow's peak), on a CPU the
-    process's peak resident memory.
-
-    Args:
-        run: a function of no arguments.
-        device: "cpu" or "gpu".
-        backend: the Keras backend; default: the running one.
-
-    Returns:
-        `(bytes, what)`: the peak added, and in words what was measured.
-    """
-    from _memory import WorkerMemory
-
-    if backend is None:
-        import keras
-
-        backend = keras.backend.backend()
-    memory = WorkerMemory(backend, device)
-    memory.reset()
-    before = memory.current()
-    run()
-    return memory.peak() - before, memory.what
 
 
 #: How PyTorch, XLA, TensorFlow, cuDNN and cuBLAS, and Python say that memory ran out.

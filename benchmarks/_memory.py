@@ -1,14 +1,7 @@
-"""Peak memory of a benchmark worker, and the search for the largest batch that fits.
-
-`WorkerMemory` reads what a worker's computation held at most: device memory on a
-GPU, resident host memory on the CPU. `largest_batch` finds the largest training
-batch that fits, one try per fresh process (the caller's `try_batch`), so that an
-out-of-memory failure cannot leave memory behind for the next try.
-"""
+"""Peak memory of a benchmark worker: device memory on a GPU, resident host memory on the CPU."""
 
 import resource
 import sys
-import time
 
 FRAMEWORKS = ("jax", "tensorflow", "torch")
 
@@ -49,7 +42,6 @@ class WorkerMemory:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device {device!r} is not one of cpu, gpu")
         self.framework, self.device = framework, device
-        self.where = "host" if device == "cpu" else "device"
 
     def reset(self):
         """Starts the peak again where it can be (see the class)."""
@@ -141,172 +133,17 @@ class WorkerMemory:
             torch.cuda.empty_cache()
 
 
-def _rounded(batch, lower, granularity):
-    """`batch` rounded down to a multiple of `granularity`, unless that is not above `lower`."""
-    if batch >= granularity and batch - batch % granularity > lower:
-        return batch - batch % granularity
-    return batch
+def peak_memory(run, device="cpu", backend=None):
+    """`(bytes, what)`: the peak memory that `run()` (build and train a model) adds to what
+    the process holds, as `WorkerMemory` reads it on `device` under `backend` (default: the
+    running Keras backend's), and in words what was measured. JAX's peak cannot be reset:
+    call this in a fresh process that has allocated little else."""
+    if backend is None:
+        import keras
 
-
-def predicted_largest(peaks, capacity):
-    """The largest batch that fits by the measured peaks, or None without the data.
-
-    A training step's peak memory is close to affine in the batch: a fixed part
-    (weights, gradients, optimizer state) plus activations per example. With two
-    fitting batches the line through the two largest gives the batch whose peak
-    reaches `capacity`. With one, `batch * capacity / peak` is a lower bound of it
-    (the fixed part is not negative).
-
-    Args:
-        peaks: dict, batch -> peak bytes of a step that fitted (None where unknown).
-        capacity: int or None, the bytes the process could hold.
-    """
-    points = sorted((batch, peak) for batch, peak in peaks.items() if peak)
-    if not capacity or not points:
-        return None
-    batch, peak = points[-1]
-    if len(points) > 1:
-        other_batch, other_peak = points[-2]
-        per_example = (peak - other_peak) / (batch - other_batch)
-        if per_example > 0:
-            return int(batch + (capacity - peak) / per_example)
-    return int(batch * capacity / peak)
-
-
-def next_batch(lower, upper, peaks, capacity, start, limit, granularity=8, precision=16):
-    """`(batch to try next, None)`, or `(None, why the search ends)`.
-
-    `lower` is the largest batch known to fit, `upper` the smallest known not to
-    (None where none is known yet). From `start` the batch doubles until one does
-    not fit, then the bracket is bisected until it is within `1/precision` of the
-    lower end (or `granularity`). Where the measured peaks predict the largest
-    batch (`predicted_largest`), that prediction, kept inside the bracket, is tried
-    instead of the doubled or middle batch; a prediction the bracket has already
-    refuted gives way to the middle. Batches are multiples of `granularity` where
-    they can be.
-    """
-    if lower is None:
-        if upper is None:
-            return start, None
-        if upper <= 1:
-            return None, "nothing fits"
-        return _rounded(upper // 2, 0, granularity), None
-    if lower >= limit:
-        return None, "limit"
-    gap = max(granularity, lower // precision)
-    if upper is not None and upper - lower <= gap:
-        return None, "bracket"
-    predicted = predicted_largest(peaks, capacity)
-    if upper is None:
-        batch = 2 * lower if predicted is None else max(predicted, lower + gap)
-    elif predicted is None or predicted >= upper:
-        batch = (lower + upper) // 2
-    else:
-        batch = min(max(predicted, lower + gap), upper - gap)
-    return _rounded(min(batch, limit), lower, granularity), None
-
-
-def largest_batch(try_batch, start, limit, deadline, known=None, clock=time.monotonic,
-                  granularity=8, precision=16):
-    """The largest training batch that fits, searched with `next_batch`, each try by `try_batch`.
-
-    Args:
-        try_batch: `try_batch(batch, seconds)` runs training steps at `batch` (in a
-            fresh process) within `seconds` and returns `{"fits": bool, "peak_bytes",
-            "capacity_bytes"}` (either may be None), or `{"error": str}` for a failure
-            other than running out of memory, with `"timed_out": True` when it ran
-            out of time.
-        start: int, the first batch to try (the benchmark's batch).
-        limit: int, the largest batch to try.
-        deadline: float, the `clock()` time after which no try starts; each try gets
-            the seconds left, and none starts with less left than the last try took.
-        known: dict, batch -> peak bytes (or None) of batches already known to fit.
-        clock: the clock of `deadline`.
-        granularity, precision: as `next_batch`.
-
-    Returns:
-        dict: `largest` (the largest batch that fitted, None if none did),
-        `does_not_fit` (the smallest that did not, None if none failed), `known`
-        (as given), `tries` (every try's batch and outcome, in order) and `stopped`:
-        "bracket" (found to the precision), "limit", "time", "nothing fits" or "error".
-    """
-    known = dict(known or {})
-    peaks = dict(known)
-    lower = max(peaks) if peaks else None
-    upper, capacity, tries, last_seconds = None, None, [], 0.0
-    while True:
-        batch, stopped = next_batch(lower, upper, peaks, capacity, start, limit, granularity,
-                                    precision)
-        if batch is None:
-            break
-        left = deadline - clock()
-        if left <= 0 or left < last_seconds:
-            stopped = "time"
-            break
-        began = clock()
-        outcome = try_batch(batch, left)
-        last_seconds = clock() - began
-        tries.append({"batch": batch, **outcome})
-        if "error" in outcome:
-            stopped = "time" if outcome.get("timed_out") else "error"
-            break
-        if outcome["fits"]:
-            lower = batch if lower is None else max(lower, batch)
-            peaks[batch] = outcome.get("peak_bytes")
-            capacity = outcome.get("capacity_bytes") or capacity
-        else:
-            upper = batch if upper is None else min(upper, batch)
-    return {"largest": lower, "does_not_fit": upper, "known": known, "tries": tries,
-            "stopped": stopped}
-
-
-def describe_largest_batch(result):
-    """The table cell of a `largest_batch` result, e.g. "1040 (1104 does not fit)"."""
-    largest, upper, stopped = result["largest"], result["does_not_fit"], result["stopped"]
-    fails = f"; {upper} does not fit" if upper is not None else ""
-    if stopped == "nothing fits":
-        return "none: 1 does not fit"
-    if stopped == "error":
-        error = result["tries"][-1]["error"].split(" | ")[-1].replace("|", "/")[:100]
-        found = "none found" if largest is None else f">= {largest}"
-        return f"{found} (batch {result['tries'][-1]['batch']} failed: {error})"
-    if largest is None:
-        return f"none found (out of time{fails})"
-    if stopped == "bracket":
-        return f"{largest} ({upper} does not fit)"
-    if stopped == "limit":
-        return f">= {largest} (the limit)"
-    return f">= {largest} (out of time{fails})"
-
-
-def largest_batches(runs, results, batch_size, limit, seconds, attempt, clock=time.monotonic):
-    """`{label: largest_batch result}` of every implementation of `runs` that did not fail.
-
-    The implementations take turns and share `seconds`: each may use its share of the
-    time left when its turn comes, so what one leaves goes to the next. Those whose
-    training compiled fastest in the table go first (a try costs about a compilation),
-    so that the time the quick ones leave goes to the slow ones. A training result of
-    the table at `batch_size` counts as a known fit.
-
-    Args:
-        runs: `(label, backend, implementation)` triples, as the benchmark runs them.
-        results: `{label: result}` of the benchmark's table (`{"error": ...}` for a failure).
-        batch_size, limit: the search's start and its largest batch.
-        seconds: float, the time for all the searches together.
-        attempt: `attempt(implementation, backend, batch, seconds)`, one try
-            (`largest_batch`'s `try_batch`).
-    """
-    end = clock() + seconds
-    runs = [run for run in runs if "error" not in results.get(run[0], {})]
-    runs.sort(key=lambda run: results.get(run[0], {}).get("train", {}).get("compile_s",
-                                                                           float("inf")))
-    searched = {}
-    for index, (label, backend, implementation) in enumerate(runs):
-        print(f"largest batch of {label} ...", file=sys.stderr, flush=True)
-        train = results.get(label, {}).get("train")
-        known = {batch_size: train.get("peak_bytes")} if train else {}
-        deadline = clock() + (end - clock()) / (len(runs) - index)
-        searched[label] = largest_batch(
-            lambda batch, left, i=implementation, b=backend: attempt(i, b, batch, left),
-            batch_size, limit, deadline, known=known, clock=clock)
-    return searched
+        backend = keras.backend.backend()
+    memory = WorkerMemory(backend, device)
+    memory.reset()
+    before = memory.current()
+    run()
+    return memory.peak() - before, memory.what

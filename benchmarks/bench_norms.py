@@ -29,15 +29,14 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import failure_row
-from _common import median_seconds
 from _common import run_worker
 from _common import tensorflow_steps_use_xla
+from _common import timed
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 SIZES = {"S/16": 384, "B/16": 768}
@@ -117,8 +116,8 @@ def worker_norms(args):
             fwd, grad = _compiled_steps(layer, x, upstream)
             for mode, step in (("forward", fwd), ("forward+backward", grad)):
                 step()  # compile
-                seconds, _ = median_seconds(step, args.warmup, args.steps, args.repeats)
-                results[f"{size}|{norm}|{mode}"] = seconds
+                results[f"{size}|{norm}|{mode}"] = timed(step, args.steps, args.repeats,
+                                                           args.warmup)["step_s"]
     return results
 
 
@@ -142,7 +141,7 @@ def worker_stem(args):
         layer.build(images.shape)
         _, grad = _compiled_steps(layer, x, upstream)
         grad()
-        results[f"stem|{stem}"], _ = median_seconds(grad, args.warmup, args.steps, args.repeats)
+        results[f"stem|{stem}"] = timed(grad, args.steps, args.repeats, args.warmup)["step_s"]
 
     models = {}
     for stem in ("patch", "dual_patchnorm"):
@@ -155,9 +154,7 @@ def worker_stem(args):
     runs = {stem: [] for stem in models}
     for _ in range(args.step_repeats):
         for stem, model in models.items():
-            start = time.perf_counter()
-            model.train_on_batch(images, labels)
-            runs[stem].append(time.perf_counter() - start)
+            runs[stem].append(timed(lambda: model.train_on_batch(images, labels))["step_s"])
     for stem, times in runs.items():
         results[f"train|{stem}"] = statistics.median(times)
         results[f"train|{stem}|runs"] = times

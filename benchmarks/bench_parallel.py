@@ -17,13 +17,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from _common import add_host_memory_argument
 from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import compile_like_fit
 from _common import synthetic_batch
+from _common import timed
 from _common import wait_at_barrier
 from _common import worker_result
 from bench_variants import MODELS
@@ -48,10 +48,8 @@ def worker(args):
         model.train_on_batch(x, y)
     if args.barrier:  # every worker of a round starts timing together
         wait_at_barrier(args.barrier, args.barrier_count)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        model.train_on_batch(x, y)
-    return {"images_per_second": args.steps * args.batch_size / (time.perf_counter() - start)}
+    seconds = timed(lambda: model.train_on_batch(x, y), args.steps)["step_s"]
+    return {"images_per_second": args.batch_size / seconds}
 
 
 def _start(arguments, backend, threads, barrier=None, count=1):

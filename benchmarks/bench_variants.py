@@ -6,42 +6,34 @@
         --backends jax torch
 
 Every figure is a ratio to the baseline `pre_ln` (pre-LN LayerNorm blocks, plain patch
-stem). The variants are those of the study's `core` group (the converged CIFAR-10
-comparison's and Peri-LN), so that these figures and the studies' time to accuracy
-describe the same models; each changes one thing against the baseline: the placement
-(`post_ln`, `peri_ln`, `deepnorm`), the block norm (`rmsnorm`, `dyt`, `batchnorm`) or the stem
-(`dual_patchnorm`, `conv_stem`).
+stem). The variants are the study's `core` group, so that these figures and the
+studies' time to accuracy describe the same models; each changes one thing: the
+placement (`post_ln`, `peri_ln`, `deepnorm`), the block norm (`rmsnorm`, `dyt`,
+`batchnorm`) or the stem (`dual_patchnorm`, `conv_stem`).
 
-`--measure train inference` (the default): per backend, one process builds every
-variant's model, compiles it as `fit` does and warms it up; then rounds time, for each
-model in turn in a rotating order, `--steps` training steps (`train_on_batch`:
-forward, backward, AdamW update) and `--steps` inference steps (`predict_on_batch`),
-or either alone. A variant's ratio is the median
-over rounds of its step time divided by the baseline's step time in the same round,
-with the range over rounds; so drift of the machine between rounds cancels.
+`--measure train inference` (the default): per backend, one process builds, compiles
+(as `fit` does) and warms up every variant; each round then times `--steps` training
+steps (`train_on_batch`) and inference steps (`predict_on_batch`) of every variant in
+a rotating order. A variant's ratio is the median over rounds of its step time over
+the baseline's in the same round, with the range, so drift of the machine cancels.
 
 `--measure memory`: per backend and variant, a fresh process builds only that
-variant and trains `--warmup` + 1 steps; its peak memory above what it held before
-the model was built is the variant's (`_common.peak_memory`: the device allocator's
-peak on a GPU, the peak resident set size on a CPU). A one-block model of the same
-variant trains first, so that what the libraries load on first use is not counted.
-`--memory-repeats` processes per variant, `--memory-parallel` of them at a time
-(memory is not timed, so they may share the machine).
+variant and trains `--warmup` + 1 steps, after a one-block model of the same variant
+(so that what the libraries load on first use is not counted); its peak memory above
+what it held before is the variant's (`_memory.peak_memory`: the device allocator's
+peak on a GPU, the peak resident memory on a CPU). `--memory-repeats` processes per
+variant, `--memory-parallel` at a time (memory is not timed).
 
-`--model s16` and `b16` are ViT-S/16 and ViT-B/16 at 224 px; `--model study` the
-converged study's ViT (32 px, patch 4, width 128, depth 6, 4 heads, MLP 512);
-`--model imagenette_cpu` the Imagenette CPU study's Ti/16 body at 112 px (patch 16). With
-`--device gpu` the models and the batch are on the GPU (no step times a host-to-device
-copy); the default `cpu` hides any GPU from the workers. Results are printed as
-markdown tables and, with `--json`, written with every round's and process's figure
-to a file (`tools/efficiency_table.py` combines such files into one table).
+`--model s16` and `b16` are ViT-S/16 and B/16 at 224 px, `study` the converged
+study's ViT (32 px, patch 4, width 128, depth 6), `imagenette_cpu` the Imagenette CPU
+study's Ti/16 at 112 px. With `--device gpu` the models and the batch are on the GPU;
+`cpu` hides any GPU. `--json` writes every round's and process's figure
+(`tools/efficiency_table.py` combines such files into one table).
 """
-
 import argparse
 import json
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from _common import add_host_memory_argument
@@ -49,10 +41,11 @@ from _common import apply_host_memory
 from _common import batch_on
 from _common import check_positive_ints
 from _common import compile_like_fit
-from _common import peak_memory
 from _common import require_keras_device
 from _common import run_worker
 from _common import synthetic_batch
+from _common import timed
+from _memory import peak_memory
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 MODELS = {
@@ -122,25 +115,22 @@ def worker(args):
     """Per-round seconds per training and per inference step of every variant, in one process."""
     config, x, y = prepare(args)
     names = chosen_variants(args.variants)
-    timed = [TIMED[mode][0] for mode in TIMED if mode in args.measure]
+    keys = [TIMED[mode][0] for mode in TIMED if mode in args.measure]
     calls = {}
     for name in names:
         model = build(config, name)
         steps = {"seconds": lambda model=model: model.train_on_batch(x, y),
                  "inference_seconds": lambda model=model: model.predict_on_batch(x)}
-        calls[name] = {key: steps[key] for key in timed}
+        calls[name] = {key: steps[key] for key in keys}
         for _ in range(args.warmup):
             for call in calls[name].values():
                 call()
-    result = {key: {name: [] for name in names} for key in timed}
+    result = {key: {name: [] for name in names} for key in keys}
     for index in range(args.rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             for key, call in calls[name].items():
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    call()
-                result[key][name].append((time.perf_counter() - start) / args.steps)
+                result[key][name].append(timed(call, args.steps)["step_s"])
     return result
 
 

@@ -1,61 +1,52 @@
 """Throughput of keras_vitnorm's ViT on every Keras backend, side by side with the
 reference PyTorch ViT (Hugging Face transformers, eager), timm's ViT and keras-hub's ViT.
 
-    python benchmarks/bench_vit.py --preset s16 --batch-size 16            # docs/performance.md's CPU setup
-    python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 --steps 2 --repeats 1
+    python benchmarks/bench_vit.py --preset s16 --batch-size 16 --interleave --rounds 10 \
+        --steps 2 --repeats 1                                   # docs/performance.md's CPU table
     python benchmarks/bench_vit.py --preset b16 --batch-size 64 --mixed-precision mixed_bfloat16
     python benchmarks/bench_vit.py --device gpu --preset b16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --backends jax torch --timm eager compiled \
-        --interleave --rounds 3 --largest-batch
+        --interleave --rounds 3
+    python benchmarks/bench_vit.py --no-reference --backends torch --other-forms linear \
+        --interleave --rounds 5 --steps 2 --repeats 1
 
-Each implementation runs in its own subprocess (a Keras backend is fixed per
-process), with the same thread count. Per implementation it reports:
+Each implementation runs in its own subprocess with the same thread count. Keras
+models run through `predict_on_batch` and `train_on_batch` (the compiled functions of
+`predict` and `fit`; AdamW, cross-entropy), the reference and timm as PyTorch users
+run them (`model(x)` under `inference_mode`; forward, backward, `AdamW.step()`;
+`--timm compiled` under `torch.compile`; timm needs torchvision, and its rows say
+where it does not import). Per implementation and mode the table gives:
 
-- inference and training-step throughput in images/s: the median of `--repeats`
-  timed runs of `--steps` steps each, after `--warmup` untimed steps; the first
-  call (tracing/compilation) is timed separately and reported as "compile";
-- the ratio to the PyTorch reference. With `--rounds N`, every implementation runs
-  N times in turn; the img/s column is the median across rounds, and the ratio is
-  the median of the N per-round ratios (each comparing runs made one after the
-  other, so a drifting machine slows both alike), with their range;
-- with `--interleave`, every implementation's process starts once (one at a
-  time, so compilation is timed alone), and each round then times `--repeats`
-  runs of `--steps` steps of every implementation in turn, in an order that
-  rotates. Rounds are then seconds apart instead of minutes, and many more fit
-  in the same time;
-- host memory: by default every implementation's process, the reference's too,
-  first calls `keras_vitnorm.host_memory.retain_freed_memory()` (glibc keeps freed memory
-  instead of mapping each step's buffers afresh); `--host-memory default` leaves
-  glibc's settings, for the comparison;
-- model FLOP utilization: the model's FLOPs per image (counted analytically, below)
-  times images/s, as a fraction of this machine's measured float32 matmul rate
-  (a large square matmul, the best of NumPy and PyTorch); with `--device gpu`, of
-  PyTorch's CUDA matmul rate in the compute dtype (bfloat16 under `mixed_bfloat16`),
-  and of the datasheet's dense bfloat16 peak where the GPU is listed
-  (`DATASHEET_BF16_TFLOPS`);
-- peak memory of each mode's step: on a GPU the device memory the framework's
-  allocator held, on the CPU the worker's peak resident memory (`_memory.WorkerMemory`);
-- with `--largest-batch`, each implementation's largest training batch that fits,
-  each try in a fresh process (`_memory.largest_batch`), within
-  `--largest-batch-seconds`.
-
-Keras models are timed through the paths `fit` and `predict` use
-(`train_on_batch`, `predict_on_batch`: the backend's compiled train/predict
-functions, with AdamW and cross-entropy). The reference and timm are timed as
-PyTorch users run them: `model(x)` under `inference_mode`, and forward + backward +
-`AdamW.step()`; `--timm compiled` passes the model through `torch.compile` first.
-timm needs torchvision: where it does not import, its rows say so.
+- images/s: the median of `--repeats` runs of `--steps` steps after `--warmup`
+  steps; the first call (tracing, compilation) is the "compile" column;
+- the ratio to the reference. With `--rounds N` every implementation runs N times
+  in turn (a fresh process each); the ratio is the median of the per-round ratios,
+  with their range, so a drifting machine slows both alike. `--interleave` starts
+  each process once (one at a time, so compilations do not compete) and each round
+  times every implementation in turn, in a rotating order: rounds seconds apart;
+- with `--other-forms`, keras_vitnorm on each backend with a fast path of
+  `keras_vitnorm.ops` switched off (`linear`, `split_qkv`, `attention`,
+  `residual_fence`; where it does not apply, the same code), or `tf_xla`, TensorFlow
+  compiled with XLA; its ratio is the library form's step time over its own, round
+  by round: what a fast path must bring below 0.95;
+- model FLOP utilization: the analytic FLOPs (`model_flops`) per second over the
+  machine's float32 matmul rate (the best of NumPy, PyTorch and each backend's
+  library); with `--device gpu`, over PyTorch's CUDA matmul rate in the compute
+  dtype, and over the datasheet's dense bfloat16 peak (`DATASHEET_BF16_TFLOPS`);
+- peak memory (`_memory.WorkerMemory`): on a GPU the device memory the framework's
+  allocator held, on the CPU the worker's peak resident memory. Each
+  implementation's largest training batch is tools/gpu/largest_batch.py's;
+- page faults and kernel time per step: every process, the reference's too, first
+  calls `keras_vitnorm.host_memory.retain_freed_memory()` unless `--host-memory
+  default`.
 """
-
 import argparse
-import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 from _common import add_host_memory_argument
@@ -63,14 +54,12 @@ from _common import apply_host_memory
 from _common import check_positive_ints
 from _common import failure_row
 from _common import keras_steps
-from _common import median_seconds
 from _common import reference_steps
 from _common import run_worker
+from _common import timed
 from _common import timm_steps
 from _common import worker_env
 from _memory import WorkerMemory
-from _memory import describe_largest_batch
-from _memory import largest_batches
 
 KERAS_BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -98,13 +87,7 @@ _BACKEND_MATMUL = {
 
 def _rate(run, matrix, size, repeats):
     """Best GFLOP/s of `run(matrix)`, one `size x size` matmul, over `repeats` timed calls after a warm-up."""
-    run(matrix)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(matrix)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times) / 1e9
+    return 2 * size**3 / min(timed(lambda: run(matrix), 1, repeats, warmup=1)["runs"]) / 1e9
 
 
 def matmul_rate(threads, backends=(), size=2048, repeats=5):
@@ -151,17 +134,10 @@ def gpu_matmul_rate(dtype, size=8192, repeats=10):
     if not torch.cuda.is_available():
         raise RuntimeError("PyTorch sees no CUDA GPU on this machine")
     a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds = timed(lambda m=a: m @ m, repeats, warmup=3, wait=torch.cuda.synchronize)["step_s"]
     del a
-    torch.cuda.empty_cache()  # the workers, --largest-batch's too, get the GPU's memory
-    return 2 * size**3 * repeats / seconds / 1e9
+    torch.cuda.empty_cache()  # the workers get the GPU's memory
+    return 2 * size**3 / seconds / 1e9
 
 
 #: Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s, from NVIDIA's H100 and H200
@@ -178,44 +154,30 @@ def datasheet_tflops(gpu_name, dtype):
     return next((tflops for part, tflops in DATASHEET_BF16_TFLOPS if part in gpu_name), None)
 
 
-def _timed(step, warmup, steps, repeats, memory=None):
-    """`{"compile_s", "step_s", "faults", "kernel_s"}` of `step`, and its memory with `memory`.
-
-    `compile_s` is the first call, `step_s` the median seconds per step after
-    `warmup` more calls. `faults` and `kernel_s` are this process's minor page
-    faults and system CPU time (`getrusage`) over the timed runs, per step: the
-    cost of memory the allocator maps afresh (see
-    `keras_vitnorm.host_memory.retain_freed_memory`). With a `WorkerMemory`, also
-    `peak_bytes` (the peak from the timed runs on, where it can be reset) and
-    `capacity_bytes`.
-    """
-    import resource
-
-    start = time.perf_counter()
-    step()
-    compile_seconds = time.perf_counter() - start
-    for _ in range(warmup):
-        step()
-    if memory is not None:
-        memory.reset()
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    median = median_seconds(step, 0, steps, repeats)[0]
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    count = steps * repeats
-    result = {"compile_s": compile_seconds, "step_s": median,
-              "faults": (after.ru_minflt - before.ru_minflt) / count,
-              "kernel_s": (after.ru_stime - before.ru_stime) / count}
-    if memory is not None:
-        result.update(peak_bytes=memory.peak(), capacity_bytes=memory.capacity())
-    return result
-
-
-# ----------------------------------------------------------------------------- workers
-
-
 #: What `--implementation` names: Keras models, the transformers reference, timm eager
 #: and under `torch.compile`.
 IMPLEMENTATIONS = ("keras", "keras_hub", "reference", "timm", "timm_compiled")
+#: The fast paths of the model's step (`keras_vitnorm.ops.FAST_PATHS` less the input
+#: pipelines'), each an `--other-forms` form with it off, and XLA for TensorFlow.
+MODEL_FAST_PATHS = ("linear", "split_qkv", "attention", "residual_fence")
+OTHER_FORMS = (*MODEL_FAST_PATHS, "tf_xla")
+
+
+def apply_form(form):
+    """Puts this worker's library in `form` (an `OTHER_FORMS` name, or None for the
+    library's own); returns the `jit_compile` its models compile with."""
+    if form == "tf_xla":
+        return True
+    if form is not None:
+        from keras_vitnorm import ops
+
+        ops.set_fast_paths(False, [form])
+    return "auto"
+
+
+def form_label(backend, form):
+    """The table's label of keras_vitnorm in `form` on `backend`."""
+    return f"keras_vitnorm ({backend}), " + ("XLA" if form == "tf_xla" else f"{form} off")
 
 
 def worker_main(args):
@@ -227,7 +189,7 @@ def worker_main(args):
     config.setdefault("num_classes", 1000)
     if args.implementation in ("keras", "keras_hub"):
         steps = keras_steps(config, args.batch_size, args.modes, args.device, args.mixed_precision,
-                            args.implementation)
+                            args.implementation, jit_compile=apply_form(args.form))
         import keras
 
         framework = keras.backend.backend()
@@ -242,25 +204,20 @@ def worker_main(args):
     memory = WorkerMemory(framework, args.device)
     if args.serve:
         return serve(steps, args.warmup, args.steps, args.repeats, sys.stdin, sys.stdout, memory)
-    results = {mode: _timed(step, args.warmup, args.steps, args.repeats, memory)
-               for mode, step in steps.items()}
+    results = {mode: timed(step, args.steps, args.repeats, args.warmup, first_call=True,
+                           memory=memory) for mode, step in steps.items()}
     print("RESULT " + json.dumps(results))
 
 
 def serve(steps, warmup, count, repeats, requests, replies, memory=None):
-    """The worker's side of `--interleave`: compile and warm up every mode, then time on request.
-
-    Prints `READY {mode: {"compile_s", "peak_bytes", "capacity_bytes"}}` (the
-    memory figures with a `WorkerMemory`), then answers each line `<mode>` read
-    from `requests` with `TIMED {"step_s", "faults", "kernel_s"}`: one untimed step
-    (the process may have sat idle while the others ran), then the median of
-    `repeats` runs of `count` steps. Stops at `quit` or the end of `requests`.
-    After each reply it releases what `memory` can (`WorkerMemory.release`), as
-    the other workers run next.
-    """
+    """The worker's side of `--interleave`: compile and warm up every mode, print `READY
+    {mode: {"compile_s", "peak_bytes", "capacity_bytes"}}`, then answer each line `<mode>`
+    of `requests` with `TIMED {"step_s", "faults", "kernel_s"}` (one untimed step, as the
+    process may have sat idle, then `repeats` runs of `count` steps) until `quit`. After
+    each reply it releases what `memory` can (`WorkerMemory.release`) for the others."""
     ready = {}
     for mode, step in steps.items():
-        timing = _timed(step, warmup, 1, 1, memory)  # first call, warm-up, one timed step
+        timing = timed(step, warmup=warmup, first_call=True, memory=memory)  # and one timed step
         ready[mode] = {key: timing[key] for key in ("compile_s", "peak_bytes", "capacity_bytes")
                        if key in timing}
     print("READY " + json.dumps(ready), file=replies, flush=True)
@@ -274,14 +231,11 @@ def serve(steps, warmup, count, repeats, requests, replies, memory=None):
             print("ERROR " + json.dumps(f"unknown mode {mode!r}; valid: {', '.join(steps)}"), file=replies,
                   flush=True)
             continue
-        timing = _timed(steps[mode], 0, count, repeats)
+        timing = timed(steps[mode], count, repeats, warmup=1)
         print("TIMED " + json.dumps({key: timing[key] for key in ("step_s", "faults", "kernel_s")}),
               file=replies, flush=True)
         release()
     return 0
-
-
-# ------------------------------------------------------------------------------- driver
 
 
 def combine_rounds(measured):
@@ -326,11 +280,14 @@ def ratio_to_reference(timing, reference):
 
 
 def worker_arguments(args, implementation):
-    return ["--implementation", implementation, "--preset", args.preset, "--image-size", str(args.image_size),
-                 "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                 "--repeats", str(args.repeats), "--mixed-precision", args.mixed_precision,
-                 "--overrides", args.overrides, "--device", args.device, "--host-memory", args.host_memory,
-                 "--modes", *args.modes]
+    """A worker's arguments for `implementation` (`IMPLEMENTATIONS`, or "keras:FORM")."""
+    implementation, _, form = implementation.partition(":")
+    return ["--implementation", implementation, *(["--form", form] if form else []),
+            "--preset", args.preset, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+            "--mixed-precision", args.mixed_precision, "--overrides", args.overrides,
+            "--device", args.device, "--host-memory", args.host_memory, "--modes", *args.modes]
 
 
 def spawn(args, implementation, backend):
@@ -384,14 +341,10 @@ class Worker:
 
 
 def interleaved(args, runs):
-    """`{label: result}` as `combine_rounds` gives it, from workers kept running and timed in turn.
-
-    The workers start (and compile) one at a time, so no compilation competes
-    with another for the CPU. Then each round times one segment of every
-    implementation per mode, in an order that rotates from round to round; a
-    worker sleeps while the others run. A worker that fails, at its start or in a
-    round, gets `{"error": ...}` and the others go on.
-    """
+    """`{label: result}` as `combine_rounds` gives it, from workers kept running and timed in
+    turn: they start (and compile) one at a time, then each round times one segment of
+    every implementation per mode, in an order that rotates from round to round. A worker
+    that fails, at its start or in a round, gets `{"error": ...}` and the others go on."""
     workers, results = {}, {}
     try:
         for label, backend, implementation in runs:
@@ -427,22 +380,6 @@ def interleaved(args, runs):
     return {label: results[label] for label, _, _ in runs if label in results}
 
 
-def try_batch(args, implementation, backend, batch, seconds):
-    """One try of `--largest-batch`: a fresh worker trains at `batch` (its first call and
-    one more step) within `seconds`; `largest_batch`'s outcome of it."""
-    trial = argparse.Namespace(**{**vars(args), "batch_size": batch, "modes": ["train"],
-                                  "steps": 1, "warmup": 0, "repeats": 1})
-    result = run_worker(__file__, worker_arguments(trial, implementation), backend, args.threads,
-                        args.device, gpu_memory="whole", timeout=seconds)
-    if "error" in result:
-        if result.get("out_of_memory"):
-            return {"fits": False}
-        return {key: result[key] for key in ("error", "timed_out") if key in result}
-    train = result["train"]
-    return {"fits": True, "peak_bytes": train.get("peak_bytes"),
-            "capacity_bytes": train.get("capacity_bytes")}
-
-
 def _gib(count):
     return "n/a" if count is None else f"{count / 2**30:.1f}"
 
@@ -468,11 +405,16 @@ def table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet):
         if "error" in result:
             lines.append(failure_row(label, result, len(columns)))
             continue
+        library = label.partition(", ")[0] if label.startswith("keras_vitnorm (") else None
         for mode, timing in result.items():
             rate = args.batch_size / timing["step_s"]
             flop_rate = rate * flops * (3 if mode == "train" else 1)
-            cells = [label, mode, f"{rate:.1f}", ratio_to_reference(timing, reference.get(mode)),
-                     f"{flop_rate / (peak * 1e9):.1%}"]
+            if library and library != label:  # another form: against the library's
+                ratio = ratio_to_reference(timing, results.get(library, {}).get(mode))
+                ratio = f"{ratio} vs library form"
+            else:
+                ratio = ratio_to_reference(timing, reference.get(mode))
+            cells = [label, mode, f"{rate:.1f}", ratio, f"{flop_rate / (peak * 1e9):.1%}"]
             cells += [f"{flop_rate / (datasheet[1] * 1e12):.1%}"] if datasheet else []
             cells += [f"{timing['compile_s']:.1f}", _gib(timing.get("peak_bytes")),
                       f"{timing['faults']:,.0f}", f"{timing['kernel_s']:.2f}"]
@@ -480,33 +422,11 @@ def table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet):
     return lines
 
 
-def largest_batch_table(args, largest):
-    """The markdown table of `--largest-batch`: per implementation what it found and its tries."""
-    where = "device memory" if args.device == "gpu" else "resident host memory"
-    title = (f"Largest training batch of {args.preset} at {args.image_size}x{args.image_size}, "
-             f"{args.mixed_precision}, from batch {args.batch_size} up to "
-             f"{args.largest_batch_limit}; peak memory: {where}")
-    columns = ("implementation", "largest batch", "peak memory at it (GiB)", "capacity (GiB)",
-               "tries")
-    lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for label, result in largest.items():
-        known = {int(batch): peak for batch, peak in result.get("known", {}).items()}
-        fitted = [attempt for attempt in result["tries"] if attempt.get("fits")]
-        peaks = {**known, **{attempt["batch"]: attempt.get("peak_bytes") for attempt in fitted}}
-        capacity = next((a["capacity_bytes"] for a in reversed(fitted) if a.get("capacity_bytes")),
-                        None)
-        tries = [f"{batch} known" for batch in known]
-        tries += [f"{a['batch']} " + ("fits" if a.get("fits") else
-                                      "does not fit" if "fits" in a else "failed")
-                  for a in result["tries"]]
-        lines.append(f"| {label} | {describe_largest_batch(result)} | "
-                     f"{_gib(peaks.get(result['largest']))} | {_gib(capacity)} | "
-                     f"{', '.join(tries) or 'none'} |")
-    return lines
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def argument_parser(description=None):
+    """The parser of this script's options (and its workers'); tools/gpu/largest_batch.py adds
+    its own to it."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--preset", default="s16", help="built-in plain or _dpn preset (default s16)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -526,31 +446,15 @@ def main(argv=None):
     parser.add_argument("--timm", nargs="+", default=[], choices=("eager", "compiled"),
                         help="also time timm's ViT of the same size (PyTorch, AdamW, as the "
                              "reference): eager, and/or its forward pass under torch.compile")
-    parser.add_argument("--largest-batch", action="store_true",
-                        help="after the table, find each implementation's largest training batch "
-                             "that fits: doubling from --batch-size, then bisecting (guided by the "
-                             "measured peak memory), each try in a fresh process")
-    parser.add_argument("--largest-batch-only", action="store_true",
-                        help="--largest-batch without the throughput table (each search then "
-                             "starts with a try at --batch-size)")
-    parser.add_argument("--largest-batch-known", metavar="TABLE.json",
-                        help="with --largest-batch-only: this script's --json of a run of the same "
-                             "settings, whose training steps count as known fits (one try less "
-                             "each) and order the search by their compile times")
-    parser.add_argument("--largest-batch-limit", type=int,
-                        help="the largest batch --largest-batch tries (default 8192 on a GPU; "
-                             "required on the CPU, where running out of memory means swapping or "
-                             "the kernel killing a process)")
-    parser.add_argument("--largest-batch-seconds", type=float, default=600.0,
-                        help="time for the whole --largest-batch search, shared by the "
-                             "implementations; a search out of time reports what it found "
-                             "(default 600)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every implementation this many times in turn and report the median "
                              "across rounds, so drift of a shared machine hits all alike (default 1)")
     parser.add_argument("--interleave", action="store_true",
                         help="start every implementation once and keep it running; each of --rounds rounds "
                              "times --repeats runs of --steps steps of every implementation in turn")
+    parser.add_argument("--other-forms", nargs="+", default=[], choices=OTHER_FORMS,
+                        help="also time keras_vitnorm with each of these fast paths off (or, "
+                             "tf_xla, TensorFlow compiled with XLA), against its library form")
     add_host_memory_argument(parser, "retain: every implementation's process (the reference "
                                      "too) calls keras_vitnorm.host_memory.retain_freed_memory() "
                                      "first; default: glibc's own settings")
@@ -560,14 +464,16 @@ def main(argv=None):
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="keras", choices=IMPLEMENTATIONS,
                         help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return worker_main(args)
+    parser.add_argument("--form", choices=OTHER_FORMS, help=argparse.SUPPRESS)
+    return parser
+
+
+def model_config(parser, args):
+    """The checked arguments' ViT config; exits through `parser.error` on a bad argument."""
     check_positive_ints(parser, args, ("batch_size", "steps", "repeats", "threads", "image_size",
-                                       "rounds", "largest_batch_limit"))
+                                       "rounds"))
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
-    check_largest_batch_arguments(parser, args)
     # This process only reads the preset: it must not need TensorFlow (Keras'
     # default backend) on a machine that runs only the other backends.
     os.environ.setdefault("KERAS_BACKEND", args.backends[0])
@@ -579,6 +485,30 @@ def main(argv=None):
         parser.error(str(error))
     if config["image_size"] != args.image_size:
         parser.error(f"--overrides sets image_size {config['image_size']}: give it as --image-size")
+    return config
+
+
+def implementations(args):
+    """`(label, backend, implementation)` of each implementation the arguments ask for."""
+    runs = []
+    if not args.no_reference:
+        runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
+    runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
+    for b in args.backends:
+        runs.append((f"keras_vitnorm ({b})", b, "keras"))
+        runs += [(form_label(b, form), b, f"keras:{form}") for form in args.other_forms
+                 if form != "tf_xla" or b == "tensorflow"]
+    if args.keras_hub:
+        runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
+    return runs
+
+
+def main(argv=None):
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    config = model_config(parser, args)
     flops = model_flops(config["width"], config["depth"], config["mlp_dim"], config["patch_size"],
                         args.image_size, 3, config.get("num_classes", 1000))
     datasheet = None
@@ -597,16 +527,8 @@ def main(argv=None):
     else:
         matmul_dtype = "float32"
         peak, peak_sources = matmul_rate(args.threads, args.backends)
-    runs = []
-    if not args.no_reference:
-        runs.append(("transformers ViT (PyTorch eager)", "torch", "reference"))
-    runs += [(TIMM_LABELS[kind], "torch", TIMM_IMPLEMENTATIONS[kind]) for kind in args.timm]
-    runs += [(f"keras_vitnorm ({b})", b, "keras") for b in args.backends]
-    if args.keras_hub:
-        runs += [(f"keras-hub ViT ({b})", b, "keras_hub") for b in args.backends]
-    if args.largest_batch_only:
-        results = known_results(parser, args)
-    elif args.interleave:
+    runs = implementations(args)
+    if args.interleave:
         results = interleaved(args, runs)
     else:
         rounds = {label: [] for label, _, _ in runs}
@@ -616,13 +538,7 @@ def main(argv=None):
                       flush=True)
                 rounds[label].append(spawn(args, implementation, backend))
         results = {label: combine_rounds(measured) for label, measured in rounds.items()}
-    largest, lines = None, []
-    if not args.largest_batch_only:
-        lines = table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet)
-    if args.largest_batch:
-        largest = largest_batches(runs, results, args.batch_size, args.largest_batch_limit,
-                                  args.largest_batch_seconds, functools.partial(try_batch, args))
-        lines += ([""] if lines else []) + largest_batch_table(args, largest)
+    lines = table(args, results, flops, peak, peak_sources, matmul_dtype, datasheet)
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -632,59 +548,13 @@ def main(argv=None):
             json.dump({"settings": vars(args), "flops_per_image": flops, "matmul_gflops": peak,
                        "matmul_gflops_by_library": peak_sources, "matmul_dtype": matmul_dtype,
                        "datasheet": datasheet and {"gpu": datasheet[0], "tflops": datasheet[1]},
-                       "results": results, "largest_batch": largest}, f, indent=2)
+                       "results": results}, f, indent=2)
     return 0
-
-
-#: The settings a `--largest-batch-known` table must share with the search.
-KNOWN_SETTINGS = ("preset", "image_size", "batch_size", "mixed_precision", "device", "overrides")
-
-
-def known_results(parser, args):
-    """The results of `--largest-batch-known` (`{}` without it); exits through
-    `parser.error` if the file cannot be read or was measured with other settings."""
-    if not args.largest_batch_known:
-        return {}
-    try:
-        with open(args.largest_batch_known) as f:
-            report = json.load(f)
-        settings, results = report["settings"], report["results"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        parser.error(f"--largest-batch-known {args.largest_batch_known}: not a table of this "
-                     f"script's --json ({error})")
-    for name in KNOWN_SETTINGS:
-        if settings.get(name) != getattr(args, name):
-            parser.error(f"--largest-batch-known {args.largest_batch_known} was measured with "
-                         f"{name} {settings.get(name)!r}, this search has {getattr(args, name)!r}")
-    return results
 
 
 #: The table's labels and the workers' `--implementation` of each `--timm` kind.
 TIMM_LABELS = {"eager": "timm ViT (PyTorch eager)", "compiled": "timm ViT (torch.compile)"}
 TIMM_IMPLEMENTATIONS = {"eager": "timm", "compiled": "timm_compiled"}
-
-
-def check_largest_batch_arguments(parser, args):
-    """Exits through `parser.error` where the `--largest-batch` options do not fit together,
-    and sets the GPU's default limit."""
-    args.largest_batch = args.largest_batch or args.largest_batch_only
-    if args.largest_batch_known and not args.largest_batch_only:
-        parser.error("--largest-batch-known only applies with --largest-batch-only")
-    if not args.largest_batch:
-        if args.largest_batch_limit is not None:
-            parser.error("--largest-batch-limit only applies with --largest-batch")
-        return
-    if args.largest_batch_seconds <= 0:
-        parser.error(f"--largest-batch-seconds must be positive, got {args.largest_batch_seconds}")
-    if args.largest_batch_limit is None:
-        if args.device == "cpu":
-            parser.error("--largest-batch on the CPU needs --largest-batch-limit: there running "
-                         "out of memory means swapping or the kernel killing a process, not an "
-                         "error")
-        args.largest_batch_limit = 8192
-    if args.largest_batch_limit < args.batch_size:
-        parser.error(f"--largest-batch-limit ({args.largest_batch_limit}) must be at least "
-                     f"--batch-size ({args.batch_size})")
 
 
 if __name__ == "__main__":

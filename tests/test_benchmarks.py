@@ -11,18 +11,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
-import bench_ab  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
-import bench_packing  # noqa: E402
 import bench_parallel  # noqa: E402
-import bench_randaugment  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
-import host_waits  # noqa: E402
-import profile_jax  # noqa: E402
-import profile_tensorflow  # noqa: E402
-import profile_torch  # noqa: E402
+import profile_step  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -78,39 +72,19 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_norms, ["--steps", "0"]),
     (bench_norms, ["--warmup", "-2"]),
     (bench_norms, ["--part", "speed"]),
-    (bench_ab, ["--rounds", "0"]),
-    (bench_ab, ["--changes", "faster"]),
-    (bench_ab, ["--preset", "s17"]),
-    (bench_ab, ["--host-memory", "keep"]),
     (bench_vit, ["--host-memory", "keep"]),
+    (bench_vit, ["--other-forms", "faster"]),
     (bench_vit, ["--timm", "lazy"]),
-    (bench_vit, ["--largest-batch"]),  # on the CPU without a limit
-    (bench_vit, ["--largest-batch-limit", "64"]),  # without --largest-batch
-    (bench_vit, ["--largest-batch-limit", "0", "--largest-batch"]),
-    (bench_vit, ["--largest-batch-limit", "8", "--largest-batch", "--batch-size", "16"]),
-    (bench_vit, ["--largest-batch-seconds", "0", "--largest-batch-only",
-                 "--largest-batch-limit", "64"]),
     (bench_vit, ["--overrides", '{"image_size": 32}']),
-    (bench_vit, ["--largest-batch-known", "table.json", "--largest-batch"]),
-    (profile_torch, ["--steps", "0"]),
-    (profile_torch, ["--mode", "speed"]),
-    (profile_torch, ["--rows", "0"]),
-    (host_waits, ["--batch-size", "0"]),
-    (host_waits, ["--mode", "test"]),
-    (profile_torch, ["--device", "tpu"]),
-    (profile_tensorflow, ["--steps", "0"]),
-    (profile_tensorflow, ["--mode", "speed"]),
-    (profile_tensorflow, ["--image-size", "-3"]),
+    (profile_step, ["--steps", "0"]),
+    (profile_step, ["--mode", "speed"]),
+    (profile_step, ["--rows", "0"]),
+    (profile_step, ["--device", "tpu"]),
+    (profile_step, ["--image-size", "-3"]),
+    (profile_step, ["--overrides", "{depth: 1}"]),
     (bench_input, ["--batches", "0"]),
-    (bench_randaugment, ["--randaugment-ops", "0"]),
-    (bench_randaugment, ["--counts", "loop"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "l16"]),
-    (bench_packing, ["--packs", "2", "0"]),
-    (bench_packing, ["--steps", "0"]),
-    (bench_packing, ["--sharing", "mps"]),
-    (bench_packing, ["--process-seconds", "0"]),
-    (bench_packing, ["--runs-per-process", "0"]),
     (bench_input, ["--chunk-values", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
@@ -128,18 +102,6 @@ def _cuda_available():
     return torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("script, backend", [(profile_torch, "torch"), (profile_tensorflow, "tensorflow")])
-def test_profile_scripts_refuse_a_process_with_another_keras_backend(script, backend, capsys):
-    import keras
-
-    if keras.backend.backend() == backend:
-        pytest.skip(f"the check is for a process whose backend is not {backend}, as this run's is")
-    with pytest.raises(SystemExit) as exit_info:
-        script.main(["--steps", "1"])
-    assert exit_info.value.code == 2
-    assert "another backend" in capsys.readouterr().err
-
-
 @pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
 def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -148,46 +110,17 @@ def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     assert "--device gpu needs PyTorch with a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
-def test_profile_torch_gpu_device_without_a_gpu_exits_with_a_message(capsys):
+def test_the_profile_refuses_what_this_backend_cannot_run():
+    import _common
     import keras
 
-    if keras.backend.backend() != "torch":
-        pytest.skip("profile_torch.py refuses another backend before it looks for a GPU")
-    with pytest.raises(SystemExit) as exit_info:
-        profile_torch.main(["--device", "gpu"])
-    assert exit_info.value.code == 2
-    assert "--device gpu: PyTorch sees no CUDA GPU here" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
-                    reason="counts the PyTorch backend's calls")
-def test_host_waits_counts_reads_and_uploads_and_not_device_work():
-    """Each read of a value and each tensor made from host data counts once, by phase;
-    work that stays on the device, and tensors named as kept on the host, do not."""
-    import torch
-
-    x = torch.ones(3)
-    step = torch.zeros(())  # as PyTorch's optimizers keep their step counters
-    with host_waits.HostWaits(host_tensors=[step]) as waits:
-        waits.mark("first")
-        y = torch.nn.functional.softmax(x * 2.0, dim=0).sum()  # device work only
-        y.item()
-        float(y)
-        bool(y > 0)
-        waits.mark("second")
-        y.numpy()
-        y.tolist()
-        torch.as_tensor(0.5)
-        torch.tensor([1, 2])
-        x[x > 0]  # boolean indexing: the output's size is a value
-        step.item()
-    assert waits.count() == 8 and waits.count(phase="second") == 5
-    assert (waits.count("read"), waits.count("upload")) == (6, 2)
-    sites = waits.sites("first")
-    assert sum(sites.values()) == 3
-    assert all("test_benchmarks.py" in frames for _, _, frames in sites)
-    assert "3 reads, 0 uploads" in waits.report("first")
+    backend = keras.backend.backend()
+    if backend != "torch":
+        with pytest.raises(SystemExit, match=f"KERAS_BACKEND=torch \\(this process has {backend}\\)"):
+            profile_step.main(["--reference"])
+    if _common.keras_backend_device() == "cpu":
+        with pytest.raises(SystemExit, match=f"--device gpu: the {backend} backend computes on cpu"):
+            profile_step.main(["--device", "gpu"])
 
 
 def test_norm_worker_times_every_size_norm_and_mode():
@@ -339,14 +272,16 @@ def test_timed_counts_the_page_faults_of_fresh_memory():
     # A fresh 64 MiB bytes object per step: glibc maps it anew each time (unless
     # this process retained freed memory, which the test suite never asks for),
     # and filling it touches every page.
+    import _common
+
     calls = []
-    timing = bench_vit._timed(lambda: calls.append(len(b"\x01" * (64 << 20))), warmup=1, steps=2,
-                              repeats=2)
+    timing = _common.timed(lambda: calls.append(len(b"\x01" * (64 << 20))), steps=2, repeats=2,
+                           warmup=1, first_call=True)
     assert len(calls) == 1 + 1 + 2 * 2
     assert timing["compile_s"] > 0 and timing["step_s"] > 0 and timing["kernel_s"] >= 0
     # at least one in 600 pages, even with huge pages
     assert timing["faults"] > (64 << 20) // 4096 // 600
-    assert "peak_bytes" not in timing  # measured only with a WorkerMemory
+    assert "peak_bytes" not in timing and len(timing["runs"]) == 2  # memory: with a WorkerMemory
 
 
 def test_a_failed_backend_gets_a_full_width_row():
@@ -355,39 +290,51 @@ def test_a_failed_backend_gets_a_full_width_row():
     assert table[-1].count("|") == table[0].count("|")
 
 
-@pytest.mark.parametrize("change", bench_ab.CHANGES)
-def test_ab_worker_times_both_forms_and_they_compute_the_same(change):
+def test_other_forms_are_the_models_fast_paths_and_each_flips_only_its_own_switch():
     from keras_vitnorm.ops import switch
 
-    before = {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS}
-    from keras_vitnorm.models.presets import preset_config
-
-    config = {**preset_config("s16"), "image_size": 32, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2,
-              "mlp_dim": 64, "num_classes": 10}
-    result = bench_ab.worker_ab(change, ["inference", "train"], config, batch_size=2, rounds=2, steps=1)
-    assert result["max_abs_diff"] < 1e-5
-    for mode in ("inference", "train"):
-        assert all(len(result[mode][form]) == 2 and min(result[mode][form]) > 0 for form in ("library", "other"))
-    assert {name: switch.fast_path_enabled(name) for name in switch.FAST_PATHS} == before  # switched back
-    table = bench_ab.ab_table({("this backend", change): result, ("other", change): {"error": "worker died"}})
-    assert len(table) == 2 + 2 + 1
-    assert table[-1].count("|") == table[0].count("|")
-
-
-def test_ab_changes_are_the_librarys_fast_paths_and_flip_only_their_own_switch():
-    from keras_vitnorm.ops import switch
-
-    # Every fast path of the model step; the input pipelines' are bench_randaugment's.
-    assert bench_ab.FAST_PATHS == tuple(name for name in switch.FAST_PATHS
-                                        if name not in ("bincount_histogram", "augmentation_program"))
+    # Every fast path of the model step; the input pipelines' are bench_input's.
+    assert bench_vit.MODEL_FAST_PATHS == tuple(
+        name for name in switch.FAST_PATHS
+        if name not in ("bincount_histogram", "augmentation_program"))
+    for form in bench_vit.MODEL_FAST_PATHS:
+        with switch.fast_paths(True):
+            assert bench_vit.apply_form(form) == "auto"
+            assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [form]
     with switch.fast_paths(True):
-        for change in bench_ab.FAST_PATHS:
-            with bench_ab.other_form(change):
-                assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [change]
-            assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
-    with pytest.raises(ValueError, match="unknown change 'attend'"):
-        with bench_ab.other_form("attend"):
-            pass
+        assert bench_vit.apply_form("tf_xla") is True and bench_vit.apply_form(None) == "auto"
+        assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
+
+
+def test_other_forms_run_beside_the_library_form_and_compare_with_it(monkeypatch, capsys):
+    parser = bench_vit.argument_parser()
+    args = parser.parse_args(["--backends", "jax", "tensorflow", "--no-reference",
+                              "--other-forms", "attention", "tf_xla", "--modes", "train",
+                              "--host-memory", "default"])  # this process keeps glibc's
+    runs = bench_vit.implementations(args)
+    assert runs == [("keras_vitnorm (jax)", "jax", "keras"),
+                    ("keras_vitnorm (jax), attention off", "jax", "keras:attention"),
+                    ("keras_vitnorm (tensorflow)", "tensorflow", "keras"),
+                    ("keras_vitnorm (tensorflow), attention off", "tensorflow", "keras:attention"),
+                    ("keras_vitnorm (tensorflow), XLA", "tensorflow", "keras:tf_xla")]
+    worker = parser.parse_args(["--worker", *bench_vit.worker_arguments(args, "keras:tf_xla")])
+    assert (worker.implementation, worker.form) == ("keras", "tf_xla")
+    # The worker compiles its models in its form.
+    compiled = []
+    monkeypatch.setattr(bench_vit, "keras_steps", lambda *a, **kw: compiled.append(kw) or {})
+    monkeypatch.setattr(bench_vit, "WorkerMemory", lambda *a: None)
+    bench_vit.worker_main(worker)
+    assert compiled[0]["jit_compile"] is True and capsys.readouterr().out == "RESULT {}\n"
+    # Its ratio is its library form's time over its own, round by round.
+    timing = {"compile_s": 1.0, "faults": 0.0, "kernel_s": 0.0}
+    results = {"keras_vitnorm (tensorflow)": {"train": {**timing, "step_s": 1.5,
+                                                        "round_step_s": [1.0, 2.0]}},
+               "keras_vitnorm (tensorflow), XLA": {"train": {**timing, "step_s": 2.0,
+                                                             "round_step_s": [1.25, 2.0]}}}
+    args.threads = 1
+    lines = bench_vit.table(args, results, 1e9, 100.0, {"numpy": 100.0}, "float32", None)
+    assert lines[4].split(" | ")[3] == "n/a"  # no reference
+    assert lines[5].split(" | ")[3] == "0.90x (0.80 to 1.00) vs library form"
 
 
 @pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
@@ -402,62 +349,36 @@ def test_tensorflow_micro_benchmarks_take_the_path_keras_picks_for_fit():
     assert model.jit_compile is tensorflow_steps_use_xla()
 
 
-def test_ab_tf_xla_compiles_only_the_other_form_with_xla_on_tensorflow():
-    import keras
-
-    from _common import tensorflow_steps_use_xla
-
-    from keras_vitnorm.models.presets import preset_config
-
-    config = {**preset_config("s16"), "image_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2,
-              "mlp_dim": 32, "num_classes": 10}
-    result = bench_ab.worker_ab("tf_xla", ["inference"], config, batch_size=2, rounds=1, steps=1)
-    if keras.backend.backend() == "tensorflow":
-        assert result["jit_compile"] == {"library": tensorflow_steps_use_xla(), "other": True}
-    else:  # both forms take Keras' choice
-        assert result["jit_compile"]["library"] == result["jit_compile"]["other"]
-    assert result["max_abs_diff"] < 1e-5
-
-
-@pytest.mark.parametrize("op_name, expected", [
-    ("vit_1/block_4_1/mlp_1/fc1_1/Tensordot/MatMul", ("mlp", "forward")),
-    ("gradient_tape/vit_1/block_0_1/attention_1/MatMul_1/MatMul", ("attention", "backward")),
-    ("gradient_tape/vit_1/block_2_1/mlp_norm_1/mul_2/Mul", ("norm", "backward")),
-    ("vit_1/stem_1/projection_1/Tensordot/MatMul", ("stem", "forward")),
-    ("adam_w/Sqrt_17", ("optimizer", "forward")),
-    ("AddN_4/tmp_var_initializer", ("unscoped", "forward")),
-    ("mul_28", ("unscoped", "forward")),
-    ("vit_1/Cast", ("other", "forward")),
-])
-def test_tensorflow_profile_assigns_ops_to_model_parts(op_name, expected):
-    assert profile_tensorflow.part_of(op_name, "vit") == expected
+TINY_PROFILE = ["--batch-size", "2", "--steps", "2", "--rows", "5", "--overrides", json.dumps(
+    {"image_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
+     "num_classes": 3})]
 
 
 @pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
                     reason="profiles TensorFlow kernels; this run's backend is another")
-def test_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(tmp_path):
-    from _common import compile_like_fit
+def test_the_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(capsys):
+    from _common import tensorflow_steps_use_xla
 
-    from keras_vitnorm import ViT
+    if tensorflow_steps_use_xla():
+        pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events")
+    result = profile_step.main(TINY_PROFILE)
+    kernels, parts = result["kernels"], result["parts"]
+    # Per step: the block's four forward matmuls (qkv, out, two in the MLP) and their backward.
+    assert sum(calls for kernel, (_, calls) in kernels.items() if kernel.endswith("MatMul")) >= 3 * 4
+    for part in ("attention: projections", "attention: softmax(q k^T) v", "MLP", "norms"):
+        assert parts[f"{part}|forward"] > 0 and parts[f"{part}|backward"] > 0
+    assert parts["optimizer update|"] > 0
+    out = capsys.readouterr().out
+    assert "| optimizer update |" in out and "| kernel | ms per step | calls per step |" in out
 
-    model = compile_like_fit(ViT(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32,
-                                 num_classes=10))
-    x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
-    y = np.array([1, 2])
-    model.train_on_batch(x, y)
-    wall, path = profile_tensorflow.profile_steps(lambda: model.train_on_batch(x, y), 2, str(tmp_path))
-    by_kernel, by_part = profile_tensorflow.summarize(path, 2, model.name)
-    assert wall > 0
-    if model.jit_compile:
-        pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events to check")
-    assert any("MatMul" in kernel for kernel in by_kernel)
-    # Per step: the block's six forward matmuls (q, k, v, out, two in the MLP) and their backward.
-    assert sum(calls for kernel, (_, calls) in by_kernel.items() if kernel.endswith("MatMul")) >= 3 * 4
-    for part in ("attention", "mlp", "norm"):
-        assert by_part[(part, "forward")] > 0 and by_part[(part, "backward")] > 0
-    assert by_part[("optimizer", "forward")] > 0
-    lines = profile_tensorflow.tables(by_kernel, by_part, rows=5)
-    assert lines[0].startswith("| kernel |") and len(lines) >= 2 + 5
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="profiles PyTorch operators; this run's backend is another")
+def test_the_pytorch_profile_lists_the_operators_of_keras_and_the_reference(capsys):
+    result = profile_step.main([*TINY_PROFILE, "--mode", "inference", "--reference"])
+    reference, ours = result["tables"]
+    assert reference.startswith("== transformers ViT (reference): ")
+    assert ours.startswith("== keras_vitnorm (torch): ") and "aten::addmm" in ours
 
 
 def _variant_arguments(**changes):
@@ -516,7 +437,7 @@ def test_variants_are_the_model_changes_of_the_studys_core_group():
 
 
 def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
-    import _common
+    import _memory
 
     def allocate():
         # 64 MiB of fresh pages (not memory the allocator kept), every one written
@@ -524,7 +445,7 @@ def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
         np.frombuffer(block, dtype=np.uint8)[:] = 1
         block.close()
 
-    peak, what = _common.peak_memory(allocate, "cpu")
+    peak, what = _memory.peak_memory(allocate, "cpu")
     assert what == "host peak RSS"
     assert 60 * 2 ** 20 <= peak < 200 * 2 ** 20
 
@@ -535,7 +456,7 @@ def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_be
         backend, monkeypatch):
     """The GPU branch against stand-ins of each library's allocator statistics (this
     machine has no GPU); `monkeypatch` fails where the library lacks the function."""
-    import _common
+    import _memory
 
     used = {"now": 1000, "peak": 1000}
 
@@ -567,7 +488,7 @@ def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_be
                             lambda _: {"current": used["now"], "peak": used["peak"]})
     if backend != "jax":
         used["peak"] = 9000  # before the measurement, forgotten by the reset (JAX has none)
-    peak, what = _common.peak_memory(run, "gpu", backend)
+    peak, what = _memory.peak_memory(run, "gpu", backend)
     assert peak == 4000 and what.startswith("GPU")
 
 
@@ -620,28 +541,6 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
     memory = out[out.index("Peak memory"):]
     assert "(host peak RSS)" in memory and "median over 2 process(es)" in memory
     assert "| pre_ln | 200 MiB |" in memory and "| rmsnorm | 100 MiB (0.500) |" in memory
-
-
-@pytest.mark.one_backend
-def test_randaugment_benchmark_times_each_histogram_count_against_bincount(capsys, monkeypatch):
-    """One row per count asked for, each against `bincount`; `keras` builds the stream
-    without the replacement. The script's bookkeeping is the same under every backend,
-    and under JAX Keras' count takes most of a minute to build."""
-    from keras_vitnorm.training import data as data_lib
-    from keras_vitnorm.training.data import tf_pipeline
-
-    replaced = []
-    count = tf_pipeline.count_histograms_with_bincount
-    monkeypatch.setattr(tf_pipeline, "count_histograms_with_bincount",
-                        lambda layer, *counts: replaced.append(layer) or count(layer, *counts))
-    bench_randaugment.main(["--image-size", "8", "--batch-size", "2", "--batches", "1", "--rounds", "1",
-                            "--randaugment-ops", "1", "--counts", "bincount"])
-    table = capsys.readouterr().out
-    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
-    assert rows == ["histogram count", "bincount"]
-    assert "| 1.00x | 1.00x |" in table and len(replaced) == 1
-    first, rate = bench_randaugment.time_stream(data_lib.load_dataset("digits"), (8, 8), 2, 1, 1, "keras")
-    assert first > 0 and rate > 0 and len(replaced) == 1
 
 
 def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
@@ -706,8 +605,7 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
     assert "| torch | failed: boom | | |" in table
 
 
-@pytest.mark.parametrize("script", [bench_ab, bench_parallel, bench_variants, bench_vit,
-                                    profile_tensorflow])
+@pytest.mark.parametrize("script", [bench_parallel, bench_variants, bench_vit, profile_step])
 def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
     import _common
 
@@ -913,187 +811,9 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
 
 
-@pytest.mark.one_backend
-def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sharing():
-    import subprocess
-
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
-    done = subprocess.run(
-        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "1", "3",
-         "--steps", "2", "--rounds", "1", "--check", "--sharing", "program", "processes"],
-        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    checked = re.search(r"3 runs in one program against each alone after 2 steps \(float32\): "
-                        r"largest difference (\S+) of the variables' scale", done.stdout)
-    assert checked and float(checked.group(1)) <= 1e-4, done.stdout
-    rows = re.findall(r"^\| (\d+) \| ([a-z ]+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$",
-                      done.stdout, re.M)
-    assert [(packs, how) for packs, how, _ in rows] == [
-        ("1", "one run"), ("3", "one program"), ("3", "processes")], done.stdout
-    assert rows[0][2] == "1.00"
-    # The processes' row is printed as soon as it is measured, before the table (a lent
-    # GPU's call cut short keeps it), with how long its slowest process took to start.
-    measured = re.search(r"^3 processes: [\d.]+ ms per step, [\d,]+ images/s in all \(the "
-                         r"last compiled its step \d+ s after its start\)$", done.stdout, re.M)
-    assert measured and measured.start() < done.stdout.index("| runs |"), done.stdout
-
-
-@pytest.mark.one_backend
-def test_processes_of_several_runs_each_count_every_run_in_their_row():
-    import subprocess
-
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_packing.py")
-    done = subprocess.run(
-        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "2",
-         "--steps", "2", "--rounds", "1", "--sharing", "processes", "--runs-per-process", "2"],
-        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = re.findall(r"^\| (\d+) \| ([a-z0-9 ]+) \| [\d.]+ \| ([\d,]+) \| [\d.]+x \|$",
-                      done.stdout, re.M)
-    assert [(runs, how) for runs, how, _ in rows] == [
-        ("1", "one run"), ("4", "processes of 2 runs in one program each")], done.stdout
-
-
-#: What `--device gpu --sharing mps` parses to, for the MPS rows.
-MPS_ARGS = bench_packing.parse_arguments(["--device", "gpu", "--sharing", "mps"])
-
-
-def _fake_mps_control(folder, start_code=0, servers=""):
-    """An `nvidia-cuda-mps-control` on PATH that logs its calls, as the daemon's control
-    answers them: `-d` exits with `start_code`, `get_server_list` prints `servers`."""
-    log = folder / "calls.log"
-    script = folder / "nvidia-cuda-mps-control"
-    script.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = -d ]; then
-    echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}
-    [ {start_code} = 0 ] || echo "cannot open the pipe folder" >&2
-    exit {start_code}
-fi
-read -r command
-echo "$command" >> {log}
-[ "$command" = get_server_list ] && echo {servers}
-exit 0
-""")
-    script.chmod(0o755)
-    return log
-
-
-@pytest.mark.parametrize("start_code, servers, said", [
-    (0, "4242", None),
-    (0, "", "the MPS daemon started no server; the processes ran without it"),
-    (1, "", "nvidia-cuda-mps-control -d exited with 1: cannot open the pipe folder"),
-])
-def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not(
-        tmp_path, monkeypatch, start_code, servers, said):
-    log = _fake_mps_control(tmp_path, start_code, servers)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    seen = []
-
-    def row(args, packs, how, env=None):
-        seen.append(env["CUDA_MPS_PIPE_DIRECTORY"])
-        assert os.path.isdir(env["CUDA_MPS_PIPE_DIRECTORY"])  # while the daemon runs
-        return packs, how, 0.01, 100.0 * packs
-
-    monkeypatch.setattr(bench_packing, "processes_row", row)
-    rows = bench_packing._mps_rows(MPS_ARGS, [2, 8])
-    calls = log.read_text().split("\n")
-    if start_code:
-        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
-        assert seen == [] and calls[1:] == [""]  # nothing to quit
-        return
-    assert calls == [f"start {seen[0]}", "get_server_list", "quit", ""]
-    assert seen == [seen[0]] * 2 and not os.path.exists(seen[0])  # its folder is removed
-    if said is None:
-        assert rows == [(2, "processes under MPS", 0.01, 200.0),
-                        (8, "processes under MPS", 0.01, 800.0)]
-    else:
-        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
-
-
-def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch,
-                                                                             capsys):
-    import subprocess
-    import time
-
-    class Stuck:  # a worker that never ends
-        killed = False
-
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def communicate(self, timeout=None):
-            if not Stuck.killed:
-                time.sleep(timeout)
-                raise subprocess.TimeoutExpired("worker", timeout)
-            return "", ""
-
-        def kill(self):
-            Stuck.killed = True
-
-    monkeypatch.setattr(subprocess, "Popen", Stuck)
-    args = bench_packing.parse_arguments(["--model", "tiny", "--process-seconds", "1"])
-    started = time.monotonic()
-    row = bench_packing._guarded(lambda: bench_packing.processes_row(args, 2, "processes"), 2,
-                                 "processes")
-    assert time.monotonic() - started < 5 and Stuck.killed
-    assert row == (2, "processes", None,
-                   "2 processes did not finish in 1 s (--process-seconds)")
-    assert capsys.readouterr().out == (
-        "2 processes: did not run: 2 processes did not finish in 1 s (--process-seconds)\n")
-
-
-def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    rows = bench_packing._mps_rows(MPS_ARGS, [8])
-    assert rows == [(8, "processes under MPS", None,
-                     "nvidia-cuda-mps-control is not on this machine's PATH")]
-    assert capsys.readouterr().out == ("processes under MPS: did not run: "
-                                       "nvidia-cuda-mps-control is not on this machine's PATH\n")
-
-
-def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", "torch")
-    with pytest.raises(SystemExit, match="run it with KERAS_BACKEND=jax"):
-        bench_packing.main(["--model", "tiny"])
-
-
-def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, capsys):
-    import keras
-
-    if keras.backend.backend() != "jax":
-        pytest.skip("bench_packing.py times JAX programs (the subprocess test covers the check)")
-    from keras_vitnorm import ops
-
-    monkeypatch.setattr(bench_packing, "check", lambda *args: 0.5)
-    fence = ops.fast_path_enabled("residual_fence")  # the script turns it off
-    try:
-        with pytest.raises(SystemExit, match=r"the check failed: .*\(2 runs: 5.00e-01\)"):
-            bench_packing.main(["--model", "tiny", "--batch-size", "2", "--packs", "1", "2",
-                                "--steps", "1", "--rounds", "1", "--check"])
-    finally:
-        keras.config.set_dtype_policy("float32")
-        ops.set_fast_paths(fence, ["residual_fence"])
-    out = capsys.readouterr().out
-    assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
-
-
-def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(tmp_path):
-    """tools/gpu/packing.sh with `python3` and `nvidia-smi` stood in for: each of its
-    commands parses (a refused one would spend a lent GPU's minutes on an error), and
-    its output comes back in $OUT."""
-    from test_gpu_kit import with_stand_in_gpu
-
-    done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert [c[0] for c in commands] == ["benchmarks/bench_packing.py"] * 3
-    parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
-    assert all(args.device == "gpu" for args in parsed)
-    assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
-    assert parsed[-1].check  # the check, which compiles most, last
-    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 3
-
 
 @pytest.mark.parametrize("op_name, part", [
+    # JAX's name scopes
     ("jit(step)/jvp(block_3)/attn_norm/jit(_var)/reduce_sum", ("norms", "forward")),
     ("jit(step)/transpose(jvp(final_norm))/mul", ("norms", "backward")),
     ("jit(step)/jvp(stem)/patch_norm/sub", ("norms", "forward")),
@@ -1106,9 +826,21 @@ def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(
     ("jit(step)/jvp(compile_loss)/categorical_crossentropy/exp", ("head and loss", "forward")),
     ("jit(step)/adam_w/CosineDecay/cos", ("optimizer update", "")),
     ("jit(step)/add", ("other", "")),
+    # TensorFlow's op names
+    ("vit_1/block_4_1/mlp_1/fc1_1/Tensordot/MatMul", ("MLP", "forward")),
+    ("gradient_tape/vit_1/block_0_1/attention_1/MatMul_1/MatMul",
+     ("attention: softmax(q k^T) v", "backward")),
+    ("gradient_tape/vit_1/block_0_1/attention_1/qkv_1/Tensordot/MatMul",
+     ("attention: projections", "backward")),
+    ("gradient_tape/vit_1/block_2_1/mlp_norm_1/mul_2/Mul", ("norms", "backward")),
+    ("vit_1/stem_1/projection_1/Tensordot/MatMul", ("stem", "forward")),
+    ("adam_w/Sqrt_17", ("optimizer update", "")),
+    ("compile_loss/sparse_categorical_crossentropy/Log", ("head and loss", "forward")),
+    ("mul_28", ("other", "forward")),
+    ("vit_1/Cast", ("other", "forward")),
 ])
-def test_the_jax_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
-    assert profile_jax.part_of(op_name) == part
+def test_the_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
+    assert profile_step.part_of(op_name) == part
 
 
 class _Event:
@@ -1138,15 +870,15 @@ def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
     class Profile:
         planes = [host, gpu]
 
-    assert profile_jax.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
+    assert profile_step.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
     cpu = _Plane("/host:CPU", [_Line("thread 1", [_Event("a", 5, hlo_op="a", **kernel)]),
                                _Line("thread 2", [_Event("b", 7, hlo_op="b", **kernel)])])
 
     class CpuProfile:
         planes = [cpu]
 
-    assert profile_jax.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
-    rows = profile_jax.trace_contents(Profile)
+    assert profile_step.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
+    rows = profile_step.trace_contents(Profile)
     assert "/device:GPU:0 / XLA Ops: fusion.1 x1, gemm.2 x1" in rows
 
 
@@ -1154,7 +886,7 @@ def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
 def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
     import subprocess
 
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_jax.py")
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_step.py")
     tiny = json.dumps({"image_size": 16, "patch_size": 8, "width": 16, "depth": 1,
                        "num_heads": 2, "mlp_dim": 32, "num_classes": 3})
     done = subprocess.run(
@@ -1189,7 +921,7 @@ ENTRY %main.9 (p: f32[4]) -> f32[4] {
   ROOT %copy.5 = f32[4]{0} copy(%copy_bitcast_fusion.1)
 }
 """
-    scopes = profile_jax.instruction_scopes(hlo)
+    scopes = profile_step.instruction_scopes(hlo)
     assert scopes["dot.2"] == "jit(step)/jvp(block_0)/attn_norm/add"
     assert scopes["mul_fusion"] == "jit(step)/jvp(block_0)/mlp/mul"  # its computation's root
     # added by the compiler, no metadata anywhere: the scope of what it reads

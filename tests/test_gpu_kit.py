@@ -1,4 +1,5 @@
-"""tools/gpu/run.sh rehearsed on the CPU: what a lent GPU session runs, call by call.
+"""tools/gpu rehearsed on the CPU: run.sh, what a lent GPU session runs, call by call; the
+scripts of each check and the packing benchmark they call.
 
 A lent GPU session has minutes of device time and a bare machine each time, so the
 script has to work on its first call there. This rehearsal runs it as the session
@@ -15,6 +16,7 @@ takes two to three minutes on a 2-core machine).
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +27,10 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
+import bench_packing  # noqa: E402
+import host_waits  # noqa: E402
+
 RUN_SH = os.path.join(ROOT, "tools", "gpu", "run.sh")
 #: Extra ablate options: they come last in the recipe's command, so they win.
 TINY = ["--image-size", "32", "--steps", "2", "--steps-per-epoch", "2", "--warmup-steps", "1",
@@ -229,7 +235,7 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     input benchmark and the profile get arguments they accept, the input its folder."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_input
-    import profile_jax
+    import profile_step
 
     archive = _archive(tmp_path, "imagenette")
     _kit_with(tmp_path / "kit", archive, 0)
@@ -239,12 +245,12 @@ def test_the_imagenette_check_unpacks_the_staged_parts_and_calls_both_benchmarks
     assert done.returncode == 0, done.stderr[-2000:]
     data = tmp_path / "machine" / "data" / "imagenette2_224"
     assert sorted(os.listdir(data)) == ["train", "val"]
-    assert [c[0] for c in commands] == ["benchmarks/bench_input.py", "benchmarks/profile_jax.py"]
+    assert [c[0] for c in commands] == ["benchmarks/bench_input.py", "benchmarks/profile_step.py"]
     monkeypatch.setenv("KERAS_BACKEND", "jax")  # as the script exports it
     inputs = bench_input.parse_arguments(commands[0][1:])
     assert inputs.dataset == f"folder:{data}/train" and inputs.recipe == "imagenette"
     assert inputs.pipelines == ["python"] and inputs.mixed_precision == "mixed_bfloat16"
-    profile = profile_jax.parse_arguments(commands[1][1:])
+    profile = profile_step.parse_arguments(commands[1][1:])
     assert (profile.device, profile.preset, profile.batch_size) == ("gpu", "ti16", 256)
     assert os.path.dirname(profile.json) == str(tmp_path / "out")
     assert (tmp_path / "out" / "imagenette_check.md").read_text().count("| a row |") == 2
@@ -373,3 +379,237 @@ def test_a_data_part_is_what_a_call_carries_beside_the_tree_and_the_wheels(tmp_p
     assert size == carry.part_size(carry.tree_bytes(ROOT), 1000)
     assert carry.main([str(tmp_path / "missing")]) == 2
     assert "usage: python tools/gpu/carry.py WHEEL_DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--packs", "2", "0"], ["--steps", "0"], ["--sharing", "mps"],
+                                  ["--process-seconds", "0"], ["--runs-per-process", "0"]])
+def test_the_packing_benchmark_refuses_bad_arguments_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_packing.main(argv)
+    assert exit_info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.one_backend
+def test_packed_runs_train_as_runs_alone_and_the_table_has_a_row_per_pack_and_sharing():
+    script = os.path.join(ROOT, "tools", "gpu", "bench_packing.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "1", "3",
+         "--steps", "2", "--rounds", "1", "--check", "--sharing", "program", "processes"],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = re.search(r"3 runs in one program against each alone after 2 steps \(float32\): "
+                        r"largest difference (\S+) of the variables' scale", done.stdout)
+    assert checked and float(checked.group(1)) <= 1e-4, done.stdout
+    rows = re.findall(r"^\| (\d+) \| ([a-z ]+) \| [\d.]+ \| [\d,]+ \| ([\d.]+)x \|$",
+                      done.stdout, re.M)
+    assert [(packs, how) for packs, how, _ in rows] == [
+        ("1", "one run"), ("3", "one program"), ("3", "processes")], done.stdout
+    assert rows[0][2] == "1.00"
+    # The processes' row is printed as soon as it is measured, before the table (a lent
+    # GPU's call cut short keeps it), with how long its slowest process took to start.
+    measured = re.search(r"^3 processes: [\d.]+ ms per step, [\d,]+ images/s in all \(the "
+                         r"last compiled its step \d+ s after its start\)$", done.stdout, re.M)
+    assert measured and measured.start() < done.stdout.index("| runs |"), done.stdout
+
+
+@pytest.mark.one_backend
+def test_processes_of_several_runs_each_count_every_run_in_their_row():
+    script = os.path.join(ROOT, "tools", "gpu", "bench_packing.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model", "tiny", "--batch-size", "4", "--packs", "2",
+         "--steps", "2", "--rounds", "1", "--sharing", "processes", "--runs-per-process", "2"],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (\d+) \| ([a-z0-9 ]+) \| [\d.]+ \| ([\d,]+) \| [\d.]+x \|$",
+                      done.stdout, re.M)
+    assert [(runs, how) for runs, how, _ in rows] == [
+        ("1", "one run"), ("4", "processes of 2 runs in one program each")], done.stdout
+
+
+#: What `--device gpu --sharing mps` parses to, for the MPS rows.
+MPS_ARGS = bench_packing.parse_arguments(["--device", "gpu", "--sharing", "mps"])
+
+
+def _fake_mps_control(folder, start_code=0, servers=""):
+    """An `nvidia-cuda-mps-control` on PATH that logs its calls, as the daemon's control
+    answers them: `-d` exits with `start_code`, `get_server_list` prints `servers`."""
+    log = folder / "calls.log"
+    script = folder / "nvidia-cuda-mps-control"
+    script.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = -d ]; then
+    echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}
+    [ {start_code} = 0 ] || echo "cannot open the pipe folder" >&2
+    exit {start_code}
+fi
+read -r command
+echo "$command" >> {log}
+[ "$command" = get_server_list ] && echo {servers}
+exit 0
+""")
+    script.chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize("start_code, servers, said", [
+    (0, "4242", None),
+    (0, "", "the MPS daemon started no server; the processes ran without it"),
+    (1, "", "nvidia-cuda-mps-control -d exited with 1: cannot open the pipe folder"),
+])
+def test_mps_rows_run_under_a_daemon_that_is_quit_after_and_say_why_they_did_not(
+        tmp_path, monkeypatch, start_code, servers, said):
+    log = _fake_mps_control(tmp_path, start_code, servers)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    seen = []
+
+    def row(args, packs, how, env=None):
+        seen.append(env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert os.path.isdir(env["CUDA_MPS_PIPE_DIRECTORY"])  # while the daemon runs
+        return packs, how, 0.01, 100.0 * packs
+
+    monkeypatch.setattr(bench_packing, "processes_row", row)
+    rows = bench_packing._mps_rows(MPS_ARGS, [2, 8])
+    calls = log.read_text().split("\n")
+    if start_code:
+        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
+        assert seen == [] and calls[1:] == [""]  # nothing to quit
+        return
+    assert calls == [f"start {seen[0]}", "get_server_list", "quit", ""]
+    assert seen == [seen[0]] * 2 and not os.path.exists(seen[0])  # its folder is removed
+    if said is None:
+        assert rows == [(2, "processes under MPS", 0.01, 200.0),
+                        (8, "processes under MPS", 0.01, 800.0)]
+    else:
+        assert rows == [(k, "processes under MPS", None, said) for k in (2, 8)]
+
+
+def test_processes_that_outrun_their_time_are_stopped_and_their_row_says_so(monkeypatch,
+                                                                             capsys):
+    class Stuck:  # a worker that never ends
+        killed = False
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def communicate(self, timeout=None):
+            if not Stuck.killed:
+                time.sleep(timeout)
+                raise subprocess.TimeoutExpired("worker", timeout)
+            return "", ""
+
+        def kill(self):
+            Stuck.killed = True
+
+    monkeypatch.setattr(subprocess, "Popen", Stuck)
+    args = bench_packing.parse_arguments(["--model", "tiny", "--process-seconds", "1"])
+    started = time.monotonic()
+    row = bench_packing._guarded(lambda: bench_packing.processes_row(args, 2, "processes"), 2,
+                                 "processes")
+    assert time.monotonic() - started < 5 and Stuck.killed
+    assert row == (2, "processes", None,
+                   "2 processes did not finish in 1 s (--process-seconds)")
+    assert capsys.readouterr().out == (
+        "2 processes: did not run: 2 processes did not finish in 1 s (--process-seconds)\n")
+
+
+def test_mps_rows_name_a_machine_without_the_daemon(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rows = bench_packing._mps_rows(MPS_ARGS, [8])
+    assert rows == [(8, "processes under MPS", None,
+                     "nvidia-cuda-mps-control is not on this machine's PATH")]
+    assert capsys.readouterr().out == ("processes under MPS: did not run: "
+                                       "nvidia-cuda-mps-control is not on this machine's PATH\n")
+
+
+def test_packing_benchmark_refuses_a_process_with_another_keras_backend(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    with pytest.raises(SystemExit, match="run it with KERAS_BACKEND=jax"):
+        bench_packing.main(["--model", "tiny"])
+
+
+def test_a_failed_packing_check_ends_the_script_after_its_table(monkeypatch, capsys):
+    import keras
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("bench_packing.py times JAX programs (the subprocess test covers the check)")
+    from keras_vitnorm import ops
+
+    monkeypatch.setattr(bench_packing, "check", lambda *args: 0.5)
+    fence = ops.fast_path_enabled("residual_fence")  # the script turns it off
+    try:
+        with pytest.raises(SystemExit, match=r"the check failed: .*\(2 runs: 5.00e-01\)"):
+            bench_packing.main(["--model", "tiny", "--batch-size", "2", "--packs", "1", "2",
+                                "--steps", "1", "--rounds", "1", "--check"])
+    finally:
+        keras.config.set_dtype_policy("float32")
+        ops.set_fast_paths(fence, ["residual_fence"])
+    out = capsys.readouterr().out
+    assert "largest difference 5.00e-01" in out and "| 2 |" in out  # the table came first
+
+
+def test_the_packing_check_script_calls_the_benchmark_with_arguments_it_accepts(tmp_path):
+    """tools/gpu/packing.sh with `python3` and `nvidia-smi` stood in for: each of its
+    commands parses (a refused one would spend a lent GPU's minutes on an error), and
+    its output comes back in $OUT."""
+    done, commands = with_stand_in_gpu(tmp_path, "packing.sh", printed="| 1 | table |")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [c[0] for c in commands] == ["tools/gpu/bench_packing.py"] * 3
+    parsed = [bench_packing.parse_arguments(c[1:]) for c in commands]
+    assert all(args.device == "gpu" for args in parsed)
+    assert {"processes", "mps"} <= {how for args in parsed for how in args.sharing}
+    assert parsed[-1].check  # the check, which compiles most, last
+    assert (tmp_path / "out" / "packing.md").read_text().count("| 1 | table |") == 3
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="counts the PyTorch backend's calls")
+def test_host_waits_counts_reads_and_uploads_and_not_device_work():
+    """Each read of a value and each tensor made from host data counts once, by phase;
+    work that stays on the device, and tensors named as kept on the host, do not."""
+    import torch
+
+    x = torch.ones(3)
+    step = torch.zeros(())  # as PyTorch's optimizers keep their step counters
+    with host_waits.HostWaits(host_tensors=[step]) as waits:
+        waits.mark("first")
+        y = torch.nn.functional.softmax(x * 2.0, dim=0).sum()  # device work only
+        y.item()
+        float(y)
+        bool(y > 0)
+        waits.mark("second")
+        y.numpy()
+        y.tolist()
+        torch.as_tensor(0.5)
+        torch.tensor([1, 2])
+        x[x > 0]  # boolean indexing: the output's size is a value
+        step.item()
+    assert waits.count() == 8 and waits.count(phase="second") == 5
+    assert (waits.count("read"), waits.count("upload")) == (6, 2)
+    sites = waits.sites("first")
+    assert sum(sites.values()) == 3
+    assert all("test_gpu_kit.py" in frames for _, _, frames in sites)
+    assert "3 reads, 0 uploads" in waits.report("first")
+
+
+@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+                    reason="counts the PyTorch backend's calls")
+def test_host_waits_counts_keras_step_and_the_references_side_by_side(capsys):
+    """Keras' `train_on_batch` makes the host wait at each Python number it turns into a
+    tensor; the reference waits once, for its loss (docs/performance.md, "Where the host
+    waits")."""
+    assert host_waits.main(["--mode", "train", "--reference", "--batch-size", "1"]) == 0
+    out = capsys.readouterr().out
+    keras_part, reference_part = out.split("== transformers ViT (reference), one train call")
+    assert keras_part.startswith("== keras_vitnorm (torch), train, float32, fast paths on")
+    waits = int(keras_part.split("\n")[1].split()[0])
+    assert waits > 1
+    assert reference_part.split("\n")[1] == "1 calls that would wait for the GPU (1 reads, 0 uploads)"
+
+
+@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--mode", "test"],
+                                  ["--mode", "fit", "--reference"]])
+def test_host_waits_refuses_bad_arguments_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        host_waits.main(argv)
+    assert exit_info.value.code == 2
+    assert argv[-1].lstrip("-") in capsys.readouterr().err

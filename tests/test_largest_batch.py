@@ -1,5 +1,5 @@
-"""Peak memory of the benchmark workers and the search for the largest batch that fits
-(benchmarks/_memory.py, bench_vit.py --largest-batch): the search against simulated
+"""Peak memory of the benchmark workers (benchmarks/_memory.py) and the search for the
+largest batch that fits (tools/gpu/largest_batch.py): the search against simulated
 memory, the failures it must tell apart, and one real search on the CPU."""
 
 import argparse
@@ -12,11 +12,13 @@ import textwrap
 
 import pytest
 
-BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 sys.path.insert(0, BENCHMARKS)
+sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
 import _common  # noqa: E402
 import _memory  # noqa: E402
-import bench_vit  # noqa: E402
+import largest_batch  # noqa: E402
 
 
 class Device:
@@ -43,7 +45,7 @@ class Device:
         return {"fits": True, "peak_bytes": self.peak(batch), "capacity_bytes": self.capacity}
 
     def search(self, start=256, limit=8192, deadline=1e9, known=None):
-        return _memory.largest_batch(self.try_batch, start, limit, deadline, known=known,
+        return largest_batch.largest_batch(self.try_batch, start, limit, deadline, known=known,
                                      clock=self.clock)
 
 
@@ -76,7 +78,7 @@ def test_a_prediction_the_device_refutes_gives_way_to_bisection():
             outcome["capacity_bytes"] = next(answers, device.capacity)
         return outcome
 
-    result = _memory.largest_batch(optimistic, 256, 8192, 1e9, known={256: device.peak(256)},
+    result = largest_batch.largest_batch(optimistic, 256, 8192, 1e9, known={256: device.peak(256)},
                                    clock=device.clock)
     batches = [batch for batch, _ in device.tried]
     assert batches[:3] == [512, 1096, 800]  # predicted 1100 fails: the middle (804) next
@@ -113,12 +115,12 @@ def test_it_starts_no_try_it_cannot_finish_and_gives_each_the_time_left():
 def test_a_failure_other_than_memory_ends_the_search_with_what_it_found():
     outcomes = iter([{"fits": True, "peak_bytes": None, "capacity_bytes": None},
                      {"error": "RuntimeError: cuDNN broke"}])
-    result = _memory.largest_batch(lambda batch, seconds: next(outcomes), 8, 64, 1e9,
+    result = largest_batch.largest_batch(lambda batch, seconds: next(outcomes), 8, 64, 1e9,
                                    clock=lambda: 0.0)
     assert (result["largest"], result["stopped"]) == (8, "error")
-    cell = _memory.describe_largest_batch(result)
+    cell = largest_batch.describe_largest_batch(result)
     assert cell == ">= 8 (batch 16 failed: RuntimeError: cuDNN broke)"
-    timed_out = _memory.largest_batch(
+    timed_out = largest_batch.largest_batch(
         lambda batch, seconds: {"error": "still running", "timed_out": True}, 8, 64, 1e9,
         clock=lambda: 0.0)
     assert timed_out["stopped"] == "time" and timed_out["largest"] is None
@@ -133,15 +135,15 @@ def test_a_failure_other_than_memory_ends_the_search_with_what_it_found():
     ({"largest": None, "does_not_fit": 1, "stopped": "nothing fits"}, "none: 1 does not fit"),
 ])
 def test_each_outcome_has_its_own_cell(result, cell):
-    assert _memory.describe_largest_batch({**result, "tries": []}) == cell
+    assert largest_batch.describe_largest_batch({**result, "tries": []}) == cell
 
 
 def test_predicted_largest_is_a_safe_bound_from_one_peak_and_the_line_from_two():
     # One point: fixed part 2 GB, 70 MB per example, 79 GB: batch * capacity / peak.
-    assert _memory.predicted_largest({256: 2e9 + 7e7 * 256}, 79e9) == int(256 * 79e9 / 19.92e9)
-    assert _memory.predicted_largest({256: 19.92e9, 512: 2e9 + 7e7 * 512}, 79e9) == 1100
-    assert _memory.predicted_largest({256: 19.92e9}, None) is None
-    assert _memory.predicted_largest({256: None}, 79e9) is None
+    assert largest_batch.predicted_largest({256: 2e9 + 7e7 * 256}, 79e9) == int(256 * 79e9 / 19.92e9)
+    assert largest_batch.predicted_largest({256: 19.92e9, 512: 2e9 + 7e7 * 512}, 79e9) == 1100
+    assert largest_batch.predicted_largest({256: 19.92e9}, None) is None
+    assert largest_batch.predicted_largest({256: None}, 79e9) is None
 
 
 def test_the_implementations_share_the_time_quickest_compilation_first():
@@ -157,7 +159,7 @@ def test_the_implementations_share_the_time_quickest_compilation_first():
     results = {"slow": {"train": {"compile_s": 30.0, "peak_bytes": 5}},
                "failed": {"error": "no timm"},
                "quick": {"train": {"compile_s": 1.0, "peak_bytes": 3}}}
-    found = _memory.largest_batches(runs, results, 128, 256, 90.0, attempt, clock=lambda: clock[0])
+    found = largest_batch.largest_batches(runs, results, 128, 256, 90.0, attempt, clock=lambda: clock[0])
     assert list(found) == ["quick", "slow"]  # the failed one is not searched
     # quick may use half of the 90 s; its one try (256, the limit) leaves 80 s to slow.
     # The table's step at 128 counts as a fit: neither tries it again.
@@ -245,19 +247,24 @@ def test_worker_memory_on_the_cpu_is_the_peak_resident_memory_since_its_reset():
 
 @pytest.mark.one_backend
 def test_largest_batch_search_on_the_cpu_reports_peak_memory_and_each_try(tmp_path, capsys):
-    """A whole run: the table's worker and one try of the search, each a process of its own;
-    the search stops at the limit. The driver is the same under every backend."""
-    path = tmp_path / "result.json"
-    assert bench_vit.main([
-        "--backends", "torch", "--no-reference", "--image-size", "16", "--batch-size", "2",
-        "--steps", "1", "--repeats", "1", "--warmup", "0", "--threads", "1",
-        "--host-memory", "default",
-        "--overrides", '{"depth": 1, "width": 16, "num_heads": 2, "mlp_dim": 32, "patch_size": 8}',
-        "--largest-batch", "--largest-batch-limit", "4", "--json", str(path)]) == 0
-    report = json.loads(path.read_text())
-    train = report["results"]["keras_vitnorm (torch)"]["train"]
+    """A whole run: bench_vit's table, then one try of the search seeded by it, each a
+    process of its own; the search stops at the limit. The driver is the same under every
+    backend."""
+    import bench_vit
+
+    tiny = ["--backends", "torch", "--no-reference", "--image-size", "16", "--batch-size", "2",
+            "--threads", "1", "--host-memory", "default", "--overrides",
+            '{"depth": 1, "width": 16, "num_heads": 2, "mlp_dim": 32, "patch_size": 8}']
+    table = tmp_path / "table.json"
+    assert bench_vit.main([*tiny, "--modes", "train", "--steps", "1", "--repeats", "1",
+                           "--warmup", "0", "--json", str(table)]) == 0
+    train = json.loads(table.read_text())["results"]["keras_vitnorm (torch)"]["train"]
     assert train["peak_bytes"] > 50 << 20 and train["capacity_bytes"] is None  # host memory
-    found = report["largest_batch"]["keras_vitnorm (torch)"]
+    capsys.readouterr()
+    path = tmp_path / "result.json"
+    assert largest_batch.main([*tiny, "--limit", "4", "--known", str(table),
+                               "--json", str(path)]) == 0
+    found = json.loads(path.read_text())["largest_batch"]["keras_vitnorm (torch)"]
     assert (found["largest"], found["stopped"]) == (4, "limit")
     assert [(t["batch"], t["fits"]) for t in found["tries"]] == [(4, True)]
     assert found["tries"][0]["peak_bytes"] > 50 << 20
@@ -268,8 +275,7 @@ def test_largest_batch_search_on_the_cpu_reports_peak_memory_and_each_try(tmp_pa
 
 def test_largest_batch_table_shows_the_peak_at_the_largest_batch_and_the_tries():
     args = argparse.Namespace(device="gpu", preset="b16", image_size=224,
-                              mixed_precision="mixed_bfloat16", batch_size=256,
-                              largest_batch_limit=8192)
+                              mixed_precision="mixed_bfloat16", batch_size=256, limit=8192)
     found = {"jax": {"largest": 1096, "does_not_fit": 1160, "stopped": "bracket",
                      "known": {"256": 20 * 2**30}, "tries": [
         {"batch": 512, "fits": True, "peak_bytes": 40 * 2**30, "capacity_bytes": 76 * 2**30},
@@ -279,7 +285,7 @@ def test_largest_batch_table_shows_the_peak_at_the_largest_batch_and_the_tries()
                  "tries": [{"batch": 256, "error": "x | ImportError: no timm"}]},
         "torch": {"largest": 256, "does_not_fit": None, "stopped": "time",
                   "known": {256: 30 * 2**30}, "tries": []}}
-    lines = bench_vit.largest_batch_table(args, found)
+    lines = largest_batch.largest_batch_table(args, found)
     assert lines[4] == ("| jax | 1096 (1160 does not fit) | 75.0 | 76.0 | "
                         "256 known, 512 fits, 1096 fits, 1160 does not fit |")
     assert lines[5] == ("| timm | none found (batch 256 failed: ImportError: no timm) | n/a "
@@ -290,8 +296,7 @@ def test_largest_batch_table_shows_the_peak_at_the_largest_batch_and_the_tries()
 
 def _search_arguments(path, *more):
     return ["--backends", "torch", "--no-reference", "--batch-size", "2", "--threads", "1",
-            "--largest-batch-only", "--largest-batch-limit", "8",
-            "--largest-batch-known", str(path), *more]
+            "--limit", "8", "--known", str(path), *more]
 
 
 @pytest.mark.one_backend
@@ -303,14 +308,14 @@ def test_a_known_table_seeds_the_search_and_must_share_its_settings(tmp_path, mo
         tried.append((implementation, batch))
         return {"fits": batch <= 4, "peak_bytes": None, "capacity_bytes": None}
 
-    monkeypatch.setattr(bench_vit, "try_batch", fake_try)
+    monkeypatch.setattr(largest_batch, "try_batch", fake_try)
     settings = {"preset": "s16", "image_size": 224, "batch_size": 2, "mixed_precision": "float32",
                 "device": "cpu", "overrides": "{}"}
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"settings": settings, "results": {
         "keras_vitnorm (torch)": {"train": {"compile_s": 1.0, "peak_bytes": 100}}}}))
     out = tmp_path / "largest.json"
-    assert bench_vit.main(_search_arguments(table, "--json", str(out))) == 0
+    assert largest_batch.main(_search_arguments(table, "--json", str(out))) == 0
     # The table's step at 2 fitted: the search starts by doubling it.
     assert tried == [("keras", 4), ("keras", 8)]
     found = json.loads(out.read_text())["largest_batch"]["keras_vitnorm (torch)"]
@@ -318,9 +323,23 @@ def test_a_known_table_seeds_the_search_and_must_share_its_settings(tmp_path, mo
     capsys.readouterr()
     table.write_text(json.dumps({"settings": {**settings, "batch_size": 256}, "results": {}}))
     with pytest.raises(SystemExit):
-        bench_vit.main(_search_arguments(table))
+        largest_batch.main(_search_arguments(table))
     assert "was measured with batch_size 256, this search has 2" in capsys.readouterr().err
     table.write_text("[1, 2]")
     with pytest.raises(SystemExit):
-        bench_vit.main(_search_arguments(table))
-    assert "not a table of this script's --json" in capsys.readouterr().err
+        largest_batch.main(_search_arguments(table))
+    assert "not a table of bench_vit.py's --json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--limit", "64", "--device", "cpu", "--seconds", "0"],
+    ["--device", "cpu"],  # no limit on the CPU
+    ["--limit", "0"],
+    ["--limit", "8", "--batch-size", "16"],
+    ["--overrides", '{"image_size": 32}', "--limit", "64"],
+])
+def test_bad_arguments_exit_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        largest_batch.main(argv)
+    assert exit_info.value.code == 2
+    assert "error: --" in capsys.readouterr().err

@@ -6,7 +6,7 @@ gives each one's measured whole-step gain); so have RandAugment in both input
 pipelines (`bincount_histogram`, `augmentation_program`). The fast forms are on by
 default. Turn
 one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
-one, or to time a form against the other (`benchmarks/bench_ab.py` does):
+one, or to time a form against the other (`benchmarks/bench_vit.py --other-forms` does):
 
     KERAS_VITNORM_FAST_PATHS=0 python train.py            # all off
     KERAS_VITNORM_FAST_PATHS=attention,linear python ...  # only these on

@@ -14,7 +14,7 @@
 #      (RandAugment's chosen operations one image at a time: a loop of 256 with a
 #      switch per slot, many small kernels and a host round trip per iteration on a GPU);
 #   2. Ti/16's training step alone (batch 256, mixed_bfloat16, the batch already on the
-#      device), by part of the model: benchmarks/profile_jax.py (JSON: profile_ti16.json).
+#      device), by part of the model: benchmarks/profile_step.py (JSON: profile_ti16.json).
 # Both print into $OUT/imagenette_check.md as they go, so a call cut short keeps what
 # it measured.
 set -uo pipefail
@@ -27,8 +27,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     python3 benchmarks/bench_input.py --dataset "folder:$data/train" --recipe imagenette \
         --image-size 224 --batch-size 256 --batches 8 --rounds 2 --pipelines python \
         --mixed-precision mixed_bfloat16 2>&1
-    echo "== profile_jax.py ($(date +%T))"
-    python3 benchmarks/profile_jax.py --device gpu --preset ti16 --batch-size 256 \
+    echo "== profile_step.py ($(date +%T))"
+    python3 benchmarks/profile_step.py --device gpu --preset ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --json "$OUT/profile_ti16.json" 2>&1
     echo "== done $(date +%T)"
 } | tee "$OUT/imagenette_check.md"

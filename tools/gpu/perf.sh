@@ -9,8 +9,9 @@
 #
 #   bash tools/gpu/perf.sh [table|largest|all] [SECONDS]
 #     table    the two tables (benchmarks/bench_vit.py --interleave, 3 rounds)
-#     largest  only the B/16 largest-batch search, for at most SECONDS (default 270); on
-#              the warm machine of a `table` call, its B/16 steps count as known fits
+#     largest  only the B/16 largest-batch search (tools/gpu/largest_batch.py), for at most
+#              SECONDS (default 270); on the warm machine of a `table` call, its B/16 steps
+#              count as known fits
 #     all      (default) the tables, then the search with what is left of SECONDS
 #              (default 290) since the script started; skipped with under 30 s left
 #
@@ -55,7 +56,7 @@ setup=(--device "$device" --batch-size "${PERF_BATCH:-256}" --image-size "${PERF
        --mixed-precision mixed_bfloat16
        --backends "${backends[@]}" --overrides "${PERF_OVERRIDES:-$no_overrides}")
 [ ${#timm[@]} -gt 0 ] && setup+=(--timm "${timm[@]}")
-[ -n "${PERF_LIMIT:-}" ] && limit=(--largest-batch-limit "$PERF_LIMIT") || limit=()
+[ -n "${PERF_LIMIT:-}" ] && limit=(--limit "$PERF_LIMIT") || limit=()
 elapsed() { echo "[$((SECONDS - start)) s] $*" | tee -a "$log" >&2; }
 
 if [ "$device" = gpu ]; then
@@ -95,9 +96,9 @@ if [ "$mode" != table ]; then
         # The table's training steps at this batch are known fits: one try less each.
         known=()
         table=/tmp/perf-tables/${presets[0]}.json
-        [ -f "$table" ] && known=(--largest-batch-known "$table")
-        "$PYTHON" benchmarks/bench_vit.py "${setup[@]}" --preset "${presets[0]}" --modes train \
-            --largest-batch-only --largest-batch-seconds "$left" "${limit[@]}" "${known[@]}" \
+        [ -f "$table" ] && known=(--known "$table")
+        "$PYTHON" tools/gpu/largest_batch.py "${setup[@]}" --preset "${presets[0]}" \
+            --seconds "$left" "${limit[@]}" "${known[@]}" \
             --json "$out/largest.json" --markdown "$out/largest.md" 2>> "$log" \
             || elapsed "the largest-batch search failed"
         cat "$out/largest.md" >> "$out/perf.md" 2>/dev/null

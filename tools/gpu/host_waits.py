@@ -1,9 +1,9 @@
 """Counts the calls in a PyTorch step that would make the host wait for a GPU, on any device.
 
-    python benchmarks/host_waits.py --mode train
-    python benchmarks/host_waits.py --mode fit --mixed-precision mixed_bfloat16 --fast-paths off
-    python benchmarks/host_waits.py --mode evaluate
-    python benchmarks/host_waits.py --mode inference --preset s16 --batch-size 4
+    python tools/gpu/host_waits.py --mode train --reference
+    python tools/gpu/host_waits.py --mode fit --mixed-precision mixed_bfloat16 --fast-paths off
+    python tools/gpu/host_waits.py --mode evaluate
+    python tools/gpu/host_waits.py --mode inference --preset s16 --batch-size 4
 
 On a GPU, PyTorch launches kernels without waiting for them, and the host runs ahead
 of the device, except where it needs a value back or hands over host memory: a
@@ -28,9 +28,9 @@ what Keras' callbacks read on their worker thread is not counted, since the step
 thread does not wait for it.
 
 This script builds a keras_vitnorm ViT on the PyTorch backend (AdamW and
-cross-entropy, as `bench_vit.py` compiles it; the batch on the device as there) and
-prints, for one step after two warm-up steps, every call that would wait, grouped by
-site, with the count by kind:
+cross-entropy, as `benchmarks/bench_vit.py` compiles it; the batch on the device as
+there) and prints, for one step after two warm-up steps, every call that would wait,
+grouped by site, with the count by kind:
 
 - `--mode train`: one `train_on_batch`.
 - `--mode fit`: one step of `fit` (the calls between two batches' starts, after two
@@ -39,7 +39,10 @@ site, with the count by kind:
 - `--mode inference`: one `predict_on_batch`.
 
 `--fast-paths off` switches the library's fast paths off (`keras_vitnorm.ops`); the
-step itself is Keras' either way.
+step itself is Keras' either way. `--reference` (train and inference) counts the
+transformers ViT's step too, run as `benchmarks/bench_vit.py` runs it. Where PyTorch
+sees a GPU, each step then runs once more under `torch.cuda.set_sync_debug_mode("warn")`
+and the calls at which PyTorch itself saw the host wait are listed beside the count.
 """
 
 import argparse
@@ -47,8 +50,12 @@ import collections
 import os
 import sys
 import traceback
+import warnings
 
-from _common import check_positive_ints
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                                "benchmarks"))
+from _common import check_positive_ints  # noqa: E402
+from _common import reference_steps  # noqa: E402
 
 #: Kinds of calls that wait: a value read back to the host, a tensor made from host data.
 READ, UPLOAD = "read", "upload"
@@ -191,7 +198,7 @@ def _compute_device():
     return torch.device(get_device())
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)) + os.sep
 
 
 def _short(filename):
@@ -200,8 +207,8 @@ def _short(filename):
 
 
 def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
-    """A `HostWaits` of one `train_on_batch`, `fit` or `evaluate` step or `predict_on_batch`
-    of a ViT.
+    """`(HostWaits, step)` of one `train_on_batch`, `fit` or `evaluate` step or
+    `predict_on_batch` of a ViT; `step` runs one more (None for `fit` and `evaluate`).
 
     The model (compiled as `bench_vit.py` compiles it, plus accuracy in `"fit"` and
     `"evaluate"`) runs `warmup` steps first, unrecorded. For `"fit"` and `"evaluate"`,
@@ -241,7 +248,7 @@ def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
         extra = {"epochs": 1, "shuffle": False} if mode == "fit" else {}
         with waits:
             run(xs, ys, batch_size=batch_size, verbose=0, callbacks=[Phases()], **extra)
-        return waits
+        return waits, None
     x, y = (keras.ops.convert_to_tensor(a) for a in (x, y))  # on the device, as bench_vit.py
     step = ((lambda: model.train_on_batch(x, y)) if mode == "train"
             else (lambda: model.predict_on_batch(x)))
@@ -249,7 +256,34 @@ def keras_waits(mode, config, batch_size, mixed_precision="float32", warmup=2):
         step()
     with waits:
         step()
-    return waits
+    return waits, step
+
+
+def synchronizing_calls(step, frames=6):
+    """`{innermost Python frames: count}` of the calls in `step()` that made the host wait for
+    the GPU, as PyTorch's sync debug mode warns at each (a `.item()`, a copy to the host, a
+    copy from pageable host memory); the stack is read at that moment."""
+    import torch
+
+    found = collections.Counter()
+
+    def record(*args, **kwargs):
+        stack = [f for f in traceback.extract_stack()[:-1]
+                 if not f.filename.endswith("warnings.py")]
+        if stack[-1].name == "set_sync_debug_mode":  # the mode announces itself; not a wait
+            return
+        found["\n".join(f"    {_short(f.filename)}:{f.lineno} {f.name}: {f.line}"
+                         for f in stack[-frames:])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return found
 
 
 def main(argv=None):
@@ -262,8 +296,12 @@ def main(argv=None):
     parser.add_argument("--mixed-precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
     parser.add_argument("--fast-paths", choices=("on", "off"), default="on")
+    parser.add_argument("--reference", action="store_true",
+                        help="count the transformers ViT's step too (train and inference)")
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("image_size", "batch_size"))
+    if args.reference and args.mode not in ("train", "inference"):
+        parser.error(f"--reference counts a train or inference step, not {args.mode}")
     if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
         parser.error("Keras is already imported with another backend; run this script on its own")
     os.environ["KERAS_BACKEND"] = "torch"
@@ -274,13 +312,33 @@ def main(argv=None):
         config = {**preset_config(args.preset), "image_size": args.image_size, "num_classes": 10}
     except ValueError as error:
         parser.error(f"--preset: {error}")
+    import torch
+
     with ops.fast_paths(args.fast_paths == "on"):
-        waits = keras_waits(args.mode, config, args.batch_size, args.mixed_precision)
-    phase = 2 if args.mode in ("fit", "evaluate") else None
-    what = f"step of {args.mode}" if phase is not None else f"{args.mode} call"
-    print(f"== keras_vitnorm (torch), {args.mode}, {args.mixed_precision}, fast paths "
-          f"{args.fast_paths}: one {what}")
-    print(waits.report(phase))
+        waits, step = keras_waits(args.mode, config, args.batch_size, args.mixed_precision)
+        phase = 2 if args.mode in ("fit", "evaluate") else None
+        what = f"step of {args.mode}" if phase is not None else f"{args.mode} call"
+        print(f"== keras_vitnorm (torch), {args.mode}, {args.mixed_precision}, fast paths "
+              f"{args.fast_paths}: one {what}")
+        print(waits.report(phase))
+        steps = [("keras_vitnorm (torch)", step)] if step else []
+        if args.reference:
+            device = "gpu" if torch.cuda.is_available() else "cpu"
+            reference = reference_steps(config, args.batch_size, [args.mode], os.cpu_count(),
+                                        device, args.mixed_precision)[args.mode]
+            for _ in range(2):
+                reference()
+            with HostWaits(host_tensors=getattr(reference, "host_tensors", list)()) as waits:
+                reference()
+            print(f"== transformers ViT (reference), one {what}")
+            print(waits.report())
+            steps.append(("transformers ViT (reference)", reference))
+        for name, step in steps if torch.cuda.is_available() else ():
+            stacks = synchronizing_calls(step)
+            print(f"== {name}, one {what} under PyTorch's sync debug mode: "
+                  f"{sum(stacks.values())} calls that waited for the GPU")
+            for frames, count in stacks.items():
+                print(f"x{count}:\n{frames}")
     return 0
 
 

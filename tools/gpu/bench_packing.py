@@ -1,11 +1,11 @@
 """Several runs of one small model sharing a device: trained as one program, as
 processes side by side, or as processes under CUDA MPS; what each would give a study.
 
-    KERAS_BACKEND=jax python benchmarks/bench_packing.py --model study --batch-size 256 \
+    KERAS_BACKEND=jax python tools/gpu/bench_packing.py --model study --batch-size 256 \
         --mixed-precision mixed_bfloat16 --packs 1 2 4 8
-    KERAS_BACKEND=jax python benchmarks/bench_packing.py --model ti16 --batch-size 256 \
+    KERAS_BACKEND=jax python tools/gpu/bench_packing.py --model ti16 --batch-size 256 \
         --mixed-precision mixed_bfloat16 --packs 1 2 4
-    KERAS_BACKEND=jax python benchmarks/bench_packing.py --device gpu --packs 1 8 \
+    KERAS_BACKEND=jax python tools/gpu/bench_packing.py --device gpu --packs 1 8 \
         --sharing program processes mps
 
 A study's runs are small: the CIFAR-10 study's ViT (1.2M parameters, 64 tokens) is a
@@ -15,9 +15,9 @@ the training step of `fit` (Keras' `train_step` on the model's state: forward,
 backward, AdamW on the recipes' warm-up and cosine schedule with kernel-only weight
 decay, global-norm clipping, label smoothing) mapped over K stacked states and K
 batches with `jax.vmap`, under `jax.jit`, the batches already on the device (the input
-pipeline is `bench_input.py`'s). K = 1 is the step as `fit` runs it, not mapped. Per
-K: the step's time (median over `--rounds` rounds of `--steps` steps) and the images
-per second of all K runs together, against K = 1.
+pipeline is `benchmarks/bench_input.py`'s). K = 1 is the step as `fit` runs it, not
+mapped. Per K: the step's time (median over `--rounds` rounds of `--steps` steps) and
+the images per second of all K runs together, against K = 1.
 
 `--sharing` adds the other ways K runs can share the device, each timed on the same
 step of one run: `processes`, K processes side by side (as `ablate --parallel K` trains
@@ -64,12 +64,32 @@ import sys
 import tempfile
 import time
 
-from _common import check_positive_ints
-from _common import jax_training
-from _common import require_jax_backend
-from _common import require_jax_device
-from _common import wait_at_barrier
-from _common import worker_result
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                                "benchmarks"))
+from _common import check_positive_ints  # noqa: E402
+from _common import jax_training  # noqa: E402
+from _common import wait_at_barrier  # noqa: E402
+from _common import worker_result  # noqa: E402
+
+
+def require_jax_backend(script, does):
+    """Exits unless this process's Keras backend is JAX (or not set), and sets it: for
+    the scripts that build JAX programs themselves (`does`: what the script does)."""
+    found = os.environ.get("KERAS_BACKEND", "jax")
+    if found != "jax":
+        raise SystemExit(f"{script} {does}: run it with KERAS_BACKEND=jax (this process has "
+                         f"KERAS_BACKEND={found}).")
+    os.environ["KERAS_BACKEND"] = "jax"
+
+
+def require_jax_device(device):
+    """Exits unless JAX computes on `device` ("cpu" or "gpu") here."""
+    import jax
+
+    if device == "gpu" and jax.default_backend() != "gpu":
+        raise SystemExit(f"--device gpu: JAX has no GPU here (its backend is "
+                         f"{jax.default_backend()}).")
+
 
 MODELS = {
     "study": dict(image_size=32, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=512),
