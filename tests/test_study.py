@@ -77,12 +77,14 @@ def test_patch_embedding_gradient_ratio_matches_numpy(tmp_path):
     path.write_text(
         "step,group,norm\n"
         "0,stem/projection,0\n0,block_0/mlp/fc1,0\n0,head,2\n"
+        # still the zero head after a warm-up step at rate 0: no gradient below it either
+        "1,stem/projection,0\n1,block_0/mlp/fc1,0\n1,head,2\n"
         "5,stem/projection,6\n5,block_0/mlp/fc1,3\n5,block_0/attention/qkv,1\n5,block_0/attn_norm,50\n"
         "5,block_1/mlp/fc2,2\n5,head,9\n"
         "10,stem/projection,1\n10,block_0/mlp/fc1,4\n10,block_0/attention/qkv,2\n10,block_1/mlp/fc2,3\n"
     )
     stats = tables.patch_embedding_gradient_ratio(str(path))
-    # Norm layers and the head are not block dense layers; step 0 is left out.
+    # Norm layers and the head are not block dense layers; the zero-head records are left out.
     assert stats["ratio_to_max"] == pytest.approx(np.mean([6 / 3, 1 / 4]))
     assert stats["ratio_to_median"] == pytest.approx(np.mean([6 / 2, 1 / 3]))
     assert stats["largest"] == pytest.approx(0.5)

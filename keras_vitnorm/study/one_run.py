@@ -55,17 +55,19 @@ def recorded_differences(config, run_dir):
 
 
 def read_grad_norms(grad_norms_csv):
-    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, the step-0 record left out
-    (with the zero-initialized head every gradient but the head's is zero there)."""
+    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, leaving out the records while
+    the zero-initialized head is still zero (step 0, and the steps of a warm-up at rate 0),
+    where every gradient but the head's is zero."""
     steps = {}
     with open(grad_norms_csv, newline="") as f:
         for row in csv.DictReader(f):
-            if int(row["step"]) > 0:
-                steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
-    return steps
+            steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
+    return {step: layers for step, layers in steps.items()
+            if any(norm for layer, norm in layers.items() if layer != "head")}
 
 
-def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None, analyze=True):
+def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None,
+            analyze=True, track=None):
     """Trains (or resumes, or skips if finished) one run; returns its results row.
 
     `analyze` computes a finished run's `analysis.json` (the study's figures read it).
@@ -79,7 +81,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
             print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
         try:
             train(config, resume=resume, verbose=verbose if verbose > 1 else 0,
-                  take_over_lock=take_over_lock)
+                  take_over_lock=take_over_lock, track=track)
         except TrainingDiverged:
             pass
         metrics = read_metrics(run_dir)
