@@ -53,6 +53,10 @@ def add_parser(commands):
                        help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
                        + LOGS_NOTE)
     study.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
+    study.add_argument("--track", choices=("mlflow",),
+                       help="mlflow: the study is an MLflow run (its tables and figures its "
+                       "artifacts), each of its runs a child run with its settings and metrics "
+                       "(MLFLOW_TRACKING_URI, default ./mlflow.db)")
     study.add_argument("--parallel", type=int, default=1, metavar="N",
                        help="train N runs at once, each in its own process with its output in "
                        "<output-dir>/logs/ (default 1: one after another)")
@@ -127,7 +131,8 @@ def run(args):
     rows = run_study(config, groups, args.seeds, args.study_dir, variants, args.verbose,
                      take_over_lock=args.take_over_lock, parallel=args.parallel,
                      threads_per_run=args.threads_per_run, mode=mode, lr_sweep=args.lr_sweep,
-                     sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep)
+                     sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep,
+                     track=args.track == "mlflow")
     if mode == "plan":
         return  # run_study named the commands it wrote
     for group in groups:

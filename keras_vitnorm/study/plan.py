@@ -24,16 +24,16 @@ def job_file_stem(run_dir, study_dir):
     return os.path.relpath(run_dir, study_dir).replace(os.sep, "-")
 
 
-def job(group, name, config, run_dir, study_dir, take_over_lock=False):
+def job(group, name, config, run_dir, study_dir, take_over_lock=False, track=None):
     """What a job file holds: the run's group, variant, seed and settings, its run
-    directory relative to the study directory."""
+    directory relative to the study directory, and its MLflow `track` (or None)."""
     relative = os.path.relpath(run_dir, study_dir)
     return {"group": group, "name": name, "seed": config.seed, "run_dir": relative,
             "config": {**config.to_dict(), "output_dir": relative},
-            "take_over_lock": take_over_lock, "verbose": 2}
+            "take_over_lock": take_over_lock, "verbose": 2, "track": track}
 
 
-def write_plan(jobs, study_dir, say=None):
+def write_plan(jobs, study_dir, say=None, track=None):
     """Writes the job file of each of `jobs` (`(group, variant, config, run directory)`,
     unfinished runs, each once) and `commands.txt`; job files of runs no longer in the
     plan are removed. Returns the commands, in the plan's order."""
@@ -44,7 +44,8 @@ def write_plan(jobs, study_dir, say=None):
     for group, name, config, run_dir in jobs:
         file_name = job_file_stem(run_dir, study_dir) + JOB_SUFFIX
         durable.write_json(os.path.join(folder, file_name),
-                           job(group, name, config, run_dir, study_dir))
+                           job(group, name, config, run_dir, study_dir,
+                               track=track(run_dir) if track else None))
         kept.add(file_name)
         path = os.path.join(study_dir, PLAN_FOLDER, file_name)
         commands.append(f"KERAS_BACKEND={backend_name} keras-vitnorm ablate-job "
@@ -98,7 +99,8 @@ def run_job(path, verbose=None):
         raise ValueError(f"{path} holds settings this version cannot take ({error}).") from None
     row = run_one(config, content["group"], content["name"], content["run_dir"],
                   content.get("verbose", 2) if verbose is None else verbose,
-                  take_over_lock=content.get("take_over_lock", False), analyze=False)
+                  take_over_lock=content.get("take_over_lock", False), analyze=False,
+                  track=content.get("track"))
     if row["status"] == "completed":
         run_analysis(content["run_dir"], probe_images(config))
     return row

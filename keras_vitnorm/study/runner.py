@@ -39,7 +39,7 @@ MODES = ("train", "tables", "plan")
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
               parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None,
-              extend_sweep=False):
+              extend_sweep=False, track=False):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -67,6 +67,8 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
         extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
             trains the next rate beyond it (`keras_vitnorm.study.lr_sweep.extend`).
+        track: bool. The study is an MLflow run and each of its runs a child run
+            (`keras_vitnorm.training.tracking`); a plan's job files track theirs.
 
     Returns:
         The result rows of the runs at the chosen settings (mode `"plan"`: the
@@ -116,7 +118,9 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
                                       "rerun the same command to continue"):
             study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
                            mode)
-            return study.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
+            if not track:
+                return study.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
+            return study.tracked(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
 
 
 _MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
@@ -146,6 +150,7 @@ class _Study:
         self.train_sizes = {}  # the training split's size of each data setting
         self.said = set()  # the notes and left-out runs named already
         self.differences = {}  # run directory -> how its recorded settings differ from the plan's
+        self.parent = None  # the study's MLflow run (`tracked`)
 
     def say(self, text):
         if self.verbose:
@@ -166,13 +171,39 @@ class _Study:
             if self.mode == "plan":
                 # an extended sweep lists its unfinished runs once per pass over its grids
                 return plan_lib.write_plan(self._unfinished(self.planned + jobs),
-                                           self.output_dir, say=self.say)
+                                           self.output_dir, say=self.say, track=self.track_of)
             rows = self.rows(jobs, seeds, required=not lr_sweep)
             if not rows:
                 return rows
             with durable.written_together(*outputs):
                 self.write_outputs(plan, rows, lr_sweep)
         return rows
+
+    def tracked(self, plan, seeds, lr_sweep, sweep_seeds, extend_sweep):
+        """`run`, with the study an MLflow run whose children are its runs and whose
+        artifacts are its tables and figures (`keras_vitnorm.training.tracking`)."""
+        from keras_vitnorm.training import tracking
+
+        params = {**self.base.to_dict(), "groups": [group for group, _ in plan], "seeds": seeds}
+        self.parent = tracking.TrackedRun(self.output_dir, os.path.basename(
+            os.path.abspath(self.output_dir)), params=params)
+        rows = self.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
+        if self.mode != "plan":
+            figures = os.path.join(self.output_dir, "figures")
+            self.parent.log_artifacts(
+                [os.path.join(folder, name) for folder in (self.output_dir, figures)
+                 if os.path.isdir(folder) for name in sorted(os.listdir(folder))
+                 if name.endswith((".md", ".csv", ".png", ".svg"))])
+            self.parent.finish({})
+        return rows
+
+    def track_of(self, run_dir):
+        """The `track` argument of a run of the study: its MLflow run, a child of the
+        study's, named after the run's job (None without tracking)."""
+        if self.parent is None:
+            return None
+        return {"parent_run_id": self.parent.run_id,
+                "name": plan_lib.job_file_stem(run_dir, self.output_dir)}
 
     def write_outputs(self, plan, rows, lr_sweep):
         """The selection tables (with a sweep), figures and the tables read with them."""
@@ -304,7 +335,7 @@ class _Study:
             workers.train_jobs(self._unfinished([jobs[i] for i in order]), self.output_dir,
                                self.parallel, self.threads, self.take_over_lock,
                                on_finish=lambda job: self._write(jobs, sweep),
-                               say=print if self.verbose else None)
+                               say=print if self.verbose else None, track=self.track_of)
         done = {}  # job index -> result row; the tables list them in the plan's order
         for i in order:
             group, name, config, run_dir = jobs[i]
@@ -312,7 +343,8 @@ class _Study:
                 continue
             verbose = self.verbose if self.mode == "train" else 0
             done[i] = run_one(config, group, name, run_dir, verbose, self.take_over_lock,
-                              self.probe_images, analyze=self.mode != "plan")
+                              self.probe_images, analyze=self.mode != "plan",
+                              track=self.track_of(run_dir) if self.mode == "train" else None)
             if self.mode != "plan":
                 self._write_rows([done[j] for j in sorted(done)], sweep)  # read early
         return [done[i] for i in sorted(done)]

@@ -151,7 +151,8 @@ def _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, runni
         raise RunsFailed(failures)
 
 
-def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, say=None):
+def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, say=None,
+               track=None):
     """Trains `jobs` (`(group, variant, config, run directory)`: unfinished runs, each
     once) in worker processes, each described by a job file in `<study>/logs/` beside
     its log (`train_in_workers`)."""
@@ -163,7 +164,8 @@ def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, sa
     work = []
     for group, name, config, run_dir in jobs:
         stem = os.path.join(log_dir, plan_lib.job_file_stem(run_dir, study_dir))
-        job = plan_lib.job(group, name, config, run_dir, study_dir, take_over_lock)
+        job = plan_lib.job(group, name, config, run_dir, study_dir, take_over_lock,
+                           track(run_dir) if track else None)
         job.update(file=stem + ".job.json", log=stem + ".log")
         durable.write_json(job["file"], job)
         work.append(job)

@@ -124,8 +124,8 @@ def _tracked(track, config, directory, run, callbacks):
     """`run(callbacks)` with the run tracked in MLflow (`keras_vitnorm.training.tracking`)."""
     from keras_vitnorm.training import tracking
 
-    tracked = tracking.TrackedRun(directory.path, os.path.basename(directory.path),
-                                  params=config.to_dict(), **track)
+    tracked = tracking.TrackedRun(directory.path, params=config.to_dict(),
+                                  **{"name": os.path.basename(directory.path), **track})
     try:
         metrics = run([*callbacks, tracked.callback()])
     except TrainingDiverged:
