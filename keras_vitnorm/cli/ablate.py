@@ -63,6 +63,16 @@ def add_parser(commands):
     study.add_argument("--threads-per-run", type=int, metavar="K",
                        help="compute threads of each parallel run (default: the CPU cores "
                        "shared out over --parallel)")
+    study.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="local (default): train here (--parallel runs at once); ray: each "
+                       "run a Ray task (a local Ray, or --ray-address), then the tables")
+    study.add_argument("--ray-address", metavar="ADDRESS",
+                       help="a running Ray cluster (default: start a local Ray); the study "
+                       "directory must be on a file system its nodes share")
+    study.add_argument("--cpus-per-run", type=float, default=1, metavar="N",
+                       help="CPUs each run's Ray task asks for (default 1)")
+    study.add_argument("--gpus-per-run", type=float, default=0, metavar="N",
+                       help="GPUs each run's Ray task asks for (default 0)")
     study.add_argument("--tables-only", action="store_true",
                        help="train nothing: write the tables and figures from the runs that "
                        "have finished, naming the others (a study part-way re-tabled, or the "
@@ -128,11 +138,23 @@ def run(args):
         raise ValueError("--tables-only and --plan are two ways of training nothing: give one.")
     mode = "tables" if args.tables_only else "plan" if args.plan else "train"
     config, groups, variants = study_config(args)
-    rows = run_study(config, groups, args.seeds, args.study_dir, variants, args.verbose,
-                     take_over_lock=args.take_over_lock, parallel=args.parallel,
-                     threads_per_run=args.threads_per_run, mode=mode, lr_sweep=args.lr_sweep,
-                     sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep,
-                     track=args.track == "mlflow")
+    study = dict(variants=variants, take_over_lock=args.take_over_lock, lr_sweep=args.lr_sweep,
+                 sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep,
+                 track=args.track == "mlflow")
+    if args.executor == "ray":
+        if mode != "train" or args.parallel != 1:
+            raise ValueError("--executor ray trains the study's runs as Ray tasks: leave out "
+                             "--plan, --tables-only and --parallel.")
+        from keras_vitnorm.study.ray_executor import run_plan_on_ray
+
+        run_plan_on_ray(lambda: run_study(config, groups, args.seeds, args.study_dir, verbose=0,
+                                          mode="plan", **study),
+                        args.study_dir, args.ray_address, args.cpus_per_run, args.gpus_per_run,
+                        say=print if args.verbose else (lambda text: None))
+        mode = "tables"
+    rows = run_study(config, groups, args.seeds, args.study_dir, verbose=args.verbose,
+                     parallel=args.parallel, threads_per_run=args.threads_per_run, mode=mode,
+                     **study)
     if mode == "plan":
         return  # run_study named the commands it wrote
     for group in groups:
