@@ -1,15 +1,9 @@
 """What Dual PatchNorm's first norm removes from the patches it sees.
 
-`LN_0` standardizes each flattened `P*P*C` patch vector: every patch loses its mean
-(its brightness, averaged over the channels) and its standard deviation (its contrast),
-and only its within-patch pattern goes on to the patch embedding. Its learned scale and
-shift are the same for every patch, so they cannot put the two numbers back. These
-functions measure how much of an image those two numbers per patch are, and how much
-class information a linear classifier finds in them, with and without `LN_0`, on a
-dataset's own images, and how much a trained model's predictions rest on them
-(`patch_statistics_reliance`: the model classifies images whose patches carry another
-image's two numbers, and images whose patches keep their two numbers but carry another
-image's patterns).
+`LN_0` takes each patch's mean (brightness) and standard deviation (contrast), which
+its shared scale and shift cannot put back. These functions measure how much of an
+image and of its class those two numbers per patch carry, and how much a trained
+model's predictions rest on them (`patch_statistics_reliance`).
 """
 
 import numpy as np
@@ -55,9 +49,8 @@ def energy_in_patch_means(patches):
     return float(np.sum(dim * patches.mean(axis=-1) ** 2) / np.sum(patches**2))
 
 
-#: Iteration limit of the linear probes' L-BFGS solver. The probes of the CIFAR-10
-#: factor study (3,072 features, 10,000 images) need more than the 100 of
-#: scikit-learn's default; a probe that reaches the limit is an error.
+#: Iteration limit of the linear probes' L-BFGS solver (scikit-learn's 100 is too few
+#: for 3,072 features); a probe that reaches it is an error.
 PROBE_MAX_ITER = 5000
 
 
