@@ -1,11 +1,6 @@
-"""What every converter shares: reading tensor files, the converted-checkpoint record,
-and shape checks that name the source key.
-
-A converter turns a source checkpoint into a `Checkpoint`: the plain `ViT` config it
-describes and its weights keyed by this project's variable paths
-(`block_0/attention/qkv/kernel`, ...), each remembered with the source key it came
-from, so that any later mismatch can name the key in the user's file.
-"""
+"""What every converter shares: reading tensor files, the `Checkpoint` record (each
+weight remembers its source key, so a later mismatch names the key in the user's
+file), and shape checks that name the source key."""
 
 import dataclasses
 import os
@@ -117,19 +112,10 @@ def grid_from_position_embedding(num_positions, num_prefix, key):
 def vit_config(*, image_size, patch_size, channels, width, depth, heads, mlp_dim, classes,
                epsilon, qkv_bias, class_token):
     """The `ViT` constructor arguments of a plain checkpoint."""
-    return {
-        "image_size": image_size,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": depth,
-        "num_heads": heads,
-        "mlp_dim": mlp_dim,
-        "num_classes": classes,
-        "norm_epsilon": float(epsilon),
-        "qkv_bias": bool(qkv_bias),
-        "pooling": "cls" if class_token else "gap",
-    }
+    return {"image_size": image_size, "patch_size": patch_size, "num_channels": channels,
+            "width": width, "depth": depth, "num_heads": heads, "mlp_dim": mlp_dim,
+            "num_classes": classes, "norm_epsilon": float(epsilon), "qkv_bias": bool(qkv_bias),
+            "pooling": "cls" if class_token else "gap"}
 
 
 def heads_for_width(width, num_heads, format_name):
@@ -167,11 +153,7 @@ def read_npz(path):
 
 
 def read_tensor_file(path):
-    """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file.
-
-    `.pth` files are read with `torch.load(weights_only=True)` (no code runs from the
-    file; see `read_torch_tensors`).
-    """
+    """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file."""
     path = os.fspath(path)
     extension = os.path.splitext(path)[1].lower()
     if extension == ".npz":
@@ -203,10 +185,9 @@ def read_tensor_file(path):
 def read_torch_tensors(path, safetensors_file=False):
     """`{key: float32 NumPy array}` of a PyTorch checkpoint file, under any Keras backend.
 
-    Used by the checkpoint converters for `.pth`/`.bin` files (`torch.load` with
-    `weights_only=True`, so no code from the file runs) and for `.safetensors` files
-    in bfloat16, which NumPy cannot hold. A dict that wraps the weights under
-    `state_dict`, `model` or `module` is unwrapped.
+    `torch.load(weights_only=True)`, so no code from the file runs; also for bfloat16
+    `.safetensors` files, which NumPy cannot hold. A `state_dict`, `model` or `module`
+    wrapper is unwrapped.
     """
     try:
         import torch

@@ -1,23 +1,11 @@
 """big_vision / AugReg `.npz` ViT checkpoints -> ViT.
 
-Two namings of the same Flax ViT, as timm's `_load_weights` reads them:
-
-- AugReg (the `vit_jax` / `augreg` release, keys optionally under `opt/target/`):
-  `embedding`, `cls`, `Transformer/posembed_input/pos_embedding` (class position
-  included), `Transformer/encoderblock_{i}/LayerNorm_0`, `MultiHeadDotProductAttention_1`,
-  `LayerNorm_2`, `MlpBlock_3/Dense_{0,1}`, `Transformer/encoder_norm`, `head`.
-- big_vision (keys under `params/`): `embedding`, `cls`, `pos_embedding` (patches
-  only: big_vision adds it before prepending the class token), and per block
-  `LayerNorm_0`, `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`; blocks
-  are `encoderblock_{i}` or, for scanned models, one `encoderblock` whose arrays have
-  a leading depth axis.
-
-A big_vision position embedding without a class position gets a zero row for the
-class token, which computes exactly what big_vision does. Attention kernels
-`(D, heads, head_dim)` give the head count. The Flax code uses tanh-approximated GELU
-where this project (like timm and transformers, which load these checkpoints too) uses
-exact GELU; the difference is below 1e-3 per activation. `pre_logits` layers (the
-ImageNet-21k representation layer) and MAP heads are refused.
+Both namings of the same Flax ViT, as timm's `_load_weights` reads them: AugReg
+(`Transformer/encoderblock_{i}/...`, class position inside the position embedding) and
+big_vision (`params/...`, blocks possibly scanned into one stacked `encoderblock`; a
+position embedding without a class position gets a zero row for the class token, which
+computes what big_vision does). The Flax code's tanh GELU differs from the exact GELU
+here by under 1e-3 per activation. `pre_logits` layers and MAP heads are refused.
 """
 
 import numpy as np

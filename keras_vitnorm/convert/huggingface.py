@@ -1,17 +1,9 @@
 """Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
 
-Reads a model directory (`config.json` with `"model_type": "vit"` and
-`model.safetensors` or `pytorch_model.bin`), a single weights file, or an in-memory
-state dict (`{key: array or torch tensor}`). Both key namings are understood: the
-one in checkpoint files (`encoder.layer.{i}.attention.attention.query`, what the Hub
-serves) and the one of transformers 5's in-memory modules
-(`layers.{i}.attention.q_proj`). `ViTModel` keys have no `vit.` prefix; its pooler
-(`pooler.dense`, a tanh layer `ViTForImageClassification` does not use) is left out
-and reported.
-
-Transformers' ViT uses exact (erf) GELU like this project, LayerNorm epsilon from
-`layer_norm_eps` (1e-12 in the Google checkpoints; copied into `norm_epsilon`), and
-classifies the class token after the final LayerNorm, as `pooling="cls"` does.
+Reads a model directory, a weights file or an in-memory state dict, in either key
+naming (checkpoint files' `encoder.layer.{i}...`, transformers 5 modules'
+`layers.{i}...`). `ViTModel`'s pooler is left out and reported. LayerNorm epsilon
+comes from `layer_norm_eps` (1e-12 in the Google checkpoints).
 """
 
 import os

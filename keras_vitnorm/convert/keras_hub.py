@@ -1,13 +1,8 @@
 """keras-hub `ViTBackbone` (and `ViTImageClassifier`) presets saved on disk -> ViT.
 
-A keras-hub preset directory holds `config.json` (the backbone) and, for a task,
-`task.json`. keras-hub itself loads the directory (`pip install keras-hub`); its
-weights are then read by layer: the `vit_patching_and_embedding` layer (Conv2D patch
-kernel `(P, P, C, D)`, `class_token`, `position_embedding` as an `Embedding` table),
-then per `transformer_block_*`: `ln_1`, `mha` (Keras `MultiHeadAttention`: kernels
-`(D, heads, head_dim)`, output `(heads, head_dim, D)`), `ln_2`, `mlp/dense_1`,
-`mlp/dense_2`; the encoder's final `ln`; and for a `ViTImageClassifier` with token
-pooling its `predictions` Dense layer. keras-hub's MLP uses exact GELU, as here.
+keras-hub itself loads the directory (`pip install keras-hub`); its weights are then
+read layer by layer (patch embedding, `transformer_block_*`, final `ln`, and a
+token-pooling classifier's `predictions`).
 """
 
 import os

@@ -1,16 +1,10 @@
 """timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
 
-Reads `.safetensors` (what the Hugging Face Hub serves for timm models) or `.pth`
-files, or a timm model directory as the Hub serves it (`config.json` naming the
-`architecture`, next to `model.safetensors` or `pytorch_model.bin`). The layout is timm's plain ViT: `patch_embed.proj`, `cls_token`, `pos_embed`
-(class token included), `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 /
-mlp.fc2`, `norm`, `head`. timm's fused `qkv` has the same column order as this
-project's (q, k, v, each head-major). LayerNorm epsilon 1e-6, exact GELU.
-
-State dicts do not record the head count: it is taken from the standard width
-(192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16) unless `num_heads` is given.
-Variants with parts a plain ViT lacks (LayerScale `ls1`, register tokens,
-`fc_norm`, QK-norm, a pre-logits layer) are refused with the key that shows it.
+Reads `.safetensors` or `.pth` files, or a timm model directory from the Hub. timm's
+fused `qkv` has this project's column order. State dicts do not record the head count:
+it comes from the standard width unless `num_heads` is given. Variants a plain ViT
+lacks parts of (LayerScale, register tokens, `fc_norm`, QK-norm, pre-logits) are
+refused with the key that shows it.
 """
 
 import os
