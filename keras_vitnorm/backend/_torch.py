@@ -1,12 +1,8 @@
 """PyTorch forms of `keras_vitnorm.backend` (imported only under the PyTorch backend).
 
-Data-parallel training runs one process per device, started by `torchrun`, each on
-its share of every global batch; each step's gradients are averaged over the processes
-(`average_gradients`) before the optimizer applies them, which is the update
-DistributedDataParallel computes. DDP's own wrapper is not used because Keras' `fit`
-calls the model itself, so DDP's reducer, which starts from the wrapper's forward
-pass, would never run; the average is one `all_reduce` of all gradients, after the
-backward pass instead of overlapped with it.
+Data-parallel training runs one `torchrun` process per device; each step's gradients
+are averaged by one `all_reduce` before the update (DDP's update). DDP's wrapper is not
+used: Keras' `fit` calls the model itself, so DDP's reducer would never run.
 """
 
 import contextlib
