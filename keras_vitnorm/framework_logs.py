@@ -21,8 +21,7 @@ FRAMEWORK_LOG_LINE = re.compile(
     rb"|To enable the following instructions: .* rebuild TensorFlow"
     # Python loggers of the frameworks at the default format.
     rb"|(?:INFO|WARNING):(?:tensorflow|absl|jax[\w.]*|torch[\w.]*):"
-    rb")"
-)
+    rb")")
 
 
 def is_framework_log(line):

@@ -15,8 +15,7 @@ HF_FILES = ("*.json", "*.safetensors", "pytorch_model.bin", "model.weights.h5", 
 
 HANDLE_FORMS = (
     "hf://<owner>/<repo>[@<revision>], hf-hub:<owner>/<repo> or "
-    "kaggle://<owner>/<model>/<framework>/<variation>/<version>"
-)
+    "kaggle://<owner>/<model>/<framework>/<variation>/<version>")
 
 
 def is_handle(name):

@@ -66,8 +66,7 @@ def linear_probe_accuracy(train_features, train_labels, test_features, test_labe
     from sklearn.preprocessing import StandardScaler
 
     classifier = make_pipeline(
-        StandardScaler(), LogisticRegression(max_iter=PROBE_MAX_ITER, C=0.1, random_state=seed)
-    )
+        StandardScaler(), LogisticRegression(max_iter=PROBE_MAX_ITER, C=0.1, random_state=seed))
     train_features = train_features.reshape(len(train_features), -1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
@@ -156,8 +155,7 @@ def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
     if patterns_from.ndim != 4 or patterns_from.shape != statistics_from.shape:
         raise ValueError(
             "combine_patches needs two batches of images of one shape (batch, height, width, "
-            f"channels), got {patterns_from.shape} and {statistics_from.shape}."
-        )
+            f"channels), got {patterns_from.shape} and {statistics_from.shape}.")
     height, width = patterns_from.shape[1:3]
     if patch_size < 1 or height % patch_size or width % patch_size:
         raise ValueError(f"Images of {height}x{width} are not whole patches of {patch_size}.")
@@ -193,8 +191,7 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     if images.ndim != 4 or len(labels) != len(images):
         raise ValueError(
             f"patch_statistics_reliance needs (batch, height, width, channels) images and one "
-            f"label per image, got images of shape {images.shape} and {len(labels)} labels."
-        )
+            f"label per image, got images of shape {images.shape} and {len(labels)} labels.")
     patch_size = model.get_config()["patch_size"]
     donors = other_class_donors(labels, seed)
 

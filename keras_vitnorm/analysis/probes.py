@@ -183,13 +183,11 @@ def stem_scale_map(model):
     if norm is None:
         raise ValueError(
             f"The model's stem ({config['stem']!r}) has no norm before the patch embedding; "
-            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'."
-        )
+            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'.")
     scales = [w for w in norm.weights if w.name in ("gamma", "scale")]
     if not scales:
         raise ValueError(
             f"The stem's first norm ({type(norm).__name__}) has no learnable scale "
-            "(stem_norm_learnable=False or a scale-free norm)."
-        )
+            "(stem_norm_learnable=False or a scale-free norm).")
     patch, channels = config["patch_size"], config["num_channels"]
     return np.asarray(keras.ops.convert_to_numpy(scales[0])).reshape(patch, patch, channels)

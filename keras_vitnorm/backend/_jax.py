@@ -53,8 +53,7 @@ def distribution_scope(kind, sharded_layout):
             raise ValueError(
                 "distribute='fsdp' shards the weights over the devices of one process; "
                 f"with KERAS_DISTRIBUTION_NUM_PROCESSES={processes} use distribute='data' "
-                "(each process would hold only part of the weights it saves)."
-            )
+                "(each process would hold only part of the weights it saves).")
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     if kind == "data":

@@ -36,8 +36,7 @@ def distribution_scope(kind, sharded_layout):
     if kind == "fsdp":
         raise ValueError(
             "distribute='fsdp' is available on the JAX backend only (keras.distribution."
-            "ModelParallel); the 'torch' backend trains with distribute='data'."
-        )
+            "ModelParallel); the 'torch' backend trains with distribute='data'.")
     return contextlib.nullcontext(), torch_processes()[1]
 
 
@@ -48,8 +47,7 @@ def torch_processes():
         raise ValueError(
             "distribute='data' on the torch backend trains one process per device: start it "
             "with torchrun, e.g. `torchrun --nproc-per-node 8 -m keras_vitnorm train "
-            "--distribute ...` (docs/training.md, 'Scaling out')."
-        )
+            "--distribute ...` (docs/training.md, 'Scaling out').")
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

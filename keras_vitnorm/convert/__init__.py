@@ -69,8 +69,7 @@ def read_checkpoint(path, num_heads=None):
             return huggingface.convert(state, hf_config, source=path)
         raise ValueError(
             f"{path!r} is a directory without config.json: not a Hugging Face model, keras-hub "
-            "preset or keras_vitnorm preset directory."
-        )
+            "preset or keras_vitnorm preset directory.")
     if not os.path.exists(path):
         raise ValueError(f"Checkpoint {path!r} does not exist.")
     tensors = read_tensor_file(path)

@@ -61,16 +61,14 @@ class KeyReader:
         if full not in self.tensors:
             raise ValueError(
                 f"The {self.format_name} checkpoint has no key {full!r}, which a ViT in "
-                f"this layout needs. Keys found start with: {first_keys(self.tensors)}."
-            )
+                f"this layout needs. Keys found start with: {first_keys(self.tensors)}.")
         array = np.asarray(self.tensors[full], dtype="float32")
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise ValueError(
                 f"Key {full!r} of the {self.format_name} checkpoint has shape "
                 f"{tuple(array.shape)}; a ViT with the config read from this checkpoint "
                 f"expects {tuple(shape)}. The checkpoint is inconsistent or not a "
-                "standard ViT."
-            )
+                "standard ViT.")
         self.used.add(full)
         return array
 
@@ -104,8 +102,7 @@ def grid_from_position_embedding(num_positions, num_prefix, key):
     if side * side != num_positions - num_prefix or side < 1:
         raise ValueError(
             f"Key {key!r} has {num_positions} positions, which is not {num_prefix} prefix "
-            "token(s) plus a square grid; only square grids are supported."
-        )
+            "token(s) plus a square grid; only square grids are supported.")
     return side
 
 
@@ -125,8 +122,7 @@ def heads_for_width(width, num_heads, format_name):
         raise ValueError(
             f"The {format_name} checkpoint does not record its head count and width={width} "
             f"is not a standard ViT width ({', '.join(map(str, STANDARD_HEADS))}). Pass "
-            "num_heads=<int>."
-        )
+            "num_heads=<int>.")
     return STANDARD_HEADS[width]
 
 
@@ -178,8 +174,7 @@ def read_tensor_file(path):
     raise ValueError(
         f"Unsupported checkpoint file {path!r}: expected .safetensors, .pth, .pt, .bin or "
         ".npz (or a directory: a Hugging Face model, a keras-hub preset or a keras_vitnorm "
-        "preset)."
-    )
+        "preset).")
 
 
 def read_torch_tensors(path, safetensors_file=False):

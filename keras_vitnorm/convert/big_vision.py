@@ -32,8 +32,7 @@ def convert(tensors, source="npz"):
         raise ValueError(
             f"{source} is not a big_vision/AugReg ViT checkpoint: it has no key "
             f"'embedding/kernel' (optionally under {', '.join(repr(p) for p in _PREFIXES[1:])}). "
-            f"Keys found start with: {first_keys(tensors)}."
-        )
+            f"Keys found start with: {first_keys(tensors)}.")
     for marker, what in (("pre_logits/", "a pre-logits (representation) layer"),
                          ("MAPHead", "a MAP attention-pooling head")):
         found = next((k for k in tensors if marker in k), None)
@@ -45,8 +44,7 @@ def convert(tensors, source="npz"):
     augreg = reader.has("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel")
     attention, norm1, norm2, mlp = (
         ("MultiHeadDotProductAttention_1", "LayerNorm_0", "LayerNorm_2", "MlpBlock_3") if augreg
-        else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0")
-    )
+        else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0"))
     patch = reader.get("embedding/kernel")
     if patch.ndim != 4 or patch.shape[0] != patch.shape[1]:
         raise ValueError(f"Key {prefix}embedding/kernel has shape {patch.shape}; expected a square "
@@ -133,6 +131,5 @@ def convert(tensors, source="npz"):
     if leftover:
         raise ValueError(
             f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT"
-            + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
-        )
+            + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + ".")
     return Checkpoint("big_vision", source, config, arrays, keys)

@@ -47,27 +47,23 @@ def read_directory(directory):
     if hf_config.get("class_name") == "ViT":
         raise ValueError(
             f"{directory!r} is a keras_vitnorm preset, not a foreign checkpoint: load it with "
-            "ViT.from_preset (keras-vitnorm convert re-saves it with overrides)."
-        )
+            "ViT.from_preset (keras-vitnorm convert re-saves it with overrides).")
     if "model_type" not in hf_config:
         raise ValueError(
             f"{config_path} names no model format: it is not a keras_vitnorm preset "
             "('class_name': 'ViT' and 'config'), a Hugging Face model ('model_type'), a timm "
-            "model ('architecture') or a keras-hub preset ('module': 'keras_hub...')."
-        )
+            "model ('architecture') or a keras-hub preset ('module': 'keras_hub...').")
     if hf_config.get("model_type") != "vit":
         raise ValueError(
             f"{directory!r} holds a Hugging Face {hf_config.get('model_type')!r} model; only "
-            "'vit' (ViTModel, ViTForImageClassification) converts to keras_vitnorm."
-        )
+            "'vit' (ViTModel, ViTForImageClassification) converts to keras_vitnorm.")
     for name in ("model.safetensors", "pytorch_model.bin"):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             return read_tensor_file(path), hf_config
     raise ValueError(
         f"{directory!r} has a config.json but no model.safetensors or pytorch_model.bin "
-        "(sharded checkpoints are not supported; ViTs fit in one file)."
-    )
+        "(sharded checkpoints are not supported; ViTs fit in one file).")
 
 
 def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
@@ -89,8 +85,7 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     if patch_key is None:
         raise ValueError(
             f"{source} is not a Hugging Face ViT state dict: it has no key ending in "
-            f"{PATCH_KEY!r}. Keys found start with: {first_keys(tensors)}."
-        )
+            f"{PATCH_KEY!r}. Keys found start with: {first_keys(tensors)}.")
     prefix = patch_key[: -len(PATCH_KEY)]  # "vit." for ViTForImageClassification
     reader = KeyReader(tensors, "Hugging Face ViT", prefix)
     naming = 0 if reader.has(_BLOCK_KEYS["query"][0].format(i=0) + ".weight") else 1
@@ -111,14 +106,12 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     if "image_size" in hf_config and hf_config["image_size"] != side * patch_size:
         raise ValueError(
             f"config.json says image_size={hf_config['image_size']} but {prefix + position_key} "
-            f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size})."
-        )
+            f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size}).")
     heads = hf_config.get("num_attention_heads") or heads_for_width(width, num_heads, "Hugging Face")
     if hf_config.get("hidden_act", "gelu") != "gelu":
         raise ValueError(
             f"config.json has hidden_act={hf_config['hidden_act']!r}; keras_vitnorm's MLP uses "
-            "exact GELU ('gelu')."
-        )
+            "exact GELU ('gelu').")
     classes = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
     config = vit_config(
         image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
@@ -174,6 +167,5 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
         else:
             raise ValueError(
                 f"Key {key!r} of {source} has no counterpart in a standard ViT; keras_vitnorm "
-                "converts ViTModel and ViTForImageClassification checkpoints."
-            )
+                "converts ViTModel and ViTForImageClassification checkpoints.")
     return Checkpoint("huggingface", source, config, arrays, keys, ignored)

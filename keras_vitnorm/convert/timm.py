@@ -53,8 +53,7 @@ def read_directory(directory):
     architecture = read_json(os.path.join(directory, "config.json"))["architecture"]
     raise ValueError(
         f"{directory!r} is a timm {architecture!r} model without weights: neither of "
-        f"{', '.join(WEIGHT_FILES)} is there."
-    )
+        f"{', '.join(WEIGHT_FILES)} is there.")
 
 
 def is_timm_state(tensors):
@@ -74,15 +73,13 @@ def convert(state_dict, source="state dict", num_heads=None):
     if PATCH_KEY not in tensors and not prefix:
         raise ValueError(
             f"{source} is not a timm ViT state dict: it has no key {PATCH_KEY!r}. Keys found "
-            f"start with: {first_keys(tensors)}."
-        )
+            f"start with: {first_keys(tensors)}.")
     for key in tensors:
         for marker, what in _UNSUPPORTED.items():
             if marker in key or key.startswith(prefix + marker.lstrip(".")):
                 raise ValueError(
                     f"Key {key!r} of {source} belongs to {what}, which the plain ViT layout "
-                    "does not have; only plain timm ViTs (vit_*_patch{16,32}_*) convert."
-                )
+                    "does not have; only plain timm ViTs (vit_*_patch{16,32}_*) convert.")
     reader = KeyReader(tensors, "timm ViT", prefix)
     patch = reader.get(PATCH_KEY)
     width, channels, patch_size = patch.shape[0], patch.shape[1], patch.shape[2]

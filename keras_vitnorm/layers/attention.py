@@ -28,8 +28,7 @@ def check_qk_norm(norm):
             f"which norm={norm!r} does not (its statistics span "
             f"{'the batch, the tokens and the heads' if norm == 'batchnorm' else 'the tokens'}). "
             f"QK-norm is offered with {', '.join(map(repr, QK_NORM_TYPES))}; "
-            "use one of them or qk_norm=False."
-        )
+            "use one of them or qk_norm=False.")
     return norm
 
 
@@ -70,20 +69,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     - [Wang et al., Foundation Transformers (Sub-LN), 2022](https://arxiv.org/abs/2210.06423)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        qkv_bias=True,
-        qk_norm=None,
-        head_scale=False,
-        inner_norm=None,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        init_scale=1.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, qkv_bias=True, qk_norm=None, head_scale=False, inner_norm=None,
+                 norm_epsilon=1e-6, norm_groups=32, init_scale=1.0, dropout=0.0,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_bool("qkv_bias", qkv_bias)
@@ -117,8 +105,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if width % self.num_heads:
             raise ValueError(
                 f"width={width} is not divisible by num_heads={self.num_heads}. "
-                f"Pick num_heads among the divisors of {width}."
-            )
+                f"Pick num_heads among the divisors of {width}.")
         self.head_dim = width // self.num_heads
         qkv_initializer = FusedKernelInitializer("glorot_uniform", parts=3)
         if self.init_scale != 1.0:  # the value third alone; the biases start at zero

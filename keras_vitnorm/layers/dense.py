@@ -13,8 +13,7 @@ def _refuse_quantization(layer):
         raise ValueError(
             f"{layer.name}: a weight-standardized layer cannot be quantized (the quantized "
             "kernel would skip the standardization). Build the model with "
-            "weight_standardization=False to quantize it."
-        )
+            "weight_standardization=False to quantize it.")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")

@@ -41,8 +41,7 @@ def resolve_placements(block_style, attn_norm=None, mlp_norm=None):
         raise ValueError(
             "block_style='deepnorm' is post-LN with an up-weighted residual, so it "
             "needs attn_norm='post' and mlp_norm='post' (their default for this style); "
-            f"got attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}."
-        )
+            f"got attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}.")
     return attn_norm, mlp_norm
 
 
@@ -106,8 +105,7 @@ def check_weight_standardization(weight_standardization, block_style):
         raise ValueError(
             f"weight_standardization=True cannot be combined with block_style={block_style!r}: "
             "its initial weight scaling would be standardized away. Use another block "
-            "style or weight_standardization=False."
-        )
+            "style or weight_standardization=False.")
     return weight_standardization
 
 
@@ -171,25 +169,10 @@ class EncoderBlock(keras.layers.Layer):
     - [Wang et al., DeepNet, 2022](https://arxiv.org/abs/2203.00555)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        num_layers,
-        norm="layernorm",
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        attn_norm=None,
-        mlp_norm=None,
-        block_style="standard",
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        drop_path_rate=0.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, mlp_dim, num_layers, norm="layernorm", norm_epsilon=1e-6,
+                 norm_groups=32, attn_norm=None, mlp_norm=None, block_style="standard",
+                 layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("mlp_dim", mlp_dim)
@@ -247,8 +230,7 @@ class EncoderBlock(keras.layers.Layer):
         if self.norm == "groupnorm" and width % self.norm_groups:
             raise ValueError(
                 f"norm='groupnorm' needs width divisible by norm_groups; got "
-                f"width={width}, norm_groups={self.norm_groups}."
-            )
+                f"width={width}, norm_groups={self.norm_groups}.")
         style = self.block_style
         normformer = style == "normformer"
         init_scale = {"deepnorm": deepnorm_beta, "sub_ln": sub_ln_gamma}.get(

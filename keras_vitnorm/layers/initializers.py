@@ -33,8 +33,7 @@ class FusedKernelInitializer(keras.initializers.Initializer):
         if columns % self.parts:
             raise ValueError(
                 f"A kernel of shape {tuple(shape)} cannot be split into {self.parts} "
-                f"equal column blocks: {columns} is not divisible by {self.parts}."
-            )
+                f"equal column blocks: {columns} is not divisible by {self.parts}.")
         block_shape = (*leading, columns // self.parts)
         blocks = [self._block_initializer(i)(block_shape, dtype=dtype) for i in range(self.parts)]
         return ops.concatenate(blocks, axis=-1)
@@ -86,8 +85,7 @@ class ScaledInitializer(keras.initializers.Initializer):
             raise ValueError(
                 f"A weight of shape {tuple(shape)} cannot be split into {len(self.scale)} "
                 f"equal blocks for scale={self.scale}: {shape[-1]} is not divisible by "
-                f"{len(self.scale)}."
-            )
+                f"{len(self.scale)}.")
         blocks = ops.split(values, len(self.scale), axis=-1)
         return ops.concatenate([b * s for b, s in zip(blocks, self.scale)], axis=-1)
 

@@ -37,17 +37,8 @@ class MLP(keras.layers.Layer):
     >>> y = mlp(keras.random.normal((2, 17, 32)))
     """
 
-    def __init__(
-        self,
-        hidden_dim,
-        mid_norm=None,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        init_scale=1.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32, init_scale=1.0,
+                 dropout=0.0, weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("hidden_dim", hidden_dim)
         if mid_norm is not None:

@@ -377,7 +377,6 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
         if not learnable:
             raise ValueError(
                 "norm='affine' is the learnable scale and shift alone; with "
-                "learnable=False it would do nothing. Use norm='identity' instead."
-            )
+                "learnable=False it would do nothing. Use norm='identity' instead.")
         return Affine(**common)
     return keras.layers.Identity(**common)

@@ -97,20 +97,9 @@ class PatchStem(keras.layers.Layer):
       https://arxiv.org/abs/2106.14881)
     """
 
-    def __init__(
-        self,
-        patch_size,
-        width,
-        stem="patch",
-        stem_norm=None,
-        stem_norm_learnable=True,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        class_token=True,
-        position_embedding=True,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
+                 norm_epsilon=1e-6, norm_groups=32, class_token=True, position_embedding=True,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("patch_size", patch_size)
         check_positive_int("width", width)
@@ -127,13 +116,11 @@ class PatchStem(keras.layers.Layer):
                 raise ValueError(
                     f"stem='patch' has no normalization, but stem_norm={stem_norm!r} was "
                     "given. Use stem_norm=None, or a stem with norms such as "
-                    "'dual_patchnorm'."
-                )
+                    "'dual_patchnorm'.")
         if stem == "conv" and (patch_size < 2 or patch_size & (patch_size - 1)):
             raise ValueError(
                 f"stem='conv' stacks stride-2 convolutions, so patch_size must be a "
-                f"power of two >= 2; got patch_size={patch_size}."
-            )
+                f"power of two >= 2; got patch_size={patch_size}.")
         self.patch_size = patch_size
         self.width = width
         self.stem = stem
@@ -170,8 +157,7 @@ class PatchStem(keras.layers.Layer):
                 raise ValueError(
                     f"Image {axis_name} {size} is not divisible by patch_size="
                     f"{self.patch_size}. Use an image size that is a multiple of "
-                    f"{self.patch_size}."
-                )
+                    f"{self.patch_size}.")
         self.grid_size = (height // self.patch_size, width // self.patch_size)
         self.num_channels = channels
         num_patches = self.grid_size[0] * self.grid_size[1]
@@ -244,8 +230,7 @@ class PatchStem(keras.layers.Layer):
                 f"Expected images of shape (batch, {expected_pixels[0]}, "
                 f"{expected_pixels[1]}, {expected_pixels[2]}) (height, width, "
                 f"channels; {expected[0]}x{expected[1]} patches of {self.patch_size}), "
-                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}"
-            )
+                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}")
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:

@@ -189,8 +189,7 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         if len(vocabulary) < 3 or vocabulary[:2] != ["", "[UNK]"]:
             raise ValueError(
                 "vocabulary must be a TextVectorization vocabulary: '' and '[UNK]' first, then at least one "
-                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions)."
-            )
+                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions).")
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature must be a number > 0, got {temperature!r}.")
         self.vit_config = vit.get_config()

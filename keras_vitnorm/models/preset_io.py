@@ -44,8 +44,7 @@ def save_preset(model, directory, overwrite=False):
     if os.path.exists(os.path.join(directory, CONFIG_FILE)) and not overwrite:
         raise FileExistsError(
             f"{directory!r} already holds a preset ({CONFIG_FILE}). Pass overwrite=True to "
-            "replace it, or choose another directory."
-        )
+            "replace it, or choose another directory.")
     os.makedirs(directory, exist_ok=True)
 
     # Weights first, config last: a directory with a config.json always has its weights.
@@ -76,15 +75,13 @@ def read_preset_directory(directory):
             raise ValueError(
                 f"{directory!r} is not a keras_vitnorm preset directory: {os.path.basename(path)} "
                 f"is missing. A preset directory holds {CONFIG_FILE} and {WEIGHTS_FILE} "
-                f"(written by save_to_preset).{hint}"
-            )
+                f"(written by save_to_preset).{hint}")
     saved = read_json(config_path)
     config = saved.get("config")
     if saved.get("class_name") != "ViT" or not isinstance(config, dict):
         raise ValueError(
             f"{config_path} is not a keras_vitnorm preset config: it needs 'class_name': 'ViT' "
-            f"and a 'config' object (found keys {sorted(saved)})."
-        )
+            f"and a 'config' object (found keys {sorted(saved)}).")
     return config, read_npz(weights_path)
 
 

@@ -117,37 +117,13 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         "pixel_range",
     )
 
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        num_channels=3,
-        width=768,
-        depth=12,
-        num_heads=12,
-        mlp_dim=3072,
-        num_classes=1000,
-        norm="layernorm",
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        attn_norm=None,
-        mlp_norm=None,
-        block_style="standard",
-        stem="patch",
-        stem_norm=None,
-        stem_norm_learnable=True,
-        final_norm=None,
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        drop_path_rate=0.0,
-        dropout=0.0,
-        pooling="cls",
-        weight_standardization=False,
-        pixel_range=MODEL_RANGE,
-        dtype=None,
-        **kwargs,
-    ):
+    def __init__(self, image_size=224, patch_size=16, num_channels=3, width=768, depth=12,
+                 num_heads=12, mlp_dim=3072, num_classes=1000, norm="layernorm", norm_epsilon=1e-6,
+                 norm_groups=32, attn_norm=None, mlp_norm=None, block_style="standard",
+                 stem="patch", stem_norm=None, stem_norm_learnable=True, final_norm=None,
+                 layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
+                 pooling="cls", weight_standardization=False, pixel_range=MODEL_RANGE, dtype=None,
+                 **kwargs):
         config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
         check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", *_BASE_MODEL_KEYS), "ViT argument")
         validate_config(config)
@@ -162,53 +138,30 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         if config["pixel_range"] != MODEL_RANGE:  # [low, high] -> [-1, 1]
             x = keras.layers.Rescaling(2 / (high - low), offset=-(high + low) / (high - low),
                                        name="pixel_range", dtype=policy)(x)
-        x = PatchStem(
-            patch_size,
-            width,
-            stem=stem,
-            stem_norm=stem_norm,
-            stem_norm_learnable=stem_norm_learnable,
-            norm_epsilon=norm_epsilon,
-            norm_groups=norm_groups,
-            class_token=pooling == "cls",
-            weight_standardization=weight_standardization,
-            name="stem",
-            dtype=policy,
-        )(x)
+        x = PatchStem(patch_size, width, stem=stem, stem_norm=stem_norm,
+                      stem_norm_learnable=stem_norm_learnable, norm_epsilon=norm_epsilon,
+                      norm_groups=norm_groups, class_token=pooling == "cls",
+                      weight_standardization=weight_standardization, name="stem", dtype=policy)(x)
         for i in range(depth):
             rate = drop_path_rate * i / (depth - 1) if depth > 1 else drop_path_rate
-            x = EncoderBlock(
-                num_heads,
-                mlp_dim,
-                num_layers=depth,
-                norm=norm,
-                norm_epsilon=norm_epsilon,
-                norm_groups=norm_groups,
-                attn_norm=attn_norm,
-                mlp_norm=mlp_norm,
-                block_style=block_style,
-                layer_scale=layer_scale,
-                qk_norm=qk_norm,
-                qkv_bias=qkv_bias,
-                drop_path_rate=rate,
-                dropout=dropout,
-                weight_standardization=weight_standardization,
-                name=f"block_{i}",
-                dtype=policy,
-            )(x)
+            x = EncoderBlock(num_heads, mlp_dim, num_layers=depth, norm=norm,
+                             norm_epsilon=norm_epsilon, norm_groups=norm_groups,
+                             attn_norm=attn_norm, mlp_norm=mlp_norm, block_style=block_style,
+                             layer_scale=layer_scale, qk_norm=qk_norm, qkv_bias=qkv_bias,
+                             drop_path_rate=rate, dropout=dropout,
+                             weight_standardization=weight_standardization, name=f"block_{i}",
+                             dtype=policy)(x)
         if final_norm:
-            x = make_norm(
-                norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm", dtype=policy
-            )(x)
+            x = make_norm(norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm",
+                          dtype=policy)(x)
         if pooling == "cls":
             x = ClassTokenPooling(name="cls_pool", dtype=policy)(x)
         else:
             x = keras.layers.GlobalAveragePooling1D(name="gap_pool", dtype=policy)(x)
         if num_classes:
             # big_vision zero-initializes the head for training from scratch.
-            x = keras.layers.Dense(
-                num_classes, kernel_initializer="zeros", name="head", dtype=policy
-            )(x)
+            x = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="head",
+                                   dtype=policy)(x)
         # Logits (or features) are returned in float32 under mixed precision.
         outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
         kwargs.setdefault("name", "vit")
@@ -337,8 +290,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         if not resample_position_embedding and embedding is not None and tuple(np.shape(embedding)) != expected:
             raise ValueError(
                 f"Weight {POSITION_EMBEDDING!r} has shape {tuple(np.shape(embedding))}; the model "
-                f"expects {expected} (resample_position_embedding=False)."
-            )
+                f"expects {expected} (resample_position_embedding=False).")
         checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(), dict(arrays),
                                 {path: path for path in arrays})
         weights.transfer(self, checkpoint, resample, strict=True)

@@ -46,8 +46,7 @@ def image_hw(image_size):
         if all(isinstance(s, int) and not isinstance(s, bool) for s in image_size):
             return tuple(image_size)
     raise ValueError(
-        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}."
-    )
+        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}.")
 
 
 def in_model_range(overrides):
@@ -77,26 +76,22 @@ def validate_config(config):
             raise ValueError(
                 f"image_size={image_size!r}: image {axis_name} {size} is not divisible by "
                 f"patch_size={patch_size}. Valid sizes are multiples of {patch_size}, "
-                f"e.g. {max(1, round(size / patch_size)) * patch_size}."
-            )
+                f"e.g. {max(1, round(size / patch_size)) * patch_size}.")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
         raise ValueError(
             f"num_classes must be a positive integer (or 0 for a feature extractor), "
-            f"got {num_classes!r}."
-        )
+            f"got {num_classes!r}.")
     if width % num_heads:
         divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
-            f"for this width include {divisors}."
-        )
+            f"for this width include {divisors}.")
     if c["norm"] == "groupnorm" and width % c["norm_groups"]:
         divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
             f"norm_groups={c['norm_groups']}. Valid norm_groups for this width include "
-            f"{divisors}."
-        )
+            f"{divisors}.")
     for argument, choices in (("block_style", BLOCK_STYLES), ("stem", STEM_TYPES),
                               ("pooling", POOLINGS)):
         check_choice(argument, c[argument], choices)

@@ -114,8 +114,7 @@ def resample_for_model(model, array, method="bilinear"):
     if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
         raise ValueError(
             f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
-            f"{target}: only a square grid of the same width can be."
-        )
+            f"{target}: only a square grid of the same width can be.")
     return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
 
 
@@ -164,8 +163,7 @@ def read_and_build(path, model_class, verbose=False, num_heads=None, resample="b
     if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
         raise ValueError(
             f"num_heads={num_heads} does not fit: the {checkpoint.format} checkpoint {path!r} "
-            f"records {checkpoint.config['num_heads']} heads."
-        )
+            f"records {checkpoint.config['num_heads']} heads.")
     model, report = build_from_checkpoint(checkpoint, model_class, resample=resample, **overrides)
     if verbose:
         print(report)
@@ -186,8 +184,7 @@ def build_from_checkpoint(checkpoint, model_class, resample="bilinear", strict=F
                 f"Override {key}={overrides[key]!r} does not fit the checkpoint, which has "
                 f"{key}={saved!r} (e.g. key {checkpoint.source_keys.get(path, path)!r} "
                 f"of shape {tuple(checkpoint.arrays[path].shape)}). Overrides may change the "
-                "image size, the classes and the normalization, not the architecture."
-            )
+                "image size, the classes and the normalization, not the architecture.")
     check_overrides(model_class, overrides)
     model = model_class.from_config({**checkpoint.config, **overrides})
     report = transfer(model, checkpoint, resample, strict)
@@ -271,8 +268,7 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             renamed = f" (as {path!r})" if source != path else ""
             raise ValueError(
                 f"Checkpoint key {source!r} of {checkpoint.source} has shape "
-                f"{tuple(array.shape)}{renamed}; the model expects {expected}."
-            )
+                f"{tuple(array.shape)}{renamed}; the model expects {expected}.")
     for path in arrays:
         if _is_block_norm(path) and not block_norms_fit:
             why = f"norm={norm!r} replaces the {source_norm} layers"
@@ -287,8 +283,7 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             parts.append(f"in the weights but not in the model: {report.dropped[0][0]!r}" + _more(report.dropped))
         raise ValueError(
             "The weights do not fit this model's config (" + "; ".join(parts) + "). "
-            "Build the model with the config the weights were saved with."
-        )
+            "Build the model with the config the weights were saved with.")
     for variable, array in values:
         variable.assign(ops.convert_to_tensor(np.asarray(array, "float32"), dtype=variable.dtype))
     return report

@@ -38,8 +38,7 @@ def _check_names(names, where):
     if unknown:
         raise ValueError(
             f"Unknown fast path {unknown[0]!r} in {where}; the fast paths are "
-            f"{', '.join(FAST_PATHS)}."
-        )
+            f"{', '.join(FAST_PATHS)}.")
     return list(names)
 
 
