@@ -109,8 +109,7 @@ class GradientNormRecorder(keras.callbacks.Callback):
         step = self._step()
         if step not in self.records:
             if self._gradients is None or self._gradients[0] is not self.model:
-                self._gradients = self.model, gradients_function(self.model,
-                                                                 _loss_fn(self.labels))
+                self._gradients = self.model, gradients_function(self.model, _loss_fn(self.labels))
             _, _, gradients = self._gradients[1](self.images)
             self.records[step] = group_norms(gradients, self.group)
 

@@ -142,8 +142,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # The scope names the fused projection in a profile, as the `out` layer's call does.
         with keras.name_scope("qkv"):
             if self.qkv.quantization_mode is None:
-                q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias,
-                                         self.num_heads)
+                q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias, self.num_heads)
             else:  # Keras' quantized Dense computes the projection
                 q, k, v = split_heads(self.qkv(x), self.num_heads)
         if self.q_norm is not None:
