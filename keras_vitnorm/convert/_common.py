@@ -90,6 +90,13 @@ def first_keys(tensors, count=4):
     return shown + (f" ... ({len(keys)} keys)" if len(keys) > count else "")
 
 
+def check_all_used(leftover, source, model="a plain ViT"):
+    """Raises a `ValueError` naming the first of the `leftover` source keys, if any."""
+    if leftover:
+        more = f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else ""
+        raise ValueError(f"Key {leftover[0]!r} of {source} has no counterpart in {model}{more}.")
+
+
 def torch_conv_to_dense(weight):
     """PyTorch `Conv2d` weight `(D, C, P, P)` -> this project's `(P*P*C, D)` kernel."""
     out_dim = weight.shape[0]

@@ -13,6 +13,7 @@ import numpy as np
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import check_all_used
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import vit_config
@@ -127,9 +128,6 @@ def convert(tensors, source="npz"):
     if classes:
         record("head/kernel", reader.get("head/kernel", (width, classes)), "head/kernel")
         record("head/bias", reader.get("head/bias", (classes,)), "head/bias")
-    leftover = [key for key in reader.unused() if key.startswith(prefix)]  # not optimizer state
-    if leftover:
-        raise ValueError(
-            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT"
-            + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + ".")
+    # Keys outside `prefix` are optimizer state.
+    check_all_used([key for key in reader.unused() if key.startswith(prefix)], source)
     return Checkpoint("big_vision", source, config, arrays, keys)

@@ -14,6 +14,7 @@ import numpy as np
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import check_all_used
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
@@ -131,10 +132,5 @@ def convert(state_dict, source="state dict", num_heads=None):
     if classes:
         put("head/kernel", "head.weight", (classes, width), transpose)
         put("head/bias", "head.bias", (classes,))
-    leftover = reader.unused()
-    if leftover:
-        raise ValueError(
-            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT of depth "
-            f"{depth}" + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
-        )
+    check_all_used(reader.unused(), source, f"a plain ViT of depth {depth}")
     return Checkpoint("timm", source, config, arrays, keys)
