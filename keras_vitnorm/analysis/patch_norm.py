@@ -90,9 +90,7 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
         `standardized_patches`: every patch after `LN_0` (what DPN's embedding sees);
         `patch_mean_and_std`: only the two numbers per patch that `LN_0` removes;
         `floored_patches`: every patch standardized with `VARIANCE_FLOOR` as epsilon
-            (the mean and most of the contrast removed, low-contrast patches not
-            scaled up to full contrast): tests whether stretching near-flat patches
-            is what costs accuracy;
+            (near-flat patches not stretched to full contrast);
         `energy_in_means`: `energy_in_patch_means` of the training images;
         `low_contrast`: `low_contrast_share` of the training images' patches;
         `removed_dims`, `patch_dim`: 2 of `P*P*C` dimensions per patch.
@@ -102,16 +100,13 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
     return {
         "pixels": linear_probe_accuracy(train, train_labels, test, test_labels),
         "standardized_patches": linear_probe_accuracy(
-            standardize_patches(train), train_labels, standardize_patches(test), test_labels
-        ),
+            standardize_patches(train), train_labels, standardize_patches(test), test_labels),
         "patch_mean_and_std": linear_probe_accuracy(
             np.stack(removed_statistics(train), -1), train_labels,
-            np.stack(removed_statistics(test), -1), test_labels,
-        ),
+            np.stack(removed_statistics(test), -1), test_labels),
         "floored_patches": linear_probe_accuracy(
             standardize_patches(train, VARIANCE_FLOOR), train_labels,
-            standardize_patches(test, VARIANCE_FLOOR), test_labels,
-        ),
+            standardize_patches(test, VARIANCE_FLOOR), test_labels),
         "energy_in_means": energy_in_patch_means(train),
         "low_contrast": low_contrast_share(train),
         "removed_dims": 2,
@@ -141,15 +136,9 @@ def other_class_donors(labels, seed=0):
 
 
 def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
-    """Images whose patches have the within-patch pattern of `patterns_from` and the
-    mean and standard deviation of the same patch of `statistics_from`.
-
-    Patch `x` of the first and `s` of the second give
-    `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) + mean(s)`. `LN_0` (Dual
-    PatchNorm's first norm) sees `x` standardized as before, except where `s` is flat;
-    a plain stem sees `s`'s brightness and contrast. Values are not clipped to the
-    image range, so that `LN_0`'s input keeps `x`'s pattern exactly.
-    """
+    """Images whose patches have the pattern of `patterns_from` and the mean and standard
+    deviation of `statistics_from`'s: `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) +
+    mean(s)`, not clipped, so `LN_0` still sees `x`'s pattern exactly."""
     patterns_from = np.asarray(patterns_from, "float64")
     statistics_from = np.asarray(statistics_from, "float64")
     if patterns_from.ndim != 4 or patterns_from.shape != statistics_from.shape:
@@ -176,12 +165,9 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     """What a trained model's predictions rest on: each patch's mean and standard
     deviation, or its pattern.
 
-    Every image gets a donor of another class (`other_class_donors`) and is classified
-    three times, at the model's own patch size: as it is; with its own patterns and
-    the donor's statistics (`combine_patches(images, donor images)`); and with its own
-    statistics and the donor's patterns (`combine_patches(donor images, images)`).
-    Each swap keeps one of the two parts of every patch and takes the other from an
-    image of another class; what survives each tells which part the model reads.
+    Every image is classified as it is, with a donor of another class's patch
+    statistics, and with the donor's patterns; what survives each swap tells which part
+    the model reads.
 
     Returns a dict: `clean`, `statistics_swapped` and `patterns_swapped` (accuracy
     against the images' own labels), `statistics_swapped_to_donor` and

@@ -127,10 +127,9 @@ class ConversionReport:
         source: the checkpoint path.
         loaded: variable paths filled from the checkpoint unchanged.
         resampled: variable paths resampled to a new shape (the position embedding).
-        converted: `(variable path, how)` for weights derived from another kind of
-            weight (a LayerNorm scale kept as an RMSNorm scale).
-        new: variable paths the checkpoint has no value for, with their fresh
-            initialization (a new head, a variant's extra norms).
+        converted: `(variable path, how)` for weights derived from another kind (a
+            LayerNorm scale kept as an RMSNorm scale).
+        new: variable paths without a checkpoint value, with their fresh init.
         dropped: `(source key, why)` for checkpoint weights the model does not use.
     """
 
