@@ -150,10 +150,9 @@ def residual_stream(model, images):
         images: NumPy array of images.
 
     Returns:
-        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`:
-        `rms[i]` is `sqrt(mean(x**2))` of the tokens after stage `i`; `similarity[i]`
-        (one shorter) is the mean cosine similarity between each token's
-        representation after stage `i` and after stage `i + 1`.
+        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`: the
+        tokens' `sqrt(mean(x**2))` after each stage, and the mean cosine similarity of
+        each token between consecutive stages (one shorter).
     """
     names = ["stem"] + sorted(
         (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),

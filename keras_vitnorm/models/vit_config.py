@@ -81,13 +81,12 @@ def validate_config(config):
         raise ValueError(
             f"num_classes must be a positive integer (or 0 for a feature extractor), "
             f"got {num_classes!r}.")
+    divisors = [d for d in range(1, min(width, 64) + 1) if width % d == 0]
     if width % num_heads:
-        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
             f"for this width include {divisors}.")
     if c["norm"] == "groupnorm" and width % c["norm_groups"]:
-        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
             f"norm_groups={c['norm_groups']}. Valid norm_groups for this width include "
