@@ -8,7 +8,6 @@ used: Keras' `fit` calls the model itself, so DDP's reducer would never run.
 import contextlib
 import os
 
-import keras
 import numpy as np
 import torch
 import torch.distributed as dist

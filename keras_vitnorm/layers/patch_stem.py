@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
