@@ -1,10 +1,8 @@
 """keras_vitnorm: Vision Transformers where the normalization is a config choice.
 
-The names below load on first use, so that `import keras_vitnorm` alone (the
-`keras-vitnorm` command answering `--help`) does not import Keras and a backend.
-When Keras is already imported, as in `import keras` then `import keras_vitnorm`,
-everything loads at once, which registers the model classes with Keras:
-`keras.saving.load_model` then reloads a saved ViT, Segmenter or LiT.
+The names below load on first use, so `import keras_vitnorm` alone does not import
+Keras; where Keras is already imported they load at once, registering the model
+classes for `keras.saving.load_model`.
 """
 
 import importlib
@@ -13,14 +11,8 @@ import sys
 from keras_vitnorm.version import __version__
 
 #: name -> the module that defines it.
-_EXPORTS = {
-    "ViT": "keras_vitnorm.models",
-    "LiT": "keras_vitnorm.models",
-    "Segmenter": "keras_vitnorm.models",
-    "PRESETS": "keras_vitnorm.models",
-    "list_presets": "keras_vitnorm.models",
-    "load_checkpoint": "keras_vitnorm.models",
-}
+_EXPORTS = dict.fromkeys(
+    ("ViT", "LiT", "Segmenter", "PRESETS", "list_presets", "load_checkpoint"), "keras_vitnorm.models")
 _SUBPACKAGES = ("analysis", "convert", "layers", "models", "study", "training")
 
 __all__ = ["__version__", *_EXPORTS, *_SUBPACKAGES]

@@ -1,17 +1,14 @@
 """The config vocabulary: every name a string option of the library takes.
 
-Each tuple is defined here once and imported by the module that uses it (the layers,
-the trainer, the study). This module imports nothing, so the command line offers
-these choices, and answers `--help`, without importing Keras or a backend.
+Defined once here; this module imports nothing, so the command line offers these
+choices without importing Keras.
 """
 
 #: `norm`: the block norms (docs/normalization.md gives each one's formula).
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")
 #: `stem_norm`: the block norms plus `affine` (only the learnable scale and shift).
 STEM_NORM_TYPES = NORM_TYPES + ("affine",)
-#: `qk_norm`: the norms that normalize one head's query or key vector of one token on
-#: its own. BatchNorm (statistics over batch and tokens, shared by the heads) and
-#: GroupNorm (over tokens and channel groups) would not, so they are not offered.
+#: `qk_norm`: the norms whose statistics stay within one head's q or k of one token.
 QK_NORM_TYPES = ("layernorm", "rmsnorm", "dyt", "identity")
 #: `stem`: the patch embedding and where its norms go.
 STEM_TYPES = ("patch", "dual_patchnorm", "pre_patchnorm", "post_patchnorm", "post_posemb", "conv")

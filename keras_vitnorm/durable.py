@@ -1,14 +1,5 @@
-"""Writes that a kill cannot leave half done, and the fault points that test them.
-
-- `write_file`, `write_text`, `write_json`: a file is written under a temporary name
-  (keeping its suffix, which some writers read), flushed to disk and renamed into
-  place, so a reader finds the old content or the new, never a part.
-- `write_directory`: the same for a whole directory (a saved preset).
-- `written_together`: the files a block writes in some folders are renamed into place
-  together when it ends, or, if it fails, none of them (a study's tables and figures).
-- `fault_point`: named stages at which tests kill the process (or make a write fail)
-  through the `KERAS_VITNORM_FAULT` environment variable; without it, a no-op.
-"""
+"""Writes that a kill cannot leave half done (a temporary name, fsync, a rename), for
+files, directories and groups of files, and the fault points that test them."""
 
 import contextlib
 import errno
@@ -61,13 +52,9 @@ _together = None
 
 @contextlib.contextmanager
 def written_together(*folders):
-    """Files written (`write_file` and the writers built on it) directly in `folders`
-    while the block runs are renamed into place together as it ends, in the order they
-    were written; where the block raises, none is, and every file there stays as it was.
-
-    For outputs that must agree with each other, such as a study's tables and figures:
-    a step that fails part-way leaves none of them rewritten. Inside the block, such a
-    file reads as it was before the block. A block inside another joins it.
+    """Files written (by `write_file`) directly in `folders` while the block runs are
+    renamed into place together as it ends, or, where it raises, none is. For outputs
+    that must agree (a study's tables and figures). A nested block joins the outer one.
     """
     global _together
     if _together is not None:
@@ -154,9 +141,8 @@ def read_json(path):
 def write_directory(path, write, stage=None):
     """Writes the directory `path` whole: `write(temporary_dir)`, then renamed into place.
 
-    An existing `path` is replaced: it is renamed aside, the new directory renamed in,
-    then the old one deleted. A kill between the two renames leaves `path` missing with
-    both complete copies beside it; `recover_directory` puts the right one back.
+    An existing `path` is renamed aside, the new one renamed in, the old one deleted;
+    after a kill between the renames, `recover_directory` puts the old one back.
 
     Args:
         path: destination directory.
@@ -190,9 +176,8 @@ def write_directory(path, write, stage=None):
 def recover_directory(path):
     """Restores `path` from what an interrupted `write_directory` left; removes leftovers.
 
-    A finished new copy (`.<name>.writing` is never renamed unfinished) is not known to
-    be complete, so it is dropped; an old copy renamed aside comes back if `path` is
-    missing.
+    A leftover new copy is not known to be complete, so it is dropped; an old copy
+    renamed aside comes back if `path` is missing.
     """
     parent = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(os.path.normpath(path))

@@ -1,12 +1,8 @@
 """Keeps the frameworks' own log lines off the terminal of the `keras-vitnorm` command.
 
-TensorFlow (the backend, and tf.data on every backend) and XLA log through
-Abseil's C++ logging, which writes straight to file descriptor 2 and, before anything
-calls `absl::InitializeLog()`, ignores `TF_CPP_MIN_LOG_LEVEL`: importing TensorFlow
-2.21 prints its oneDNN, CUDA and CPU-feature lines whatever the environment says.
-Only the process's stderr itself can hold them back, so `hidden()` points descriptor
-2 at a pipe and passes on every line that is not a framework log line. The
-command's own errors, warnings and tracebacks still reach the terminal.
+TensorFlow and XLA log through Abseil's C++ logging straight to file descriptor 2,
+ignoring `TF_CPP_MIN_LOG_LEVEL` before `absl::InitializeLog()`; only redirecting fd 2
+holds them back. `hidden()` passes on every other line.
 """
 
 import contextlib
@@ -25,8 +21,7 @@ FRAMEWORK_LOG_LINE = re.compile(
     rb"|To enable the following instructions: .* rebuild TensorFlow"
     # Python loggers of the frameworks at the default format.
     rb"|(?:INFO|WARNING):(?:tensorflow|absl|jax[\w.]*|torch[\w.]*):"
-    rb")"
-)
+    rb")")
 
 
 def is_framework_log(line):

@@ -1,7 +1,6 @@
 """A process setting for CPU training and benchmarks: keep freed host memory for reuse.
 
-Not part of the library's API on import: the training commands and the benchmark
-scripts apply it at their start.
+The training commands and benchmarks apply it at their start; importing does not.
 """
 
 import ctypes
@@ -16,25 +15,11 @@ _M_ARENA_MAX = -8
 def retain_freed_memory():
     """Makes glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
 
-    XLA on CPU allocates each training step's temporary buffer afresh, one block of
-    gigabytes for a ViT step, from a worker thread's malloc arena. glibc serves
-    blocks that large with `mmap` and unmaps them on free, so the kernel maps and
-    zeroes the whole block again every step; Keras and JAX expose no allocator
-    setting for this. With the settings below the step faults no page after
-    warm-up; the measured effect per backend is in docs/performance.md.
-
-    The settings (mallopt(3)), process-wide:
-    - `M_MMAP_MAX = 0`: large blocks come from the heap, not from `mmap`;
-    - `M_TRIM_THRESHOLD = -1`: freed heap memory is kept, not trimmed;
-    - `M_ARENA_MAX = 1`: every thread allocates from the main heap, the one
-      place a block larger than 64 MiB can be reused from.
-
-    The cost: the process keeps its peak memory until it exits, and threads share
-    one allocator lock. That is why only the commands that train (`keras-vitnorm
-    train`, `ablate` and its worker processes, `segment`, `vtab`, `lit`) and the
-    throughput benchmarks apply it, not the library on import. It takes effect for
-    threads that have not allocated yet, so it belongs at the start of a process,
-    before the first computation.
+    XLA on CPU allocates each step's gigabyte-sized buffer afresh, which glibc maps
+    and zeroes again every step. `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD=-1` and
+    `M_ARENA_MAX=1` keep it for reuse, at the cost of holding the peak memory until
+    exit (docs/training.md; gains in docs/performance.md). Call it at a process's
+    start, before the first computation.
 
     Returns:
         `True` when applied; `False`, changing nothing, where the C library is

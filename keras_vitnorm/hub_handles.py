@@ -1,35 +1,21 @@
 """Hub handles: checkpoints named by where they are published, fetched into the hub's cache.
 
-`ViT.from_preset`, `load_checkpoint`, `keras-vitnorm convert` and every `--preset`
-take these in place of a local path:
-
-- `hf://<owner>/<repo>[@<revision>]`: a Hugging Face Hub model repository, as
-  keras-hub spells it: a transformers ViT (`hf://google/vit-base-patch16-224`), a timm
-  ViT (`hf://timm/vit_small_patch16_224.augreg_in21k`) or a keras-hub ViT preset.
-- `hf-hub:<owner>/<repo>`: timm's spelling of the same.
-- `kaggle://<owner>/<model>/<framework>/<variation>/<version>`: a Kaggle Models
-  handle, as keras-hub names its presets
-  (`kaggle://keras/vit/keras/vit_base_patch16_224_imagenet/3`).
-
-The download is the hub library's own (`huggingface_hub.snapshot_download`,
-`kagglehub.model_download`), so its cache, authentication and offline mode apply
-as they document them: `HF_HUB_CACHE` and `HF_HUB_OFFLINE=1`, `KAGGLEHUB_CACHE`
-(a Kaggle handle with its version resolves from the cache without a network call).
-Install them with `pip install keras-vitnorm[hub]`.
+`ViT.from_preset`, `load_checkpoint` and the commands take `hf://<owner>/<repo>[@rev]`,
+`hf-hub:<owner>/<repo>` and `kaggle://...` handles in place of a local path. The hub
+library downloads (`pip install keras-vitnorm[hub]`), so its cache, authentication
+and offline mode apply (docs/checkpoints.md).
 """
 
 #: The prefixes of a hub handle.
 PREFIXES = ("hf://", "hf-hub:", "kaggle://")
 
-#: Files of a Hugging Face repository that a ViT checkpoint is made of: configs,
-#: safetensors or PyTorch weights, keras-hub's Keras weights. TensorFlow, Flax and
-#: ONNX copies of the same weights are not downloaded.
+#: Files of a Hugging Face repository that a ViT checkpoint is made of (not the
+#: TensorFlow, Flax or ONNX copies).
 HF_FILES = ("*.json", "*.safetensors", "pytorch_model.bin", "model.weights.h5", "*.npz")
 
 HANDLE_FORMS = (
     "hf://<owner>/<repo>[@<revision>], hf-hub:<owner>/<repo> or "
-    "kaggle://<owner>/<model>/<framework>/<variation>/<version>"
-)
+    "kaggle://<owner>/<model>/<framework>/<variation>/<version>")
 
 
 def is_handle(name):

@@ -1,20 +1,10 @@
 """A stop signal whose exception Python drops is sent again.
 
-Python runs a signal's handler in the main thread between two bytecodes, wherever
-they are. Where the handler raises (Ctrl-C's `KeyboardInterrupt`, the command's
-`Terminated` for SIGTERM, a training run's `RunInterrupted`) inside a
-garbage-collection callback (JAX installs one, and JAX is imported under every Keras
-backend), a `__del__` method or a weakref callback, Python prints "Exception ignored
-in ..." and goes on: the command would finish as if no signal had come. While
-`redelivered()` holds, such an exception is not printed: a helper thread sends its
-signal to the main thread again a moment later (sent by the main thread itself, the
-signal's handler would run at once, where its exception is still dropped), so that the
-handler runs again, until it runs where its exception stops the command.
-
-The handlers also record the signal (`keras_vitnorm.cli.errors.run_command`,
-`keras_vitnorm.training.interrupts.StopRequest`), and the training loop checks the
-record at its safe points, for code that catches the exception itself; a safe point
-that stops the run cancels the signal still to come (`acted_on`).
+A stop exception raised by a signal handler inside a garbage-collection callback (JAX
+installs one), a `__del__` or a weakref callback is printed as "Exception ignored" and
+lost, so the command would go on. While `redelivered()` holds, a helper thread sends
+the signal to the main thread again a moment later, until its exception lands where
+it stops the command; a safe point that stops the run cancels it (`acted_on`).
 """
 
 import _thread

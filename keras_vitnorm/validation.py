@@ -40,8 +40,7 @@ def check_known_keys(keys, valid, where):
     hints = "".join(did_you_mean(key, valid) for key in unknown)
     raise ValueError(
         f"Unknown {where}{'s' if len(unknown) > 1 else ''} "
-        f"{', '.join(map(repr, unknown))}.{hints} Valid: {', '.join(valid)}."
-    )
+        f"{', '.join(map(repr, unknown))}.{hints} Valid: {', '.join(valid)}.")
 
 
 def _is_number(value):

@@ -211,7 +211,7 @@ def _dense_pair(use_bias, activation, lora):
 @pytest.mark.parametrize("shape", [(4, 16), (2, 5, 16)])
 @pytest.mark.parametrize("use_bias,activation,lora", [(True, None, False), (False, "gelu", False), (True, None, True)])
 def test_fused_dense_computes_what_keras_dense_computes(shape, use_bias, activation, lora):
-    from keras_vitnorm.analysis.gradients import value_and_gradients
+    from keras_vitnorm.backend import value_and_gradients
 
     x = _inputs(shape)
     results = []

@@ -1,15 +1,9 @@
 """What Dual PatchNorm's first norm removes from the patches it sees.
 
-`LN_0` standardizes each flattened `P*P*C` patch vector: every patch loses its mean
-(its brightness, averaged over the channels) and its standard deviation (its contrast),
-and only its within-patch pattern goes on to the patch embedding. Its learned scale and
-shift are the same for every patch, so they cannot put the two numbers back. These
-functions measure how much of an image those two numbers per patch are, and how much
-class information a linear classifier finds in them, with and without `LN_0`, on a
-dataset's own images, and how much a trained model's predictions rest on them
-(`patch_statistics_reliance`: the model classifies images whose patches carry another
-image's two numbers, and images whose patches keep their two numbers but carry another
-image's patterns).
+`LN_0` takes each patch's mean (brightness) and standard deviation (contrast), which
+its shared scale and shift cannot put back. These functions measure how much of an
+image and of its class those two numbers per patch carry, and how much a trained
+model's predictions rest on them (`patch_statistics_reliance`).
 """
 
 import numpy as np
@@ -55,9 +49,8 @@ def energy_in_patch_means(patches):
     return float(np.sum(dim * patches.mean(axis=-1) ** 2) / np.sum(patches**2))
 
 
-#: Iteration limit of the linear probes' L-BFGS solver. The probes of the CIFAR-10
-#: factor study (3,072 features, 10,000 images) need more than the 100 of
-#: scikit-learn's default; a probe that reaches the limit is an error.
+#: Iteration limit of the linear probes' L-BFGS solver (scikit-learn's 100 is too few
+#: for 3,072 features); a probe that reaches it is an error.
 PROBE_MAX_ITER = 5000
 
 
@@ -73,8 +66,7 @@ def linear_probe_accuracy(train_features, train_labels, test_features, test_labe
     from sklearn.preprocessing import StandardScaler
 
     classifier = make_pipeline(
-        StandardScaler(), LogisticRegression(max_iter=PROBE_MAX_ITER, C=0.1, random_state=seed)
-    )
+        StandardScaler(), LogisticRegression(max_iter=PROBE_MAX_ITER, C=0.1, random_state=seed))
     train_features = train_features.reshape(len(train_features), -1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
@@ -98,9 +90,7 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
         `standardized_patches`: every patch after `LN_0` (what DPN's embedding sees);
         `patch_mean_and_std`: only the two numbers per patch that `LN_0` removes;
         `floored_patches`: every patch standardized with `VARIANCE_FLOOR` as epsilon
-            (the mean and most of the contrast removed, low-contrast patches not
-            scaled up to full contrast): tests whether stretching near-flat patches
-            is what costs accuracy;
+            (near-flat patches not stretched to full contrast);
         `energy_in_means`: `energy_in_patch_means` of the training images;
         `low_contrast`: `low_contrast_share` of the training images' patches;
         `removed_dims`, `patch_dim`: 2 of `P*P*C` dimensions per patch.
@@ -110,16 +100,13 @@ def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch
     return {
         "pixels": linear_probe_accuracy(train, train_labels, test, test_labels),
         "standardized_patches": linear_probe_accuracy(
-            standardize_patches(train), train_labels, standardize_patches(test), test_labels
-        ),
+            standardize_patches(train), train_labels, standardize_patches(test), test_labels),
         "patch_mean_and_std": linear_probe_accuracy(
             np.stack(removed_statistics(train), -1), train_labels,
-            np.stack(removed_statistics(test), -1), test_labels,
-        ),
+            np.stack(removed_statistics(test), -1), test_labels),
         "floored_patches": linear_probe_accuracy(
             standardize_patches(train, VARIANCE_FLOOR), train_labels,
-            standardize_patches(test, VARIANCE_FLOOR), test_labels,
-        ),
+            standardize_patches(test, VARIANCE_FLOOR), test_labels),
         "energy_in_means": energy_in_patch_means(train),
         "low_contrast": low_contrast_share(train),
         "removed_dims": 2,
@@ -149,22 +136,15 @@ def other_class_donors(labels, seed=0):
 
 
 def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
-    """Images whose patches have the within-patch pattern of `patterns_from` and the
-    mean and standard deviation of the same patch of `statistics_from`.
-
-    Patch `x` of the first and `s` of the second give
-    `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) + mean(s)`. `LN_0` (Dual
-    PatchNorm's first norm) sees `x` standardized as before, except where `s` is flat;
-    a plain stem sees `s`'s brightness and contrast. Values are not clipped to the
-    image range, so that `LN_0`'s input keeps `x`'s pattern exactly.
-    """
+    """Images whose patches have the pattern of `patterns_from` and the mean and standard
+    deviation of `statistics_from`'s: `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) +
+    mean(s)`, not clipped, so `LN_0` still sees `x`'s pattern exactly."""
     patterns_from = np.asarray(patterns_from, "float64")
     statistics_from = np.asarray(statistics_from, "float64")
     if patterns_from.ndim != 4 or patterns_from.shape != statistics_from.shape:
         raise ValueError(
             "combine_patches needs two batches of images of one shape (batch, height, width, "
-            f"channels), got {patterns_from.shape} and {statistics_from.shape}."
-        )
+            f"channels), got {patterns_from.shape} and {statistics_from.shape}.")
     height, width = patterns_from.shape[1:3]
     if patch_size < 1 or height % patch_size or width % patch_size:
         raise ValueError(f"Images of {height}x{width} are not whole patches of {patch_size}.")
@@ -185,12 +165,9 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     """What a trained model's predictions rest on: each patch's mean and standard
     deviation, or its pattern.
 
-    Every image gets a donor of another class (`other_class_donors`) and is classified
-    three times, at the model's own patch size: as it is; with its own patterns and
-    the donor's statistics (`combine_patches(images, donor images)`); and with its own
-    statistics and the donor's patterns (`combine_patches(donor images, images)`).
-    Each swap keeps one of the two parts of every patch and takes the other from an
-    image of another class; what survives each tells which part the model reads.
+    Every image is classified as it is, with a donor of another class's patch
+    statistics, and with the donor's patterns; what survives each swap tells which part
+    the model reads.
 
     Returns a dict: `clean`, `statistics_swapped` and `patterns_swapped` (accuracy
     against the images' own labels), `statistics_swapped_to_donor` and
@@ -200,8 +177,7 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     if images.ndim != 4 or len(labels) != len(images):
         raise ValueError(
             f"patch_statistics_reliance needs (batch, height, width, channels) images and one "
-            f"label per image, got images of shape {images.shape} and {len(labels)} labels."
-        )
+            f"label per image, got images of shape {images.shape} and {len(labels)} labels.")
     patch_size = model.get_config()["patch_size"]
     donors = other_class_donors(labels, seed)
 

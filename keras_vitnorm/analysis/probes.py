@@ -1,18 +1,8 @@
 """Probes of a ViT's training dynamics, for the normalization study.
 
-- `gradient_norms`: the L2 norm of the loss gradient of every layer's parameters (the
-  Dual PatchNorm paper's Figure 2 compares the patch embedding's with the blocks').
-- `GradientNormRecorder`: a callback that records them every k steps during `fit`.
-- `residual_stream`: the activation RMS of the token stream after the stem and after
-  every block (post-LN growth) and the cosine similarity of consecutive blocks'
-  token representations (collapse).
-- `stem_scale_map`: the first stem norm's learned scale as a `(P, P, C)` patch (the
-  paper's Figure 3).
-
-Everything runs on all three backends; gradients come from
-`keras_vitnorm.backend.value_and_gradients`, and the recorder's, taken every k steps,
-from `keras_vitnorm.backend.gradients_function` (under JAX one program compiled once
-for the run, where `value_and_gradients` compiles and runs each operation on its own).
+Per-layer gradient norms (once, or every k steps during `fit`), the residual stream's
+activation RMS and block-to-block similarity, and the first stem norm's learned scale
+as a patch (the Dual PatchNorm paper's Figures 2 and 3). Runs on all three backends.
 """
 
 import csv
@@ -30,10 +20,7 @@ PATCH_EMBEDDING = "stem/projection"
 
 
 def layer_of(path):
-    """The layer a variable belongs to: its path without the weight name.
-
-    `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`.
-    """
+    """The layer a variable belongs to: `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`."""
     return path.rsplit("/", 1)[0] if "/" in path else path
 
 
@@ -63,9 +50,7 @@ def _loss_fn(labels):
     labels = keras.ops.convert_to_tensor(np.asarray(labels, "float32"))
 
     def loss(logits):
-        return keras.ops.mean(
-            keras.losses.categorical_crossentropy(labels, logits, from_logits=True)
-        )
+        return keras.ops.mean(keras.losses.categorical_crossentropy(labels, logits, from_logits=True))
 
     return loss
 
@@ -89,17 +74,15 @@ def gradient_norms(model, images, labels, group=layer_of):
 class GradientNormRecorder(keras.callbacks.Callback):
     """Records per-layer gradient norms on a fixed probe batch every `every` steps.
 
-    The gradients are those of the unregularized cross-entropy on `images`, computed in
-    inference mode (no dropout or drop path) with the weights as they are after the
-    step, so the records of different variants are comparable.
+    Gradients of the unregularized cross-entropy in inference mode, after the step, so
+    records of different variants are comparable.
 
     Args:
         images, labels: the probe batch (NumPy; labels one-hot).
         every: int, record at global steps `every, 2*every, ...` (step 0, before
             training, is recorded too).
         path: optional CSV file; rows `step, group, norm` are appended by `flush`
-            (which a run's checkpoint calls before each save) and at the end of
-            training, so a resumed run keeps its earlier rows.
+            and at the end of training, so a resumed run keeps its earlier rows.
         group: `layer_of` or `depth_group`.
 
     Attributes:
@@ -126,8 +109,7 @@ class GradientNormRecorder(keras.callbacks.Callback):
         step = self._step()
         if step not in self.records:
             if self._gradients is None or self._gradients[0] is not self.model:
-                self._gradients = self.model, gradients_function(self.model,
-                                                                 _loss_fn(self.labels))
+                self._gradients = self.model, gradients_function(self.model, _loss_fn(self.labels))
             _, _, gradients = self._gradients[1](self.images)
             self.records[step] = group_norms(gradients, self.group)
 
@@ -168,10 +150,9 @@ def residual_stream(model, images):
         images: NumPy array of images.
 
     Returns:
-        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`:
-        `rms[i]` is `sqrt(mean(x**2))` of the tokens after stage `i`; `similarity[i]`
-        (one shorter) is the mean cosine similarity between each token's
-        representation after stage `i` and after stage `i + 1`.
+        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`: the
+        tokens' `sqrt(mean(x**2))` after each stage, and the mean cosine similarity of
+        each token between consecutive stages (one shorter).
     """
     names = ["stem"] + sorted(
         (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
@@ -191,9 +172,8 @@ def residual_stream(model, images):
 def stem_scale_map(model):
     """The learned scale of the stem's first norm (DPN's LN_0) as a `(P, P, C)` array.
 
-    Patches are flattened in `(row, column, channel)` order (see
-    `keras_vitnorm.layers.patch_stem`), so the scale reshapes directly. Raises a
-    `ValueError` when the stem has no learnable first norm.
+    Patches are flattened in `(row, column, channel)` order, so the scale reshapes
+    directly. Raises a `ValueError` when the stem has no learnable first norm.
     """
     stem = model.get_layer("stem")
     norm = getattr(stem, "patch_norm", None)
@@ -201,13 +181,11 @@ def stem_scale_map(model):
     if norm is None:
         raise ValueError(
             f"The model's stem ({config['stem']!r}) has no norm before the patch embedding; "
-            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'."
-        )
+            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'.")
     scales = [w for w in norm.weights if w.name in ("gamma", "scale")]
     if not scales:
         raise ValueError(
             f"The stem's first norm ({type(norm).__name__}) has no learnable scale "
-            "(stem_norm_learnable=False or a scale-free norm)."
-        )
+            "(stem_norm_learnable=False or a scale-free norm).")
     patch, channels = config["patch_size"], config["num_channels"]
     return np.asarray(keras.ops.convert_to_numpy(scales[0])).reshape(patch, patch, channels)

@@ -1,32 +1,9 @@
-"""What differs per backend beyond the layers' ops: gradients, devices and processes.
+"""What differs per backend beyond the layers' ops: gradients, devices, processes,
+random state, and the input pipeline's compiled augmentation.
 
-`keras_vitnorm.ops` holds the tensor operations of the layers; this package holds the
-rest of what the library does differently under JAX, TensorFlow and PyTorch, each
-function a small form per backend in that backend's private module (`_jax`,
-`_tensorflow`, `_torch`, imported only under its backend):
-
-- `value_and_gradients`, `gradients_function`: a loss and its gradients with respect
-  to a model's inputs and weights (Keras has no backend-neutral gradient op), once or
-  as a function taken again and again.
-- `distribution_scope`: the scope that spreads training over devices, and the number
-  of data-parallel replicas.
-- `process_index_and_count`, `process_share`: where this process stands among the
-  training processes, and which share of each batch it reads.
-- `average_gradients`, `share_variables`, `from_first_process`, `any_process`: what
-  the processes of one run exchange.
-- `global_random_state`, `set_global_random_state`, `share_global_random_state`:
-  the global generator that PyTorch's dropout draws from.
-- `count_bins`, `compiled`, `map_examples`: what the Python input pipeline's
-  augmentation program needs: a histogram count that also traces, a compiled program
-  (JAX; the fast path `augmentation_program`, chosen by
-  `keras_vitnorm.training.data.python_pipeline`), and a function of one example
-  applied to each example of a batch inside it.
-- `keeping_variables`, `remember_variables`: a model whose `fit`, `evaluate` or
-  `predict` raised keeps its weights (JAX, whose trainer empties the variables while
-  it runs; `keras_vitnorm.models.guarded_calls`).
-
-Nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on
-(tests/test_backend_boundary.py checks it).
+Each function has one small form per backend in a private module (`_jax`,
+`_tensorflow`, `_torch`, imported only under its backend). Nothing outside
+`keras_vitnorm.ops` and this package asks which backend it runs on (docs/backends.md).
 """
 
 import importlib
@@ -36,8 +13,7 @@ import keras
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins",
     "distribution_scope", "from_first_process", "global_random_state", "gradients_function",
-    "keeping_variables", "map_examples", "name", "remember_variables",
-    "process_index_and_count",
+    "keeping_variables", "map_examples", "name", "remember_variables", "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "value_and_gradients",
 ]
@@ -87,31 +63,20 @@ def value_and_gradients(model, inputs, loss_fn, training=False):
 
 def gradients_function(model, loss_fn, training=False):
     """`value_and_gradients` of `model` and `loss_fn` as a function of the inputs alone,
-    for a loss taken again and again (a probe batch every k steps).
-
-    Each call reads the model's weights as they are then. JAX compiles the forward and
-    backward pass once, at the first call, where `value_and_gradients` runs them
-    operation by operation; TensorFlow and PyTorch run them eagerly either way.
-
-    Returns:
-        A function mapping a NumPy array of inputs to `(loss, input_gradient,
-        {variable path: gradient})`, as `value_and_gradients` returns them.
-    """
+    for a loss taken again and again; each call reads the weights as they are then
+    (JAX compiles the pass once, at the first call)."""
     gradients = _native().gradients_function(model, loss_fn, training)
     return lambda inputs: _as_numpy(model, *gradients(inputs))
 
 
 def _as_numpy(model, loss, input_grad, grads):
-    """A backend's `(loss, input gradient, [weight gradient])` as NumPy values, the
-    weights' by path, zeros where the loss does not depend on a weight."""
     import numpy as np
 
     to_numpy = keras.ops.convert_to_numpy
     weight_grads = {}
     for variable, grad in zip(model.trainable_variables, grads):
-        weight_grads[variable.path] = (
-            np.zeros(variable.shape, "float32") if grad is None else to_numpy(grad)
-        )
+        zeros = grad is None
+        weight_grads[variable.path] = np.zeros(variable.shape, "float32") if zeros else to_numpy(grad)
     return float(to_numpy(loss)), to_numpy(input_grad), weight_grads
 
 
@@ -124,11 +89,9 @@ def distribution_scope(kind, sharded_layout):
         sharded_layout: `{variable path pattern: sharded axes}` for `"fsdp"`, in
             `keras.distribution.LayoutMap`'s form, over one mesh axis `"batch"`.
 
-    JAX: `keras.distribution.DataParallel` (or `ModelParallel` for `"fsdp"`) over all
-    devices of all processes (`keras.distribution.initialize()` first where
-    `KERAS_DISTRIBUTION_NUM_PROCESSES` > 1). TensorFlow: `tf.distribute.MirroredStrategy`
-    over the local GPUs, or the logical CPUs. PyTorch: one process per device, started by
-    `torchrun`; the scope is empty and the replicas are the processes.
+    JAX: Keras' `DataParallel` (`ModelParallel` for `"fsdp"`) over all processes'
+    devices; TensorFlow: `MirroredStrategy`; PyTorch: an empty scope, one `torchrun`
+    process per device.
     """
     return _native().distribution_scope(kind, sharded_layout)
 
@@ -140,11 +103,8 @@ def process_index_and_count():
 
 
 def process_share():
-    """`(index, count)`: which share of each global batch this process trains on.
-
-    `(rank, world size)` under torchrun with its process group running; else `(0, 1)`
-    (JAX and TensorFlow split the global batch over their devices themselves).
-    """
+    """`(index, count)`: which share of each global batch this process trains on
+    (`(rank, world size)` under torchrun, else `(0, 1)`)."""
     return _native().process_share()
 
 
@@ -155,17 +115,14 @@ def processes_start_equal():
 
 
 def average_gradients(optimizer):
-    """Makes `optimizer.apply` average each step's gradients over the processes first
-    (PyTorch's processes: one `all_reduce` of all of them), so every process applies
-    the same update: the update DistributedDataParallel computes."""
+    """Makes `optimizer.apply` average each step's gradients over the processes first,
+    so every process applies the same update (DistributedDataParallel's)."""
     _native().average_gradients(optimizer)
 
 
 def share_variables(variables, values=None):
     """Gives every training process the first process's `values` of `variables` (its
-    current ones where `values` is None). Every process calls this, with its own
-    variables in the same order; every process assigns (on JAX an assignment is a
-    step of all processes)."""
+    current ones where `values` is None). Every process calls this, same order."""
     _native().share_variables(variables, values, lead=process_index_and_count()[0] == 0)
 
 
@@ -181,13 +138,8 @@ def any_process(flag):
 
 
 def global_random_state():
-    """The global random state that decides dropout masks as a uint8 array, or `None`.
-
-    Keras' dropout on PyTorch, when it has no noise shape, draws from PyTorch's global
-    generator instead of the layer's seed generator, so that state decides the next
-    dropout masks too. JAX and TensorFlow draw from the layers' seed generators
-    (model variables): `None`.
-    """
+    """PyTorch's global generator state as a uint8 array (Keras' dropout without a
+    noise shape draws from it there), or `None` on JAX and TensorFlow."""
     return _native().global_random_state()
 
 
@@ -197,36 +149,29 @@ def set_global_random_state(state):
 
 
 def share_global_random_state(state, lead):
-    """Every process continues from the first process's `state` (`global_random_state`
-    of a restored checkpoint); nothing where the backend has no global state. Every
-    process calls this."""
+    """Every process continues from the first process's `state` (of a restored
+    checkpoint); nothing where the backend has no global state."""
     state = from_first_process(state) if _native().HAS_GLOBAL_RANDOM_STATE else None
     if state is not None and not lead:
         set_global_random_state(state)
 
 
 def count_bins(indices, nbins):
-    """How many of the int32 `indices` (each in `[0, nbins)`) fall in each of `nbins`
-    bins, as a length-`nbins` vector: `bincount` in a form that also traces inside a
-    compiled program (JAX's needs its length fixed; Keras' `ops.bincount` does not
-    trace under JAX)."""
+    """`bincount` of int32 `indices` into `nbins` bins, in a form that also traces in a
+    compiled program (Keras' `ops.bincount` does not under JAX)."""
     return _native().count_bins(indices, nbins)
 
 
 def compiled(function):
-    """`function` compiled into one program (JAX: `jax.jit`), or `None` where the
-    backend has no form the input pipeline uses (PyTorch, TensorFlow: the Python input
-    pipeline's augmentation stays NumPy and eager layer calls there)."""
+    """`function` compiled into one program (JAX: `jax.jit`), or `None` (PyTorch,
+    TensorFlow: the Python pipeline's augmentation stays eager)."""
     return _native().compiled(function)
 
 
 def map_examples(function, *batches, chunk=None):
-    """`function` applied to each example of `batches` (arrays or lists of arrays, each
-    with the examples along the first axis), the results stacked: a loop over chunks
-    of `chunk` examples, each chunk one batched computation (`jax.lax.map`; the loop
-    bounds the memory), or where `chunk` is `None` a loop over single examples, in
-    which `function` sees no batch axis. JAX only: it is called inside a program of
-    `compiled`, which the other backends do not make."""
+    """`function` applied to each example of `batches` (examples on the first axis),
+    results stacked: `jax.lax.map` over chunks of `chunk` examples, or over single
+    examples (no batch axis) where `chunk` is `None`. JAX only, inside `compiled`."""
     return _native().map_examples(function, *batches, chunk=chunk)
 
 
@@ -234,13 +179,9 @@ def keeping_variables(model):
     """A context around a call of Keras' trainer on `model` (`fit`, `evaluate`, `predict`,
     `*_on_batch`): where the call raises, every variable it emptied gets its value back.
 
-    Keras' JAX trainer moves the variables' values into the compiled step's state and
-    empties the variables until the call ends; a call that raises (an input of the wrong
-    shape, labels the loss does not take, Ctrl-C) leaves them empty, and the model fails
-    at every later call and save. Inside this context they get the state of the call's
-    last finished step, or the values they had before it (docs/backends.md, "A failed
-    call under JAX"); a variable that cannot get one is named in a note on the error.
-    TensorFlow and PyTorch update the variables in place: a context that does nothing.
+    Keras' JAX trainer empties the variables while it runs, so a call that raises
+    would leave them empty; they get the last finished step's values or those from
+    before the call (docs/backends.md, "A failed call under JAX"). Elsewhere a no-op.
     """
     return _native().keeping_variables(model)
 

@@ -53,8 +53,7 @@ def distribution_scope(kind, sharded_layout):
             raise ValueError(
                 "distribute='fsdp' shards the weights over the devices of one process; "
                 f"with KERAS_DISTRIBUTION_NUM_PROCESSES={processes} use distribute='data' "
-                "(each process would hold only part of the weights it saves)."
-            )
+                "(each process would hold only part of the weights it saves).")
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     if kind == "data":
@@ -120,14 +119,9 @@ def map_examples(function, *batches, chunk=None):
     return jax.lax.map(lambda example: function(*example), batches, batch_size=chunk)
 
 
-# Keras' JAX trainer, during `fit`, `evaluate` and `predict`, moves the values of the
-# model's variables into the state it passes to the compiled step and empties the
-# variables (private `Variable._value = None`); it keeps the state after each step in
-# the model's private `_jax_state` and puts it back only when the call ends normally.
-# A call that raises leaves the variables empty. `keeping_variables` gives them values
-# again: the state of this call's last finished step where Keras kept one, else the
-# values they had when the call began or when its step function was made
-# (`remember_variables`). docs/backends.md, "A failed call under JAX".
+# Keras' JAX trainer empties the variables (private `Variable._value = None`) while a
+# call runs and keeps each step's state in the private `_jax_state`; `keeping_variables`
+# refills them from it, else from the values remembered before (docs/backends.md).
 _KEEPERS = []
 _STATE = "_jax_state"
 _UNKNOWN = object()

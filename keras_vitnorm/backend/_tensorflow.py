@@ -30,8 +30,7 @@ def distribution_scope(kind, sharded_layout):
     if kind == "fsdp":
         raise ValueError(
             "distribute='fsdp' is available on the JAX backend only (keras.distribution."
-            "ModelParallel); the 'tensorflow' backend trains with distribute='data'."
-        )
+            "ModelParallel); the 'tensorflow' backend trains with distribute='data'.")
     # All GPUs, else every logical CPU (one unless the process split the CPU).
     devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
     strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in devices])

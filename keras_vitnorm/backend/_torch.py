@@ -1,18 +1,13 @@
 """PyTorch forms of `keras_vitnorm.backend` (imported only under the PyTorch backend).
 
-Data-parallel training runs one process per device, started by `torchrun`, each on
-its share of every global batch; each step's gradients are averaged over the processes
-(`average_gradients`) before the optimizer applies them, which is the update
-DistributedDataParallel computes. DDP's own wrapper is not used because Keras' `fit`
-calls the model itself, so DDP's reducer, which starts from the wrapper's forward
-pass, would never run; the average is one `all_reduce` of all gradients, after the
-backward pass instead of overlapped with it.
+Data-parallel training runs one `torchrun` process per device; each step's gradients
+are averaged by one `all_reduce` before the update (DDP's update). DDP's wrapper is not
+used: Keras' `fit` calls the model itself, so DDP's reducer would never run.
 """
 
 import contextlib
 import os
 
-import keras
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -40,8 +35,7 @@ def distribution_scope(kind, sharded_layout):
     if kind == "fsdp":
         raise ValueError(
             "distribute='fsdp' is available on the JAX backend only (keras.distribution."
-            "ModelParallel); the 'torch' backend trains with distribute='data'."
-        )
+            "ModelParallel); the 'torch' backend trains with distribute='data'.")
     return contextlib.nullcontext(), torch_processes()[1]
 
 
@@ -52,8 +46,7 @@ def torch_processes():
         raise ValueError(
             "distribute='data' on the torch backend trains one process per device: start it "
             "with torchrun, e.g. `torchrun --nproc-per-node 8 -m keras_vitnorm train "
-            "--distribute ...` (docs/training.md, 'Scaling out')."
-        )
+            "--distribute ...` (docs/training.md, 'Scaling out').")
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

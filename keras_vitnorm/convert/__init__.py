@@ -8,24 +8,10 @@ model = keras_vitnorm.ViT.from_preset("ViT-B_16.npz")      # the same, report pr
 model.save_to_preset("b16_augreg")                        # this project's format
 ```
 
-One module per source reads its format into a `Checkpoint`: the plain ViT config it
-describes and its weights under this project's variable paths. This package reads
-and never builds a model; `keras_vitnorm.models.weights` builds the `ViT` for a
-checkpoint plus any overrides and transfers the weights (`load_checkpoint`):
-
-- an `image_size` override resamples the position embedding (corner-aligned
-  bilinear as big_vision by default, `resample="bicubic"` as timm);
-- a `num_classes` override gives a new, freshly initialized head;
-- normalization overrides (`stem="dual_patchnorm"`, `norm="rmsnorm"`, placements,
-  block styles, ...) fine-tune a plain checkpoint into a variant: every weight that
-  still fits is loaded, weights the variant adds keep the initialization the variant's
-  reference gives them (e.g. DPN's LayerNorms: scale 1, shift 0), and the report lists
-  exactly which weights are new and which checkpoint weights were dropped. Going from
-  LayerNorm to RMSNorm, each norm's learned scale is kept and its shift dropped (an
-  RMSNorm has no shift); for the other norm types the block norms start fresh, as
-  the DyT paper's `convert_ln_to_dyt` does.
-- an override of the architecture itself (width, depth, heads, MLP size, patch size,
-  channels) is refused: the checkpoint cannot fill such a model.
+One module per source reads its format into a `Checkpoint` (the plain ViT config and
+the weights under this project's variable paths); this package never builds a model.
+`keras_vitnorm.models.weights` builds one with any overrides and transfers the weights;
+docs/checkpoints.md says what each override does to them.
 """
 
 import os
@@ -62,12 +48,10 @@ def read_checkpoint(path, num_heads=None):
     """Reads a checkpoint file or directory into a `Checkpoint`, detecting its format.
 
     Args:
-        path: a Hugging Face model directory (`config.json` + `model.safetensors` or
-            `pytorch_model.bin`), a timm model directory from the Hub, a keras-hub
-            preset directory, or a `.safetensors` /
-            `.pth` / `.bin` state dict (timm or Hugging Face) or `.npz` (big_vision or
-            AugReg) file, or a hub handle (`keras_vitnorm.hub_handles`: `hf://<owner>/<repo>`,
-            `kaggle://...`) naming one of these.
+        path: a Hugging Face, timm or keras-hub model directory; a `.safetensors`,
+            `.pth` or `.bin` state dict (timm or Hugging Face) or `.npz` (big_vision or
+            AugReg) file; or a hub handle (`hf://<owner>/<repo>`, `kaggle://...`)
+            naming one of these.
         num_heads: int; the head count for state dicts that do not record it and have
             a non-standard width.
     """
@@ -85,8 +69,7 @@ def read_checkpoint(path, num_heads=None):
             return huggingface.convert(state, hf_config, source=path)
         raise ValueError(
             f"{path!r} is a directory without config.json: not a Hugging Face model, keras-hub "
-            "preset or keras_vitnorm preset directory."
-        )
+            "preset or keras_vitnorm preset directory.")
     if not os.path.exists(path):
         raise ValueError(f"Checkpoint {path!r} does not exist.")
     tensors = read_tensor_file(path)

@@ -1,11 +1,6 @@
-"""What every converter shares: reading tensor files, the converted-checkpoint record,
-and shape checks that name the source key.
-
-A converter turns a source checkpoint into a `Checkpoint`: the plain `ViT` config it
-describes and its weights keyed by this project's variable paths
-(`block_0/attention/qkv/kernel`, ...), each remembered with the source key it came
-from, so that any later mismatch can name the key in the user's file.
-"""
+"""What every converter shares: reading tensor files, the `Checkpoint` record (each
+weight remembers its source key, so a later mismatch names the key in the user's
+file), and shape checks that name the source key."""
 
 import dataclasses
 import os
@@ -66,16 +61,14 @@ class KeyReader:
         if full not in self.tensors:
             raise ValueError(
                 f"The {self.format_name} checkpoint has no key {full!r}, which a ViT in "
-                f"this layout needs. Keys found start with: {first_keys(self.tensors)}."
-            )
+                f"this layout needs. Keys found start with: {first_keys(self.tensors)}.")
         array = np.asarray(self.tensors[full], dtype="float32")
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise ValueError(
                 f"Key {full!r} of the {self.format_name} checkpoint has shape "
                 f"{tuple(array.shape)}; a ViT with the config read from this checkpoint "
                 f"expects {tuple(shape)}. The checkpoint is inconsistent or not a "
-                "standard ViT."
-            )
+                "standard ViT.")
         self.used.add(full)
         return array
 
@@ -97,6 +90,13 @@ def first_keys(tensors, count=4):
     return shown + (f" ... ({len(keys)} keys)" if len(keys) > count else "")
 
 
+def check_all_used(leftover, source, model="a plain ViT"):
+    """Raises a `ValueError` naming the first of the `leftover` source keys, if any."""
+    if leftover:
+        more = f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else ""
+        raise ValueError(f"Key {leftover[0]!r} of {source} has no counterpart in {model}{more}.")
+
+
 def torch_conv_to_dense(weight):
     """PyTorch `Conv2d` weight `(D, C, P, P)` -> this project's `(P*P*C, D)` kernel."""
     out_dim = weight.shape[0]
@@ -109,27 +109,17 @@ def grid_from_position_embedding(num_positions, num_prefix, key):
     if side * side != num_positions - num_prefix or side < 1:
         raise ValueError(
             f"Key {key!r} has {num_positions} positions, which is not {num_prefix} prefix "
-            "token(s) plus a square grid; only square grids are supported."
-        )
+            "token(s) plus a square grid; only square grids are supported.")
     return side
 
 
 def vit_config(*, image_size, patch_size, channels, width, depth, heads, mlp_dim, classes,
                epsilon, qkv_bias, class_token):
     """The `ViT` constructor arguments of a plain checkpoint."""
-    return {
-        "image_size": image_size,
-        "patch_size": patch_size,
-        "num_channels": channels,
-        "width": width,
-        "depth": depth,
-        "num_heads": heads,
-        "mlp_dim": mlp_dim,
-        "num_classes": classes,
-        "norm_epsilon": float(epsilon),
-        "qkv_bias": bool(qkv_bias),
-        "pooling": "cls" if class_token else "gap",
-    }
+    return {"image_size": image_size, "patch_size": patch_size, "num_channels": channels,
+            "width": width, "depth": depth, "num_heads": heads, "mlp_dim": mlp_dim,
+            "num_classes": classes, "norm_epsilon": float(epsilon), "qkv_bias": bool(qkv_bias),
+            "pooling": "cls" if class_token else "gap"}
 
 
 def heads_for_width(width, num_heads, format_name):
@@ -139,8 +129,7 @@ def heads_for_width(width, num_heads, format_name):
         raise ValueError(
             f"The {format_name} checkpoint does not record its head count and width={width} "
             f"is not a standard ViT width ({', '.join(map(str, STANDARD_HEADS))}). Pass "
-            "num_heads=<int>."
-        )
+            "num_heads=<int>.")
     return STANDARD_HEADS[width]
 
 
@@ -167,11 +156,7 @@ def read_npz(path):
 
 
 def read_tensor_file(path):
-    """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file.
-
-    `.pth` files are read with `torch.load(weights_only=True)` (no code runs from the
-    file; see `read_torch_tensors`).
-    """
+    """`{key: np.ndarray}` of a `.safetensors`, `.pth`/`.pt`/`.bin` or `.npz` file."""
     path = os.fspath(path)
     extension = os.path.splitext(path)[1].lower()
     if extension == ".npz":
@@ -196,17 +181,15 @@ def read_tensor_file(path):
     raise ValueError(
         f"Unsupported checkpoint file {path!r}: expected .safetensors, .pth, .pt, .bin or "
         ".npz (or a directory: a Hugging Face model, a keras-hub preset or a keras_vitnorm "
-        "preset)."
-    )
+        "preset).")
 
 
 def read_torch_tensors(path, safetensors_file=False):
     """`{key: float32 NumPy array}` of a PyTorch checkpoint file, under any Keras backend.
 
-    Used by the checkpoint converters for `.pth`/`.bin` files (`torch.load` with
-    `weights_only=True`, so no code from the file runs) and for `.safetensors` files
-    in bfloat16, which NumPy cannot hold. A dict that wraps the weights under
-    `state_dict`, `model` or `module` is unwrapped.
+    `torch.load(weights_only=True)`, so no code from the file runs; also for bfloat16
+    `.safetensors` files, which NumPy cannot hold. A `state_dict`, `model` or `module`
+    wrapper is unwrapped.
     """
     try:
         import torch

@@ -1,23 +1,11 @@
 """big_vision / AugReg `.npz` ViT checkpoints -> ViT.
 
-Two namings of the same Flax ViT, as timm's `_load_weights` reads them:
-
-- AugReg (the `vit_jax` / `augreg` release, keys optionally under `opt/target/`):
-  `embedding`, `cls`, `Transformer/posembed_input/pos_embedding` (class position
-  included), `Transformer/encoderblock_{i}/LayerNorm_0`, `MultiHeadDotProductAttention_1`,
-  `LayerNorm_2`, `MlpBlock_3/Dense_{0,1}`, `Transformer/encoder_norm`, `head`.
-- big_vision (keys under `params/`): `embedding`, `cls`, `pos_embedding` (patches
-  only: big_vision adds it before prepending the class token), and per block
-  `LayerNorm_0`, `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`; blocks
-  are `encoderblock_{i}` or, for scanned models, one `encoderblock` whose arrays have
-  a leading depth axis.
-
-A big_vision position embedding without a class position gets a zero row for the
-class token, which computes exactly what big_vision does. Attention kernels
-`(D, heads, head_dim)` give the head count. The Flax code uses tanh-approximated GELU
-where this project (like timm and transformers, which load these checkpoints too) uses
-exact GELU; the difference is below 1e-3 per activation. `pre_logits` layers (the
-ImageNet-21k representation layer) and MAP heads are refused.
+Both namings of the same Flax ViT, as timm's `_load_weights` reads them: AugReg
+(`Transformer/encoderblock_{i}/...`, class position inside the position embedding) and
+big_vision (`params/...`, blocks possibly scanned into one stacked `encoderblock`; a
+position embedding without a class position gets a zero row for the class token, which
+computes what big_vision does). The Flax code's tanh GELU differs from the exact GELU
+here by under 1e-3 per activation. `pre_logits` layers and MAP heads are refused.
 """
 
 import numpy as np
@@ -25,6 +13,7 @@ import numpy as np
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import check_all_used
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import vit_config
@@ -44,8 +33,7 @@ def convert(tensors, source="npz"):
         raise ValueError(
             f"{source} is not a big_vision/AugReg ViT checkpoint: it has no key "
             f"'embedding/kernel' (optionally under {', '.join(repr(p) for p in _PREFIXES[1:])}). "
-            f"Keys found start with: {first_keys(tensors)}."
-        )
+            f"Keys found start with: {first_keys(tensors)}.")
     for marker, what in (("pre_logits/", "a pre-logits (representation) layer"),
                          ("MAPHead", "a MAP attention-pooling head")):
         found = next((k for k in tensors if marker in k), None)
@@ -57,8 +45,7 @@ def convert(tensors, source="npz"):
     augreg = reader.has("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel")
     attention, norm1, norm2, mlp = (
         ("MultiHeadDotProductAttention_1", "LayerNorm_0", "LayerNorm_2", "MlpBlock_3") if augreg
-        else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0")
-    )
+        else ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0"))
     patch = reader.get("embedding/kernel")
     if patch.ndim != 4 or patch.shape[0] != patch.shape[1]:
         raise ValueError(f"Key {prefix}embedding/kernel has shape {patch.shape}; expected a square "
@@ -141,10 +128,6 @@ def convert(tensors, source="npz"):
     if classes:
         record("head/kernel", reader.get("head/kernel", (width, classes)), "head/kernel")
         record("head/bias", reader.get("head/bias", (classes,)), "head/bias")
-    leftover = [key for key in reader.unused() if key.startswith(prefix)]  # not optimizer state
-    if leftover:
-        raise ValueError(
-            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT"
-            + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
-        )
+    # Keys outside `prefix` are optimizer state.
+    check_all_used([key for key in reader.unused() if key.startswith(prefix)], source)
     return Checkpoint("big_vision", source, config, arrays, keys)

@@ -1,17 +1,9 @@
 """Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
 
-Reads a model directory (`config.json` with `"model_type": "vit"` and
-`model.safetensors` or `pytorch_model.bin`), a single weights file, or an in-memory
-state dict (`{key: array or torch tensor}`). Both key namings are understood: the
-one in checkpoint files (`encoder.layer.{i}.attention.attention.query`, what the Hub
-serves) and the one of transformers 5's in-memory modules
-(`layers.{i}.attention.q_proj`). `ViTModel` keys have no `vit.` prefix; its pooler
-(`pooler.dense`, a tanh layer `ViTForImageClassification` does not use) is left out
-and reported.
-
-Transformers' ViT uses exact (erf) GELU like this project, LayerNorm epsilon from
-`layer_norm_eps` (1e-12 in the Google checkpoints; copied into `norm_epsilon`), and
-classifies the class token after the final LayerNorm, as `pooling="cls"` does.
+Reads a model directory, a weights file or an in-memory state dict, in either key
+naming (checkpoint files' `encoder.layer.{i}...`, transformers 5 modules'
+`layers.{i}...`). `ViTModel`'s pooler is left out and reported. LayerNorm epsilon
+comes from `layer_norm_eps` (1e-12 in the Google checkpoints).
 """
 
 import os
@@ -55,27 +47,23 @@ def read_directory(directory):
     if hf_config.get("class_name") == "ViT":
         raise ValueError(
             f"{directory!r} is a keras_vitnorm preset, not a foreign checkpoint: load it with "
-            "ViT.from_preset (keras-vitnorm convert re-saves it with overrides)."
-        )
+            "ViT.from_preset (keras-vitnorm convert re-saves it with overrides).")
     if "model_type" not in hf_config:
         raise ValueError(
             f"{config_path} names no model format: it is not a keras_vitnorm preset "
             "('class_name': 'ViT' and 'config'), a Hugging Face model ('model_type'), a timm "
-            "model ('architecture') or a keras-hub preset ('module': 'keras_hub...')."
-        )
+            "model ('architecture') or a keras-hub preset ('module': 'keras_hub...').")
     if hf_config.get("model_type") != "vit":
         raise ValueError(
             f"{directory!r} holds a Hugging Face {hf_config.get('model_type')!r} model; only "
-            "'vit' (ViTModel, ViTForImageClassification) converts to keras_vitnorm."
-        )
+            "'vit' (ViTModel, ViTForImageClassification) converts to keras_vitnorm.")
     for name in ("model.safetensors", "pytorch_model.bin"):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             return read_tensor_file(path), hf_config
     raise ValueError(
         f"{directory!r} has a config.json but no model.safetensors or pytorch_model.bin "
-        "(sharded checkpoints are not supported; ViTs fit in one file)."
-    )
+        "(sharded checkpoints are not supported; ViTs fit in one file).")
 
 
 def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
@@ -97,8 +85,7 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     if patch_key is None:
         raise ValueError(
             f"{source} is not a Hugging Face ViT state dict: it has no key ending in "
-            f"{PATCH_KEY!r}. Keys found start with: {first_keys(tensors)}."
-        )
+            f"{PATCH_KEY!r}. Keys found start with: {first_keys(tensors)}.")
     prefix = patch_key[: -len(PATCH_KEY)]  # "vit." for ViTForImageClassification
     reader = KeyReader(tensors, "Hugging Face ViT", prefix)
     naming = 0 if reader.has(_BLOCK_KEYS["query"][0].format(i=0) + ".weight") else 1
@@ -119,14 +106,12 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     if "image_size" in hf_config and hf_config["image_size"] != side * patch_size:
         raise ValueError(
             f"config.json says image_size={hf_config['image_size']} but {prefix + position_key} "
-            f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size})."
-        )
+            f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size}).")
     heads = hf_config.get("num_attention_heads") or heads_for_width(width, num_heads, "Hugging Face")
     if hf_config.get("hidden_act", "gelu") != "gelu":
         raise ValueError(
             f"config.json has hidden_act={hf_config['hidden_act']!r}; keras_vitnorm's MLP uses "
-            "exact GELU ('gelu')."
-        )
+            "exact GELU ('gelu').")
     classes = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
     config = vit_config(
         image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
@@ -182,6 +167,5 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
         else:
             raise ValueError(
                 f"Key {key!r} of {source} has no counterpart in a standard ViT; keras_vitnorm "
-                "converts ViTModel and ViTForImageClassification checkpoints."
-            )
+                "converts ViTModel and ViTForImageClassification checkpoints.")
     return Checkpoint("huggingface", source, config, arrays, keys, ignored)

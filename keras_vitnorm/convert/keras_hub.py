@@ -1,13 +1,8 @@
 """keras-hub `ViTBackbone` (and `ViTImageClassifier`) presets saved on disk -> ViT.
 
-A keras-hub preset directory holds `config.json` (the backbone) and, for a task,
-`task.json`. keras-hub itself loads the directory (`pip install keras-hub`); its
-weights are then read by layer: the `vit_patching_and_embedding` layer (Conv2D patch
-kernel `(P, P, C, D)`, `class_token`, `position_embedding` as an `Embedding` table),
-then per `transformer_block_*`: `ln_1`, `mha` (Keras `MultiHeadAttention`: kernels
-`(D, heads, head_dim)`, output `(heads, head_dim, D)`), `ln_2`, `mlp/dense_1`,
-`mlp/dense_2`; the encoder's final `ln`; and for a `ViTImageClassifier` with token
-pooling its `predictions` Dense layer. keras-hub's MLP uses exact GELU, as here.
+keras-hub itself loads the directory (`pip install keras-hub`); its weights are then
+read layer by layer (patch embedding, `transformer_block_*`, final `ln`, and a
+token-pooling classifier's `predictions`).
 """
 
 import os
@@ -41,8 +36,7 @@ def read_directory(directory):
     if class_name != "ViTBackbone":
         raise ValueError(
             f"{directory!r} is a keras-hub {class_name!r} preset; only ViTBackbone (and "
-            "ViTImageClassifier) presets convert to keras_vitnorm."
-        )
+            "ViTImageClassifier) presets convert to keras_vitnorm.")
     if os.path.isfile(os.path.join(directory, "task.json")):
         classifier = keras_hub.models.ImageClassifier.from_preset(directory)
         return classifier.backbone, classifier
@@ -57,8 +51,7 @@ def convert(backbone, classifier=None, source="keras-hub model"):
     ):
         raise ValueError(
             f"{source} has use_mha_bias/use_mlp_bias/use_patch_bias off; keras_vitnorm's ViT "
-            "has those biases (only the qkv bias can be switched off)."
-        )
+            "has those biases (only the qkv bias can be switched off).")
     height, width_px, channels = config["image_shape"]
     patch_size = config["patch_size"]
     patch_size = patch_size[0] if isinstance(patch_size, (list, tuple)) else patch_size
@@ -74,8 +67,7 @@ def convert(backbone, classifier=None, source="keras-hub model"):
                 f"use_class_token={has_cls} and intermediate_dim="
                 f"{getattr(classifier, 'intermediate_dim', None)} has no keras_vitnorm "
                 "equivalent (supported: token pooling with a class token, or gap without one, "
-                "and no pre-logits layer)."
-            )
+                "and no pre-logits layer).")
     weights = {w.path: np.asarray(_numpy(w)) for w in backbone.weights}
     arrays, keys = {}, {}
 

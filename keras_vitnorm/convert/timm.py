@@ -1,16 +1,10 @@
 """timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
 
-Reads `.safetensors` (what the Hugging Face Hub serves for timm models) or `.pth`
-files, or a timm model directory as the Hub serves it (`config.json` naming the
-`architecture`, next to `model.safetensors` or `pytorch_model.bin`). The layout is timm's plain ViT: `patch_embed.proj`, `cls_token`, `pos_embed`
-(class token included), `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 /
-mlp.fc2`, `norm`, `head`. timm's fused `qkv` has the same column order as this
-project's (q, k, v, each head-major). LayerNorm epsilon 1e-6, exact GELU.
-
-State dicts do not record the head count: it is taken from the standard width
-(192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16) unless `num_heads` is given.
-Variants with parts a plain ViT lacks (LayerScale `ls1`, register tokens,
-`fc_norm`, QK-norm, a pre-logits layer) are refused with the key that shows it.
+Reads `.safetensors` or `.pth` files, or a timm model directory from the Hub. timm's
+fused `qkv` has this project's column order. State dicts do not record the head count:
+it comes from the standard width unless `num_heads` is given. Variants a plain ViT
+lacks parts of (LayerScale, register tokens, `fc_norm`, QK-norm, pre-logits) are
+refused with the key that shows it.
 """
 
 import os
@@ -20,6 +14,7 @@ import numpy as np
 from keras_vitnorm.convert._common import POSITION_EMBEDDING
 from keras_vitnorm.convert._common import Checkpoint
 from keras_vitnorm.convert._common import KeyReader
+from keras_vitnorm.convert._common import check_all_used
 from keras_vitnorm.convert._common import first_keys
 from keras_vitnorm.convert._common import grid_from_position_embedding
 from keras_vitnorm.convert._common import heads_for_width
@@ -59,8 +54,7 @@ def read_directory(directory):
     architecture = read_json(os.path.join(directory, "config.json"))["architecture"]
     raise ValueError(
         f"{directory!r} is a timm {architecture!r} model without weights: neither of "
-        f"{', '.join(WEIGHT_FILES)} is there."
-    )
+        f"{', '.join(WEIGHT_FILES)} is there.")
 
 
 def is_timm_state(tensors):
@@ -80,15 +74,13 @@ def convert(state_dict, source="state dict", num_heads=None):
     if PATCH_KEY not in tensors and not prefix:
         raise ValueError(
             f"{source} is not a timm ViT state dict: it has no key {PATCH_KEY!r}. Keys found "
-            f"start with: {first_keys(tensors)}."
-        )
+            f"start with: {first_keys(tensors)}.")
     for key in tensors:
         for marker, what in _UNSUPPORTED.items():
             if marker in key or key.startswith(prefix + marker.lstrip(".")):
                 raise ValueError(
                     f"Key {key!r} of {source} belongs to {what}, which the plain ViT layout "
-                    "does not have; only plain timm ViTs (vit_*_patch{16,32}_*) convert."
-                )
+                    "does not have; only plain timm ViTs (vit_*_patch{16,32}_*) convert.")
     reader = KeyReader(tensors, "timm ViT", prefix)
     patch = reader.get(PATCH_KEY)
     width, channels, patch_size = patch.shape[0], patch.shape[1], patch.shape[2]
@@ -140,10 +132,5 @@ def convert(state_dict, source="state dict", num_heads=None):
     if classes:
         put("head/kernel", "head.weight", (classes, width), transpose)
         put("head/bias", "head.bias", (classes,))
-    leftover = reader.unused()
-    if leftover:
-        raise ValueError(
-            f"Key {leftover[0]!r} of {source} has no counterpart in a plain ViT of depth "
-            f"{depth}" + (f" (and {len(leftover) - 1} more keys)" if len(leftover) > 1 else "") + "."
-        )
+    check_all_used(reader.unused(), source, f"a plain ViT of depth {depth}")
     return Checkpoint("timm", source, config, arrays, keys)

@@ -28,8 +28,7 @@ def check_qk_norm(norm):
             f"which norm={norm!r} does not (its statistics span "
             f"{'the batch, the tokens and the heads' if norm == 'batchnorm' else 'the tokens'}). "
             f"QK-norm is offered with {', '.join(map(repr, QK_NORM_TYPES))}; "
-            "use one of them or qk_norm=False."
-        )
+            "use one of them or qk_norm=False.")
     return norm
 
 
@@ -37,37 +36,27 @@ def check_qk_norm(norm):
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head self-attention over `(batch, tokens, width)` inputs.
 
-    One fused `qkv` projection (kernel `(width, 3 * width)`, columns ordered
-    `[q | k | v]`, each head-major like timm), softmax attention
-    (`keras_vitnorm.ops.attention`), then the `out` projection.
-
-    Initialization follows big_vision: the query, key and value kernels are
-    each Xavier-uniform on their own `(width, width)` shape (limit
-    `sqrt(6 / (2 * width))`, `FusedKernelInitializer`), the out kernel
-    Xavier-uniform on `(width, width)`, biases zero.
+    One fused `qkv` projection (columns `[q | k | v]`, each head-major like timm),
+    softmax attention, then the `out` projection. Initialization follows big_vision:
+    q, k and v kernels each Xavier-uniform on their own `(width, width)` shape.
 
     Args:
         num_heads: int. `width` must be divisible by it.
         qkv_bias: bool, default `True`.
-        qk_norm: str or None, default `None`. A norm type of `QK_NORM_TYPES` (or a
-            registered one, `register_norm`)
-            applied to each head's q and k of each token over the head
-            dimension (weights shared by all heads), before the
-            `1/sqrt(head_dim)` scaling (ViT-22B).
-        head_scale: bool, default `False`. NormFormer per-head learnable gains
-            (init 1), applied to each head's output before the out projection
-            (the paper's form, not fairseq's post-projection one).
+        qk_norm: str or None, default `None`. A norm of `QK_NORM_TYPES` (or a
+            registered one) on each head's q and k over the head dimension, shared
+            by all heads, before the `1/sqrt(head_dim)` scaling (ViT-22B).
+        head_scale: bool, default `False`. NormFormer per-head gains (init 1) on
+            each head's output before the out projection.
         inner_norm: str or None, default `None`. A `norm` type applied to the
             concatenated heads before the out projection (Sub-LN / Magneto).
         norm_epsilon: float, default `1e-6`, for `qk_norm` and `inner_norm`.
         norm_groups: int, default `32`, for `groupnorm`.
         init_scale: float, default `1.0`. Multiplies the initial value and out
-            projection kernels (DeepNorm beta, Sub-LN gamma; the biases start at
-            zero), through their initializers (`ScaledInitializer`).
+            kernels (DeepNorm beta, Sub-LN gamma).
         dropout: float, default `0.0`. Dropout after the out projection.
-        weight_standardization: bool, default `False`. The qkv and out
-            projections multiply by standardized kernels
-            (`keras_vitnorm.ops.standardize_kernel`).
+        weight_standardization: bool, default `False`. Standardized qkv and out
+            kernels (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -80,20 +69,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     - [Wang et al., Foundation Transformers (Sub-LN), 2022](https://arxiv.org/abs/2210.06423)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        qkv_bias=True,
-        qk_norm=None,
-        head_scale=False,
-        inner_norm=None,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        init_scale=1.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, qkv_bias=True, qk_norm=None, head_scale=False, inner_norm=None,
+                 norm_epsilon=1e-6, norm_groups=32, init_scale=1.0, dropout=0.0,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_bool("qkv_bias", qkv_bias)
@@ -119,42 +97,28 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.weight_standardization = weight_standardization
 
     def _norm(self, norm, name):
-        return make_norm(
-            norm,
-            epsilon=self.norm_epsilon,
-            groups=self.norm_groups,
-            name=name,
-            dtype=self.dtype_policy,
-        )
+        return make_norm(norm, epsilon=self.norm_epsilon, groups=self.norm_groups, name=name,
+                         dtype=self.dtype_policy)
 
     def build(self, input_shape):
         width = input_shape[-1]
         if width % self.num_heads:
             raise ValueError(
                 f"width={width} is not divisible by num_heads={self.num_heads}. "
-                f"Pick num_heads among the divisors of {width}."
-            )
+                f"Pick num_heads among the divisors of {width}.")
         self.head_dim = width // self.num_heads
         qkv_initializer = FusedKernelInitializer("glorot_uniform", parts=3)
         if self.init_scale != 1.0:  # the value third alone; the biases start at zero
             qkv_initializer = ScaledInitializer(qkv_initializer, [1.0, 1.0, self.init_scale])
-        self.qkv = FusedDense(
-            3 * width,
-            use_bias=self.qkv_bias,
-            kernel_initializer=qkv_initializer,
-            name="qkv",
-            dtype=self.dtype_policy,
-            weight_standardization=self.weight_standardization,
-        )
+        self.qkv = FusedDense(3 * width, use_bias=self.qkv_bias, kernel_initializer=qkv_initializer,
+                              name="qkv", dtype=self.dtype_policy,
+                              weight_standardization=self.weight_standardization)
         self.qkv.build(input_shape)
-        self.out = FusedDense(
-            width,
-            kernel_initializer=(ScaledInitializer("glorot_uniform", self.init_scale)
-                                if self.init_scale != 1.0 else "glorot_uniform"),
-            name="out",
-            dtype=self.dtype_policy,
-            weight_standardization=self.weight_standardization,
-        )
+        out_initializer = "glorot_uniform"
+        if self.init_scale != 1.0:
+            out_initializer = ScaledInitializer(out_initializer, self.init_scale)
+        self.out = FusedDense(width, kernel_initializer=out_initializer, name="out", dtype=self.dtype_policy,
+                              weight_standardization=self.weight_standardization)
         self.out.build(input_shape)
         self.q_norm = self.k_norm = None
         if self.qk_norm is not None:
@@ -165,9 +129,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             self.k_norm.build(head_shape)
         self.head_gains = None
         if self.head_scale:
-            self.head_gains = self.add_weight(
-                name="head_scale", shape=(self.num_heads, 1), initializer="ones"
-            )
+            self.head_gains = self.add_weight(name="head_scale", shape=(self.num_heads, 1),
+                                              initializer="ones")
         self.inner_norm_layer = None
         if self.inner_norm is not None:
             self.inner_norm_layer = self._norm(self.inner_norm, "inner_norm")
@@ -179,8 +142,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # The scope names the fused projection in a profile, as the `out` layer's call does.
         with keras.name_scope("qkv"):
             if self.qkv.quantization_mode is None:
-                q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias,
-                                         self.num_heads)
+                q, k, v = qkv_projection(x, self.qkv.forward_kernel, self.qkv.bias, self.num_heads)
             else:  # Keras' quantized Dense computes the projection
                 q, k, v = split_heads(self.qkv(x), self.num_heads)
         if self.q_norm is not None:
@@ -201,18 +163,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "qkv_bias": self.qkv_bias,
-                "qk_norm": self.qk_norm,
-                "head_scale": self.head_scale,
-                "inner_norm": self.inner_norm,
-                "norm_epsilon": self.norm_epsilon,
-                "norm_groups": self.norm_groups,
-                "init_scale": self.init_scale,
-                "dropout": self.dropout,
-                "weight_standardization": self.weight_standardization,
-            }
-        )
+        config.update({key: getattr(self, key) for key in (
+            "num_heads", "qkv_bias", "qk_norm", "head_scale", "inner_norm", "norm_epsilon",
+            "norm_groups", "init_scale", "dropout", "weight_standardization")})
         return config

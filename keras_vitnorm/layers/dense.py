@@ -13,19 +13,15 @@ def _refuse_quantization(layer):
         raise ValueError(
             f"{layer.name}: a weight-standardized layer cannot be quantized (the quantized "
             "kernel would skip the standardization). Build the model with "
-            "weight_standardization=False to quantize it."
-        )
+            "weight_standardization=False to quantize it.")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class FusedDense(keras.layers.Dense):
     """`keras.layers.Dense` whose unquantized call is `keras_vitnorm.ops.linear`.
 
-    The same weights, names, arguments, LoRA and quantization as Keras' `Dense` (a
-    quantized layer takes Keras' quantized path, which does not reach `call`). Only
-    the unquantized forward differs: `linear` computes `x @ kernel + bias` as one
-    fused matmul where its fast path applies (PyTorch), Keras' matmul and add
-    elsewhere.
+    The same weights, names, arguments, LoRA and quantization as Keras' `Dense`; only
+    the unquantized forward differs (one fused matmul where `linear`'s fast path applies).
 
     Args:
         weight_standardization: bool, default `False`. Use

@@ -23,20 +23,15 @@ from keras_vitnorm.ops import residual_fence
 def default_placements(block_style):
     """`(attn_norm, mlp_norm)` that `block_style` defines when they are not given.
 
-    DeepNorm is post-LN by definition (torchscale's `deepnorm=True` turns
-    `normalize_before` off); NormFormer and Sub-LN extend pre-LN, as does the
-    standard ViT block.
+    DeepNorm is post-LN by definition (torchscale); the other styles extend pre-LN.
     """
     check_choice("block_style", block_style, BLOCK_STYLES)
     return ("post", "post") if block_style == "deepnorm" else ("pre", "pre")
 
 
 def resolve_placements(block_style, attn_norm=None, mlp_norm=None):
-    """`(attn_norm, mlp_norm)` with `None` replaced by the block style's default.
-
-    Raises a `ValueError` for an unknown value, or for a placement that the
-    block style excludes (DeepNorm outside post-LN).
-    """
+    """`(attn_norm, mlp_norm)` with `None` replaced by the block style's default;
+    a `ValueError` for an unknown value or DeepNorm outside post-LN."""
     default_attn, default_mlp = default_placements(block_style)
     attn_norm = default_attn if attn_norm is None else attn_norm
     mlp_norm = default_mlp if mlp_norm is None else mlp_norm
@@ -46,8 +41,7 @@ def resolve_placements(block_style, attn_norm=None, mlp_norm=None):
         raise ValueError(
             "block_style='deepnorm' is post-LN with an up-weighted residual, so it "
             "needs attn_norm='post' and mlp_norm='post' (their default for this style); "
-            f"got attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}."
-        )
+            f"got attn_norm={attn_norm!r}, mlp_norm={mlp_norm!r}.")
     return attn_norm, mlp_norm
 
 
@@ -87,11 +81,8 @@ class LayerScale(keras.layers.Layer):
         self.init_value = init_value
 
     def build(self, input_shape):
-        self.gamma = self.add_weight(
-            name="gamma",
-            shape=(input_shape[-1],),
-            initializer=keras.initializers.Constant(self.init_value),
-        )
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],),
+                                     initializer=keras.initializers.Constant(self.init_value))
 
     def call(self, x):
         return x * ops.cast(self.gamma, x.dtype)
@@ -114,8 +105,7 @@ def check_weight_standardization(weight_standardization, block_style):
         raise ValueError(
             f"weight_standardization=True cannot be combined with block_style={block_style!r}: "
             "its initial weight scaling would be standardized away. Use another block "
-            "style or weight_standardization=False."
-        )
+            "style or weight_standardization=False.")
     return weight_standardization
 
 
@@ -154,11 +144,9 @@ class EncoderBlock(keras.layers.Layer):
             with `register_norm`.
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
-        attn_norm: str or None, default `None`. Placement for the attention
-            sublayer; `None` takes the block style's (`default_placements`):
-            `"post"` for `deepnorm`, `"pre"` otherwise.
-        mlp_norm: str or None, default `None`. Placement for the MLP sublayer,
-            defaulting like `attn_norm`.
+        attn_norm: str or None, default `None`. Attention placement; `None` takes
+            the block style's: `"post"` for `deepnorm`, `"pre"` otherwise.
+        mlp_norm: str or None, default `None`. MLP placement, same default.
         block_style: str, default `"standard"`. One of `BLOCK_STYLES`.
         layer_scale: float or None, default `None`. LayerScale init value.
         qk_norm: bool, default `False`. Norm (of type `norm`) on q and k per head
@@ -167,10 +155,8 @@ class EncoderBlock(keras.layers.Layer):
         qkv_bias: bool, default `True`.
         drop_path_rate: float, default `0.0`. Stochastic depth rate of this block.
         dropout: float, default `0.0`.
-        weight_standardization: bool, default `False`. Every dense kernel of the
-            block is standardized in the forward pass
-            (`keras_vitnorm.ops.standardize_kernel`); not with `deepnorm` or
-            `sub_ln`, whose initial weight scaling it would undo.
+        weight_standardization: bool, default `False`. Standardize every dense
+            kernel in the forward pass; not with `deepnorm` or `sub_ln`.
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -183,25 +169,10 @@ class EncoderBlock(keras.layers.Layer):
     - [Wang et al., DeepNet, 2022](https://arxiv.org/abs/2203.00555)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        num_layers,
-        norm="layernorm",
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        attn_norm=None,
-        mlp_norm=None,
-        block_style="standard",
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        drop_path_rate=0.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, mlp_dim, num_layers, norm="layernorm", norm_epsilon=1e-6,
+                 norm_groups=32, attn_norm=None, mlp_norm=None, block_style="standard",
+                 layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("mlp_dim", mlp_dim)
@@ -259,8 +230,7 @@ class EncoderBlock(keras.layers.Layer):
         if self.norm == "groupnorm" and width % self.norm_groups:
             raise ValueError(
                 f"norm='groupnorm' needs width divisible by norm_groups; got "
-                f"width={width}, norm_groups={self.norm_groups}."
-            )
+                f"width={width}, norm_groups={self.norm_groups}.")
         style = self.block_style
         normformer = style == "normformer"
         init_scale = {"deepnorm": deepnorm_beta, "sub_ln": sub_ln_gamma}.get(
@@ -348,23 +318,8 @@ class EncoderBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "num_layers": self.num_layers,
-                "norm": self.norm,
-                "norm_epsilon": self.norm_epsilon,
-                "norm_groups": self.norm_groups,
-                "attn_norm": self.attn_norm,
-                "mlp_norm": self.mlp_norm,
-                "block_style": self.block_style,
-                "layer_scale": self.layer_scale,
-                "qk_norm": self.qk_norm,
-                "qkv_bias": self.qkv_bias,
-                "drop_path_rate": self.drop_path_rate,
-                "dropout": self.dropout,
-                "weight_standardization": self.weight_standardization,
-            }
-        )
+        config.update({key: getattr(self, key) for key in (
+            "num_heads", "mlp_dim", "num_layers", "norm", "norm_epsilon", "norm_groups",
+            "attn_norm", "mlp_norm", "block_style", "layer_scale", "qk_norm", "qkv_bias",
+            "drop_path_rate", "dropout", "weight_standardization")})
         return config

@@ -8,12 +8,8 @@ from keras import ops
 class FusedKernelInitializer(keras.initializers.Initializer):
     """Initializes a kernel of `parts` equal column blocks, each as its own kernel.
 
-    A fused query-key-value kernel `(width, 3 * width)` is three projections
-    stored side by side. big_vision initializes query, key and value as three
-    `(width, width)` Xavier-uniform kernels (limit `sqrt(6 / (2 * width))`);
-    one Xavier-uniform call on the fused shape would use the fan-out `3 * width`
-    and start every projection at `1/sqrt(2)` of that scale. Here each block is
-    drawn by a fresh copy of `initializer` on the block's own shape.
+    big_vision initializes q, k and v as three `(width, width)` Xavier-uniform kernels;
+    one call on the fused `(width, 3 * width)` shape would start them `1/sqrt(2)` smaller.
 
     Args:
         initializer: str, dict or `keras.initializers.Initializer`, default
@@ -37,17 +33,14 @@ class FusedKernelInitializer(keras.initializers.Initializer):
         if columns % self.parts:
             raise ValueError(
                 f"A kernel of shape {tuple(shape)} cannot be split into {self.parts} "
-                f"equal column blocks: {columns} is not divisible by {self.parts}."
-            )
+                f"equal column blocks: {columns} is not divisible by {self.parts}.")
         block_shape = (*leading, columns // self.parts)
         blocks = [self._block_initializer(i)(block_shape, dtype=dtype) for i in range(self.parts)]
         return ops.concatenate(blocks, axis=-1)
 
     def _block_initializer(self, index):
-        # A Keras random initializer with an integer seed draws the same values at
-        # every call; a fresh copy without a seed draws its own default seed. The copy
-        # goes through the initializer's own config, not `keras.initializers.serialize`,
-        # which imports TensorFlow wherever it is installed (and prints its log lines).
+        # A fresh copy per block (a seeded initializer draws the same values at every
+        # call), through its own config: `keras.initializers.serialize` imports TensorFlow.
         config = self.initializer.get_config()
         seed = config.get("seed")
         if isinstance(seed, int):
@@ -55,26 +48,20 @@ class FusedKernelInitializer(keras.initializers.Initializer):
         return type(self.initializer).from_config(config)
 
     def get_config(self):
-        return {
-            "initializer": keras.initializers.serialize(self.initializer),
-            "parts": self.parts,
-        }
+        return {"initializer": keras.initializers.serialize(self.initializer), "parts": self.parts}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class ScaledInitializer(keras.initializers.Initializer):
     """The values of `initializer` multiplied by a constant: an initial-weight gain.
 
-    DeepNorm's beta and Sub-LN's gamma scale some projections' initial weights. As
-    part of the initializer, the gain applies only where a float weight is freshly
-    drawn: a quantized layer builds its int8 kernel with initializers of its own, and
-    a loaded weight replaces the drawn value.
+    For DeepNorm's beta and Sub-LN's gamma; as part of the initializer it touches only
+    freshly drawn float weights, not quantized or loaded ones.
 
     Args:
         initializer: str, dict or `keras.initializers.Initializer`. The values to scale.
-        scale: float, or a list of floats: then the last axis is split into that many
-            equal blocks and block `i` is multiplied by `scale[i]` (the value third of
-            a fused query-key-value kernel alone: `[1.0, 1.0, beta]`).
+        scale: float, or a list of floats, one per equal block of the last axis
+            (`[1.0, 1.0, beta]` scales a fused qkv kernel's value third alone).
 
     Example:
     >>> init = ScaledInitializer("glorot_uniform", 0.5)
@@ -98,8 +85,7 @@ class ScaledInitializer(keras.initializers.Initializer):
             raise ValueError(
                 f"A weight of shape {tuple(shape)} cannot be split into {len(self.scale)} "
                 f"equal blocks for scale={self.scale}: {shape[-1]} is not divisible by "
-                f"{len(self.scale)}."
-            )
+                f"{len(self.scale)}.")
         blocks = ops.split(values, len(self.scale), axis=-1)
         return ops.concatenate([b * s for b, s in zip(blocks, self.scale)], axis=-1)
 

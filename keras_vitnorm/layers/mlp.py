@@ -23,11 +23,10 @@ class MLP(keras.layers.Layer):
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
         init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2`
-            weights (DeepNorm beta, Sub-LN gamma), through their initializers
-            (`ScaledInitializer`), so a quantized or loaded layer is not rescaled.
+            weights (DeepNorm beta, Sub-LN gamma).
         dropout: float, default `0.0`. Dropout after the activation and after fc2.
-        weight_standardization: bool, default `False`. fc1 and fc2 multiply by
-            standardized kernels (`keras_vitnorm.ops.standardize_kernel`).
+        weight_standardization: bool, default `False`. Standardized fc1 and fc2
+            kernels (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     GELU is the exact (erf) form, as in timm and Hugging Face ViT. Kernels are
@@ -38,17 +37,8 @@ class MLP(keras.layers.Layer):
     >>> y = mlp(keras.random.normal((2, 17, 32)))
     """
 
-    def __init__(
-        self,
-        hidden_dim,
-        mid_norm=None,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        init_scale=1.0,
-        dropout=0.0,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32, init_scale=1.0,
+                 dropout=0.0, weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("hidden_dim", hidden_dim)
         if mid_norm is not None:
@@ -77,14 +67,10 @@ class MLP(keras.layers.Layer):
 
         def dense(units, name, shape):  # big_vision's MLP: Xavier-uniform, bias N(0, 1e-6)
             bias_initializer = scaled(keras.initializers.RandomNormal(stddev=1e-6))
-            layer = FusedDense(
-                units,
-                kernel_initializer=scaled("glorot_uniform"),
-                bias_initializer=bias_initializer,
-                name=name,
-                dtype=self.dtype_policy,
-                weight_standardization=self.weight_standardization,
-            )
+            layer = FusedDense(units, kernel_initializer=scaled("glorot_uniform"),
+                               bias_initializer=bias_initializer, name=name,
+                               dtype=self.dtype_policy,
+                               weight_standardization=self.weight_standardization)
             layer.build(shape)
             return layer
 
@@ -92,13 +78,9 @@ class MLP(keras.layers.Layer):
         self.fc2 = dense(width, "fc2", hidden_shape)
         self.mid_norm_layer = None
         if self.mid_norm is not None:
-            self.mid_norm_layer = make_norm(
-                self.mid_norm,
-                epsilon=self.norm_epsilon,
-                groups=self.norm_groups,
-                name="mid_norm",
-                dtype=self.dtype_policy,
-            )
+            self.mid_norm_layer = make_norm(self.mid_norm, epsilon=self.norm_epsilon,
+                                            groups=self.norm_groups, name="mid_norm",
+                                            dtype=self.dtype_policy)
             self.mid_norm_layer.build(hidden_shape)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
@@ -116,15 +98,7 @@ class MLP(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "hidden_dim": self.hidden_dim,
-                "mid_norm": self.mid_norm,
-                "norm_epsilon": self.norm_epsilon,
-                "norm_groups": self.norm_groups,
-                "init_scale": self.init_scale,
-                "dropout": self.dropout,
-                "weight_standardization": self.weight_standardization,
-            }
-        )
+        config.update({key: getattr(self, key) for key in (
+            "hidden_dim", "mid_norm", "norm_epsilon", "norm_groups", "init_scale", "dropout",
+            "weight_standardization")})
         return config

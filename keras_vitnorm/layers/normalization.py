@@ -1,17 +1,8 @@
-"""Normalization layers and the factory that maps a `norm` string to a layer.
+"""Normalization layers and `make_norm`, which maps a `norm` string to a layer.
 
-LayerNorm, BatchNorm and GroupNorm come from Keras core, which already computes
-their statistics in float32 under mixed precision; `LayerNormalization` here is
-Keras' layer with its call written with `keras_vitnorm.ops.layer_norm`, which on
-PyTorch keeps the normalized width a constant where Keras' ONNX export traces it.
-RMSNorm, DyT and the stem's `affine` layer are written here:
-
-* `keras.layers.RMSNormalization` autocasts its input to the compute dtype, so under
-  `mixed_float16` an input above 65504 becomes `inf` before it is normalized and the
-  output is NaN. `RMSNorm` below keeps its input in float32.
-* `keras.layers.BatchNormalization` also casts its input to the compute dtype
-  before computing float32 statistics (same NaN); `BatchNorm` below does not.
-* Keras has no Dynamic Tanh and no scale-and-shift-only layer.
+Keras' `RMSNormalization` and `BatchNormalization` cast their input to the compute
+dtype first, so under `mixed_float16` an input above 65504 gives NaN; `RMSNorm` and
+`BatchNorm` here keep it in float32. Keras has no DyT and no scale-and-shift layer.
 """
 
 import importlib
@@ -48,19 +39,11 @@ def _float32(weight):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class LayerNormalization(keras.layers.LayerNormalization):
-    """Keras' `LayerNormalization`, its call over the last axis written with
-    `keras_vitnorm.ops.layer_norm`.
+    """Keras' `LayerNormalization` with its last-axis call through `ops.layer_norm`.
 
-    The same arguments, weights, config and numbers as Keras' layer (float32
-    statistics under mixed precision, the compute dtype out). On PyTorch, `layer_norm`
-    gives `torch.nn.functional.layer_norm` its width as a Python int, which Keras' ONNX
-    export with an open batch size needs (Keras' own op reads it from a tensor, which
-    the TorchScript trace cannot keep a constant). Other axes and `rms_scaling` take
-    Keras' own call.
-
-    It keeps Keras' class name: Keras names a layer's weights in `.weights.h5` and
-    `.keras` files after its class, so weight files written with Keras' layer load
-    into this one and the other way round.
+    Same arguments, weights, config and numbers; on PyTorch the normalized width stays
+    a Python int, which Keras' ONNX export with an open batch size needs. It keeps
+    Keras' class name, so weight files of either layer load into the other.
     """
 
     def call(self, inputs):
@@ -73,10 +56,8 @@ class LayerNormalization(keras.layers.LayerNormalization):
 class RMSNorm(keras.layers.Layer):
     """Root mean square normalization over the last axis.
 
-    `y = x / sqrt(mean(x**2) + epsilon) * scale`, with no mean subtraction and no
-    bias. Statistics are computed in float32 whatever the dtype policy, and the
-    input is not cast to the compute dtype first, so float32 inputs above the
-    float16 range stay finite under `mixed_float16`.
+    `y = x / sqrt(mean(x**2) + epsilon) * scale`, computed in float32 whatever the
+    dtype policy (inputs above the float16 range stay finite under `mixed_float16`).
 
     Args:
         epsilon: float, default `1e-6`. Added to the mean square inside the root.
@@ -126,11 +107,8 @@ class RMSNorm(keras.layers.Layer):
 class BatchNorm(keras.layers.BatchNormalization):
     """Keras `BatchNormalization` that keeps float32 inputs in float32.
 
-    Keras' layer casts its input to the compute dtype first, so under
-    `mixed_float16` an input above 65504 is `inf` before its float32 statistics
-    are taken. This subclass skips that cast and returns the compute dtype. On
-    `(batch, tokens, channels)` inputs the statistics are per channel over
-    batch x tokens (BatchNorm1d on the flattened tokens).
+    Returns the compute dtype. On `(batch, tokens, channels)` inputs the statistics
+    are per channel over batch x tokens (BatchNorm1d on the flattened tokens).
 
     Args:
         **kwargs: `keras.layers.BatchNormalization` arguments.
@@ -248,18 +226,13 @@ NORM_MODULES_VARIABLE = "KERAS_VITNORM_NORM_MODULES"
 def register_norm(name, layer_class=None):
     """Registers a user's normalization layer class under `name`.
 
-    The name then goes wherever a built-in norm name goes: `norm` (the block norms in
-    every placement and block style, QK-norm, the final norm), `stem_norm` (Dual
-    PatchNorm's two norms), `--norm` and `--stem-norm` of every command, and the
-    study's variants. The class is registered in Keras' serialization registry (package
-    `keras_vitnorm.norms`), which is where the name is looked up, so a saved model that
-    uses it loads wherever the class is registered again. Use as a function or as a
-    class decorator.
-
-    The class normalizes the last axis of `(batch, tokens, channels)` inputs and is
-    built as `layer_class(name=..., dtype=...)`, with `epsilon=` too when its
-    constructor takes an `epsilon` argument. Processes that the command line starts
-    (study workers) import the modules listed in `KERAS_VITNORM_NORM_MODULES`.
+    The name then goes wherever a built-in norm name goes (`norm`, `stem_norm`, the
+    commands' `--norm`/`--stem-norm`, study variants). The class is registered in
+    Keras' serialization registry (package `keras_vitnorm.norms`), so a saved model
+    using it loads wherever the class is registered again. Use as a function or as a
+    class decorator. The class normalizes the last axis and is built as
+    `layer_class(name=..., dtype=...)`, plus `epsilon=` when its constructor takes it.
+    Processes the command line starts import the modules in `KERAS_VITNORM_NORM_MODULES`.
 
     Args:
         name: str. A new name: not a built-in norm, letters, digits and underscores.
@@ -363,10 +336,9 @@ def _make_user_norm(norm, epsilon, learnable, common):
 def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=None):
     """Returns a new normalization layer for a `norm` string.
 
-    All layers normalize the last (channel) axis of `(batch, tokens, channels)`
-    inputs, except `batchnorm`, which uses per-channel statistics over batch x
-    tokens, and `groupnorm`, which uses per-sample statistics over tokens x the
-    channels of each group (GroupNorm on the token grid, as on an image).
+    Layers normalize the last axis of `(batch, tokens, channels)` inputs, except
+    `batchnorm` (per channel over batch x tokens) and `groupnorm` (per sample over
+    tokens x each group's channels).
 
     Args:
         norm: str, one of `NORM_TYPES`, `"affine"`, or a name registered with
@@ -389,20 +361,12 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     if norm not in STEM_NORM_TYPES:
         return _make_user_norm(norm, epsilon, learnable, common)
     if norm == "layernorm":
-        return LayerNormalization(
-            epsilon=epsilon, center=learnable, scale=learnable, **common
-        )
+        return LayerNormalization(epsilon=epsilon, center=learnable, scale=learnable, **common)
     if norm == "rmsnorm":
         return RMSNorm(epsilon=epsilon, scale=learnable, **common)
     if norm == "batchnorm":
-        return BatchNorm(
-            axis=-1,
-            momentum=BATCHNORM_MOMENTUM,
-            epsilon=epsilon,
-            center=learnable,
-            scale=learnable,
-            **common,
-        )
+        return BatchNorm(axis=-1, momentum=BATCHNORM_MOMENTUM, epsilon=epsilon,
+                         center=learnable, scale=learnable, **common)
     if norm == "groupnorm":
         return keras.layers.GroupNormalization(
             groups=groups, axis=-1, epsilon=epsilon, center=learnable, scale=learnable, **common
@@ -413,7 +377,6 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
         if not learnable:
             raise ValueError(
                 "norm='affine' is the learnable scale and shift alone; with "
-                "learnable=False it would do nothing. Use norm='identity' instead."
-            )
+                "learnable=False it would do nothing. Use norm='identity' instead.")
         return Affine(**common)
     return keras.layers.Identity(**common)

@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_vitnorm.choices import STEM_NORM_TYPES
 from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
@@ -27,12 +26,8 @@ _CONV_STEM_BN_EPSILON = 1e-5
 def patchify(images, patch_size):
     """Cuts `(batch, H, W, C)` images into `(batch, H/P * W/P, P*P*C)` patch vectors.
 
-    Patches are in row-major grid order and each vector is flattened in
-    `(row, column, channel)` order, the Flax/DPN `"b (h p1) (w p2) c -> b (h w)
-    (p1 p2 c)"` layout. A Keras `Conv2D` patch-embedding kernel of shape
-    `(P, P, C, D)` reshaped to `(P*P*C, D)` is therefore exactly the `Dense`
-    kernel used here; a PyTorch `Conv2d` weight `(D, C, P, P)` maps by
-    `weight.permute(2, 3, 1, 0).reshape(P*P*C, D)`.
+    Row-major patches, each flattened in `(row, column, channel)` order (Flax/DPN), so a
+    `(P, P, C, D)` Conv2D kernel reshaped to `(P*P*C, D)` is exactly the `Dense` kernel.
     """
     _, height, width, channels = images.shape
     grid_h, grid_w = height // patch_size, width // patch_size
@@ -43,12 +38,8 @@ def patchify(images, patch_size):
 
 
 def image_shape_hint(found, expected):
-    """What to do about images of shape `(batch, *found)` where `(height, width, channels)`
-    `expected` ones are taken: `""`, or a sentence that starts with a space.
-
-    Channels-first images (`(channels, height, width)`) are told to transpose, images of
-    another channel count are told the model's.
-    """
+    """`""`, or a sentence (starting with a space) on what to do about images of shape
+    `(batch, *found)` where `expected` `(height, width, channels)` ones are taken."""
     found, expected = tuple(found), tuple(expected)
     height, width, channels = expected
     if found == (channels, height, width) and found != expected:
@@ -91,9 +82,8 @@ class PatchStem(keras.layers.Layer):
         class_token: bool, default `True`. Prepend a learned class token.
         position_embedding: bool, default `True`. Add a learned position embedding
             (initialized `N(0, 1/sqrt(width))` as in big_vision).
-        weight_standardization: bool, default `False`. The patch embedding and the
-            conv stem's convolutions use standardized kernels
-            (`keras_vitnorm.ops.standardize_kernel`).
+        weight_standardization: bool, default `False`. Standardized kernels in the
+            patch embedding and conv stem (`keras_vitnorm.ops.standardize_kernel`).
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -106,20 +96,9 @@ class PatchStem(keras.layers.Layer):
       https://arxiv.org/abs/2106.14881)
     """
 
-    def __init__(
-        self,
-        patch_size,
-        width,
-        stem="patch",
-        stem_norm=None,
-        stem_norm_learnable=True,
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        class_token=True,
-        position_embedding=True,
-        weight_standardization=False,
-        **kwargs,
-    ):
+    def __init__(self, patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
+                 norm_epsilon=1e-6, norm_groups=32, class_token=True, position_embedding=True,
+                 weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("patch_size", patch_size)
         check_positive_int("width", width)
@@ -136,13 +115,11 @@ class PatchStem(keras.layers.Layer):
                 raise ValueError(
                     f"stem='patch' has no normalization, but stem_norm={stem_norm!r} was "
                     "given. Use stem_norm=None, or a stem with norms such as "
-                    "'dual_patchnorm'."
-                )
+                    "'dual_patchnorm'.")
         if stem == "conv" and (patch_size < 2 or patch_size & (patch_size - 1)):
             raise ValueError(
                 f"stem='conv' stacks stride-2 convolutions, so patch_size must be a "
-                f"power of two >= 2; got patch_size={patch_size}."
-            )
+                f"power of two >= 2; got patch_size={patch_size}.")
         self.patch_size = patch_size
         self.width = width
         self.stem = stem
@@ -166,22 +143,11 @@ class PatchStem(keras.layers.Layer):
     def _norm(self, name):
         norm = self.resolved_stem_norm
         if norm == "batchnorm" and self.stem == "conv":
-            return BatchNorm(
-                momentum=BATCHNORM_MOMENTUM,
-                epsilon=_CONV_STEM_BN_EPSILON,
-                center=self.stem_norm_learnable,
-                scale=self.stem_norm_learnable,
-                name=name,
-                dtype=self.dtype_policy,
-            )
-        return make_norm(
-            norm,
-            epsilon=self.norm_epsilon,
-            learnable=self.stem_norm_learnable,
-            groups=self.norm_groups,
-            name=name,
-            dtype=self.dtype_policy,
-        )
+            return BatchNorm(momentum=BATCHNORM_MOMENTUM, epsilon=_CONV_STEM_BN_EPSILON,
+                             center=self.stem_norm_learnable, scale=self.stem_norm_learnable,
+                             name=name, dtype=self.dtype_policy)
+        return make_norm(norm, epsilon=self.norm_epsilon, learnable=self.stem_norm_learnable,
+                         groups=self.norm_groups, name=name, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         _, height, width, channels = input_shape
@@ -190,8 +156,7 @@ class PatchStem(keras.layers.Layer):
                 raise ValueError(
                     f"Image {axis_name} {size} is not divisible by patch_size="
                     f"{self.patch_size}. Use an image size that is a multiple of "
-                    f"{self.patch_size}."
-                )
+                    f"{self.patch_size}.")
         self.grid_size = (height // self.patch_size, width // self.patch_size)
         self.num_channels = channels
         num_patches = self.grid_size[0] * self.grid_size[1]
@@ -227,25 +192,17 @@ class PatchStem(keras.layers.Layer):
                     shape = layer.compute_output_shape(shape)
                 self.conv_layers.extend(block)
             self.projection = StandardizedConv2D(
-                self.width,
-                1,
-                weight_standardization=self.weight_standardization,
+                self.width, 1, weight_standardization=self.weight_standardization,
                 kernel_initializer=keras.initializers.RandomNormal(stddev=math.sqrt(2.0 / self.width)),
-                name="projection",
-                dtype=self.dtype_policy,
-            )
+                name="projection", dtype=self.dtype_policy)
             self.projection.build(shape)
         else:
             if self.stem in _USES_PRE_NORM:
                 self.patch_norm = self._norm("patch_norm")
                 self.patch_norm.build((None, num_patches, patch_dim))
-            self.projection = FusedDense(
-                self.width,
-                kernel_initializer="lecun_normal",
-                name="projection",
-                dtype=self.dtype_policy,
-                weight_standardization=self.weight_standardization,
-            )
+            self.projection = FusedDense(self.width, kernel_initializer="lecun_normal",
+                                         name="projection", dtype=self.dtype_policy,
+                                         weight_standardization=self.weight_standardization)
             self.projection.build((None, num_patches, patch_dim))
         num_tokens = num_patches + int(self.class_token)
         if self.stem in _USES_POST_NORM or self.stem == "post_posemb":
@@ -254,32 +211,25 @@ class PatchStem(keras.layers.Layer):
 
         self.cls_token = None
         if self.class_token:
-            self.cls_token = self.add_weight(
-                name="class_token", shape=(1, 1, self.width), initializer="zeros"
-            )
+            self.cls_token = self.add_weight(name="class_token", shape=(1, 1, self.width),
+                                             initializer="zeros")
         self.pos_embedding = None
         if self.position_embedding:
             self.pos_embedding = self.add_weight(
-                name="position_embedding",
-                shape=(1, num_tokens, self.width),
-                initializer=keras.initializers.RandomNormal(stddev=1.0 / math.sqrt(self.width)),
-            )
+                name="position_embedding", shape=(1, num_tokens, self.width),
+                initializer=keras.initializers.RandomNormal(stddev=1.0 / math.sqrt(self.width)))
 
     def call(self, images, training=None):
         expected = (*self.grid_size, self.num_channels)
         found = tuple(images.shape[1:])
-        expected_pixels = (
-            self.grid_size[0] * self.patch_size,
-            self.grid_size[1] * self.patch_size,
-            self.num_channels,
-        )
+        expected_pixels = (self.grid_size[0] * self.patch_size, self.grid_size[1] * self.patch_size,
+                           self.num_channels)
         if found != expected_pixels:
             raise ValueError(
                 f"Expected images of shape (batch, {expected_pixels[0]}, "
                 f"{expected_pixels[1]}, {expected_pixels[2]}) (height, width, "
                 f"channels; {expected[0]}x{expected[1]} patches of {self.patch_size}), "
-                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}"
-            )
+                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}")
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
@@ -294,9 +244,8 @@ class PatchStem(keras.layers.Layer):
             if self.stem != "post_posemb" and self.embedding_norm is not None:
                 x = self.embedding_norm(x, training=training)
         if self.cls_token is not None:
-            cls = ops.broadcast_to(
-                ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, self.width)
-            )
+            batch = ops.shape(x)[0]
+            cls = ops.broadcast_to(ops.cast(self.cls_token, x.dtype), (batch, 1, self.width))
             x = ops.concatenate([cls, x], axis=1)
         if self.pos_embedding is not None:
             x = x + ops.cast(self.pos_embedding, x.dtype)
@@ -311,18 +260,7 @@ class PatchStem(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "patch_size": self.patch_size,
-                "width": self.width,
-                "stem": self.stem,
-                "stem_norm": self.stem_norm,
-                "stem_norm_learnable": self.stem_norm_learnable,
-                "norm_epsilon": self.norm_epsilon,
-                "norm_groups": self.norm_groups,
-                "class_token": self.class_token,
-                "position_embedding": self.position_embedding,
-                "weight_standardization": self.weight_standardization,
-            }
-        )
+        config.update({key: getattr(self, key) for key in (
+            "patch_size", "width", "stem", "stem_norm", "stem_norm_learnable", "norm_epsilon",
+            "norm_groups", "class_token", "position_embedding", "weight_standardization")})
         return config

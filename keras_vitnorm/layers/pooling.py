@@ -8,9 +8,7 @@ from keras import ops
 class ClassTokenPooling(keras.layers.Layer):
     """The class token of a `(batch, tokens, width)` sequence: `x[:, 0]`.
 
-    What a ViT with a class token classifies from. A registered layer rather than a
-    `keras.layers.Lambda`, so that a saved model that contains it (a backbone from
-    `ViT.backbone()`) loads in Keras' safe mode.
+    A registered layer, not a `Lambda`, so saved models containing it load in safe mode.
 
     Args:
         **kwargs: base layer keyword arguments.
@@ -20,9 +18,8 @@ class ClassTokenPooling(keras.layers.Layer):
     """
 
     def call(self, x):
-        # A slice, not `x[:, 0]`: JAX writes that index of an array whose batch size is
-        # left open (an exported model's) as a dynamic gather, which the TFLite
-        # converter cannot convert. Both take the same numbers.
+        # A slice, not `x[:, 0]`: with an open batch size JAX makes that a dynamic
+        # gather, which the TFLite converter cannot convert.
         token = ops.slice(x, (0, 0, 0), (ops.shape(x)[0], 1, ops.shape(x)[2]))
         return ops.squeeze(token, axis=1)
 

@@ -8,16 +8,12 @@ def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", mo
                     **overrides):
     """Builds a `ViT` from a standard checkpoint; returns `(model, ConversionReport)`.
 
-    The checkpoint is read by `keras_vitnorm.convert.read_checkpoint` (format detected)
-    and its weights transferred by `keras_vitnorm.models.weights.transfer`.
-
     Args:
         path: see `read_checkpoint`.
         verbose: bool, default `False`. Print the report.
         num_heads: int, only for state dicts that do not record their head count.
-        resample: str, default `"bilinear"`: how a new `image_size` resamples the
-            position embedding, `"bilinear"` as big_vision or `"bicubic"` as timm
-            (`keras_vitnorm.models.weights.resample_position_embedding`).
+        resample: str, default `"bilinear"` (big_vision) or `"bicubic"` (timm): how a
+            new `image_size` resamples the position embedding.
         model_class: the class to build, default `ViT` (a subclass keeps its own).
         **overrides: `ViT` config values that replace the checkpoint's: `image_size`,
             `num_classes`, and any normalization setting (`stem`, `norm`, `attn_norm`,

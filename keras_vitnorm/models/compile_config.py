@@ -19,11 +19,7 @@ def _public_optimizer_names(value):
 
 
 def _auto_jit_compile(model):
-    """What `jit_compile="auto"` gives for `model` here, or None where Keras does not say.
-
-    Keras resolves it in a private method of its trainer; without that method the saved
-    value is left as it is.
-    """
+    """What `jit_compile="auto"` gives for `model` here (a private Keras method), or None."""
     resolve = getattr(model, "_resolve_auto_jit_compile", None)
     return resolve() if callable(resolve) else None
 
@@ -31,18 +27,9 @@ def _auto_jit_compile(model):
 class PortableCompileConfig:
     """Saves a `keras.Model`'s compile config without the backend it was compiled under.
 
-    Keras' own config keeps two things of that backend. Under PyTorch, Keras' optimizers
-    are PyTorch subclasses and the config names their module
-    (`keras.src.backend.torch.optimizers.torch_adamw`): the file reloads under JAX or
-    TensorFlow with a PyTorch optimizer, whose first step fails. Here the config names
-    the public class (`keras.optimizers.AdamW`), which builds each backend's own. And
-    `jit_compile` is saved resolved (`"auto"` becomes `True` under JAX, `False` under
-    TensorFlow on a CPU and under PyTorch): the file reloads under PyTorch with
-    `torch.compile` and under JAX without XLA. Here a value that is what `"auto"` gives
-    under the saving backend is saved as `"auto"`, so that the loading backend resolves
-    it again; `compile` itself cannot record the argument as given, since Keras does
-    not compile a loaded model whose class overrides `compile`. docs/backends.md shows
-    both with Keras alone.
+    The optimizer is named by its public class (Keras names PyTorch's subclass, which
+    fails under another backend), and a `jit_compile` equal to what `"auto"` resolves
+    to is saved as `"auto"`, so the loading backend resolves it again (docs/backends.md).
 
     A mixin, placed before `keras.Model` in the bases.
     """

@@ -1,19 +1,9 @@
 """Contrastive image-text models in the LiT setup: a ViT image tower, a text tower.
 
-LiT (Zhai et al. 2022, "locked-image text tuning"), which the Dual PatchNorm paper
-uses for its contrastive results: the image tower comes trained and stays frozen,
-a text transformer learns from scratch to map each caption next to its image, and a
-learned temperature scales the cosine similarities. Two losses:
-
-- `"softmax"` (CLIP, LiT): cross-entropy of each image over the batch's captions and
-  of each caption over the batch's images, averaged.
-- `"sigmoid"` (SigLIP, Zhai et al. 2023): every image-caption pair is its own binary
-  problem, `-log sigmoid(z * (t * cos + b))` with `z = 1` on matching pairs and `-1`
-  otherwise, summed over captions and averaged over images; a learned bias `b`.
-
-Captions become token ids with Keras' own `TextVectorization` (lower-cased, split on
-whitespace, the vocabulary kept in the model's config), so a saved model encodes new
-prompts (zero-shot classification) after reload on any backend.
+The image tower comes trained and stays frozen, a text transformer learns to map each
+caption next to its image; the `"softmax"` (CLIP, LiT) or `"sigmoid"` (SigLIP) loss
+(docs/contrastive.md). The tokenizer's vocabulary lives in the config, so a saved
+model encodes new prompts after reload on any backend.
 """
 
 import functools
@@ -47,10 +37,7 @@ def caption_words(text):
 def check_class_names_fit(max_length, class_names, templates):
     """Raises a `ValueError` where `max_length` tokens cut a class name out of a caption.
 
-    A caption is `template` with a class name at its `{}`; `TextVectorization` keeps its
-    first `max_length` words, so a shorter length cuts the class word, and every
-    caption of a class becomes the same as every other class's: training learns nothing
-    (zero-shot accuracy at chance), with no error on the way.
+    Cut captions would be the same for every class: training would silently learn nothing.
 
     Args:
         max_length: int, tokens per caption.
@@ -95,10 +82,8 @@ def sigmoid_contrastive_loss(logits):
 class TextEncoder(keras.layers.Layer):
     """A small pre-LN transformer over token ids, mean-pooled over the non-padding tokens.
 
-    Token embedding plus a learned position embedding, `depth` of this project's
-    `EncoderBlock`s (pre-LN LayerNorm), a final LayerNorm, then the mean of the tokens
-    whose id is not `0` (padding). Attention runs over every position; the padding
-    positions carry only their position embedding.
+    Token and learned position embeddings, `depth` pre-LN `EncoderBlock`s, a final
+    LayerNorm, then the mean over tokens whose id is not `0` (padding).
 
     Args:
         vocabulary_size: int, token ids in `[0, vocabulary_size)`; `0` is padding.
@@ -204,8 +189,7 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         if len(vocabulary) < 3 or vocabulary[:2] != ["", "[UNK]"]:
             raise ValueError(
                 "vocabulary must be a TextVectorization vocabulary: '' and '[UNK]' first, then at least one "
-                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions)."
-            )
+                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions).")
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature must be a number > 0, got {temperature!r}.")
         self.vit_config = vit.get_config()
@@ -248,9 +232,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
 
     @functools.cached_property
     def _tokenizer(self):
-        # Kept out of Keras' tracking (a cached property bypasses `__setattr__`): it is
-        # rebuilt from the vocabulary in the config, and as a sublayer it would go into
-        # saved files and stop `quantize` (its StringLookup is never built).
+        # Kept out of Keras' tracking (a cached property bypasses `__setattr__`): as a
+        # sublayer it would go into saved files and stop `quantize`.
         return keras.layers.TextVectorization(
             standardize="lower_and_strip_punctuation", output_sequence_length=self.max_length,
             vocabulary=self.vocabulary[2:])

@@ -25,9 +25,8 @@ def _static_shape(data):
 
 
 def _part(data, name, named_only):
-    """The part of `data` (arrays, a dict of them, or a `tf.data.Dataset` of `(x, ...)`
-    elements) that feeds the input `name`; `None` where it cannot be told without reading
-    data (a generator, a `keras.utils.PyDataset`)."""
+    """The part of `data` (arrays, a dict, a `tf.data.Dataset`) that feeds input `name`;
+    `None` where it cannot be told without reading data (a generator)."""
     spec = getattr(data, "element_spec", None)
     if spec is not None:
         data = spec[0] if isinstance(spec, tuple) else spec
@@ -41,9 +40,8 @@ RANGE_SAMPLE = 64
 
 
 def _first_images(data, name, named_only):
-    """Up to `RANGE_SAMPLE` images of the arrays or tensors `data` (not a dataset) feed to
-    input `name`, as NumPy; `None` for anything else (a generator) or where the copy off a
-    device fails (a symbolic tensor)."""
+    """Up to `RANGE_SAMPLE` images that arrays or tensors `data` feed to input `name`, as
+    NumPy; `None` for anything else or where the copy fails (a symbolic tensor)."""
     part = _part(data, name, named_only)
     if part is None or not len(getattr(part, "shape", ())):
         return None
@@ -63,30 +61,17 @@ def _finite_range(images):
 
 
 class GuardedCalls:
-    """`fit`, `evaluate`, `predict`, `train_on_batch`, `test_on_batch` and
-    `predict_on_batch`: Keras' own, with two guards.
+    """Keras' `fit`, `evaluate`, `predict` and `*_on_batch`, with three guards.
 
-    - The inputs are checked first, where their shape is known without reading them
-      (arrays, tensors, a dict of them, a `tf.data.Dataset`): a `ValueError` names the
-      shape given and the one the model takes, with what to do (channels-first images:
-      transpose them).
-    - Under JAX, a call that raises anyway (a generator's batch of the wrong shape,
-      labels the loss does not take, Ctrl-C) leaves the model as the call's last finished
-      step did, or as it was before the call, where Keras' trainer would leave its
-      variables empty and the model unusable (`keras_vitnorm.backend.keeping_variables`;
-      docs/backends.md, "A failed call under JAX").
+    - Inputs whose shape is known without reading them are checked first: a
+      `ValueError` names the shape given, the one taken and what to do.
+    - Under JAX a call that raises leaves the weights as its last finished step did
+      (`keras_vitnorm.backend.keeping_variables`), not empty.
+    - Images far outside `pixel_ranges()` get a warning once per model: arrays at the
+      first call (the first `RANGE_SAMPLE` images), a `tf.data.Dataset` as its batches
+      are read. A range inside the model's cannot be told from a dark image.
 
-    - Images far outside the model's `pixel_range` (0-255 images given to a model that
-      takes [-1, 1]) get a warning that names both ranges, once per model
-      (`check_pixel_range`): the model would train and predict on them without a word.
-      Arrays and tensors are checked at the model's first call with them (their first
-      `RANGE_SAMPLE` images); a `tf.data.Dataset` as its batches are read, by a map
-      that looks at each batch's images (`check_datasets`). A range inside the model's
-      (images in [0, 1] given to a [-1, 1] model) cannot be told from a dark image and
-      is not warned of.
-
-    A mixin, placed before `keras.Model` in the bases. `input_shapes()` says what the
-    model takes, `pixel_ranges()` in which range.
+    A mixin, placed before `keras.Model` in the bases.
     """
 
     #: Whether a `tf.data.Dataset` given to a call gets the range check as its batches are
@@ -94,9 +79,8 @@ class GuardedCalls:
     check_datasets = True
 
     def pixel_ranges(self):
-        """`{input name: (low, high)}` of the image inputs whose range is checked: for a
-        model built on a ViT (its config in `vit_config`: `Segmenter`, `LiT`), the ViT's
-        `pixel_range`; none for another model."""
+        """`{input name: (low, high)}` of the checked image inputs: the ViT's `pixel_range`
+        for a model built on one (`vit_config`), else none."""
         config = getattr(self, "vit_config", None)
         if config is None:
             return {}

@@ -1,10 +1,7 @@
 """Saving and loading preset directories.
 
-Weights are stored as a NumPy archive keyed by Keras variable path
-(`block_0/attention/qkv/kernel`, ...): plain arrays, readable under every backend,
-and addressable by name, so that loading goes through the same transfer engine as a
-foreign checkpoint (`keras_vitnorm.models.weights`), which says which weight does
-not fit and resamples the position embedding.
+Weights are a NumPy archive keyed by variable path: readable under every backend, and
+loaded through the same transfer engine as a foreign checkpoint.
 """
 
 import datetime
@@ -47,27 +44,18 @@ def save_preset(model, directory, overwrite=False):
     if os.path.exists(os.path.join(directory, CONFIG_FILE)) and not overwrite:
         raise FileExistsError(
             f"{directory!r} already holds a preset ({CONFIG_FILE}). Pass overwrite=True to "
-            "replace it, or choose another directory."
-        )
+            "replace it, or choose another directory.")
     os.makedirs(directory, exist_ok=True)
 
     # Weights first, config last: a directory with a config.json always has its weights.
     arrays = {path: ops.convert_to_numpy(v) for path, v in weights_by_path(model).items()}
     durable.write_file(os.path.join(directory, WEIGHTS_FILE), lambda path: np.savez(path, **arrays))
-    durable.write_json(
-        os.path.join(directory, CONFIG_FILE),
-        {"class_name": type(model).__name__, "config": model.get_config()},
-    )
-    durable.write_json(
-        os.path.join(directory, METADATA_FILE),
-        {
-            "keras_vitnorm_version": __version__,
-            "keras_version": keras.__version__,
-            "backend": backend_name(),
-            "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "parameter_count": int(model.count_params()),
-        },
-    )
+    durable.write_json(os.path.join(directory, CONFIG_FILE),
+                       {"class_name": type(model).__name__, "config": model.get_config()})
+    durable.write_json(os.path.join(directory, METADATA_FILE), {
+        "keras_vitnorm_version": __version__, "keras_version": keras.__version__,
+        "backend": backend_name(), "parameter_count": int(model.count_params()),
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat()})
 
 
 def read_preset_directory(directory):
@@ -87,15 +75,13 @@ def read_preset_directory(directory):
             raise ValueError(
                 f"{directory!r} is not a keras_vitnorm preset directory: {os.path.basename(path)} "
                 f"is missing. A preset directory holds {CONFIG_FILE} and {WEIGHTS_FILE} "
-                f"(written by save_to_preset).{hint}"
-            )
+                f"(written by save_to_preset).{hint}")
     saved = read_json(config_path)
     config = saved.get("config")
     if saved.get("class_name") != "ViT" or not isinstance(config, dict):
         raise ValueError(
             f"{config_path} is not a keras_vitnorm preset config: it needs 'class_name': 'ViT' "
-            f"and a 'config' object (found keys {sorted(saved)})."
-        )
+            f"and a 'config' object (found keys {sorted(saved)}).")
     return config, read_npz(weights_path)
 
 
@@ -117,16 +103,13 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     config, arrays = read_preset_directory(preset)
     weights_lib.check_overrides(cls, config, f"key in {os.path.join(preset, CONFIG_FILE)}")
     checkpoint = Checkpoint("keras_vitnorm", preset, config, arrays, {k: k for k in arrays})
-    # Unless an override changes the model, the file must hold exactly the model's
-    # weights: a weight missing from a damaged archive is an error, not a fresh
-    # initialization. (Training passes num_classes always; an equal one changes nothing.)
-    # `pixel_range` changes no weight (a `Rescaling` of the input): the weights stay exact.
+    # Unless an override changes the model, the file must hold exactly its weights (a
+    # damaged archive is an error, not a fresh init); `pixel_range` changes no weight.
     changes = {key: value for key, value in overrides.items()
                if key != "pixel_range" and config.get(key, _UNSET) != value}
     try:
-        model, report = weights_lib.build_from_checkpoint(
-            checkpoint, cls, resample=resample, strict=not changes, **overrides
-        )
+        model, report = weights_lib.build_from_checkpoint(checkpoint, cls, resample=resample,
+                                                          strict=not changes, **overrides)
     except ValueError as error:
         raise ValueError(f"Preset {preset!r}: {error}") from error
     if not changes and report.resampled:  # saved for another image size than its config's

@@ -58,6 +58,5 @@ def preset_config(name):
         raise ValueError(
             f"Unknown preset {name!r}, and no preset directory exists at that path.{hint} "
             f"Built-in presets: {', '.join(sorted(PRESETS))}; or a hub handle, "
-            f"{hub_handles.HANDLE_FORMS}."
-        )
+            f"{hub_handles.HANDLE_FORMS}.")
     return dict(PRESETS[name]["config"])

@@ -1,10 +1,8 @@
 """Semantic segmentation with a linear head on a ViT's patch tokens.
 
-The Dual PatchNorm paper's segmentation setup (after Strudel et al. 2021's linear
-decoder): each patch token of the encoder goes through one dense layer to class
-logits, the `(height / patch, width / patch)` logit map is upsampled bilinearly to
-the input size, and every pixel is scored by cross-entropy. Nothing else sits between
-the encoder and the pixels, so the encoder's features decide the result.
+The Dual PatchNorm paper's setup (Strudel et al. 2021's linear decoder): per-patch
+logits upsampled bilinearly to the input size, so the encoder's features decide the
+result (docs/segmentation.md).
 """
 
 import keras
@@ -23,9 +21,8 @@ def segmentation_loss(ignore_class=None):
 
 def mean_iou(num_classes, ignore_class=None):
     """Keras' mean intersection-over-union of the argmax prediction, ignored pixels left out."""
-    return keras.metrics.MeanIoU(
-        num_classes, ignore_class=ignore_class, sparse_y_true=True, sparse_y_pred=False, name="mean_iou"
-    )
+    return keras.metrics.MeanIoU(num_classes, ignore_class=ignore_class, sparse_y_true=True,
+                                 sparse_y_pred=False, name="mean_iou")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -50,15 +47,10 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
 
-    The encoder is `vit.backbone()`: it shares the ViT's layers and weights, so a
-    checkpoint or preset loaded with `ViT.from_preset` is the segmenter's starting
-    point and the ViT's classifier head is not part of the segmenter. The class token
-    (with `pooling="cls"`) is dropped; the patch tokens, after the final norm, are
-    laid out on their grid. The head starts at zero, as the classifier head does.
-
-    Outputs are float32 logits `(batch, height, width, num_classes)`; train them with
-    `segmentation_loss` and score them with `mean_iou`. The segmenter and its head take
-    the ViT's dtype policy, as if built under it as the global policy.
+    The encoder is `vit.backbone()` (shared layers and weights; the class token and the
+    classifier head unused); the head starts at zero. Outputs are float32 logits
+    `(batch, height, width, num_classes)`, for `segmentation_loss` and `mean_iou`. The
+    segmenter takes the ViT's dtype policy.
 
     Args:
         vit: a `ViT` (any preset, checkpoint or config); its `num_classes` is unused.

@@ -34,8 +34,8 @@ _BASE_MODEL_KEYS = ("name", "trainable")
 class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its config.
 
-    A Keras functional model, configured only by JSON-safe values, so that a norm
-    ablation is a one-line config change:
+    A Keras functional model configured by JSON-safe values, so a norm ablation is a
+    one-line config change:
 
     ```python
     config = model.get_config()
@@ -89,18 +89,12 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
             kernel of the stem and the blocks is standardized per output unit in
             the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
             not, as in BiT); not with `deepnorm` or `sub_ln`.
-        pixel_range: [low, high], default `[-1, 1]`. The range of the images the
-            model is given: `[0, 255]` takes decoded images as they are (what
-            `keras.utils.image_dataset_from_directory` yields), `[0, 1]` images
-            divided by 255. The model maps it onto [-1, 1], the range its layers
-            are trained on (a `Rescaling` layer, no weights), so one set of weights
-            serves every range: `ViT.from_preset(path, pixel_range=[0, 255])` gives
-            the same predictions on 0-255 images as the preset on [-1, 1] ones. A
-            batch far outside the range gets a warning (`GuardedCalls`).
+        pixel_range: [low, high], default `[-1, 1]`. The range of the input images
+            (`[0, 255]` for decoded images); a weightless `Rescaling` maps it onto
+            [-1, 1], so one set of weights serves every range (docs/deploy.md). A
+            batch far outside it gets a warning.
         dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
-            The model is then what it is under that global policy: its layers' and
-            its own `dtype_policy` (which `compile` reads for loss scaling), and
-            those of `backbone()`, `Segmenter` and `LiT` built on it.
+            The model's, its layers' and those of models built on it.
         **kwargs: `name`, `trainable`.
 
     Example:
@@ -116,65 +110,20 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
 
     #: Names of the constructor arguments that `get_config` returns.
     CONFIG_KEYS = (
-        "image_size",
-        "patch_size",
-        "num_channels",
-        "width",
-        "depth",
-        "num_heads",
-        "mlp_dim",
-        "num_classes",
-        "norm",
-        "norm_epsilon",
-        "norm_groups",
-        "attn_norm",
-        "mlp_norm",
-        "block_style",
-        "stem",
-        "stem_norm",
-        "stem_norm_learnable",
-        "final_norm",
-        "layer_scale",
-        "qk_norm",
-        "qkv_bias",
-        "drop_path_rate",
-        "dropout",
-        "pooling",
-        "weight_standardization",
+        "image_size", "patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim",
+        "num_classes", "norm", "norm_epsilon", "norm_groups", "attn_norm", "mlp_norm",
+        "block_style", "stem", "stem_norm", "stem_norm_learnable", "final_norm", "layer_scale",
+        "qk_norm", "qkv_bias", "drop_path_rate", "dropout", "pooling", "weight_standardization",
         "pixel_range",
     )
 
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        num_channels=3,
-        width=768,
-        depth=12,
-        num_heads=12,
-        mlp_dim=3072,
-        num_classes=1000,
-        norm="layernorm",
-        norm_epsilon=1e-6,
-        norm_groups=32,
-        attn_norm=None,
-        mlp_norm=None,
-        block_style="standard",
-        stem="patch",
-        stem_norm=None,
-        stem_norm_learnable=True,
-        final_norm=None,
-        layer_scale=None,
-        qk_norm=False,
-        qkv_bias=True,
-        drop_path_rate=0.0,
-        dropout=0.0,
-        pooling="cls",
-        weight_standardization=False,
-        pixel_range=MODEL_RANGE,
-        dtype=None,
-        **kwargs,
-    ):
+    def __init__(self, image_size=224, patch_size=16, num_channels=3, width=768, depth=12,
+                 num_heads=12, mlp_dim=3072, num_classes=1000, norm="layernorm", norm_epsilon=1e-6,
+                 norm_groups=32, attn_norm=None, mlp_norm=None, block_style="standard",
+                 stem="patch", stem_norm=None, stem_norm_learnable=True, final_norm=None,
+                 layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
+                 pooling="cls", weight_standardization=False, pixel_range=MODEL_RANGE, dtype=None,
+                 **kwargs):
         config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
         check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", *_BASE_MODEL_KEYS), "ViT argument")
         validate_config(config)
@@ -189,53 +138,30 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         if config["pixel_range"] != MODEL_RANGE:  # [low, high] -> [-1, 1]
             x = keras.layers.Rescaling(2 / (high - low), offset=-(high + low) / (high - low),
                                        name="pixel_range", dtype=policy)(x)
-        x = PatchStem(
-            patch_size,
-            width,
-            stem=stem,
-            stem_norm=stem_norm,
-            stem_norm_learnable=stem_norm_learnable,
-            norm_epsilon=norm_epsilon,
-            norm_groups=norm_groups,
-            class_token=pooling == "cls",
-            weight_standardization=weight_standardization,
-            name="stem",
-            dtype=policy,
-        )(x)
+        x = PatchStem(patch_size, width, stem=stem, stem_norm=stem_norm,
+                      stem_norm_learnable=stem_norm_learnable, norm_epsilon=norm_epsilon,
+                      norm_groups=norm_groups, class_token=pooling == "cls",
+                      weight_standardization=weight_standardization, name="stem", dtype=policy)(x)
         for i in range(depth):
             rate = drop_path_rate * i / (depth - 1) if depth > 1 else drop_path_rate
-            x = EncoderBlock(
-                num_heads,
-                mlp_dim,
-                num_layers=depth,
-                norm=norm,
-                norm_epsilon=norm_epsilon,
-                norm_groups=norm_groups,
-                attn_norm=attn_norm,
-                mlp_norm=mlp_norm,
-                block_style=block_style,
-                layer_scale=layer_scale,
-                qk_norm=qk_norm,
-                qkv_bias=qkv_bias,
-                drop_path_rate=rate,
-                dropout=dropout,
-                weight_standardization=weight_standardization,
-                name=f"block_{i}",
-                dtype=policy,
-            )(x)
+            x = EncoderBlock(num_heads, mlp_dim, num_layers=depth, norm=norm,
+                             norm_epsilon=norm_epsilon, norm_groups=norm_groups,
+                             attn_norm=attn_norm, mlp_norm=mlp_norm, block_style=block_style,
+                             layer_scale=layer_scale, qk_norm=qk_norm, qkv_bias=qkv_bias,
+                             drop_path_rate=rate, dropout=dropout,
+                             weight_standardization=weight_standardization, name=f"block_{i}",
+                             dtype=policy)(x)
         if final_norm:
-            x = make_norm(
-                norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm", dtype=policy
-            )(x)
+            x = make_norm(norm, epsilon=norm_epsilon, groups=norm_groups, name="final_norm",
+                          dtype=policy)(x)
         if pooling == "cls":
             x = ClassTokenPooling(name="cls_pool", dtype=policy)(x)
         else:
             x = keras.layers.GlobalAveragePooling1D(name="gap_pool", dtype=policy)(x)
         if num_classes:
             # big_vision zero-initializes the head for training from scratch.
-            x = keras.layers.Dense(
-                num_classes, kernel_initializer="zeros", name="head", dtype=policy
-            )(x)
+            x = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="head",
+                                   dtype=policy)(x)
         # Logits (or features) are returned in float32 under mixed precision.
         outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
         kwargs.setdefault("name", "vit")
@@ -272,9 +198,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def backbone(self):
         """The encoder as a model of its own: token features as well as pooled ones.
 
-        It shares this ViT's layers and weights (training either trains both; the
-        weight paths are unchanged), so a head other than the classifier
-        (segmentation, a contrastive tower) sits on the encoder without a copy of it:
+        It shares this ViT's layers and weights, so another head (segmentation, a
+        contrastive tower) sits on the encoder without a copy of it:
 
         ```python
         vit = ViT.from_preset("s16_dpn", image_size=224)
@@ -286,10 +211,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         Returns:
             A `keras.Model` from the images to `{"tokens": (batch, tokens, width),
             "pooled": (batch, width)}`. With `pooling="cls"` the class token is
-            `tokens[:, 0]` and the patch tokens follow in row-major order of the
-            `(height // patch_size, width // patch_size)` grid; with `"gap"` every
-            token is a patch token. Features come in the dtype policy's compute
-            dtype; the backbone has this ViT's dtype policy.
+            `tokens[:, 0]`, then the patch tokens in row-major grid order; with
+            `"gap"` every token is a patch token. Compute dtype of this ViT's policy.
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
@@ -321,25 +244,13 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def from_preset(cls, preset, resample="bilinear", **overrides):
         """Builds a ViT from a built-in preset name or a saved preset directory.
 
-        A built-in name (see `ViT.presets()`) gives a freshly initialized model of
-        that architecture. A directory written by `save_to_preset` gives the saved
-        model with its weights. `overrides` replace config values (e.g.
-        `num_classes=10`, `image_size=384`, `norm="rmsnorm"`). When loading saved
-        weights, a new `image_size` resamples the learned position embedding and a
-        new `num_classes` gives a freshly initialized head; any other weight that
-        no longer fits raises a `ValueError` naming it.
-
-        The position embedding is resampled as big_vision does for its
-        high-resolution fine-tuning (`resample="bilinear"`:
-        `scipy.ndimage.zoom(grid, zoom, order=1)`, corners aligned) or as timm
-        does (`resample="bicubic"`: bicubic with antialiasing); the class token's
-        embedding is kept.
-
-        A standard ViT checkpoint loads too: a Hugging Face model directory, a
-        keras-hub ViT preset, a timm or Hugging Face `.safetensors`/`.pth` file or a
-        big_vision/AugReg `.npz`. The format is detected, and a report of what was
-        loaded, resampled, new and dropped is printed (`keras_vitnorm.models.weights`);
-        normalization overrides then fine-tune the plain checkpoint into a variant.
+        A built-in name (`ViT.presets()`) gives a freshly initialized model; a
+        `save_to_preset` directory, a hub handle or a standard ViT checkpoint (Hugging
+        Face, keras-hub, timm, big_vision/AugReg; a report of the transfer is printed)
+        gives the saved weights. Overrides replace config values: a new `image_size`
+        resamples the position embedding, a new `num_classes` gives a fresh head, new
+        norms start fresh; any other weight that no longer fits is a `ValueError`
+        naming it (docs/presets.md, docs/checkpoints.md).
 
         Args:
             preset: str, a built-in preset name, a preset directory or a checkpoint.
@@ -354,8 +265,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def save_to_preset(self, directory, overwrite=False):
         """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`.
 
-        The weights are stored by variable path in a NumPy archive, so the
-        directory loads under any Keras backend with `ViT.from_preset(directory)`.
+        The directory loads under any Keras backend with `ViT.from_preset(directory)`.
 
         Args:
             directory: str or path. Created if missing.
@@ -371,10 +281,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def load_weights_by_path(self, arrays, resample_position_embedding=True, resample="bilinear"):
         """Loads `{path: array}` weights (as `weights_by_path` names them).
 
-        Every weight of the model must be given and every given weight must fit:
-        anything else is a `ValueError` naming the weight. A position embedding of
-        another grid is resampled (`resample` as in `from_preset`) unless
-        `resample_position_embedding=False`, which makes it an error too.
+        Every weight must be given and fit, else a `ValueError` names it; a position
+        embedding of another grid is resampled unless `resample_position_embedding=False`.
         """
         embedding = arrays.get(POSITION_EMBEDDING)
         stem_embedding = self.get_layer("stem").pos_embedding
@@ -382,8 +290,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         if not resample_position_embedding and embedding is not None and tuple(np.shape(embedding)) != expected:
             raise ValueError(
                 f"Weight {POSITION_EMBEDDING!r} has shape {tuple(np.shape(embedding))}; the model "
-                f"expects {expected} (resample_position_embedding=False)."
-            )
+                f"expects {expected} (resample_position_embedding=False).")
         checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(), dict(arrays),
                                 {path: path for path in arrays})
         weights.transfer(self, checkpoint, resample, strict=True)

@@ -46,8 +46,7 @@ def image_hw(image_size):
         if all(isinstance(s, int) and not isinstance(s, bool) for s in image_size):
             return tuple(image_size)
     raise ValueError(
-        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}."
-    )
+        f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}.")
 
 
 def in_model_range(overrides):
@@ -68,7 +67,8 @@ def validate_config(config):
     c = config
     image_size, patch_size, width = c["image_size"], c["patch_size"], c["width"]
     num_heads, num_classes = c["num_heads"], c["num_classes"]
-    for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim", "norm_groups"):
+    for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim",
+                     "norm_groups"):
         check_positive_int(argument, c[argument])
     height, image_width = image_hw(image_size)
     for axis_name, size in (("height", height), ("width", image_width)):
@@ -76,31 +76,23 @@ def validate_config(config):
             raise ValueError(
                 f"image_size={image_size!r}: image {axis_name} {size} is not divisible by "
                 f"patch_size={patch_size}. Valid sizes are multiples of {patch_size}, "
-                f"e.g. {max(1, round(size / patch_size)) * patch_size}."
-            )
+                f"e.g. {max(1, round(size / patch_size)) * patch_size}.")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
         raise ValueError(
             f"num_classes must be a positive integer (or 0 for a feature extractor), "
-            f"got {num_classes!r}."
-        )
+            f"got {num_classes!r}.")
+    divisors = [d for d in range(1, min(width, 64) + 1) if width % d == 0]
     if width % num_heads:
-        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"width={width} is not divisible by num_heads={num_heads}. Valid num_heads "
-            f"for this width include {divisors}."
-        )
+            f"for this width include {divisors}.")
     if c["norm"] == "groupnorm" and width % c["norm_groups"]:
-        divisors = [d for d in range(1, width + 1) if width % d == 0 and d <= 64]
         raise ValueError(
             f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
             f"norm_groups={c['norm_groups']}. Valid norm_groups for this width include "
-            f"{divisors}."
-        )
-    for argument, choices in (
-        ("block_style", BLOCK_STYLES),
-        ("stem", STEM_TYPES),
-        ("pooling", POOLINGS),
-    ):
+            f"{divisors}.")
+    for argument, choices in (("block_style", BLOCK_STYLES), ("stem", STEM_TYPES),
+                              ("pooling", POOLINGS)):
         check_choice(argument, c[argument], choices)
     check_norm("norm", c["norm"])
     resolve_placements(c["block_style"], c["attn_norm"], c["mlp_norm"])
@@ -122,26 +114,17 @@ def validate_config(config):
 
 
 def default_final_norm(mlp_norm):
-    """Whether a norm follows the last block when `final_norm` is not given.
-
-    The encoder's output is normalized once: pre-LN (and `pre_post`, `none`)
-    blocks end in a residual add and need the final norm (ViT's `encoder_norm`,
-    torchscale with `normalize_before`); blocks whose MLP sublayer is post-LN
-    already end in a norm, and torchscale builds no final LayerNorm for them.
-
-    Args:
-        mlp_norm: str, the resolved MLP placement.
-    """
+    """Whether a norm follows the last block when `final_norm` is not given: not where
+    the resolved `mlp_norm` is `"post"`, whose blocks already end in a norm (torchscale)."""
     return mlp_norm != "post"
 
 
 def sublayers(model):
     """Every layer inside `model`, at any depth, each once.
 
-    Keras' own list (`Layer._flatten_layers`, private, which `Model.quantize` walks too);
-    where that method is missing, every layer reachable from `model` through attributes
-    that hold layers, or lists, tuples and dicts of them (how the library's layers and
-    Keras' keep their sublayers).
+    Keras' private `_flatten_layers` (which `Model.quantize` walks too); without it,
+    every layer reachable through attributes holding layers or lists, tuples and dicts
+    of them.
     """
     flatten = getattr(model, "_flatten_layers", None)
     if callable(flatten):
@@ -162,11 +145,8 @@ def sublayers(model):
 def dtype_with_quantized_layers(model, dtype):
     """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
 
-    `dtype` itself (None, a policy name, a serialized or `keras.DTypePolicy`) unless a
-    layer of `model` has been quantized (`model.quantize`): then a
-    `keras.dtype_policies.DTypePolicyMap` with `dtype` as its default and each quantized
-    layer's policy under its path, as keras-hub's backbones record it, so that a saved
-    quantized model is rebuilt with the variables its file holds.
+    `dtype` itself unless a layer has been quantized: then a `DTypePolicyMap` with `dtype`
+    as default and each quantized layer's policy under its path (as keras-hub records it).
     """
     if isinstance(dtype, dict):
         dtype = keras.dtype_policies.deserialize(dtype)
@@ -182,9 +162,7 @@ def dtype_with_quantized_layers(model, dtype):
 def vit_config_with_quantized_layers(model, vit_config):
     """`vit_config` of the ViT a model is built on, its `dtype` taking the model's quantized layers.
 
-    A model built on a ViT (`Segmenter`, `LiT`) takes the ViT's dtype policy, so its own
-    quantized layers go into the ViT's `dtype` too, and the ViT rebuilt from that config
-    gives them back.
+    For `Segmenter` and `LiT`, which take the ViT's dtype policy.
     """
     dtype = dtype_with_quantized_layers(model, vit_config["dtype"])
     if dtype is not None and not isinstance(dtype, str):

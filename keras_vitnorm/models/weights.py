@@ -1,14 +1,8 @@
 """The one weight-transfer engine: named arrays into a built `ViT`.
 
-`keras_vitnorm.convert` reads a checkpoint of any format it knows (and this
-project's preset directories) into the same neutral form, a
-`keras_vitnorm.convert.Checkpoint`: the ViT config it describes and `{variable
-path: array}`. `transfer` assigns those arrays to a model whose config may differ in
-image size (the position embedding is resampled), classes (a fresh head) and
-normalization (what carries over is kept, the rest starts fresh), and reports what
-it did with every weight. `build_from_checkpoint` builds a model of a given class for
-a checkpoint and its overrides; `read_and_build` reads and builds in one call
-(`keras_vitnorm.models.checkpoints.load_checkpoint` with the `ViT` class).
+`transfer` assigns a `keras_vitnorm.convert.Checkpoint` (a config and `{variable path:
+array}`) to a model whose image size, classes or normalization may differ, and reports
+what it did with every weight (docs/checkpoints.md).
 """
 
 import dataclasses
@@ -26,7 +20,6 @@ from keras_vitnorm.validation import check_known_keys
 ARCHITECTURE_KEYS = (
     "width", "depth", "num_heads", "mlp_dim", "patch_size", "num_channels", "qkv_bias", "pooling",
 )
-HEAD_PREFIX = "head/"
 
 
 def check_overrides(model_class, overrides, what="override"):
@@ -39,24 +32,14 @@ def _more(items):
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
-def resample_position_embedding(
-    embedding, source_grid, target_grid, num_prefix_tokens, method="bilinear"
-):
+def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_tokens,
+                                method="bilinear"):
     """Resamples a learned `(1, prefix + h*w, D)` position embedding to a new grid.
 
-    The prefix (class token) embedding is kept as is; the `(h, w, D)` grid is
-    resampled by one of two references:
-
-    - `"bilinear"` (default): big_vision's `resample_posemb`, used for the Dual
-      PatchNorm paper's 384-pixel fine-tuning: `scipy.ndimage.zoom(grid,
-      (h'/h, w'/w, 1), order=1)`, linear interpolation with the corner
-      patches aligned (written in NumPy, as the bicubic form is, so that
-      loading a model needs no SciPy).
-    - `"bicubic"`: timm's `resample_abs_pos_embed` defaults: bicubic
-      interpolation with antialiasing (PyTorch's `F.interpolate(...,
-      mode="bicubic", antialias=True)`: half-pixel centers, the cubic kernel
-      with `a = -0.5`, widened by the downscaling factor), written in NumPy so
-      that every backend gives the same values.
+    The prefix (class token) embedding is kept; the `(h, w, D)` grid is resampled in
+    NumPy (same values on every backend, no SciPy needed) as big_vision does
+    (`"bilinear"`: `scipy.ndimage.zoom(grid, zoom, order=1)`, corners aligned) or as
+    timm does (`"bicubic"`: `F.interpolate(..., mode="bicubic", antialias=True)`).
 
     Args:
         embedding: array `(1, num_prefix_tokens + h * w, D)`.
@@ -82,10 +65,8 @@ def resample_position_embedding(
 
 
 def _corner_aligned_linear_matrix(in_size, out_size):
-    """`(out_size, in_size)` weights of linear interpolation along one axis with the
-    first and last samples aligned: output sample `i` sits at
-    `i * (in_size - 1) / (out_size - 1)` in input coordinates, as in
-    `scipy.ndimage.zoom(..., order=1)`."""
+    """`(out_size, in_size)` weights of corner-aligned linear interpolation along one
+    axis, as in `scipy.ndimage.zoom(..., order=1)`."""
     step = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
     positions = np.arange(out_size) * step
     low = np.clip(np.floor(positions).astype(int), 0, in_size - 1)
@@ -107,12 +88,8 @@ def _cubic(x, a=-0.5):
 
 
 def _antialiased_bicubic_matrix(in_size, out_size):
-    """`(out_size, in_size)` weights of antialiased bicubic resampling along one axis.
-
-    Output sample `i` sits at `(i + 0.5) * in_size / out_size` in input
-    coordinates (half-pixel centers); when downscaling, the kernel is widened
-    by the scale factor (antialiasing). Weights are normalized to sum to one.
-    """
+    """`(out_size, in_size)` weights of antialiased bicubic resampling along one axis:
+    half-pixel centers, the kernel widened by the downscaling factor, rows summing to 1."""
     scale = in_size / out_size
     support = 2.0 * max(scale, 1.0)
     inverse_scale = 1.0 / scale if scale >= 1.0 else 1.0
@@ -137,8 +114,7 @@ def resample_for_model(model, array, method="bilinear"):
     if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
         raise ValueError(
             f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
-            f"{target}: only a square grid of the same width can be."
-        )
+            f"{target}: only a square grid of the same width can be.")
     return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
 
 
@@ -151,10 +127,9 @@ class ConversionReport:
         source: the checkpoint path.
         loaded: variable paths filled from the checkpoint unchanged.
         resampled: variable paths resampled to a new shape (the position embedding).
-        converted: `(variable path, how)` for weights derived from another kind of
-            weight (a LayerNorm scale kept as an RMSNorm scale).
-        new: variable paths the checkpoint has no value for, with their fresh
-            initialization (a new head, a variant's extra norms).
+        converted: `(variable path, how)` for weights derived from another kind (a
+            LayerNorm scale kept as an RMSNorm scale).
+        new: variable paths without a checkpoint value, with their fresh init.
         dropped: `(source key, why)` for checkpoint weights the model does not use.
     """
 
@@ -187,8 +162,7 @@ def read_and_build(path, model_class, verbose=False, num_heads=None, resample="b
     if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
         raise ValueError(
             f"num_heads={num_heads} does not fit: the {checkpoint.format} checkpoint {path!r} "
-            f"records {checkpoint.config['num_heads']} heads."
-        )
+            f"records {checkpoint.config['num_heads']} heads.")
     model, report = build_from_checkpoint(checkpoint, model_class, resample=resample, **overrides)
     if verbose:
         print(report)
@@ -209,8 +183,7 @@ def build_from_checkpoint(checkpoint, model_class, resample="bilinear", strict=F
                 f"Override {key}={overrides[key]!r} does not fit the checkpoint, which has "
                 f"{key}={saved!r} (e.g. key {checkpoint.source_keys.get(path, path)!r} "
                 f"of shape {tuple(checkpoint.arrays[path].shape)}). Overrides may change the "
-                "image size, the classes and the normalization, not the architecture."
-            )
+                "image size, the classes and the normalization, not the architecture.")
     check_overrides(model_class, overrides)
     model = model_class.from_config({**checkpoint.config, **overrides})
     report = transfer(model, checkpoint, resample, strict)
@@ -235,16 +208,10 @@ def _first_path_with(checkpoint, key):
 def transfer(model, checkpoint, resample="bilinear", strict=False):
     """Fills `model` from `checkpoint`; returns the `ConversionReport`.
 
-    The one weight-transfer engine: for this project's presets, for every foreign
-    format `keras_vitnorm.convert` reads, and for `ViT.load_weights_by_path`.
-
-    A position embedding of another grid is resampled by `resample`
-    (`"bilinear"` as big_vision, `"bicubic"` as timm). A new `num_classes` gives a
-    fresh head; a new block norm type keeps what carries over (a LayerNorm scale as
-    an RMSNorm scale) and starts the rest fresh.
-
-    The checkpoint must be complete for its own config, which every converter
-    checks; so a model weight without a checkpoint value is one the overrides added.
+    A position embedding of another grid is resampled; a new `num_classes` gives a
+    fresh head; a new block norm keeps what carries over (a LayerNorm scale as an
+    RMSNorm scale) and starts the rest fresh. The checkpoint is complete for its own
+    config (the converters check), so a weight it lacks is one the overrides added.
 
     Args:
         model: a built `ViT`.
@@ -295,15 +262,12 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
             grid = model.get_layer("stem").grid_size
             values.append((variable, resample_for_model(model, array, resample)))
-            report.resampled.append(
-                f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})"
-            )
+            report.resampled.append(f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})")
         else:
             renamed = f" (as {path!r})" if source != path else ""
             raise ValueError(
                 f"Checkpoint key {source!r} of {checkpoint.source} has shape "
-                f"{tuple(array.shape)}{renamed}; the model expects {expected}."
-            )
+                f"{tuple(array.shape)}{renamed}; the model expects {expected}.")
     for path in arrays:
         if _is_block_norm(path) and not block_norms_fit:
             why = f"norm={norm!r} replaces the {source_norm} layers"
@@ -318,8 +282,7 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             parts.append(f"in the weights but not in the model: {report.dropped[0][0]!r}" + _more(report.dropped))
         raise ValueError(
             "The weights do not fit this model's config (" + "; ".join(parts) + "). "
-            "Build the model with the config the weights were saved with."
-        )
+            "Build the model with the config the weights were saved with.")
     for variable, array in values:
         variable.assign(ops.convert_to_tensor(np.asarray(array, "float32"), dtype=variable.dtype))
     return report
@@ -329,9 +292,8 @@ def _is_block_norm(path):
     """Block and final norms (what `norm` sets); stem norms are the stem's own."""
     parts = path.split("/")
     layer = parts[-2] if len(parts) >= 2 else ""
-    return path.startswith("final_norm/") or (
-        parts[0].startswith("block_") and layer in ("attn_norm", "mlp_norm")
-    )
+    return path.startswith("final_norm/") or (parts[0].startswith("block_")
+                                              and layer in ("attn_norm", "mlp_norm"))
 
 
 def _initializer(variable):

@@ -1,15 +1,9 @@
 """The few tensor operations the layers need beyond `keras.ops`, with their fast paths.
 
-Each op here is written in `keras.ops` and reads like its formula. Where a backend
-(and device) runs the same computation measurably faster in another form, the op
-takes that form from the backend's module (`_jax`, `_tensorflow`, `_torch`, each
-imported only under its backend) while the fast path is switched on
-(`keras_vitnorm.ops.switch`: `set_fast_paths`, `fast_paths`, the
-`KERAS_VITNORM_FAST_PATHS` environment variable). Values and gradients are the same
-either way up to float32 round-off (tests/test_ops.py); docs/performance.md gives
-each fast path's measured whole-step gain.
-
-The layers call only this module: no layer asks which backend it runs on.
+Each op is written in `keras.ops`; where a backend runs it measurably faster in
+another form, the op takes that form from the backend's private module while its fast
+path is on (`keras_vitnorm.ops.switch`). Values and gradients agree either way up to
+float32 round-off; docs/backends.md lists the fast paths, docs/performance.md their gains.
 """
 
 import functools
@@ -41,9 +35,7 @@ def _import_native():
     return None if module is None else importlib.import_module(f"keras_vitnorm.ops.{module}")
 
 
-# Imported with this module, not at an op's first call: torch.compile, tracing an op,
-# cannot trace an import (nor see through a cache around one) and would split the
-# compiled graph there.
+# Imported now, not at an op's first call: torch.compile cannot trace an import.
 _NATIVE = _import_native()
 
 
@@ -71,16 +63,9 @@ def _on_cpu():
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
     """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`.
 
-    `keras.ops.layer_normalization(x, gamma, beta, axis=-1, epsilon=epsilon)`: computed
-    in float32 at least (`gamma` and `beta` cast to it) and returned in `x`'s dtype,
-    then cast to `dtype` where given (as Keras' `LayerNormalization` returns its
-    compute dtype).
-
-    On PyTorch it is the same `torch.nn.functional.layer_norm` and casts that Keras'
-    PyTorch backend runs, with the normalized width a Python int: Keras' own op reads
-    it from a tensor, which a TorchScript trace (Keras' ONNX export with an open batch
-    size) cannot keep a constant, as ONNX's LayerNormalization needs
-    (tests/test_deploy.py). A fix, not a fast path: always on.
+    `keras.ops.layer_normalization` (float32 at least, `x`'s dtype out), cast to `dtype`
+    where given. On PyTorch the width goes to `torch.nn.functional.layer_norm` as a
+    Python int, which Keras' ONNX export needs (docs/backends.md); always on.
     """
     if epsilon is None:  # as Keras' op takes it
         epsilon = keras.config.epsilon()
@@ -93,8 +78,7 @@ def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
 def linear(x, kernel, bias=None):
     """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
 
-    Fast path `linear` (PyTorch): one `torch.nn.functional.linear`, the bias add fused
-    into the matmul.
+    Fast path `linear` (PyTorch): one `torch.nn.functional.linear`.
     """
     x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
     bias = None if bias is None else ops.convert_to_tensor(bias)
@@ -108,19 +92,10 @@ def linear(x, kernel, bias=None):
 def standardize_kernel(kernel, epsilon=1e-10):
     """Weight standardization: each output unit's weights at mean 0 and variance `1/fan_in`.
 
-    A Keras kernel's last axis indexes the output units and the others their inputs
-    (`(in, out)` for a dense layer, `(h, w, in, out)` for a convolution). Each output
-    unit's weights are standardized over its fan-in, as Qiao et al. (2019) do, then
-    divided by `sqrt(fan_in)`:
-
-        w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)
-
-    Qiao et al. follow each standardized convolution with a BatchNorm or GroupNorm,
-    which takes out any constant scale; in a transformer the dense layers feed the
-    residual stream directly, so the unit is kept at LeCun's initial variance
-    (as scaled weight standardization does, Brock et al. 2021), and a layer's output
-    keeps the scale of its input. Computed in float32; `epsilon` (default `1e-10`,
-    big_transfer's) only guards a constant kernel.
+    Over each output unit's fan-in (all axes but the last), in float32:
+    `w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)`. The `1/fan_in`
+    variance (scaled WS, Brock et al. 2021) keeps a layer's output at its input's scale,
+    since dense layers here feed the residual stream with no norm after them.
     """
     dtype = keras.backend.standardize_dtype(kernel.dtype)
     w = ops.cast(kernel, "float32")
@@ -135,11 +110,8 @@ def standardize_kernel(kernel, epsilon=1e-10):
 def qkv_projection(x, kernel, bias, num_heads):
     """q, k and v, each `(batch, tokens, heads, head_dim)`, from a fused projection.
 
-    `kernel` is `(width, 3 * width)` with columns `[q | k | v]`, each head-major;
-    `bias` is `(3 * width,)` or `None`. One `linear` whose output is split.
-
-    Fast path `split_qkv` (TensorFlow): three `linear`s on the column thirds of the
-    kernel and bias (`ops.split`, whose gradient is one concatenation).
+    `kernel` is `(width, 3 * width)` with columns `[q | k | v]`, each head-major.
+    Fast path `split_qkv` (TensorFlow): three `linear`s on the kernel's thirds.
     """
     tokens = x.shape[1]
     head_dim = kernel.shape[-1] // (3 * num_heads)
@@ -154,10 +126,8 @@ def qkv_projection(x, kernel, bias, num_heads):
 def split_heads(qkv, num_heads):
     """`(batch, tokens, 3 * width)` fused projections to q, k, v `(batch, tokens, heads, head_dim)`.
 
-    `ops.unstack`, not three index selections: on PyTorch the gradient of an
-    unstack is one stack of the three, where each selection's gradient is a zero
-    tensor of the whole projection's size with its third filled in, and the three are
-    then summed (a zero fill, a copy and an add over the fused output per block).
+    `ops.unstack`, not three index selections: on PyTorch its gradient is one stack,
+    where each selection's would be a zero-filled tensor of the whole projection.
     """
     tokens, fused = qkv.shape[1], qkv.shape[2]
     qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
@@ -170,24 +140,13 @@ def attention(q, k, v):
 
     `keras.ops.dot_product_attention(q, k, v)`, except:
 
-    - float16 q and k on TensorFlow, whose attention would compute float16 logits
-      that overflow (a BatchNorm model in inference): `heads_first_attention`,
-      which sums them in float32. Always, being a fix, not a fast path.
-    - Fast path `attention`: `heads_first_attention` on a CPU under JAX and
-      TensorFlow; PyTorch's `scaled_dot_product_attention` on strided views
-      (no copies of q, k and v, PyTorch's own choice of kernel); JAX on a GPU with
-      an odd token count where cuDNN's attention fits: cuDNN's attention on tokens
-      padded to a multiple of 8, masked.
-    - JAX with an odd token count (197 for a ViT with a class token at 224 pixels),
-      otherwise: XLA's attention asked for directly. JAX's cuDNN attention rejects
-      that count wherever it is differentiated, and gradients are taken in inference
-      mode too (the gradient-norm probes do), so the mode does not tell; Keras would
-      try cuDNN's there and fall back to the same XLA attention after logging a
-      traceback.
-    - PyTorch under `torch.compile`, otherwise: Keras' attention without its check
-      whether FlashAttention fits, which builds a PyTorch object that `torch.compile`
-      cannot trace (the compiled graph would split there); PyTorch's attention picks
-      its kernel itself.
+    - float16 on TensorFlow: `heads_first_attention` (float32 logits; a fix, always on).
+    - Fast path `attention`: heads-first on a CPU under JAX and TensorFlow; PyTorch's
+      `scaled_dot_product_attention`; JAX on a GPU with an odd token count: cuDNN's
+      attention on tokens padded to a multiple of 8, masked.
+    - Otherwise no flash attention for an odd token count on JAX (cuDNN rejects it
+      when differentiated; Keras would log a traceback and fall back to XLA) or under
+      `torch.compile` (Keras' FlashAttention check cannot be traced).
     """
     q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
     backend = backend_name()
@@ -210,14 +169,9 @@ def attention(q, k, v):
 def heads_first_attention(q, k, v):
     """`softmax(q k^T / sqrt(head_dim)) v` with heads before tokens.
 
-    q, k and v move to `(batch, heads, tokens, head_dim)`, the scale goes on q (a
-    tensor `head_dim / tokens` the size of the logits), and the result moves back.
-    The softmax runs in float32 at least, as in Keras and JAX, and float16 or
-    bfloat16 q and k give float32 logits: a logit sums `head_dim` products, which
-    passes float16's 65504 once q and k reach a few hundred, and which bfloat16's
-    8-bit mantissa rounds by up to a few hundredths at logits of order 10. Keras'
-    own attention asks for float32 logits too, and PyTorch's and JAX's accumulate
-    in float32. Same inputs and output as `keras.ops.dot_product_attention`.
+    Same inputs and output as `keras.ops.dot_product_attention`; the scale goes on q
+    (smaller than the logits), and float16 or bfloat16 q and k give float32 logits and
+    softmax (a float16 logit overflows once q and k reach a few hundred).
     """
     q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
     if keras.backend.standardize_dtype(q.dtype) in ("float16", "bfloat16"):
@@ -233,9 +187,8 @@ def residual_fence(x):
     """`x`, on the residual stream after each sublayer's add.
 
     Fast path `residual_fence` (JAX on a CPU): an identity whose gradient passes a
-    conditional that XLA cannot fuse across, which keeps XLA's CPU compiler from
-    fusing (and duplicating) the residual gradient's chain of adds through every
-    block, a backward pass that otherwise grows with depth squared.
+    conditional XLA cannot fuse across, so the backward pass does not grow with
+    depth squared.
     """
     if _fast("residual_fence", "jax") and _xla_or_graph_on_cpu():
         return _native().residual_fence()(x)

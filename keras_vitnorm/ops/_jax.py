@@ -12,12 +12,8 @@ def on_cpu():
 
 
 def cudnn_attention_fits(q, k, v):
-    """Whether JAX's cuDNN attention takes these q, k and v once their tokens are padded.
-
-    An NVIDIA GPU of compute capability 8.0 or more, one dtype, bfloat16 or float16,
-    and a head dimension that is a multiple of 8 and at most 128 (256 from compute
-    capability 9.0): the conditions JAX checks besides the token count.
-    """
+    """Whether JAX's cuDNN attention takes these q, k and v once their tokens are padded
+    (the conditions JAX checks besides the token count)."""
     if jax.default_backend() != "gpu" or not q.dtype == k.dtype == v.dtype:
         return False
     if str(q.dtype) not in ("bfloat16", "float16"):
@@ -34,15 +30,10 @@ def cudnn_attention_fits(q, k, v):
 def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     """Softmax attention on tokens padded to a multiple of `multiple`, the padding masked.
 
-    JAX's cuDNN flash attention rejects an odd token count wherever it is
-    differentiated, and a ViT with a class token has 197 tokens at 224 pixels; Keras
-    then falls back to XLA's attention, whose backward pass is about twice as slow on
-    a GPU. Here q, k and v get zero tokens up to the multiple,
-    `jax.nn.dot_product_attention` masks them out through the sequence lengths, and
-    the padded rows of the output are dropped: the values and gradients of unpadded
-    attention (tested on the CPU with `implementation="xla"`, which takes the same
-    arguments). If JAX still rejects the inputs, XLA's attention runs on the
-    unpadded tokens.
+    JAX's cuDNN attention rejects an odd token count (197 for a ViT at 224 pixels) when
+    differentiated. The padding is masked through the sequence lengths and dropped, so
+    values and gradients are those of unpadded attention; if JAX still rejects the
+    inputs, XLA's attention runs unpadded.
 
     Args:
         q, k, v: arrays `(batch, tokens, heads, head_dim)`, one dtype.
@@ -63,11 +54,8 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=8):
 
 
 def conditional_identity(probe, value):
-    """`value` through a `lax.cond` whose predicate, read from `probe`, XLA cannot fold.
-
-    Both branches return `value`, so the conditional stays in the compiled program
-    and ends XLA's fusion there.
-    """
+    """`value` through a `lax.cond` whose predicate, read from `probe`, XLA cannot fold,
+    so the conditional stays in the program and ends XLA's fusion there."""
     keep = jnp.isfinite(probe.reshape(-1)[0])
     return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, value)
 
@@ -76,14 +64,10 @@ def conditional_identity(probe, value):
 def residual_fence():
     """The identity, whose gradient passes through `conditional_identity` in reverse mode.
 
-    In a pre-LN transformer the gradient of the residual stream is a chain of
-    element-wise adds through every block; XLA's CPU compiler fuses that chain and
-    duplicates it into each consumer, so the backward pass grows with depth
-    squared. A conditional ends the fusion at each block (`optimization_barrier`
-    does not: the CPU compiler removes barriers before fusion). It sits only in the
-    transpose, its predicate read from the incoming gradient, so the backward pass
-    keeps nothing from the forward pass for it, and forward-mode autodiff sees the
-    identity.
+    XLA's CPU compiler fuses the residual gradient's chain of adds into each consumer
+    (backward time growing with depth squared); a conditional ends the fusion at each
+    block (`optimization_barrier` does not survive to fusion). It sits only in the
+    transpose, so forward mode sees the identity and nothing is kept from the forward.
     """
 
     def identity(_, tangent):

@@ -7,21 +7,13 @@ import torch
 
 
 def linear(x, kernel, bias):
-    """`x @ kernel + bias` in one call, as `torch.nn.Linear` computes it.
-
-    `keras.ops` has no matmul-plus-bias op, and eager PyTorch runs Keras' separate
-    bias add as a second pass over the output; `torch.nn.functional.linear` fuses it
-    (`addmm`).
-    """
+    """`x @ kernel + bias` in one call (`addmm`), as `torch.nn.Linear` computes it."""
     return torch.nn.functional.linear(x, kernel.T, bias)
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype):
-    """`keras_vitnorm.ops.layer_norm` as Keras' PyTorch backend computes it: `x`, `gamma`
-    and `beta` in float32 at least, `torch.nn.functional.layer_norm`, back to `x`'s
-    dtype, then to `dtype`. The normalized width is a Python int, so that a TorchScript
-    trace (Keras' ONNX export with a dynamic batch) keeps it a constant, as ONNX's
-    LayerNormalization needs."""
+    """`keras_vitnorm.ops.layer_norm` as Keras' PyTorch backend computes it, with the
+    normalized width a Python int that a TorchScript trace keeps constant."""
     x = keras.ops.convert_to_tensor(x)
     compute = torch.promote_types(x.dtype, torch.float32)
     gamma, beta = (None if w is None else keras.ops.convert_to_tensor(w).to(compute)
@@ -44,11 +36,8 @@ def compiling():
 def attention(q, k, v):
     """Softmax attention by `torch.nn.functional.scaled_dot_product_attention` on views.
 
-    Keras' PyTorch attention moves the heads axis forward and, unless its
-    flash-attention check passes (never on a CPU), copies q, k and v into contiguous
-    memory first; PyTorch's function takes the strided views itself and picks its
-    kernel itself (cuDNN's attention on an H100, where Keras forces
-    FlashAttention-2), as the transformers ViT calls it.
+    Keras' form copies q, k and v into contiguous memory first (unless flash attention
+    fits); PyTorch's function takes the strided views and picks its own kernel.
 
     Args:
         q, k, v: tensors `(batch, tokens, heads, head_dim)`, one dtype.

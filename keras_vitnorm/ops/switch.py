@@ -1,12 +1,7 @@
 """The switch of the backend fast paths.
 
-Each op in `keras_vitnorm.ops` has a plain form written in `keras.ops` and, on some
-backends and devices, a faster form of the same computation (docs/performance.md
-gives each one's measured whole-step gain); so have RandAugment in both input
-pipelines (`bincount_histogram`, `augmentation_program`). The fast forms are on by
-default. Turn
-one or all of them off when an update of Keras, JAX, TensorFlow or PyTorch breaks
-one, or to time a form against the other (`benchmarks/bench_vit.py --other-forms` does):
+The fast forms (docs/backends.md) are on by default. Turn one or all off when a
+framework update breaks one, or to time a form against the other:
 
     KERAS_VITNORM_FAST_PATHS=0 python train.py            # all off
     KERAS_VITNORM_FAST_PATHS=attention,linear python ...  # only these on
@@ -19,9 +14,8 @@ or in Python:
     with ops.fast_paths(False, ["attention"]):
         ...
 
-JAX and TensorFlow read the switch when they trace a step, so change it before the
-model's first call (or compile) for it to take effect there; PyTorch reads it at
-every call.
+JAX and TensorFlow read the switch when they trace a step (change it before the first
+call); PyTorch reads it at every call.
 """
 
 import contextlib
@@ -29,20 +23,12 @@ import os
 
 #: Every fast path, by the name the switch knows it by.
 FAST_PATHS = (
-    "linear",             # PyTorch: the bias add fused into the matmul (torch.nn.functional.linear)
-    "split_qkv",          # TensorFlow: q, k and v from three matmuls on the fused kernel's thirds
-    "attention",          # heads-first attention on a CPU (JAX, TensorFlow); PyTorch's SDPA on
-                          # strided views; JAX on a GPU: cuDNN attention on padded tokens
-    "residual_fence",     # JAX on a CPU: a gradient fence on the residual stream
-    "bincount_histogram",  # RandAugment's Equalization counts its histogram with a
-                           # bincount (tf.math.bincount in tf.data, the backend's in the
-                           # Python pipeline; a private Keras method replaced on that one
-                           # layer; keras_vitnorm.training.data)
-    "augmentation_program",  # JAX, the Python input pipeline: a training batch's
-                             # augmentation (crops, flips, RandAugment per image, MixUp,
-                             # CutMix) as one compiled program on the default device
-                             # instead of NumPy and a layer call per image
-                             # (keras_vitnorm.training.data.python_pipeline)
+    "linear",  # PyTorch: the bias add fused into the matmul
+    "split_qkv",  # TensorFlow: q, k and v from three matmuls
+    "attention",  # heads-first on a CPU; PyTorch's SDPA; cuDNN on padded tokens (JAX GPU)
+    "residual_fence",  # JAX on a CPU: a gradient fence on the residual stream
+    "bincount_histogram",  # RandAugment's Equalization histogram by bincount
+    "augmentation_program",  # JAX: a batch's augmentation as one compiled program
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 
@@ -52,8 +38,7 @@ def _check_names(names, where):
     if unknown:
         raise ValueError(
             f"Unknown fast path {unknown[0]!r} in {where}; the fast paths are "
-            f"{', '.join(FAST_PATHS)}."
-        )
+            f"{', '.join(FAST_PATHS)}.")
     return list(names)
 
 
