@@ -22,7 +22,10 @@ class Killed(BaseException):
 def _client(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri)
+    # The experiment the runs go to, its artifacts in the test's folder (not ./mlruns).
+    client.create_experiment("keras-vitnorm", artifact_location=(tmp_path / "artifacts").as_uri())
+    return client
 
 
 def _history(client, run_id, key):

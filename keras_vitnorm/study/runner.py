@@ -184,16 +184,12 @@ class _Study:
         artifacts are its tables and figures (`keras_vitnorm.training.tracking`)."""
         from keras_vitnorm.training import tracking
 
-        params = {**self.base.to_dict(), "groups": [group for group, _ in plan], "seeds": seeds}
-        self.parent = tracking.TrackedRun(self.output_dir, os.path.basename(
-            os.path.abspath(self.output_dir)), params=params)
+        self.parent = tracking.TrackedRun(
+            self.output_dir, os.path.basename(os.path.abspath(self.output_dir)),
+            params={**self.base.to_dict(), "groups": [g for g, _ in plan], "seeds": seeds})
         rows = self.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
         if self.mode != "plan":
-            figures = os.path.join(self.output_dir, "figures")
-            self.parent.log_artifacts(
-                [os.path.join(folder, name) for folder in (self.output_dir, figures)
-                 if os.path.isdir(folder) for name in sorted(os.listdir(folder))
-                 if name.endswith((".md", ".csv", ".png", ".svg"))])
+            self.parent.log_artifacts(tracking.study_outputs(self.output_dir))
             self.parent.finish({})
         return rows
 

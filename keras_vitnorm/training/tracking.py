@@ -54,6 +54,13 @@ def _flat_params(settings, prefix=""):
     return params
 
 
+def study_outputs(study_dir):
+    """The tables and figures of a study directory: what its MLflow run keeps."""
+    folders = (study_dir, os.path.join(study_dir, "figures"))
+    return [os.path.join(folder, name) for folder in folders if os.path.isdir(folder)
+            for name in sorted(os.listdir(folder)) if name.endswith((".md", ".csv", ".png"))]
+
+
 class TrackedRun:
     """The MLflow run of one run (or study) directory, created the first time it is used.
 
