@@ -83,8 +83,7 @@ def registered_norms():
     `--norm` that is not built in)."""
     from keras_vitnorm.layers import normalization
 
-    normalization.user_norm_class("", import_modules=True)  # imports the listed modules once
-    return normalization.registered_norms()
+    return normalization.registered_norms(import_modules=True)
 
 
 def _model_flag_help(key, choices, text):

@@ -287,21 +287,29 @@ def import_norm_modules():
 _imported_modules = False
 
 
+def _import_norm_modules_once():
+    global _imported_modules
+    if not _imported_modules:
+        _imported_modules = True
+        import_norm_modules()
+
+
 def user_norm_class(name, import_modules=True):
     """The class registered under `name` (`register_norm`), or None. The first time a
     name is not found, the modules of `KERAS_VITNORM_NORM_MODULES` are imported first."""
-    global _imported_modules
     key = f"{USER_NORM_PACKAGE}>{name}"
     found = keras.saving.get_custom_objects().get(key)
-    if found is None and import_modules and not _imported_modules:
-        _imported_modules = True
-        import_norm_modules()
+    if found is None and import_modules:
+        _import_norm_modules_once()
         found = keras.saving.get_custom_objects().get(key)
     return found
 
 
-def registered_norms():
-    """The names registered with `register_norm`, sorted."""
+def registered_norms(import_modules=False):
+    """The names registered with `register_norm`, sorted; with `import_modules`, after
+    importing the modules of `KERAS_VITNORM_NORM_MODULES` (once)."""
+    if import_modules:
+        _import_norm_modules_once()
     prefix = f"{USER_NORM_PACKAGE}>"
     return sorted(key[len(prefix):] for key in keras.saving.get_custom_objects() if key.startswith(prefix))
 

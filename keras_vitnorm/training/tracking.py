@@ -11,7 +11,6 @@ takes a run id explicitly, so runs of one process (a study) never share MLflow's
 active run.
 """
 
-import csv
 import json
 import math
 import os
@@ -20,6 +19,7 @@ import time
 import keras
 
 from keras_vitnorm import durable
+from keras_vitnorm.training.run_layout import read_log
 
 #: The file in a run (or study) directory that names its MLflow run.
 RUN_FILE = "mlflow_run.json"
@@ -136,19 +136,9 @@ class TrackedRun:
     def log_earlier_epochs(self):
         """Logs the epochs of the run's `log.csv` not logged yet: those a killed process
         finished (and checkpointed) after its last MLflow call."""
-        path = os.path.join(self.directory, "log.csv")
-        if not os.path.exists(path):
-            return
-        with open(path, newline="") as file:
-            for row in csv.DictReader(file):
-                values = {}
-                for key, text in row.items():
-                    try:
-                        values[key] = float(text)
-                    except (TypeError, ValueError):
-                        pass
-                epoch = int(values.pop("epoch")) + 1
-                self.log_epoch(epoch, values)
+        for row in read_log(os.path.join(self.directory, "log.csv")):
+            epoch = row.pop("epoch") + 1
+            self.log_epoch(epoch, row)
 
     def callback(self):
         """A Keras callback that logs each epoch's metrics as the epoch ends, after the
