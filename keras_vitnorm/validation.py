@@ -47,6 +47,14 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def check_distinct(what, values):
+    """Raises a `ValueError` naming a value given twice: its runs would count twice."""
+    repeated = sorted({value for value in values if list(values).count(value) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{what} name {', '.join(map(repr, repeated))} more than once: each "
+                         "run would count twice in the tables. Give each once.")
+
+
 def check_positive_int(argument, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{argument} must be a positive integer, got {value!r}.")

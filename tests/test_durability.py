@@ -1008,6 +1008,25 @@ def test_a_study_worker_child_runs_its_entry_module_once():
 
 
 @pytest.mark.one_backend
+def test_a_study_worker_names_a_run_directory_it_cannot_take_with_exit_status_2(tmp_path, capsys):
+    """As `ablate-job` does (keras_vitnorm.cli.errors): a file of the user's in the run's
+    directory is named, status 2, not a traceback of status 1."""
+    from keras_vitnorm.study import plan as plan_lib
+    from keras_vitnorm.study import workers
+
+    run_dir = tmp_path / "norm_types" / "layernorm" / "seed_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    path = tmp_path / "plan" / "run.job.json"
+    path.parent.mkdir()
+    durable.write_json(str(path), plan_lib.job("norm_types", "layernorm", TrainConfig.from_recipe(
+        "small", **STUDY), str(run_dir), str(tmp_path)))
+    assert workers.main([str(path)]) == 2
+    assert f"error: Output directory {run_dir} already exists" in capsys.readouterr().err
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.one_backend
 def test_a_study_worker_stopped_by_sigterm_leaves_a_checkpoint_and_its_job_resumes(
         tmp_path, monkeypatch, capsys, signals_raise):
     """What a scheduler's SIGTERM to `ablate-job` (or `ablate --parallel`'s SIGTERM to a

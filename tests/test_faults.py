@@ -613,9 +613,13 @@ def test_a_plan_fits_the_recipes_warmup_to_the_run_as_train_does(tmp_path, capsy
     (dict(seeds=[0], groups=["stems", "stems"]), "groups (--groups) name 'stems' more than once"),
     (dict(seeds=[0, 1], lr_sweep=[1e-3, 2e-3], sweep_seeds=[1, 1]),
      "sweep_seeds (--sweep-seeds) name 1 more than once"),
+    (dict(seeds=[0], variant_sweeps={("stems", "dpn"): [1e-3, 2e-3]}),
+     "a learning-rate sweep is given for stems:dpn, which is not a variant of the study "
+     "(stems:patch, stems:dual_patchnorm"),
 ])
 def test_a_study_refuses_a_seed_or_group_given_twice(tmp_path, kwargs, message):
-    """A seed given twice would put the same run in a variant's mean twice."""
+    """A seed given twice would put the same run in a variant's mean twice; a variant's
+    own sweep must name one of the study's variants."""
     from keras_vitnorm.study import run_study
 
     kwargs = {"groups": ["stems"], **kwargs}

@@ -151,6 +151,57 @@ def test_a_two_variant_study_from_a_variants_file(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().out == out
 
 
+SWEEP = """
+[variants.layernorm]
+
+[variants.scalenorm]
+model = { norm = "scalenorm" }
+lr_sweep = [0.001, 0.002]
+"""
+
+
+@pytest.mark.one_backend
+def test_a_variant_of_the_file_sweeps_its_own_rates_and_trains_its_seeds_at_the_best(
+        tmp_path, monkeypatch, capsys):
+    # Each sweep run is finished by hand (validation accuracy higher at 0.002): the plan
+    # asks first for scalenorm at both of its rates and layernorm at its one rate (the
+    # base's 0.001), then for the second seed of each at its rate.
+    from keras_vitnorm import durable
+    from keras_vitnorm.study import plan as plan_lib
+
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    (tmp_path / "study.toml").write_text(SWEEP)
+    study = tmp_path / "s"
+    argv = ["ablate", "--variants-file", str(tmp_path / "study.toml"), "--plan",
+            "--learning-rate", "0.001", "--output-dir", str(study), *STUDY_ARGV]
+
+    def plan():
+        assert cli.main(argv) == 0
+        commands = (study / "plan" / "commands.txt").read_text().split("\n")
+        return sorted(os.path.relpath(plan_lib.read_job(c.split()[-1])["run_dir"], study)
+                      for c in commands if c.strip())
+
+    def finish(run_dir):
+        rate = float(run_dir.split("lr_")[1].split(os.sep)[0])
+        durable.write_json(str(study / run_dir / "metrics.json"),
+                           {"status": "completed", "val_accuracy": 0.3 + 100 * rate,
+                            "test_accuracy": 0.5, "steps": 2})
+
+    sweep = [os.path.join("study", "layernorm", "lr_0.001", "seed_0"),
+             os.path.join("study", "scalenorm", "lr_0.001", "seed_0"),
+             os.path.join("study", "scalenorm", "lr_0.002", "seed_0")]
+    assert plan() == sweep
+    for run_dir in sweep:
+        os.makedirs(study / run_dir)
+        finish(run_dir)
+    assert plan() == [os.path.join("study", "layernorm", "lr_0.001", "seed_1"),
+                      os.path.join("study", "scalenorm", "lr_0.002", "seed_1")]
+    table = (study / "study_lr_selection.md").read_text().splitlines()
+    assert table[0].startswith("| variant | lr 0.001 | lr 0.002 | chosen rate |")
+    assert table[2].startswith("| layernorm | 40.00 |  | 0.001 (its only rate) |")
+    assert table[3].startswith("| scalenorm | 40.00 | 50.00 | 0.002 (edge of the grid) |")
+
+
 @pytest.mark.parametrize("text, message", [
     ("[variants.a]\nmodel = { norm = 'scalenrom' }\n",
      r"variant 'a': Unknown norm='scalenrom'\. Did you mean 'scalenorm'\?"),
@@ -163,6 +214,11 @@ def test_a_two_variant_study_from_a_variants_file(tmp_path, monkeypatch, capsys)
     ("[study]\nname = 'stems'\n[variants.a]\n", r"cannot be named 'stems'"),
     ("[variant.a]\n", r"Unknown table in .*study.toml 'variant'\. Did you mean 'variants'\?"),
     ("[variants.a\n", r"is not TOML"),
+    ("[variants.a]\nlr_sweep = [1e-3, 2e-3]\ntrain = { learning_rate = 1e-3 }\n",
+     r"variant 'a' sets both train.learning_rate and lr_sweep"),
+    ("[variants.a]\nlr_sweep = [1e-3]\n", r"variant 'a': a learning-rate sweep needs two"),
+    ("[variants.a]\nlr_sweep = ['fast', 1e-3]\n", r"variant 'a': .*positive numbers, got 'fast'"),
+    ("[variants.a]\nlr_seep = [1e-3, 2e-3]\n", r"'lr_seep'\. Did you mean 'lr_sweep'\?"),
 ])
 def test_a_bad_variants_file_is_named_before_anything_trains(tmp_path, monkeypatch, capsys,
                                                               text, message):

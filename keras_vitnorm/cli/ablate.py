@@ -70,7 +70,8 @@ def add_parser(commands):
                        help="a running Ray cluster (default: start a local Ray); the study "
                        "directory must be on a file system its nodes share")
     study.add_argument("--cpus-per-run", type=float, default=1, metavar="N",
-                       help="CPUs each run's Ray task asks for (default 1)")
+                       help="CPUs each run's Ray task asks for, and the run's compute "
+                       "threads (default 1)")
     study.add_argument("--gpus-per-run", type=float, default=0, metavar="N",
                        help="GPUs each run's Ray task asks for (default 0)")
     study.add_argument("--tables-only", action="store_true",
@@ -84,7 +85,8 @@ def add_parser(commands):
     study.add_argument("--lr-sweep", nargs="+", type=float, metavar="LR",
                        help="train every variant at each of these peak learning rates first "
                        "(with --sweep-seeds), then compare each at the rate with its best final "
-                       "validation accuracy (<group>_lr_selection.md)")
+                       "validation accuracy (<group>_lr_selection.md); a variants file's variant with its "
+                       "own lr_sweep uses that grid")
     study.add_argument("--extend-sweep", action="store_true",
                        help="a variant whose chosen rate is at an end of the --lr-sweep grid "
                        "also trains the next rate beyond it (the grid's ratio), and again while "
@@ -95,8 +97,9 @@ def add_parser(commands):
 
 
 def study_config(args):
-    """`(base TrainConfig, groups, {group: [variant names]})` of the parsed `ablate`
-    arguments; a `--variants-file` is read, checked whole, and added as a group.
+    """`(base TrainConfig, groups, {group: [variant names]}, {(group, variant): rates})`
+    of the parsed `ablate` arguments; a `--variants-file` is read, checked whole, and
+    added as a group, with its variants' own rate sweeps.
 
     The base is the small recipe on the plain ti16 preset unless --preset/--recipe say
     otherwise, with gradient norms recorded every 25 steps unless asked otherwise; each
@@ -107,14 +110,15 @@ def study_config(args):
                                                           "output_dir": None}))
     if config.grad_norm_every is None:
         config.grad_norm_every = 25
-    groups = list(args.groups)
+    groups, sweeps = list(args.groups), {}
     if args.variants_file:
         from keras_vitnorm.study.variants import add_variant_group
         from keras_vitnorm.study.variants_file import read_variants_file
 
-        name, file_variants = read_variants_file(args.variants_file, config)
+        name, file_variants, sweeps = read_variants_file(args.variants_file, config)
         add_variant_group(name, file_variants)
         groups.append(name)
+        sweeps = {(name, variant): rates for variant, rates in sweeps.items()}
     if not groups:
         raise ValueError("ablate needs --groups, --variants-file or both: which variants to train.")
     variants = {}
@@ -126,7 +130,7 @@ def study_config(args):
                 f"({', '.join(groups)})."
             )
         variants.setdefault(group, []).append(name)
-    return config, groups, variants
+    return config, groups, variants, sweeps
 
 
 def run(args):
@@ -137,10 +141,10 @@ def run(args):
     if args.tables_only and args.plan:
         raise ValueError("--tables-only and --plan are two ways of training nothing: give one.")
     mode = "tables" if args.tables_only else "plan" if args.plan else "train"
-    config, groups, variants = study_config(args)
+    config, groups, variants, sweeps = study_config(args)
     study = dict(variants=variants, take_over_lock=args.take_over_lock, lr_sweep=args.lr_sweep,
                  sweep_seeds=args.sweep_seeds, extend_sweep=args.extend_sweep,
-                 track=args.track == "mlflow")
+                 variant_sweeps=sweeps, track=args.track == "mlflow")
     if args.executor == "ray":
         if mode != "train" or args.parallel != 1:
             raise ValueError("--executor ray trains the study's runs as Ray tasks: leave out "

@@ -17,6 +17,8 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.factors import depth_table
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.tables import write_rows
+from keras_vitnorm.study.variants import get_variants
+from keras_vitnorm.validation import check_distinct
 
 
 def check_rates(rates):
@@ -38,22 +40,59 @@ def check_rates(rates):
 EXTEND_LIMIT = 3
 
 
-def grids_of(plan, rates):
-    """`{(group, variant): rates}`: every variant of `plan` on the same grid."""
-    return {(group, name): list(rates) for group, variants in plan for name, _ in variants}
+def sweep_of(plan, seeds, rates, own, sweep_seeds, extend, base_rate):
+    """`(grids, sweep seeds)` of a study of `plan` with `seeds` (`run_study`'s
+    arguments): `grids_of`, or `(None, None)` without a sweep. Raises a `ValueError`
+    for sweep settings without a sweep, or sweep seeds that are empty or repeated."""
+    if rates is None and not own:
+        if sweep_seeds is not None or extend:
+            flag = "sweep_seeds (--sweep-seeds) are the seeds" if sweep_seeds is not None else \
+                "extend_sweep (--extend-sweep) widens the grid"
+            raise ValueError(f"{flag} of a learning-rate sweep: give lr_sweep (--lr-sweep) "
+                             "too, or leave it out.")
+        return None, None
+    sweep_seeds = list(seeds[:1] if sweep_seeds is None else sweep_seeds)
+    if not sweep_seeds:
+        raise ValueError("sweep_seeds (--sweep-seeds) must name at least one seed.")
+    check_distinct("sweep_seeds (--sweep-seeds)", sweep_seeds)
+    return grids_of(plan, rates, own, base_rate), sweep_seeds
 
 
-def extend(grids, selection, rates, limit=EXTEND_LIMIT):
+def grids_of(plan, rates=None, own=None, base_rate=None):
+    """`{(group, variant): rates}` of every variant of `plan`: its own grid in `own`
+    (`{(group, variant): rates}`, a variants file's `lr_sweep`), else `rates` (every
+    variant's grid), else the one rate it trains at (its `learning_rate` setting, else
+    `base_rate`). A key of `own` that names no variant of `plan`'s groups is refused."""
+    rates = None if rates is None else check_rates(rates)
+    own = {key: check_rates(grid) for key, grid in (own or {}).items()}
+    defined = [(group, name) for group, _ in plan for name in get_variants(group)] if own else []
+    unknown = [key for key in own if key not in defined]
+    if unknown:
+        raise ValueError(f"a learning-rate sweep is given for {':'.join(unknown[0])}, which is "
+                         f"not a variant of the study ({', '.join(map(':'.join, defined))}).")
+    grids = {}
+    for group, variants in plan:
+        for name, definition in variants:
+            grids[(group, name)] = own.get((group, name)) or list(rates or []) \
+                or [definition[1].get("learning_rate", base_rate)]
+    return grids
+
+
+def extend(grids, selection, base, limit=EXTEND_LIMIT):
     """`grids` with the next rate beyond the end of a variant's grid where its chosen
     rate is that end, at the grid's ratio there (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets
-    4e-3), while fewer than `limit` rates lie beyond that end of the base grid
-    `rates`. A variant with no choice yet keeps its grid."""
+    4e-3), while fewer than `limit` rates lie beyond that end of its base grid (`base`:
+    a list, or each variant's own as `{(group, variant): rates}`). A variant with no
+    choice yet, or trained at one rate, keeps its grid."""
     wider = {}
     for key, grid in grids.items():
         grid, rate = list(grid), selection[key]["rate"]
-        if rate is not None and rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
+        rates = base[key] if isinstance(base, dict) else base
+        if len(rates) < 2 or rate is None:
+            pass
+        elif rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
             grid.append(_rounded(grid[-1] * grid[-1] / grid[-2]))
-        elif rate is not None and rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
+        elif rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
             grid.insert(0, _rounded(grid[0] * grid[0] / grid[1]))
         wider[key] = grid
     return wider
@@ -170,7 +209,9 @@ def selection_table(selection, rates, group, final_rows=()):
             chosen = f"none ({choice['reason']})"
         else:
             chosen = rate_text(choice["rate"])
-            if choice["rate"] in (min(scores), max(scores)):
+            if len(scores) == 1:
+                chosen += " (its only rate)"
+            elif choice["rate"] in (min(scores), max(scores)):
                 chosen += " (edge of the grid)"
             ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
                                   if (r["group"], r["variant"]) == (group, name)

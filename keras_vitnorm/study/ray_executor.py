@@ -1,13 +1,14 @@
 """`ablate --executor ray`: a study's runs as Ray tasks.
 
 The study is planned as `--plan` plans it (`keras_vitnorm.study.plan`), each job file is
-one Ray task that runs `keras-vitnorm ablate-job FILE` in a child process (its output in
-`<study>/logs/`), and the finished runs are collected as `--tables-only` collects them.
-With a learning-rate sweep the plan is made again once the sweep's runs have finished,
-for the runs at the chosen rates. A task whose worker dies (a node lost) is retried by
-Ray, and a task cancelled or failed is submitted again by running the same command: an
-`ablate-job` resumes its run from its last checkpoint and skips a finished one. The
-study directory must be on a file system every node of the cluster shares.
+one Ray task that trains it in a child process as `ablate --parallel` does (its output
+in `<study>/logs/`), and the finished runs are collected as `--tables-only` collects
+them. With a learning-rate sweep the plan is made again once the sweep's runs have
+finished, for the runs at the chosen rates. A task whose worker dies (a node lost) is
+retried by Ray; a cancelled task stops its run with a checkpoint. A task cancelled or
+failed is submitted again by running the same command: each run resumes from its last
+checkpoint, and a finished one is skipped. The study directory must be on a file system
+every node of the cluster shares.
 """
 
 import os
@@ -27,12 +28,38 @@ def _ray():
     return ray
 
 
-def run_job_file(job_file, log_file):
-    """Runs one job file in a child process; returns `(job file, exit status)`."""
+def run_job_file(job_file, log_file, command, thread_settings):
+    """Trains one job file in a child process of the worker's Python, as `ablate
+    --parallel` starts one (`command`: `workers.child_command` without the interpreter;
+    `thread_settings`: `workers.thread_environment`'s variables, over the worker's own
+    environment); returns `(job file, exit status)`.
+
+    The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt` raised
+    in the task between two Python steps) reaches the task while the run trains; the
+    child is then stopped with SIGTERM, which checkpoints the run, before the task ends.
+    A worker that dies takes its child with it (Ray kills a dead worker's children).
+    The task imports nothing of this package (`task`)."""
     with open(log_file, "ab") as log:
-        status = subprocess.call([sys.executable, "-m", "keras_vitnorm", "ablate-job", job_file],
-                                 stdout=log, stderr=subprocess.STDOUT)
-    return job_file, status
+        process = subprocess.Popen([sys.executable, *command], stdout=log,
+                                   stderr=subprocess.STDOUT, env={**os.environ, **thread_settings})
+    try:
+        while True:
+            try:
+                return job_file, process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+    except BaseException:
+        process.terminate()
+        process.wait()
+        raise
+
+
+def task(ray, cpus_per_run, gpus_per_run):
+    """`run_job_file` as a Ray task asking for these resources, retried 3 times where its
+    worker dies. It is sent to the workers by value: by reference, each worker would
+    import this package, and with it Keras and its backend, before its first run."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(run_job_file)
 
 
 def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_per_run=0,
@@ -54,7 +81,7 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     from keras_vitnorm.study.plan import JOB_SUFFIX
     from keras_vitnorm.study.plan import PLAN_FOLDER
     from keras_vitnorm.study.plan import read_job
-    from keras_vitnorm.study.workers import RunsFailed
+    from keras_vitnorm.study import workers
 
     ray = _ray()
     environment = {key: os.environ[key] for key in PASSED_ENVIRONMENT if key in os.environ}
@@ -62,7 +89,8 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     if started_here:
         ray.init(address=address, runtime_env={"env_vars": environment},
                  include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(run_job_file)
+    threads = workers.thread_environment(max(1, int(cpus_per_run)), environ={})
+    remote = task(ray, cpus_per_run, gpus_per_run)
     logs = os.path.join(study_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     try:
@@ -76,7 +104,8 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
             for job in jobs:
                 described = {**read_job(job), "log": os.path.join(
                     logs, os.path.basename(job)[:-len(JOB_SUFFIX)] + ".log")}
-                pending[task.remote(job, described["log"])] = described
+                pending[remote.remote(job, described["log"], workers.child_command(job)[1:],
+                                      threads)] = described
             failed = []
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
@@ -91,7 +120,7 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
                     say(f"[{described['group']}] {described['name']} seed {described['seed']}: "
                         "finished")
             if failed:
-                raise RunsFailed(failed)
+                raise workers.RunsFailed(failed)
     finally:
         if started_here:
             ray.shutdown()

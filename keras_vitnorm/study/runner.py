@@ -32,6 +32,7 @@ from keras_vitnorm.training.run_plan import FITTED_SETTINGS
 from keras_vitnorm.training.run_plan import fit_to_data
 from keras_vitnorm.training.trainer import load_training_data
 from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_distinct
 
 
 MODES = ("train", "tables", "plan")
@@ -39,7 +40,7 @@ MODES = ("train", "tables", "plan")
 
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
               parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None,
-              extend_sweep=False, track=False):
+              extend_sweep=False, track=False, variant_sweeps=None):
     """Trains each variant of each group with each seed; returns the result rows.
 
     Args:
@@ -64,6 +65,9 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         lr_sweep: optional list of peak learning rates: each variant first trains at
             every rate with `sweep_seeds` and then with `seeds` at the rate of the
             best mean validation accuracy (`keras_vitnorm.study.lr_sweep`).
+        variant_sweeps: optional `{(group, variant): rates}`, a variant's own grid in
+            place of `lr_sweep` (a variants file's `lr_sweep`). With these alone, the
+            other variants train at their one rate.
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
         extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
             trains the next rate beyond it (`keras_vitnorm.study.lr_sweep.extend`).
@@ -76,8 +80,8 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
-    _check_distinct("seeds (--seeds)", seeds)
-    _check_distinct("groups (--groups)", groups)
+    check_distinct("seeds (--seeds)", seeds)
+    check_distinct("groups (--groups)", groups)
     check_choice("mode", mode, MODES)
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
@@ -99,19 +103,10 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         workers.thread_environment(threads_per_run)  # checks the value before anything runs
     elif parallel > 1:
         threads_per_run = workers.default_threads_per_run(parallel)
-    if lr_sweep is not None:
-        lr_sweep = lr_sweep_lib.check_rates(lr_sweep)
-        sweep_seeds = list(seeds[:1] if sweep_seeds is None else sweep_seeds)
-        if not sweep_seeds:
-            raise ValueError("sweep_seeds (--sweep-seeds) must name at least one seed.")
-        _check_distinct("sweep_seeds (--sweep-seeds)", sweep_seeds)
-    elif sweep_seeds is not None or extend_sweep:
-        flag = "sweep_seeds (--sweep-seeds) are the seeds" if sweep_seeds is not None else \
-            "extend_sweep (--extend-sweep) widens the grid"
-        raise ValueError(f"{flag} of a learning-rate sweep: give lr_sweep (--lr-sweep) too, "
-                         "or leave it out.")
     plan = [(group, list(get_variants(group, (variants or {}).get(group)).items()))
             for group in groups]
+    grids, sweep_seeds = lr_sweep_lib.sweep_of(plan, seeds, lr_sweep, variant_sweeps,
+                                               sweep_seeds, extend_sweep, base.learning_rate)
     with run_files.RunLock(output_dir, "study.lock", take_over=take_over_lock,
                            what="study directory"):
         with run_files.storage_errors(output_dir, "Finished runs are intact.",
@@ -119,19 +114,11 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
             study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
                            mode)
             if not track:
-                return study.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
-            return study.tracked(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
+                return study.run(plan, seeds, grids, sweep_seeds, extend_sweep)
+            return study.tracked(plan, seeds, grids, sweep_seeds, extend_sweep)
 
 
 _MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
-
-
-def _check_distinct(what, values):
-    """Raises a `ValueError` naming a value given twice: its runs would count twice."""
-    repeated = sorted({value for value in values if list(values).count(value) > 1}, key=str)
-    if repeated:
-        raise ValueError(f"{what} name {', '.join(map(repr, repeated))} more than once: each "
-                         "run would count twice in the tables. Give each once.")
 
 
 class _Study:
@@ -156,7 +143,7 @@ class _Study:
         if self.verbose:
             print(text)
 
-    def run(self, plan, seeds, lr_sweep, sweep_seeds, extend_sweep=False):
+    def run(self, plan, seeds, grids, sweep_seeds, extend_sweep=False):
         _check_study_config(self.base, self.output_dir)
         if self.mode != "plan":
             self.probe_images = probe_images(self.base)
@@ -165,21 +152,21 @@ class _Study:
         outputs = (self.output_dir, os.path.join(self.output_dir, "figures"))
         with (durable.written_together(*outputs) if self.mode != "train"
               else contextlib.nullcontext()):
-            if lr_sweep:
-                plan = self.sweep(plan, lr_sweep, sweep_seeds, extend_sweep)
-            jobs = self.jobs(plan, seeds, rate_dirs=bool(lr_sweep))
+            if grids:
+                plan = self.sweep(plan, grids, sweep_seeds, extend_sweep)
+            jobs = self.jobs(plan, seeds, rate_dirs=bool(grids))
             if self.mode == "plan":
                 # an extended sweep lists its unfinished runs once per pass over its grids
                 return plan_lib.write_plan(self._unfinished(self.planned + jobs),
                                            self.output_dir, say=self.say, track=self.track_of)
-            rows = self.rows(jobs, seeds, required=not lr_sweep)
+            rows = self.rows(jobs, seeds, required=not grids)
             if not rows:
                 return rows
             with durable.written_together(*outputs):
-                self.write_outputs(plan, rows, lr_sweep)
+                self.write_outputs(plan, rows, grids)
         return rows
 
-    def tracked(self, plan, seeds, lr_sweep, sweep_seeds, extend_sweep):
+    def tracked(self, plan, seeds, grids, sweep_seeds, extend_sweep):
         """`run`, with the study an MLflow run whose children are its runs and whose
         artifacts are its tables and figures (`keras_vitnorm.training.tracking`)."""
         from keras_vitnorm.training import tracking
@@ -187,7 +174,7 @@ class _Study:
         self.parent = tracking.TrackedRun(
             self.output_dir, os.path.basename(os.path.abspath(self.output_dir)),
             params={**self.base.to_dict(), "groups": [g for g, _ in plan], "seeds": seeds})
-        rows = self.run(plan, seeds, lr_sweep, sweep_seeds, extend_sweep)
+        rows = self.run(plan, seeds, grids, sweep_seeds, extend_sweep)
         if self.mode != "plan":
             self.parent.log_artifacts(tracking.study_outputs(self.output_dir))
             self.parent.finish({})
@@ -201,9 +188,9 @@ class _Study:
         return {"parent_run_id": self.parent.run_id,
                 "name": plan_lib.job_file_stem(run_dir, self.output_dir)}
 
-    def write_outputs(self, plan, rows, lr_sweep):
+    def write_outputs(self, plan, rows, grids):
         """The selection tables (with a sweep), figures and the tables read with them."""
-        if lr_sweep:  # the seed noise of the final runs says which rates tie
+        if grids:  # the seed noise of the final runs says which rates tie
             lr_sweep_lib.write_selection_tables(*self.selection, self.output_dir, rows)
         make_figures(rows, os.path.join(self.output_dir, "figures"),
                      probe_images=self.probe_images)
@@ -215,19 +202,19 @@ class _Study:
         if any(group == "dpn_factors" for group, _ in plan):
             dpn_mechanism(self.base, self.output_dir)
 
-    def sweep(self, plan, rates, seeds, extend):
-        """Trains (or, outside mode `"train"`, reads) the sweep of `plan` at `rates` with
-        `seeds`, widening a variant's grid beyond the end its choice lies on while
-        `extend` (`lr_sweep.extend`); writes the selection; returns `plan` at the
+    def sweep(self, plan, base_grids, seeds, extend):
+        """Trains (or, outside mode `"train"`, reads) the sweep of `plan` on each variant's
+        grid of `base_grids` with `seeds`, widening a grid beyond the end its choice lies
+        on while `extend` (`lr_sweep.extend`); writes the selection; returns `plan` at the
         chosen rates."""
-        grids = lr_sweep_lib.grids_of(plan, rates)
+        grids = base_grids
         while True:
             sweep = [(group, lr_sweep_lib.at_rates(variants, grids, group))
                      for group, variants in plan]
             rows = self.rows(self.jobs(sweep, seeds, rate_dirs=True), seeds, required=False,
                              sweep=True)
             selection = lr_sweep_lib.select(rows, plan, grids, seeds)
-            wider = lr_sweep_lib.extend(grids, selection, rates) if extend else grids
+            wider = lr_sweep_lib.extend(grids, selection, base_grids) if extend else grids
             if wider == grids:
                 break
             grids = wider

@@ -10,8 +10,14 @@
     model = { norm = "scalenorm" }           # ViT config overrides (keras_vitnorm.ViT)
     train = { learning_rate = 5e-4 }         # training settings (keras_vitnorm.training.TrainConfig)
 
+    [variants.rmsnorm]
+    model = { norm = "rmsnorm" }
+    lr_sweep = [5e-4, 1e-3, 2e-3]            # its own rate grid, chosen on validation
+
 The file becomes one variant group: the same plan, resume, tables, Welch intervals, Holm
-adjustment, figures and time to accuracy as a built-in group. The whole file is checked
+adjustment, figures and time to accuracy as a built-in group. A variant's `lr_sweep`
+takes the place of `--lr-sweep` for it (`keras_vitnorm.study.lr_sweep`); with no
+`--lr-sweep`, the variants without one train at their one rate. The whole file is checked
 (every key, and every variant's model and training settings on top of the base) before
 anything trains; an error names the file, the variant, the key and what is valid.
 """
@@ -20,6 +26,7 @@ import dataclasses
 import os
 import tomllib
 
+from keras_vitnorm.study.lr_sweep import check_rates
 from keras_vitnorm.validation import check_known_keys
 
 #: Training settings a variant cannot set: the study sets them for every run.
@@ -27,7 +34,8 @@ STUDY_SETTINGS = ("model", "output_dir", "seed", "recipe", "preset", "dataset")
 
 
 def read_variants_file(path, base):
-    """`(group name, {variant: (model overrides, training overrides)})`, the baseline first.
+    """`(group name, {variant: (model overrides, training overrides)}, {variant: its
+    lr_sweep})`, the baseline first.
 
     Args:
         path: the TOML file.
@@ -59,10 +67,12 @@ def read_variants_file(path, base):
     if baseline not in variants:
         raise ValueError(f"{path}: [study] baseline {baseline!r} is not one of its variants "
                          f"({', '.join(variants)}).")
-    group = {}
+    group, sweeps = {}, {}
     for variant in [baseline, *(v for v in variants if v != baseline)]:
         group[variant] = _variant(path, variant, variants[variant], base)
-    return name, group
+        if "lr_sweep" in variants[variant]:
+            sweeps[variant] = variants[variant]["lr_sweep"]
+    return name, group, sweeps
 
 
 def _variant(path, variant, table, base):
@@ -72,7 +82,7 @@ def _variant(path, variant, table, base):
     where = f"{path}: variant {variant!r}"
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table ([variants.{variant}]).")
-    check_known_keys(table, ("model", "train"), f"key of variant {variant!r} in {path}")
+    check_known_keys(table, ("model", "train", "lr_sweep"), f"key of variant {variant!r} in {path}")
     model, train = table.get("model", {}), table.get("train", {})
     for key, value in (("model", model), ("train", train)):
         if not isinstance(value, dict):
@@ -80,7 +90,13 @@ def _variant(path, variant, table, base):
     check_known_keys(model, ViT.CONFIG_KEYS, f"model key of variant {variant!r} in {path}")
     settable = [field for field in TrainConfig.field_names() if field not in STUDY_SETTINGS]
     check_known_keys(train, settable, f"train key of variant {variant!r} in {path}")
+    if "lr_sweep" in table and "learning_rate" in train:
+        raise ValueError(f"{where} sets both train.learning_rate and lr_sweep: its rate is "
+                         "chosen from the sweep. Give one.")
     try:
+        if "lr_sweep" in table:
+            check_rates(table["lr_sweep"] if isinstance(table["lr_sweep"], list)
+                        else [table["lr_sweep"]])
         config = dataclasses.replace(base, model={**base.model, **model}, **train)
         config.validate()
         _check_model(config)

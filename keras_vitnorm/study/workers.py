@@ -202,7 +202,7 @@ def main(argv=None):
     except StorageError as error:
         print(f"error: {error}", file=sys.stderr)
         return STORAGE_EXIT_CODE
-    except (ValueError, LockedError) as error:
+    except (ValueError, OSError, LockedError) as error:  # as keras_vitnorm.cli.errors maps them
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
