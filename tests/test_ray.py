@@ -69,9 +69,9 @@ def _wait_for(condition, what, seconds=300):
 
 @pytest.mark.one_backend
 def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoints(tmp_path):
-    # 200 steps in epochs of 20, a checkpoint at each epoch's end: each task is cancelled once its run has one,
-    # the first as `ray.cancel` asks a task to stop, the second by killing its worker
-    # (force=True), as a node lost would. Neither run goes on training or holds its lock;
+    # 200 steps in epochs of 20, a checkpoint at each epoch's end: each task is cancelled
+    # once its run has one, the first as `ray.cancel` asks a task to stop, the second by
+    # killing its worker (force=True), as a node lost would. Neither run goes on training or holds its lock;
     # the same command on Ray then resumes each from a checkpoint and finishes it.
     study = tmp_path / "ray"
     options = {**dict(zip(TINY[::2], TINY[1::2])), "--steps": "200", "--steps-per-epoch": "20",

@@ -85,8 +85,8 @@ def add_parser(commands):
     study.add_argument("--lr-sweep", nargs="+", type=float, metavar="LR",
                        help="train every variant at each of these peak learning rates first "
                        "(with --sweep-seeds), then compare each at the rate with its best final "
-                       "validation accuracy (<group>_lr_selection.md); a variants file's variant with its "
-                       "own lr_sweep uses that grid")
+                       "validation accuracy (<group>_lr_selection.md); a variants file's "
+                       "variant with its own lr_sweep uses that grid")
     study.add_argument("--extend-sweep", action="store_true",
                        help="a variant whose chosen rate is at an end of the --lr-sweep grid "
                        "also trains the next rate beyond it (the grid's ratio), and again while "
