@@ -13,6 +13,7 @@ import time
 import pytest
 
 from keras_vitnorm import cli
+from keras_vitnorm.layers.normalization import NORM_MODULES_VARIABLE
 from keras_vitnorm.study import plan as plan_lib
 from keras_vitnorm.study import ray_executor
 from keras_vitnorm.study import workers
@@ -25,6 +26,7 @@ ray = pytest.importorskip("ray", reason="Ray is the optional `ray` extra")
 TINY = ["--image-size", "16", "--patch-size", "4", "--width", "32", "--depth", "1",
         "--num-heads", "2", "--mlp-dim", "64", "--steps", "4", "--grad-norm-every", "2",
         "--batch-size", "32", "--warmup-steps", "1", "--verbose", "0"]
+SLOW_NORM = os.path.join(os.path.dirname(__file__), "slow_norm.py")
 PLAN = ["ablate", "--groups", "stems", "--variants", "stems:dual_patchnorm", "--seeds", "0"]
 
 
@@ -68,20 +70,24 @@ def _wait_for(condition, what, seconds=300):
 
 
 @pytest.mark.one_backend
-def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoints(tmp_path):
+def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoints(
+        tmp_path, monkeypatch):
     # 200 steps in epochs of 20, a checkpoint at each epoch's end: each task is cancelled
     # once its run has one, the first as `ray.cancel` asks a task to stop, the second by
     # killing its worker (force=True), as a node lost would. Neither run goes on training or holds its lock;
-    # the same command on Ray then resumes each from a checkpoint and finishes it.
+    # the same command on Ray then resumes each from a checkpoint and finishes it. A norm
+    # that sleeps keeps each run training for seconds on any host.
+    monkeypatch.setenv(NORM_MODULES_VARIABLE, SLOW_NORM)
     study = tmp_path / "ray"
     options = {**dict(zip(TINY[::2], TINY[1::2])), "--steps": "200", "--steps-per-epoch": "20",
-               "--verbose": "1"}
+               "--verbose": "1", "--norm": "slow_layernorm"}
     argv = [*PLAN, "--output-dir", str(study), *(part for item in options.items() for part in item)]
     assert cli.main([*argv, "--plan"]) == 0
     jobs = sorted(glob.glob(str(study / plan_lib.PLAN_FOLDER / f"*{plan_lib.JOB_SUFFIX}")))
     runs = [plan_lib.read_job(job)["run_dir"] for job in jobs]
     assert len(jobs) == 2
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             runtime_env={"env_vars": {NORM_MODULES_VARIABLE: SLOW_NORM}})
     try:
         task = ray_executor.task(ray, 1, 0).options(max_retries=0)
         threads = workers.thread_environment(1, environ={})
