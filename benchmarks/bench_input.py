@@ -10,17 +10,12 @@ Under the running Keras backend, times (1) reading `--batches` training batches 
 PyDataset without TensorFlow, and `tf.data` where TensorFlow is installed; or those
 `--pipelines` names), with the augmentation of `--recipe`, one batch after another
 in this process as `fit` reads them (the `python` pipeline twice: decoding the files,
-then again from the decoded images it keeps, as in every pass after the first; and,
-where its augmentation is one compiled program, a third time the host's part alone,
-what it gathers and draws for the program, and a fourth the program alone on those
-inputs already on the device: which of the two bounds the input where the program
-runs on a GPU); and
+then again from the decoded images it keeps, as in every pass after the first); and
 (2) the training step (`train_on_batch`: forward, backward, AdamW) of the recipe's
-model on one batch already on the device (as the `python` pipeline's program and
-tf.data's prefetch give it), in `--mixed-precision` (the study recipes train in
-`mixed_bfloat16`). Each is the median over `--rounds` rounds. The input is not the
-bottleneck while a pipeline's images per second stay well above the step's: the
-table gives the ratio.
+model on one batch already on the device (as tf.data's prefetch gives it), in
+`--mixed-precision` (the study recipes train in `mixed_bfloat16`). Each is the median
+over `--rounds` rounds. The input is not the bottleneck while a pipeline's images per
+second stay well above the step's: the table gives the ratio.
 
 Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
 
@@ -56,13 +51,6 @@ RECIPES = {
 PIPELINES = ("python", "tf.data")
 
 
-def ready(batch):
-    """Waits until a batch that a compiled program computes asynchronously (JAX's
-    arrays, the python pipeline's augmentation program) is computed."""
-    for part in batch:
-        getattr(part, "block_until_ready", lambda: None)()
-
-
 def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="digits", help="digits or folder:<path>")
@@ -78,12 +66,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--pipelines", nargs="+", choices=PIPELINES,
                         help="the input pipelines to time (default: python, and tf.data "
                              "where TensorFlow is installed)")
-    parser.add_argument("--chunk-values", type=int,
-                        help="values (pixels x channels) the python pipeline's augmentation "
-                             "program augments at once (default: the pipeline's CHUNK_VALUES)")
     args = parser.parse_args(argv)
-    check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds",
-                                       "chunk_values"))
+    check_positive_ints(parser, args, ("image_size", "batch_size", "batches", "rounds"))
     return args
 
 
@@ -96,10 +80,6 @@ def main(argv=None):
 
     from keras_vitnorm import ViT
     from keras_vitnorm.training import data as data_lib
-    from keras_vitnorm.training.data import python_pipeline
-
-    if args.chunk_values:  # read when a stream builds its program
-        python_pipeline.CHUNK_VALUES = args.chunk_values
 
     size = (args.image_size, args.image_size)
     augmentation_options, model_options, model_name = RECIPES[args.recipe]
@@ -110,7 +90,7 @@ def main(argv=None):
     for pipeline in pipelines:
         data = data_lib.load_dataset(args.dataset, pipeline=pipeline)
         channels = data.channels
-        times, again, host, device = [], [], [], []
+        times, again = [], []
         for round_index in range(args.rounds):
             start = round_index * args.batches
             stream = data_lib.train_stream(data, size, channels, args.batch_size, 0, augmentation,
@@ -118,7 +98,7 @@ def main(argv=None):
             began = time.perf_counter()
             if pipeline == "python":
                 for index in range(args.batches):
-                    ready(stream[index])
+                    stream[index]
             else:
                 for _ in stream:
                     pass
@@ -126,29 +106,13 @@ def main(argv=None):
             if pipeline == "python":  # the same batches again: decoded images are kept
                 began = time.perf_counter()
                 for index in range(args.batches):
-                    ready(stream[index])
+                    stream[index]
                 again.append(time.perf_counter() - began)
-            if pipeline == "python" and stream.has_program:
-                began = time.perf_counter()
-                inputs = [stream.program_inputs(index) for index in range(args.batches)]
-                host.append(time.perf_counter() - began)
-                inputs = keras.tree.map_structure(keras.ops.convert_to_tensor, inputs)
-                for batch in inputs:
-                    ready(keras.tree.flatten(batch))
-                began = time.perf_counter()
-                for index, batch in enumerate(inputs):
-                    ready(stream.augment(index, batch))
-                device.append(time.perf_counter() - began)
         rate = args.batch_size * args.batches / statistics.median(times)
         rows.append((f"{pipeline} input" + (", first read" if again else ""), rate))
         if again:
             rows.append((f"{pipeline} input, images kept decoded",
                          args.batch_size * args.batches / statistics.median(again)))
-        if host:
-            rows.append((f"{pipeline} input, the host's part alone (kept images)",
-                         args.batch_size * args.batches / statistics.median(host)))
-            rows.append((f"{pipeline} input, the augmentation program alone (its inputs on "
-                         "the device)", args.batch_size * args.batches / statistics.median(device)))
 
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(args.mixed_precision)
@@ -171,8 +135,7 @@ def main(argv=None):
 
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
           f"{args.batch_size}, recipe {args.recipe}, {os.cpu_count()} CPU cores; median of "
-          f"{args.rounds} rounds; the augmentation program's chunks of "
-          f"{python_pipeline.CHUNK_VALUES:,} values\n")
+          f"{args.rounds} rounds\n")
     print("| what | images/s | vs the training step |\n|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")

@@ -85,7 +85,6 @@ def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypat
     (bench_input, ["--batches", "0"]),
     (bench_parallel, ["--processes", "0"]),
     (bench_parallel, ["--model", "l16"]),
-    (bench_input, ["--chunk-values", "0"]),
 ])
 def test_bad_arguments_exit_with_a_message(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -296,7 +295,7 @@ def test_other_forms_are_the_models_fast_paths_and_each_flips_only_its_own_switc
     # Every fast path of the model step; the input pipelines' are bench_input's.
     assert bench_vit.MODEL_FAST_PATHS == tuple(
         name for name in switch.FAST_PATHS
-        if name not in ("bincount_histogram", "augmentation_program"))
+        if name != "bincount_histogram")
     for form in bench_vit.MODEL_FAST_PATHS:
         with switch.fast_paths(True):
             assert bench_vit.apply_form(form) == "auto"
@@ -558,32 +557,10 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     step = "training step (study model, mixed_bfloat16)"
     expected = ["python input, first read", "python input, images kept decoded", step]
-    if keras.backend.backend() == "jax":  # the augmentation program: each part timed
-        expected += ["python input, the host's part alone (kept images)",
-                     "python input, the augmentation program alone (its inputs on the device)"]
     if importlib.util.find_spec("tensorflow"):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
     assert rows[step].endswith("| 1.0x |")
-
-
-def test_input_benchmark_sets_the_augmentation_programs_chunk(capsys, monkeypatch):
-    from keras_vitnorm import backend
-    from keras_vitnorm.training.data import python_pipeline
-
-    monkeypatch.setattr(python_pipeline, "CHUNK_VALUES", python_pipeline.CHUNK_VALUES)
-    chunks = []
-    mapped = backend.map_examples
-    monkeypatch.setattr(backend, "map_examples",
-                        lambda *a, chunk=None: chunks.append(chunk) or mapped(*a, chunk=chunk))
-    bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
-                      "--batches", "1", "--rounds", "1", "--pipelines", "python",
-                      "--chunk-values", "128"])
-    assert "the augmentation program's chunks of 128 values" in capsys.readouterr().out
-    import keras
-
-    if keras.backend.backend() == "jax":  # the program: 8 x 8 x 1 values an image
-        assert chunks == [128 // (8 * 8)] * len(chunks) and chunks
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):

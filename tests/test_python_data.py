@@ -197,42 +197,11 @@ def test_randaugment_augments_each_image_on_its_own():
     np.testing.assert_array_equal(mixed[1], each[2])
 
 
-@pytest.mark.parametrize("options", [
-    dict(crop="pad", crop_padding=3, flip=True, randaugment_ops=2, mixup=0.2),
-    dict(crop="zoom", zoom=0.5, flip=True, randaugment_ops=1, cutmix=1.0),
-    dict(crop="zoom", zoom=0.3, mixup=0.2, cutmix=1.0),
-    dict()])
-def test_the_compiled_augmentation_gives_the_plain_forms_batches(tmp_path, monkeypatch, options):
-    """Under JAX a batch's augmentation is one compiled program (the fast path
-    `augmentation_program`) from the kept uint8 images, resized ones (float32) among
-    them, in chunks of 4 and 5 examples here, its RandAugment each image's chosen
-    operations alone: the batches of NumPy and Keras' layer called per image (the
-    plain form), to float32 rounding. Other backends have no program: their batches
-    are the plain form's."""
-    from keras_vitnorm.ops import fast_paths
-
-    monkeypatch.setattr(python_data, "CHUNK_VALUES", 4 * 12 * 12 * 3)
-    data = randaugment_folder(tmp_path)
-    augmentation = data_lib.Augmentation(**options)
-    for size in ((12, 12), (10, 10)):
-        with fast_paths(False, ["augmentation_program"]):
-            plain = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-            want = [plain[step] for step in (0, 3, 4)]
-        assert plain._program(None) is None
-        fast = data_lib.train_stream(data, size, 3, 6, 2, augmentation, 0, 5)
-        assert (fast._program(None) is not None) == (BACKEND == "jax")
-        for batch, reference in zip([fast[step] for step in (0, 3, 4)], want):
-            for got, expected in zip(batch, reference):
-                assert got.shape == expected.shape and str(got.dtype) == "float32"
-                np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
-
-
 def test_under_jax_randaugment_on_each_image_compiles_once_not_for_each_image(caplog):
-    """Without the augmentation program, RandAugment runs on each image on its own.
-    Under JAX that is one compiled program for every image of a size: eager, each
-    image's switch compiled anew (its draws are constants there), and a process
-    that held every such program ran out of memory mappings within a few thousand
-    images."""
+    """RandAugment runs on each image on its own. Under JAX that is one compiled
+    program for every image of a size: eager, each image's switch compiled anew (its
+    draws are constants there), and a process that held every such program ran out of
+    memory mappings within a few thousand images."""
     if BACKEND != "jax":
         pytest.skip("JAX compiles programs; this backend runs the layer eagerly")
     import jax

@@ -1,5 +1,5 @@
 """What differs per backend beyond the layers' ops: gradients, devices, processes,
-random state, and the input pipeline's compiled augmentation.
+random state, and the compiled call of the input pipeline's RandAugment.
 
 Each function has one small form per backend in a private module (`_jax`,
 `_tensorflow`, `_torch`, imported only under its backend). Nothing outside
@@ -13,7 +13,7 @@ import keras
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins",
     "distribution_scope", "from_first_process", "global_random_state", "gradients_function",
-    "keeping_variables", "map_examples", "name", "remember_variables", "process_index_and_count",
+    "keeping_variables", "name", "remember_variables", "process_index_and_count",
     "process_share", "processes_start_equal", "set_global_random_state",
     "share_global_random_state", "share_variables", "value_and_gradients",
 ]
@@ -164,15 +164,8 @@ def count_bins(indices, nbins):
 
 def compiled(function):
     """`function` compiled into one program (JAX: `jax.jit`), or `None` (PyTorch,
-    TensorFlow: the Python pipeline's augmentation stays eager)."""
+    TensorFlow: the Python pipeline's RandAugment stays eager)."""
     return _native().compiled(function)
-
-
-def map_examples(function, *batches, chunk=None):
-    """`function` applied to each example of `batches` (examples on the first axis),
-    results stacked: `jax.lax.map` over chunks of `chunk` examples, or over single
-    examples (no batch axis) where `chunk` is `None`. JAX only, inside `compiled`."""
-    return _native().map_examples(function, *batches, chunk=chunk)
 
 
 def keeping_variables(model):

@@ -114,11 +114,6 @@ def compiled(function):
     return jax.jit(function)
 
 
-def map_examples(function, *batches, chunk=None):
-    # Vectorized over `chunk` examples at a time, a loop over the chunks.
-    return jax.lax.map(lambda example: function(*example), batches, batch_size=chunk)
-
-
 # Keras' JAX trainer empties the variables (private `Variable._value = None`) while a
 # call runs and keeps each step's state in the private `_jax_state`; `keeping_variables`
 # refills them from it, else from the values remembered before (docs/backends.md).

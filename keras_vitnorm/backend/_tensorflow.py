@@ -79,11 +79,6 @@ def compiled(function):
     return None  # the input pipeline's plain form: NumPy and a layer call per image
 
 
-def map_examples(function, *batches, chunk=None):
-    raise ValueError("map_examples runs inside a program of `compiled`, which TensorFlow "
-                     "does not make.")
-
-
 def keeping_variables(model):
     return contextlib.nullcontext()  # Keras' trainer updates the variables in place
 

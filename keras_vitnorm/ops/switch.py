@@ -28,7 +28,6 @@ FAST_PATHS = (
     "attention",  # heads-first on a CPU; PyTorch's SDPA; cuDNN on padded tokens (JAX GPU)
     "residual_fence",  # JAX on a CPU: a gradient fence on the residual stream
     "bincount_histogram",  # RandAugment's Equalization histogram by bincount
-    "augmentation_program",  # JAX: a batch's augmentation as one compiled program
 )
 ENVIRONMENT_VARIABLE = "KERAS_VITNORM_FAST_PATHS"
 

@@ -9,10 +9,9 @@
 # run and step, and the study's input about 93 ms per batch of 256 on its own (with
 # RandAugment computed over chunks of images, a form since removed):
 #   1. the study's input (python pipeline: zoom crops, flips, RandAugment, MixUp) against
-#      the study's training step: benchmarks/bench_input.py, which times decoding, the
-#      kept images, the host's part and the augmentation program on the device apart
-#      (RandAugment's chosen operations one image at a time: a loop of 256 with a
-#      switch per slot, many small kernels and a host round trip per iteration on a GPU);
+#      the study's training step: benchmarks/bench_input.py, which times decoding and
+#      the kept images apart (NumPy crops and flips, RandAugment's chosen operations one
+#      image at a time, a compiled call per image under JAX);
 #   2. Ti/16's training step alone (batch 256, mixed_bfloat16, the batch already on the
 #      device), by part of the model: benchmarks/profile_step.py (JSON: profile_ti16.json).
 # Both print into $OUT/imagenette_check.md as they go, so a call cut short keeps what

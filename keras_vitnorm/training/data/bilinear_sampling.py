@@ -1,7 +1,6 @@
 """Bilinear sampling in NumPy as TensorFlow's image ops compute it, for the `python`
 input pipeline: resizing (`tf.image.resize`) and sampling at a grid
-(`tf.image.crop_and_resize`), the latter also with `keras.ops` inside a compiled
-program."""
+(`tf.image.crop_and_resize`)."""
 
 import numpy as np
 
@@ -42,13 +41,13 @@ def sampling_taps(ys, xs, height, width):
     return (*taps(ys, height), *taps(xs, width))
 
 
-def sample_taps(image, taps, ops=np):
+def sample_taps(image, taps):
     """`image` `(h, w, c)` sampled bilinearly where `taps` (`sampling_taps`) say, points
-    outside it 0; with NumPy, or with `keras.ops` inside a compiled program."""
+    outside it 0."""
     top, bottom, dy, rows_inside, left, right, dx, columns_inside = taps
-    rows = (ops.take(image, top, axis=0) * (1 - dy)[:, None, None]
-            + ops.take(image, bottom, axis=0) * dy[:, None, None])
-    out = (ops.take(rows, left, axis=1) * (1 - dx)[None, :, None]
-           + ops.take(rows, right, axis=1) * dx[None, :, None])
+    rows = (np.take(image, top, axis=0) * (1 - dy)[:, None, None]
+            + np.take(image, bottom, axis=0) * dy[:, None, None])
+    out = (np.take(rows, left, axis=1) * (1 - dx)[None, :, None]
+           + np.take(rows, right, axis=1) * dx[None, :, None])
     inside = rows_inside[:, None] & columns_inside[None, :]
     return out * inside[..., None]

@@ -1,12 +1,10 @@
 """The crops and flips of the `python` input pipeline, drawn per example from a
 generator seeded by its position in the stream: the transformations of
-`keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`, applied with NumPy or
-given to the augmentation program as sampling taps."""
+`keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`, applied with NumPy."""
 
 import numpy as np
 
 from keras_vitnorm.training.data.bilinear_sampling import sample_bilinear
-from keras_vitnorm.training.data.bilinear_sampling import sampling_taps
 
 
 def crop_draws(augmentation, image_size, rng):
@@ -47,28 +45,6 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
     elif crop is not None:
         image = sample_bilinear(image, *crop[1:])
     return image[:, ::-1] if flip else image
-
-
-def crop_grid(crop, augmentation, image_size):
-    """`(ys, xs)`, the sampling grid of a crop of `crop_draws` in the image's pixel
-    coordinates: a pad crop's window is a grid of whole pixels shifted by the padding,
-    whose points in the padding lie outside."""
-    height, width = image_size
-    if crop is None:
-        return np.arange(height), np.arange(width)
-    if crop[0] == "pad":
-        pad = augmentation.crop_padding
-        return np.arange(height) + (crop[1] - pad), np.arange(width) + (crop[2] - pad)
-    return crop[1:]
-
-
-def batch_crop_taps(crops, augmentation, image_size):
-    """The `sampling_taps` of each crop of `crops`, stacked: each part `(n, size)`.
-    `sampling_taps` works elementwise, so the batch's grids go through it at once."""
-    grids = [crop_grid(crop, augmentation, image_size) for crop in crops]
-    ys = np.stack([grid[0] for grid in grids])
-    xs = np.stack([grid[1] for grid in grids])
-    return sampling_taps(ys, xs, *image_size)
 
 
 def _window_of_padded(image, pad, top, left, height, width):

@@ -18,10 +18,6 @@ from keras_vitnorm.training.data.augmentation import randaugment
 from keras_vitnorm.training.data.augmentation import seed_states
 
 
-def _python_number(value):
-    return isinstance(value, (bool, int, float))
-
-
 class PerImageRandAugment:
     """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
     image's position in the stream.
@@ -67,7 +63,7 @@ class PerImageRandAugment:
 
     def keyed(self, image, key):
         """One image augmented with the generator at `key` (its state is `key` for the
-        call, not a variable, so this also runs inside a compiled program)."""
+        call, not a variable, so this also runs compiled)."""
         return self.apply_chosen(image, self.draws(image, key))
 
     def draws(self, image, key):
@@ -76,27 +72,10 @@ class PerImageRandAugment:
         with keras.StatelessScope(state_mapping=[(self.generator.state, key)]):
             return self.layer.get_random_transformation(image, training=True)
 
-    @staticmethod
-    def drawn_arrays(draws):
-        """The arrays of `draws`, in order: what a compiled program can pass from one
-        map over images to the next (the rest, the image's sizes, are Python numbers,
-        the same for every image)."""
-        return [leaf for leaf in keras.tree.flatten(draws) if not _python_number(leaf)]
-
-    @staticmethod
-    def with_arrays(template, arrays):
-        """`template` (the draws of any image of the batch) with `arrays` in place of
-        its arrays."""
-        arrays = iter(arrays)
-        leaves = [leaf if _python_number(leaf) else next(arrays)
-                  for leaf in keras.tree.flatten(template)]
-        return keras.tree.pack_sequence_as(template, leaves)
-
     def apply_chosen(self, image, draws):
         """`image` through the operation each slot chose, as Keras' layer computes it
-        but with a switch in place of its `where` over all eleven operations. Where
-        the choice is one number (not mapped over a batch), only the chosen
-        operation's transform runs; each gets a copy of the image, since Keras'
+        but with a switch in place of its `where` over all eleven operations: only
+        the chosen operation's transform runs. Each gets a copy of the image, since Keras'
         RandomBrightness adds to its input in place under PyTorch (Keras' layer, which
         runs every operation, brightens every image there)."""
         layer = self.layer
@@ -141,11 +120,3 @@ class BatchMixing:
         out = layer({"images": images, "labels": labels})
         return tuple(keras.ops.convert_to_numpy(out[k]).astype(np.float32)
                      for k in ("images", "labels"))
-
-    def keyed(self, layer, images, labels, key):
-        """The same inside a compiled program, the generator's state `key` for the call."""
-        if layer is None:
-            return images, labels
-        with keras.StatelessScope(state_mapping=[(layer.generator.state, key)]):
-            out = layer({"images": images, "labels": labels})
-        return out["images"], out["labels"]
