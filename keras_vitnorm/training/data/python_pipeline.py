@@ -160,5 +160,6 @@ class TrainBatches(keras.utils.PyDataset):
         return clipped_to_model_range(images), labels
 
 def clipped_to_model_range(images):
-    """`to_model_range` of augmented float32 images, clipped to [-1, 1]."""
+    """`to_model_range` of augmented float32 images, clipped to [-1, 1], the range the
+    model takes."""
     return np.clip(to_model_range(images.astype(np.float32)), -1.0, 1.0)
