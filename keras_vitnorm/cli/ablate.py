@@ -115,10 +115,10 @@ def study_config(args):
         from keras_vitnorm.study.variants import add_variant_group
         from keras_vitnorm.study.variants_file import read_variants_file
 
-        name, file_variants, sweeps = read_variants_file(args.variants_file, config)
+        name, file_variants, file_sweeps = read_variants_file(args.variants_file, config)
         add_variant_group(name, file_variants)
         groups.append(name)
-        sweeps = {(name, variant): rates for variant, rates in sweeps.items()}
+        sweeps = {(name, variant): rates for variant, rates in file_sweeps.items()}
     if not groups:
         raise ValueError("ablate needs --groups, --variants-file or both: which variants to train.")
     variants = {}

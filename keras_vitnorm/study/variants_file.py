@@ -8,7 +8,7 @@
 
     [variants.scalenorm]
     model = { norm = "scalenorm" }           # ViT config overrides (keras_vitnorm.ViT)
-    train = { learning_rate = 5e-4 }         # training settings (keras_vitnorm.training.TrainConfig)
+    train = { learning_rate = 5e-4 }         # training settings (training.TrainConfig)
 
     [variants.rmsnorm]
     model = { norm = "rmsnorm" }

@@ -22,32 +22,22 @@ def resize_bilinear(image, size):
 
 
 def sample_bilinear(image, ys, xs):
-    """`image` sampled at the grid `ys x xs` (pixel coordinates) bilinearly; points
-    outside the image are 0, as `tf.image.crop_and_resize` gives them."""
-    return sample_taps(image, sampling_taps(ys, xs, *image.shape[:2]))
-
-
-def sampling_taps(ys, xs, height, width):
-    """What bilinear sampling of a `(height, width)` image at the grid `ys x xs` reads:
-    per axis, each point's two neighbouring indices, the second one's weight, and
-    whether the point lies inside the image (`sample_taps`)."""
-
-    def taps(x, size):
-        low = np.floor(x).astype(np.int32)
-        weight = (x - low).astype(np.float32)
-        inside = (x >= 0) & (x <= size - 1)
-        return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight, inside
-
-    return (*taps(ys, height), *taps(xs, width))
-
-
-def sample_taps(image, taps):
-    """`image` `(h, w, c)` sampled bilinearly where `taps` (`sampling_taps`) say, points
-    outside it 0."""
-    top, bottom, dy, rows_inside, left, right, dx, columns_inside = taps
+    """`image` `(h, w, c)` sampled at the grid `ys x xs` (pixel coordinates) bilinearly;
+    points outside the image are 0, as `tf.image.crop_and_resize` gives them."""
+    top, bottom, dy, rows_inside = _taps(ys, image.shape[0])
+    left, right, dx, columns_inside = _taps(xs, image.shape[1])
     rows = (np.take(image, top, axis=0) * (1 - dy)[:, None, None]
             + np.take(image, bottom, axis=0) * dy[:, None, None])
     out = (np.take(rows, left, axis=1) * (1 - dx)[None, :, None]
            + np.take(rows, right, axis=1) * dx[None, :, None])
     inside = rows_inside[:, None] & columns_inside[None, :]
     return out * inside[..., None]
+
+
+def _taps(x, size):
+    """What sampling an axis of `size` pixels at the points `x` reads: each point's two
+    neighbouring indices, the second one's weight, and whether the point lies inside."""
+    low = np.floor(x).astype(np.int32)
+    weight = (x - low).astype(np.float32)
+    inside = (x >= 0) & (x <= size - 1)
+    return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), weight, inside

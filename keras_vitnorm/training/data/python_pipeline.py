@@ -7,8 +7,8 @@ batches those `keras_vitnorm.training.data` describes: evaluation batches are th
 tf.data pipeline's to float32 rounding (`decoded_images`); training batches are
 crops and flips keyed by each example's position (`keyed_crops`), RandAugment on
 each image and MixUp or CutMix on the batch keyed by position and step
-(`keyed_layers`), so a resumed stream is exact (`TrainBatches`). A seed draws other batches here than under tf.data (NumPy's
-generators, not TensorFlow's).
+(`keyed_layers`), so a resumed stream is exact (`TrainBatches`). A seed draws other
+batches here than under tf.data (NumPy's generators, not TensorFlow's).
 
 The batches are read in the training loop, one process, no worker threads: decoding
 is far quicker than a step, and the decoded images are kept in memory while they fit
