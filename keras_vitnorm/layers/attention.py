@@ -10,26 +10,15 @@ from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
+from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import check_norm
+from keras_vitnorm.layers.normalization import check_norm_options
 from keras_vitnorm.layers.normalization import make_norm
 from keras_vitnorm.ops import attention
 from keras_vitnorm.ops import qkv_projection
 from keras_vitnorm.ops import split_heads
-
-
-def check_qk_norm(norm):
-    """Raises a `ValueError` unless `norm` can normalize q and k per head and token."""
-    check_norm("norm", norm)
-    if norm in NORM_TYPES and norm not in QK_NORM_TYPES:
-        raise ValueError(
-            f"qk_norm normalizes each head's query and key of each token on its own, "
-            f"which norm={norm!r} does not (its statistics span "
-            f"{'the batch, the tokens and the heads' if norm == 'batchnorm' else 'the tokens'}). "
-            f"QK-norm is offered with {', '.join(map(repr, QK_NORM_TYPES))}; "
-            "use one of them or qk_norm=False.")
-    return norm
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -73,18 +62,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                  norm_epsilon=1e-6, norm_groups=32, init_scale=1.0, dropout=0.0,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_bool("qkv_bias", qkv_bias)
-        if qk_norm is not None:
-            check_qk_norm(qk_norm)
-        check_bool("head_scale", head_scale)
-        if inner_norm is not None:
-            check_norm("inner_norm", inner_norm)
-        check_positive_float("norm_epsilon", norm_epsilon)
-        check_positive_int("norm_groups", norm_groups)
-        check_positive_float("init_scale", init_scale)
-        check_rate("dropout", dropout)
-        check_bool("weight_standardization", weight_standardization)
+        self.check_arguments(num_heads, qkv_bias, qk_norm, head_scale, inner_norm, norm_epsilon,
+                             norm_groups, init_scale, dropout, weight_standardization)
         self.num_heads = num_heads
         self.qkv_bias = qkv_bias
         self.qk_norm = qk_norm
@@ -95,6 +74,30 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.init_scale = init_scale
         self.dropout = dropout
         self.weight_standardization = weight_standardization
+
+    @staticmethod
+    def check_arguments(num_heads, qkv_bias=True, qk_norm=None, head_scale=False, inner_norm=None,
+                        norm_epsilon=1e-6, norm_groups=32, init_scale=1.0, dropout=0.0,
+                        weight_standardization=False):
+        """Raises a `ValueError` naming the first bad argument of the constructor."""
+        check_positive_int("num_heads", num_heads)
+        check_bool("qkv_bias", qkv_bias)
+        if qk_norm is not None:
+            check_norm("norm", qk_norm)
+        if qk_norm in NORM_TYPES and qk_norm not in QK_NORM_TYPES:
+            raise ValueError(
+                f"qk_norm normalizes each head's query and key of each token on its own, "
+                f"which norm={qk_norm!r} does not (its statistics span the "
+                f"{'batch, the tokens and the heads' if qk_norm == 'batchnorm' else 'tokens'}). "
+                f"QK-norm is offered with {', '.join(map(repr, QK_NORM_TYPES))}; "
+                "use one of them or qk_norm=False.")
+        check_bool("head_scale", head_scale)
+        if inner_norm is not None:
+            check_norm("inner_norm", inner_norm)
+        check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
+        check_positive_float("init_scale", init_scale)
+        check_rate("dropout", dropout)
+        check_weight_standardization(weight_standardization)
 
     def _norm(self, norm, name):
         return make_norm(norm, epsilon=self.norm_epsilon, groups=self.norm_groups, name=name,

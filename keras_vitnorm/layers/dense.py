@@ -8,6 +8,11 @@ from keras_vitnorm.ops import linear
 from keras_vitnorm.ops import standardize_kernel
 
 
+def check_weight_standardization(weight_standardization):
+    """`weight_standardization` of the layers here; a `ValueError` unless True or False."""
+    return check_bool("weight_standardization", weight_standardization)
+
+
 def _refuse_quantization(layer):
     if layer.weight_standardization:
         raise ValueError(
@@ -36,7 +41,7 @@ class FusedDense(keras.layers.Dense):
 
     def __init__(self, *args, weight_standardization=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_standardization = check_bool("weight_standardization", weight_standardization)
+        self.weight_standardization = check_weight_standardization(weight_standardization)
 
     @property
     def forward_kernel(self):
@@ -72,7 +77,7 @@ class StandardizedConv2D(keras.layers.Conv2D):
 
     def __init__(self, *args, weight_standardization=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_standardization = check_bool("weight_standardization", weight_standardization)
+        self.weight_standardization = check_weight_standardization(weight_standardization)
 
     def convolution_op(self, inputs, kernel):
         if self.weight_standardization:

@@ -13,7 +13,6 @@ from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.attention import MultiHeadSelfAttention
-from keras_vitnorm.layers.attention import check_qk_norm
 from keras_vitnorm.layers.mlp import MLP
 from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import make_norm
@@ -96,19 +95,6 @@ class LayerScale(keras.layers.Layer):
         return config
 
 
-def check_weight_standardization(weight_standardization, block_style):
-    """Raises a `ValueError` for weight standardization with a block style that scales
-    its initial weights (DeepNorm's beta, Sub-LN's gamma): standardizing the kernel in
-    the forward pass would undo that scaling."""
-    check_bool("weight_standardization", weight_standardization)
-    if weight_standardization and block_style in ("deepnorm", "sub_ln"):
-        raise ValueError(
-            f"weight_standardization=True cannot be combined with block_style={block_style!r}: "
-            "its initial weight scaling would be standardized away. Use another block "
-            "style or weight_standardization=False.")
-    return weight_standardization
-
-
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class EncoderBlock(keras.layers.Layer):
     """One transformer block (attention sublayer then MLP sublayer).
@@ -174,22 +160,10 @@ class EncoderBlock(keras.layers.Layer):
                  layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("mlp_dim", mlp_dim)
-        check_positive_int("num_layers", num_layers)
-        check_norm("norm", norm)
-        check_positive_float("norm_epsilon", norm_epsilon)
-        check_positive_int("norm_groups", norm_groups)
-        resolved_attn_norm, resolved_mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
-        if layer_scale is not None:
-            check_positive_float("layer_scale", layer_scale)
-        check_bool("qk_norm", qk_norm)
-        if qk_norm:
-            check_qk_norm(norm)
-        check_bool("qkv_bias", qkv_bias)
-        check_rate("drop_path_rate", drop_path_rate)
-        check_rate("dropout", dropout)
-        check_weight_standardization(weight_standardization, block_style)
+        self.resolved_attn_norm, self.resolved_mlp_norm = self.check_arguments(
+            num_heads, mlp_dim, num_layers, norm, norm_epsilon, norm_groups, attn_norm, mlp_norm,
+            block_style, layer_scale, qk_norm, qkv_bias, drop_path_rate, dropout,
+            weight_standardization)
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.num_layers = num_layers
@@ -198,8 +172,6 @@ class EncoderBlock(keras.layers.Layer):
         self.norm_groups = norm_groups
         self.attn_norm = attn_norm
         self.mlp_norm = mlp_norm
-        self.resolved_attn_norm = resolved_attn_norm
-        self.resolved_mlp_norm = resolved_mlp_norm
         self.block_style = block_style
         self.layer_scale = layer_scale
         self.qk_norm = qk_norm
@@ -207,6 +179,32 @@ class EncoderBlock(keras.layers.Layer):
         self.drop_path_rate = drop_path_rate
         self.dropout = dropout
         self.weight_standardization = weight_standardization
+
+    @staticmethod
+    def check_arguments(num_heads, mlp_dim, num_layers, norm, norm_epsilon, norm_groups, attn_norm,
+                        mlp_norm, block_style, layer_scale, qk_norm, qkv_bias, drop_path_rate,
+                        dropout, weight_standardization):
+        """Raises a `ValueError` naming the first bad argument of the constructor (those passed
+        on as they are, by the sublayers' checks); returns `(attn_norm, mlp_norm)` resolved."""
+        check_positive_int("mlp_dim", mlp_dim)
+        check_positive_int("num_layers", num_layers)
+        check_norm("norm", norm)
+        placements = resolve_placements(block_style, attn_norm, mlp_norm)
+        if layer_scale is not None:
+            check_positive_float("layer_scale", layer_scale)
+        check_bool("qk_norm", qk_norm)
+        check_rate("drop_path_rate", drop_path_rate)
+        shared = dict(norm_epsilon=norm_epsilon, norm_groups=norm_groups, dropout=dropout,
+                      weight_standardization=weight_standardization)
+        MultiHeadSelfAttention.check_arguments(
+            num_heads, qkv_bias, norm if qk_norm else None, **shared)
+        MLP.check_arguments(mlp_dim, **shared)
+        if weight_standardization and block_style in ("deepnorm", "sub_ln"):
+            raise ValueError(
+                f"weight_standardization=True cannot be combined with block_style={block_style!r}: "
+                "its initial weight scaling would be standardized away. Use another block "
+                "style or weight_standardization=False.")
+        return placements
 
     @property
     def residual_alpha(self):

@@ -2,13 +2,14 @@
 
 import keras
 
-from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
+from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import check_norm
+from keras_vitnorm.layers.normalization import check_norm_options
 from keras_vitnorm.layers.normalization import make_norm
 
 
@@ -40,14 +41,8 @@ class MLP(keras.layers.Layer):
     def __init__(self, hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32, init_scale=1.0,
                  dropout=0.0, weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("hidden_dim", hidden_dim)
-        if mid_norm is not None:
-            check_norm("mid_norm", mid_norm)
-        check_positive_float("norm_epsilon", norm_epsilon)
-        check_positive_int("norm_groups", norm_groups)
-        check_positive_float("init_scale", init_scale)
-        check_rate("dropout", dropout)
-        check_bool("weight_standardization", weight_standardization)
+        self.check_arguments(hidden_dim, mid_norm, norm_epsilon, norm_groups, init_scale, dropout,
+                             weight_standardization)
         self.hidden_dim = hidden_dim
         self.mid_norm = mid_norm
         self.norm_epsilon = norm_epsilon
@@ -55,6 +50,18 @@ class MLP(keras.layers.Layer):
         self.init_scale = init_scale
         self.dropout = dropout
         self.weight_standardization = weight_standardization
+
+    @staticmethod
+    def check_arguments(hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32,
+                        init_scale=1.0, dropout=0.0, weight_standardization=False):
+        """Raises a `ValueError` naming the first bad argument of the constructor."""
+        check_positive_int("hidden_dim", hidden_dim)
+        if mid_norm is not None:
+            check_norm("mid_norm", mid_norm)
+        check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
+        check_positive_float("init_scale", init_scale)
+        check_rate("dropout", dropout)
+        check_weight_standardization(weight_standardization)
 
     def build(self, input_shape):
         width = input_shape[-1]

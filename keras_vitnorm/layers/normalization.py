@@ -330,6 +330,12 @@ def check_norm(argument, value, stem=False):
         f"that register them for the command line and its workers: {modules}).")
 
 
+def check_norm_options(epsilon, groups, prefix=""):
+    """Checks `make_norm`'s `epsilon` and `groups`, named `{prefix}epsilon`, `{prefix}groups`."""
+    check_positive_float(f"{prefix}epsilon", epsilon)
+    check_positive_int(f"{prefix}groups", groups)
+
+
 def _make_user_norm(norm, epsilon, learnable, common):
     if not learnable:
         raise ValueError(
@@ -362,9 +368,8 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     >>> layer = make_norm("rmsnorm", epsilon=1e-6)
     """
     check_norm("norm", norm, stem=True)
-    check_positive_float("epsilon", epsilon)
+    check_norm_options(epsilon, groups)
     check_bool("learnable", learnable)
-    check_positive_int("groups", groups)
     common = {"name": name, "dtype": dtype}
     if norm not in STEM_NORM_TYPES:
         return _make_user_norm(norm, epsilon, learnable, common)

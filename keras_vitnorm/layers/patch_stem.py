@@ -8,13 +8,14 @@ from keras import ops
 from keras_vitnorm.choices import STEM_TYPES
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
-from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.dense import StandardizedConv2D
+from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import check_norm
+from keras_vitnorm.layers.normalization import check_norm_options
 from keras_vitnorm.layers.normalization import make_norm
 
 _USES_PRE_NORM = ("dual_patchnorm", "pre_patchnorm")
@@ -100,15 +101,32 @@ class PatchStem(keras.layers.Layer):
                  norm_epsilon=1e-6, norm_groups=32, class_token=True, position_embedding=True,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
+        self.check_arguments(patch_size, width, stem, stem_norm, stem_norm_learnable, norm_epsilon,
+                             norm_groups, class_token, position_embedding, weight_standardization)
+        self.patch_size = patch_size
+        self.width = width
+        self.stem = stem
+        self.stem_norm = stem_norm
+        self.stem_norm_learnable = stem_norm_learnable
+        self.norm_epsilon = norm_epsilon
+        self.norm_groups = norm_groups
+        self.class_token = class_token
+        self.position_embedding = position_embedding
+        self.weight_standardization = weight_standardization
+
+    @staticmethod
+    def check_arguments(patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
+                        norm_epsilon=1e-6, norm_groups=32, class_token=True,
+                        position_embedding=True, weight_standardization=False):
+        """Raises a `ValueError` naming the first bad argument of the constructor."""
         check_positive_int("patch_size", patch_size)
         check_positive_int("width", width)
         check_choice("stem", stem, STEM_TYPES)
         check_bool("stem_norm_learnable", stem_norm_learnable)
-        check_positive_float("norm_epsilon", norm_epsilon)
-        check_positive_int("norm_groups", norm_groups)
+        check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
         check_bool("class_token", class_token)
         check_bool("position_embedding", position_embedding)
-        check_bool("weight_standardization", weight_standardization)
+        check_weight_standardization(weight_standardization)
         if stem_norm is not None:
             check_norm("stem_norm", stem_norm, stem=True)
             if stem == "patch":
@@ -120,16 +138,6 @@ class PatchStem(keras.layers.Layer):
             raise ValueError(
                 f"stem='conv' stacks stride-2 convolutions, so patch_size must be a "
                 f"power of two >= 2; got patch_size={patch_size}.")
-        self.patch_size = patch_size
-        self.width = width
-        self.stem = stem
-        self.stem_norm = stem_norm
-        self.stem_norm_learnable = stem_norm_learnable
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.class_token = class_token
-        self.position_embedding = position_embedding
-        self.weight_standardization = weight_standardization
 
     @property
     def resolved_stem_norm(self):

@@ -5,17 +5,11 @@ import math
 
 import keras
 
-from keras_vitnorm.choices import BLOCK_STYLES
-from keras_vitnorm.choices import STEM_TYPES
-from keras_vitnorm.layers.attention import check_qk_norm
-from keras_vitnorm.layers.encoder_block import check_weight_standardization
-from keras_vitnorm.layers.encoder_block import resolve_placements
-from keras_vitnorm.layers.normalization import check_norm
+from keras_vitnorm.layers import EncoderBlock
+from keras_vitnorm.layers import PatchStem
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
-from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
-from keras_vitnorm.validation import check_rate
 
 #: Every value accepted by `pooling`.
 POOLINGS = ("cls", "gap")
@@ -67,9 +61,15 @@ def validate_config(config):
     c = config
     image_size, patch_size, width = c["image_size"], c["patch_size"], c["width"]
     num_heads, num_classes = c["num_heads"], c["num_classes"]
-    for argument in ("patch_size", "num_channels", "width", "depth", "num_heads", "mlp_dim",
-                     "norm_groups"):
-        check_positive_int(argument, c[argument])
+    check_positive_int("num_channels", c["num_channels"])
+    check_positive_int("depth", c["depth"])
+    PatchStem.check_arguments(patch_size, width, **{key: c[key] for key in (
+        "stem", "stem_norm", "stem_norm_learnable", "norm_epsilon", "norm_groups",
+        "weight_standardization")})
+    EncoderBlock.check_arguments(num_heads, c["mlp_dim"], c["depth"], **{key: c[key] for key in (
+        "norm", "norm_epsilon", "norm_groups", "attn_norm", "mlp_norm", "block_style",
+        "layer_scale", "qk_norm", "qkv_bias", "drop_path_rate", "dropout",
+        "weight_standardization")})
     height, image_width = image_hw(image_size)
     for axis_name, size in (("height", height), ("width", image_width)):
         if size < 1 or size % patch_size:
@@ -91,25 +91,9 @@ def validate_config(config):
             f"norm='groupnorm' needs width divisible by norm_groups; got width={width}, "
             f"norm_groups={c['norm_groups']}. Valid norm_groups for this width include "
             f"{divisors}.")
-    for argument, choices in (("block_style", BLOCK_STYLES), ("stem", STEM_TYPES),
-                              ("pooling", POOLINGS)):
-        check_choice(argument, c[argument], choices)
-    check_norm("norm", c["norm"])
-    resolve_placements(c["block_style"], c["attn_norm"], c["mlp_norm"])
-    if c["stem_norm"] is not None:
-        check_norm("stem_norm", c["stem_norm"], stem=True)
-    check_positive_float("norm_epsilon", c["norm_epsilon"])
-    for argument in ("stem_norm_learnable", "qk_norm", "qkv_bias"):
-        check_bool(argument, c[argument])
+    check_choice("pooling", c["pooling"], POOLINGS)
     if c["final_norm"] is not None:
         check_bool("final_norm", c["final_norm"])
-    if c["qk_norm"]:
-        check_qk_norm(c["norm"])
-    check_rate("drop_path_rate", c["drop_path_rate"])
-    check_rate("dropout", c["dropout"])
-    if c["layer_scale"] is not None:
-        check_positive_float("layer_scale", c["layer_scale"])
-    check_weight_standardization(c["weight_standardization"], c["block_style"])
     pixel_range_of(c["pixel_range"])
 
 
