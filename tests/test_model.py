@@ -296,6 +296,18 @@ def test_bad_config_raises_clear_error(kwargs, message):
         ViT(**{**TINY, **kwargs})
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(stem="patch", stem_norm="rmsnorm"), "stem='patch' has no normalization"),
+    (dict(stem="conv", patch_size=6, image_size=24), "power of two >= 2; got patch_size=6"),
+])
+def test_a_config_is_refused_before_anything_is_built(kwargs, message):
+    # What a run plan and a variants file check before training: the stem's rules too.
+    from keras_vitnorm.models.vit_config import validate_config
+
+    with pytest.raises(ValueError, match=message):
+        validate_config({**ViT.default_config(), **TINY, **kwargs})
+
+
 def test_unknown_preset_suggests_close_names():
     with pytest.raises(ValueError, match="Did you mean 's16_dpn'"):
         ViT.from_preset("s16dpn")
