@@ -16,22 +16,13 @@ def retain_freed_memory():
     """Makes glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
 
     XLA on CPU allocates each step's gigabyte-sized buffer afresh, which glibc maps
-    and zeroes again every step. `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD=-1` and
-    `M_ARENA_MAX=1` keep it for reuse, at the cost of holding the peak memory until
-    exit (docs/training.md; gains in docs/performance.md). Call it at a process's
-    start, before the first computation.
-
-    Returns:
-        `True` when applied; `False`, changing nothing, where the C library is
-        not glibc (macOS, Windows, musl).
+    and zeroes again every step; `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD=-1` and
+    `M_ARENA_MAX=1` keep it, holding the peak memory until exit (docs/training.md).
+    Call it before the first computation. Returns `False`, changing nothing, where
+    the C library is not glibc.
 
     Raises:
         OSError: glibc refused a setting.
-
-    Example:
-    >>> from keras_vitnorm.host_memory import retain_freed_memory
-    >>> retain_freed_memory()
-    True
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -1,9 +1,7 @@
 """Hub handles: checkpoints named by where they are published, fetched into the hub's cache.
 
-`ViT.from_preset`, `load_checkpoint` and the commands take `hf://<owner>/<repo>[@rev]`,
-`hf-hub:<owner>/<repo>` and `kaggle://...` handles in place of a local path. The hub
-library downloads (`pip install keras-vitnorm[hub]`), so its cache, authentication
-and offline mode apply (docs/checkpoints.md).
+`hf://`, `hf-hub:` and `kaggle://` handles stand in for a local path (docs/checkpoints.md).
+The hub library downloads, so its cache, authentication and offline mode apply.
 """
 
 #: The prefixes of a hub handle.

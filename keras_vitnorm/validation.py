@@ -27,11 +27,7 @@ def check_choice(argument, value, choices):
 def check_known_keys(keys, valid, where):
     """Raises a `ValueError` naming every key of `keys` that is not in `valid`.
 
-    Args:
-        keys: iterable of the given names.
-        valid: iterable of the accepted names.
-        where: what the keys are, for the message (e.g. `"ViT argument"`,
-            `"key in /path/config.json"`).
+    `where` says what the keys are, for the message (e.g. `"ViT argument"`).
     """
     valid = list(valid)
     unknown = [key for key in keys if key not in valid]
@@ -84,9 +80,7 @@ def check_directory_path(path, what="output directory"):
     """Raises a `FileExistsError` naming the file in the way if `path` cannot be a
     directory: it is a file, or a folder above it is.
 
-    Args:
-        path: the directory to use or create.
-        what: str, what the directory is, for the message (e.g. `"run directory"`).
+    `what` names the directory for the message (e.g. `"run directory"`).
     """
     import os
 

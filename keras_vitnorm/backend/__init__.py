@@ -1,9 +1,8 @@
 """What differs per backend beyond the layers' ops: gradients, devices, processes,
 random state, and the compiled call of the input pipeline's RandAugment.
 
-Each function has one small form per backend in a private module (`_jax`,
-`_tensorflow`, `_torch`, imported only under its backend). Nothing outside
-`keras_vitnorm.ops` and this package asks which backend it runs on (docs/backends.md).
+Each function has one form per backend in a private module imported only under it;
+nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on.
 """
 
 import importlib
@@ -45,18 +44,9 @@ def _native():
 def value_and_gradients(model, inputs, loss_fn, training=False):
     """Computes a loss and its gradients with respect to the inputs and weights.
 
-    Args:
-        model: a built Keras model.
-        inputs: NumPy array fed to the model.
-        loss_fn: callable mapping the model output (a backend tensor) to a scalar.
-        training: bool, default `False`. Passed to the model call.
-
-    Returns:
-        `(loss, input_gradient, {variable path: gradient})` as NumPy values. A
-        weight the loss does not depend on gets a zero gradient.
-
-    Example:
-    >>> loss, dx, dw = value_and_gradients(model, x, lambda y: keras.ops.sum(y))
+    `loss_fn` maps the model output (a backend tensor) to a scalar. Returns `(loss,
+    input_gradient, {variable path: gradient})` as NumPy values; a weight the loss does
+    not depend on gets a zero gradient.
     """
     return _as_numpy(model, *_native().value_and_gradients(model, inputs, loss_fn, training))
 
@@ -83,15 +73,10 @@ def _as_numpy(model, loss, input_grad, grads):
 def distribution_scope(kind, sharded_layout):
     """`(context manager, number of data-parallel replicas)` that trains over every device.
 
-    Args:
-        kind: `"data"` (data-parallel) or `"fsdp"` (JAX: data-parallel with the
-            variables that `sharded_layout` names split over the devices too).
-        sharded_layout: `{variable path pattern: sharded axes}` for `"fsdp"`, in
-            `keras.distribution.LayoutMap`'s form, over one mesh axis `"batch"`.
-
-    JAX: Keras' `DataParallel` (`ModelParallel` for `"fsdp"`) over all processes'
-    devices; TensorFlow: `MirroredStrategy`; PyTorch: an empty scope, one `torchrun`
-    process per device.
+    `kind` is `"data"` or `"fsdp"` (JAX: the variables `sharded_layout` names, in
+    `keras.distribution.LayoutMap`'s form over the mesh axis `"batch"`, split too).
+    JAX: Keras' `DataParallel` (`ModelParallel` for `"fsdp"`); TensorFlow:
+    `MirroredStrategy`; PyTorch: an empty scope, one `torchrun` process per device.
     """
     return _native().distribution_scope(kind, sharded_layout)
 
@@ -172,9 +157,8 @@ def keeping_variables(model):
     """A context around a call of Keras' trainer on `model` (`fit`, `evaluate`, `predict`,
     `*_on_batch`): where the call raises, every variable it emptied gets its value back.
 
-    Keras' JAX trainer empties the variables while it runs, so a call that raises
-    would leave them empty; they get the last finished step's values or those from
-    before the call (docs/backends.md, "A failed call under JAX"). Elsewhere a no-op.
+    Keras' JAX trainer empties the variables while it runs (docs/backends.md, "A failed
+    call under JAX"). Elsewhere a no-op.
     """
     return _native().keeping_variables(model)
 

@@ -2,10 +2,7 @@
 `convert`, `segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors`
 maps what ends a command to its exit status. A bad argument is one line
 (`arguments.Parser`) that names a close spelling of a misspelt choice
-(`arguments.one_of`).
-
-The Keras backend is chosen by the `KERAS_BACKEND` environment variable, as for any
-Keras program: `KERAS_BACKEND=jax keras-vitnorm train`.
+(`arguments.one_of`). The backend is `KERAS_BACKEND`'s, as for any Keras program.
 """
 
 import signal
@@ -65,11 +62,10 @@ def main(argv=None, hide_framework_logs=False):
 
 
 def console(argv=None):
-    """Entry point of the `keras-vitnorm` console script, `python -m keras_vitnorm` and
-    the scripts in `recipes/`: runs the command `argv` (default `sys.argv[1:]`) and exits
-    with its status. A command that trains first makes the process keep freed memory
-    (`keras_vitnorm.host_memory.retain_freed_memory`); a SIGTERM once the command has
-    ended leaves its status as it is.
+    """Entry point of the console script, `python -m keras_vitnorm` and `recipes/`: runs
+    `argv` and exits with its status. A command that trains first keeps freed memory
+    (`host_memory.retain_freed_memory`); a SIGTERM after the command ended leaves its
+    status as it is.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:

@@ -101,9 +101,8 @@ def study_config(args):
     of the parsed `ablate` arguments; a `--variants-file` is read, checked whole, and
     added as a group, with its variants' own rate sweeps.
 
-    The base is the small recipe on the plain ti16 preset unless --preset/--recipe say
-    otherwise, with gradient norms recorded every 25 steps unless asked otherwise; each
-    run gets its own directory in the study.
+    The base is the small recipe on the plain ti16 preset, gradient norms every 25
+    steps, unless the arguments say otherwise.
     """
     preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
     config = train_config_from_args(argparse.Namespace(**{**vars(args), "preset": preset,

@@ -57,10 +57,9 @@ class Parser(argparse.ArgumentParser):
 def one_of(choices, registered=None):
     """`add_argument` keywords of an option that takes one of the strings `choices`.
 
-    As `choices=` does, but a value that is not one names the closest spelling
-    (`--norm rmsnrom`: "Did you mean 'rmsnorm'?"), as the config's own checks do.
-    `registered`, where given, is a function of the names registered beside the
-    built-in ones (a user's norms), asked only for a value that is not built in.
+    As `choices=` does, but a value that is not one names the closest spelling, as the
+    config's own checks do. `registered` gives the names registered beside the built-in
+    ones (a user's norms), asked only for a value that is not built in.
     """
     def parse(text):
         if text in choices:

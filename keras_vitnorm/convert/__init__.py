@@ -1,17 +1,8 @@
-"""Standard ViT checkpoints read into one neutral form: Hugging Face, big_vision/AugReg,
-timm, keras-hub.
-
-```python
-model, report = keras_vitnorm.load_checkpoint("vit-base-patch16-224/", num_classes=10)
-print(report)                      # format, what was loaded, resampled, new, dropped
-model = keras_vitnorm.ViT.from_preset("ViT-B_16.npz")      # the same, report printed
-model.save_to_preset("b16_augreg")                        # this project's format
-```
+"""Standard ViT checkpoints (Hugging Face, big_vision/AugReg, timm, keras-hub) in one form.
 
 One module per source reads its format into a `Checkpoint` (the plain ViT config and
-the weights under this project's variable paths); this package never builds a model.
-`keras_vitnorm.models.weights` builds one with any overrides and transfers the weights;
-docs/checkpoints.md says what each override does to them.
+the weights under this project's variable paths); this package never builds a model:
+`keras_vitnorm.models.weights` does, with any overrides (docs/checkpoints.md).
 """
 
 import os
@@ -49,11 +40,8 @@ def read_checkpoint(path, num_heads=None):
 
     Args:
         path: a Hugging Face, timm or keras-hub model directory; a `.safetensors`,
-            `.pth` or `.bin` state dict (timm or Hugging Face) or `.npz` (big_vision or
-            AugReg) file; or a hub handle (`hf://<owner>/<repo>`, `kaggle://...`)
-            naming one of these.
-        num_heads: int; the head count for state dicts that do not record it and have
-            a non-standard width.
+            `.pth`, `.bin` or `.npz` file; or a hub handle naming one of these.
+        num_heads: int, for state dicts of a non-standard width that do not record it.
     """
     path = os.fspath(path)
     if hub_handles.is_handle(path):

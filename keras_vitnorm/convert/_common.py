@@ -77,7 +77,7 @@ class KeyReader:
 
 
 def to_numpy(value):
-    """A NumPy array from an array or a torch tensor (bfloat16 included), without importing torch."""
+    """A NumPy array from an array or a torch tensor (bfloat16 too), without importing torch."""
     if hasattr(value, "detach"):
         return value.detach().float().cpu().numpy()
     return np.asarray(value)

@@ -1,11 +1,9 @@
 """big_vision / AugReg `.npz` ViT checkpoints -> ViT.
 
-Both namings of the same Flax ViT, as timm's `_load_weights` reads them: AugReg
-(`Transformer/encoderblock_{i}/...`, class position inside the position embedding) and
-big_vision (`params/...`, blocks possibly scanned into one stacked `encoderblock`; a
-position embedding without a class position gets a zero row for the class token, which
-computes what big_vision does). The Flax code's tanh GELU differs from the exact GELU
-here by under 1e-3 per activation. `pre_logits` layers and MAP heads are refused.
+Both namings of the same Flax ViT, as timm's `_load_weights` reads them: AugReg and
+big_vision, scanned blocks included (docs/checkpoints.md). The Flax code's tanh GELU
+differs from the exact GELU here by under 1e-3 per activation. `pre_logits` layers and
+MAP heads are refused.
 """
 
 import numpy as np

@@ -1,9 +1,8 @@
 """Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
 
 Reads a model directory, a weights file or an in-memory state dict, in either key
-naming (checkpoint files' `encoder.layer.{i}...`, transformers 5 modules'
-`layers.{i}...`). `ViTModel`'s pooler is left out and reported. LayerNorm epsilon
-comes from `layer_norm_eps` (1e-12 in the Google checkpoints).
+naming (`encoder.layer.{i}...` or transformers 5's `layers.{i}...`). `ViTModel`'s
+pooler is left out and reported; LayerNorm epsilon is `layer_norm_eps`.
 """
 
 import os
@@ -70,12 +69,9 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     """Maps a transformers ViT state dict onto a `Checkpoint`.
 
     Args:
-        state_dict: `{key: array or torch tensor}`.
         hf_config: the model's `config.json` as a dict (or a `ViTConfig`); without it
-            the head count comes from the standard widths and `layer_norm_eps` is
-            taken as transformers' default, 1e-12.
-        source: description of where it came from, for messages.
-        num_heads: int, overrides the head count when there is no config.
+            the head count comes from the standard widths (or `num_heads`) and
+            `layer_norm_eps` is transformers' default, 1e-12.
     """
     tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     if hasattr(hf_config, "to_dict"):

@@ -1,8 +1,7 @@
 """keras-hub `ViTBackbone` (and `ViTImageClassifier`) presets saved on disk -> ViT.
 
 keras-hub itself loads the directory (`pip install keras-hub`); its weights are then
-read layer by layer (patch embedding, `transformer_block_*`, final `ln`, and a
-token-pooling classifier's `predictions`).
+read layer by layer.
 """
 
 import os

@@ -1,10 +1,7 @@
 """timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
 
-Reads `.safetensors` or `.pth` files, or a timm model directory from the Hub. timm's
-fused `qkv` has this project's column order. State dicts do not record the head count:
-it comes from the standard width unless `num_heads` is given. Variants a plain ViT
-lacks parts of (LayerScale, register tokens, `fc_norm`, QK-norm, pre-logits) are
-refused with the key that shows it.
+timm's fused `qkv` has this project's column order. Variants a plain ViT lacks parts
+of are refused with the key that shows it (docs/checkpoints.md).
 """
 
 import os
@@ -40,7 +37,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def is_timm_directory(directory):
-    """Whether `directory` is a timm model as the Hub serves it (config.json with `architecture`)."""
+    """Whether `directory` is a timm model as the Hub serves it (`architecture` in config.json)."""
     config = os.path.join(directory, "config.json")
     return os.path.isfile(config) and "architecture" in read_json(config)
 
@@ -64,10 +61,7 @@ def is_timm_state(tensors):
 def convert(state_dict, source="state dict", num_heads=None):
     """Maps a timm ViT state dict onto a `Checkpoint`.
 
-    Args:
-        state_dict: `{key: array or torch tensor}`.
-        source: description of where it came from, for messages.
-        num_heads: int, the head count for a non-standard width.
+    `num_heads` gives the head count for a non-standard width.
     """
     tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     prefix = "module." if "module." + PATCH_KEY in tensors else ""

@@ -30,7 +30,6 @@ class PortableCompileConfig:
     The optimizer is named by its public class (Keras names PyTorch's subclass, which
     fails under another backend), and a `jit_compile` equal to what `"auto"` resolves
     to is saved as `"auto"`, so the loading backend resolves it again (docs/backends.md).
-
     A mixin, placed before `keras.Model` in the bases.
     """
 

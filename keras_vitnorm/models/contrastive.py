@@ -1,9 +1,8 @@
 """Contrastive image-text models in the LiT setup: a ViT image tower, a text tower.
 
-The image tower comes trained and stays frozen, a text transformer learns to map each
-caption next to its image; the `"softmax"` (CLIP, LiT) or `"sigmoid"` (SigLIP) loss
-(docs/contrastive.md). The tokenizer's vocabulary lives in the config, so a saved
-model encodes new prompts after reload on any backend.
+A text transformer learns to map each caption next to its image (docs/contrastive.md).
+The tokenizer's vocabulary lives in the config, so a saved model encodes new prompts
+after reload on any backend.
 """
 
 import functools
@@ -38,11 +37,7 @@ def check_class_names_fit(max_length, class_names, templates):
     """Raises a `ValueError` where `max_length` tokens cut a class name out of a caption.
 
     Cut captions would be the same for every class: training would silently learn nothing.
-
-    Args:
-        max_length: int, tokens per caption.
-        class_names: list of str, or `None` for any one-word name.
-        templates: list of str, each with a `{}`.
+    `class_names=None` checks for any one-word name; each template has a `{}`.
     """
     names = ["{}"] if class_names is None else list(class_names)
     needed, caption = 0, None
@@ -63,7 +58,8 @@ def check_class_names_fit(max_length, class_names, templates):
 
 
 def softmax_contrastive_loss(logits):
-    """Mean of the image-to-text and text-to-image cross-entropies; `logits[i, j]` scores image i, caption j."""
+    """Mean of the image-to-text and text-to-image cross-entropies (`logits[i, j]`: image i,
+    caption j)."""
     logits = ops.cast(logits, "float32")
     labels = ops.arange(ops.shape(logits)[0])
     image_to_text = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
@@ -87,8 +83,7 @@ class TextEncoder(keras.layers.Layer):
 
     Args:
         vocabulary_size: int, token ids in `[0, vocabulary_size)`; `0` is padding.
-        max_length: int, tokens per caption.
-        width, depth, num_heads, mlp_dim: the transformer's size.
+        max_length, width, depth, num_heads, mlp_dim: tokens per caption; sizes.
     """
 
     def __init__(self, vocabulary_size, max_length, width=128, depth=2, num_heads=4, mlp_dim=512, **kwargs):
@@ -147,32 +142,20 @@ class TextEncoder(keras.layers.Layer):
 class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
-    `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels):
-    the i-th caption describes the i-th image. The model's output is the batch's
-    similarity logits `(images, captions)`, float32.
+    `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels);
+    the output is the batch's float32 similarity logits `(images, captions)`
+    (docs/contrastive.md).
 
     Args:
-        vit: a `ViT` (any preset, checkpoint or config); its pooled features
-            (`vit.backbone()`) are the image representation, its head is unused.
-        vocabulary: list of str, the tokens of a `TextVectorization` vocabulary
-            (`""` and `"[UNK]"` first, as `get_vocabulary()` returns it).
-        max_length: int, default 16, tokens per caption.
-        embed_dim: int, default 128, the shared embedding's size.
-        freeze_image_tower: bool, default `True` (LiT's setup): the ViT's weights do
-            not train, and its BatchNorm statistics (if any) stay fixed.
-        loss: `"softmax"` (default) or `"sigmoid"`.
+        vit: a `ViT`; its pooled features (`vit.backbone()`) represent the image.
+        vocabulary: list of str, a `TextVectorization` vocabulary (`""` and `"[UNK]"`
+            first), e.g. from `caption_vocabulary`.
+        max_length, embed_dim: tokens per caption; size of the shared embedding.
+        freeze_image_tower: bool, default `True` (LiT's setup), BatchNorm statistics too.
+        loss: `"softmax"` (default) or `"sigmoid"` (SigLIP).
         text_width, text_depth, text_heads, text_mlp_dim: the text tower's size.
-        temperature: float, default 10 (LiT's and SigLIP's initial `t`), learned as `log t`.
-        bias: float, default -10, the sigmoid loss's initial bias.
-        **kwargs: `keras.Model` arguments; `dtype` defaults to the ViT's dtype policy,
-            which the text tower and the projections take too.
-
-    Example:
-    >>> vit = ViT.from_preset("runs/b16_dpn/preset")
-    >>> vocabulary = caption_vocabulary(train_captions)
-    >>> model = LiT(vit, vocabulary)
-    >>> model.compile(keras.optimizers.AdamW(1e-3))
-    >>> model.fit({"images": images, "tokens": model.tokenize(captions)}, batch_size=64)
+        temperature, bias: initial `t` (learned as `log t`) and sigmoid-loss bias.
+        **kwargs: `keras.Model` arguments; `dtype` defaults to the ViT's policy.
     """
 
     def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True, loss="softmax",
@@ -277,11 +260,9 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         return loss + ops.cast(sum(self.losses), "float32") if self.losses else loss
 
     def zero_shot_classifier(self, class_names, templates):
-        """`(classes, embed_dim)` class embeddings: each class's prompt embeddings averaged, renormalized.
+        """`(classes, embed_dim)`: each class's prompt embeddings averaged, renormalized.
 
-        Args:
-            class_names: list of str.
-            templates: list of str with a `{}` for the class name (`"a photo of a {}."`).
+        `templates`: str with a `{}` for the class name (`"a photo of a {}."`).
         """
         if not class_names or not templates:
             raise ValueError("zero_shot_classifier needs at least one class name and one template.")
@@ -296,7 +277,7 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         return _normalize(ops.stack(rows))
 
     def zero_shot_predict(self, images, classifier, batch_size=64):
-        """The class index of each image under `classifier` (from `zero_shot_classifier`), int32 NumPy."""
+        """The class index of each image under `classifier` (`zero_shot_classifier`), int32."""
         predictions = []
         for start in range(0, len(images), batch_size):
             embeddings = self.encode_images(images[start:start + batch_size])

@@ -67,9 +67,8 @@ class GuardedCalls:
       `ValueError` names the shape given, the one taken and what to do.
     - Under JAX a call that raises leaves the weights as its last finished step did
       (`keras_vitnorm.backend.keeping_variables`), not empty.
-    - Images far outside `pixel_ranges()` get a warning once per model: arrays at the
-      first call (the first `RANGE_SAMPLE` images), a `tf.data.Dataset` as its batches
-      are read. A range inside the model's cannot be told from a dark image.
+    - Images far outside `pixel_ranges()` get a warning once per model (arrays: the
+      first `RANGE_SAMPLE` images of the first call; a `tf.data.Dataset` as it is read).
 
     A mixin, placed before `keras.Model` in the bases.
     """

@@ -37,21 +37,13 @@ PRESETS = _build_registry()
 
 
 def list_presets():
-    """Returns `{name: description}` for every built-in preset.
-
-    Example:
-    >>> sorted(list_presets())[:2]
-    ['b16', 'b16_dpn']
-    """
+    """Returns `{name: description}` for every built-in preset."""
     return {name: spec["description"] for name, spec in PRESETS.items()}
 
 
 def preset_config(name):
-    """Returns a copy of the ViT config of a built-in preset.
-
-    Raises a `ValueError` naming the close matches and every valid name when
-    `name` is unknown.
-    """
+    """Returns a copy of the ViT config of a built-in preset; an unknown `name` is a
+    `ValueError` naming the close matches and every valid name."""
     if name not in PRESETS:
         close = difflib.get_close_matches(str(name), PRESETS, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -47,20 +47,13 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
 
-    The encoder is `vit.backbone()` (shared layers and weights; the class token and the
-    classifier head unused); the head starts at zero. Outputs are float32 logits
-    `(batch, height, width, num_classes)`, for `segmentation_loss` and `mean_iou`. The
-    segmenter takes the ViT's dtype policy.
+    The encoder is `vit.backbone()` (shared weights, dtype policy); the head starts at
+    zero. Outputs are float32 logits `(batch, height, width, num_classes)`, for
+    `segmentation_loss` and `mean_iou` (docs/segmentation.md).
 
     Args:
-        vit: a `ViT` (any preset, checkpoint or config); its `num_classes` is unused.
+        vit: a `ViT`; its class token and classifier head are unused.
         num_classes: int, the number of pixel classes (the ignore label not counted).
-
-    Example:
-    >>> vit = ViT.from_preset("s16_dpn", image_size=224)
-    >>> segmenter = Segmenter(vit, num_classes=21)
-    >>> segmenter.compile("adamw", loss=segmentation_loss(ignore_class=255),
-    ...                   metrics=[mean_iou(21, ignore_class=255)])
     """
 
     def __init__(self, vit, num_classes, **kwargs):

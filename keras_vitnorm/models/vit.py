@@ -47,60 +47,23 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     are float32 logits `(batch, num_classes)`, or pooled features `(batch, width)`
     when `num_classes=0`.
 
-    Args:
-        image_size: int or [height, width], default `224`.
-        patch_size: int, default `16`.
-        num_channels: int, default `3`.
-        width: int, default `768`. Token width (hidden size).
-        depth: int, default `12`. Number of encoder blocks.
-        num_heads: int, default `12`. Must divide `width`.
-        mlp_dim: int, default `3072`.
-        num_classes: int, default `1000`. `0` returns pooled features.
-        norm: str, default `"layernorm"`. Norm of the blocks and final norm:
-            `"layernorm"`, `"rmsnorm"`, `"batchnorm"`, `"groupnorm"`, `"dyt"`,
-            `"identity"`.
-        norm_epsilon: float, default `1e-6` (ViT's value; Keras' is 1e-3).
-        norm_groups: int, default `32`. Groups for `groupnorm`.
-        attn_norm: str or None, default `None`. Attention placement: `"pre"`,
-            `"post"`, `"pre_post"`, `"none"`; `None` follows `block_style`
-            (`"post"` for `"deepnorm"`, else `"pre"`).
-        mlp_norm: str or None, default `None`. MLP placement, same values and
-            default.
-        block_style: str, default `"standard"`. `"normformer"`, `"sub_ln"`,
-            `"deepnorm"` add norms or residual scaling on top of the placement.
-        stem: str, default `"patch"`. `"dual_patchnorm"`, `"pre_patchnorm"`,
-            `"post_patchnorm"`, `"post_posemb"` or `"conv"`.
-        stem_norm: str or None, default `None`: norm inside the stem (any `norm`
-            value or `"affine"`); `None` = LayerNorm (BatchNorm for `conv`).
-        stem_norm_learnable: bool, default `True`. `False` = standardize only.
-        final_norm: bool or None, default `None`. Norm after the last block;
-            `None` adds it unless the MLP placement is `"post"`, whose blocks
-            already end in a norm (`default_final_norm`).
-        layer_scale: float or None, default `None`. LayerScale init value.
-        qk_norm: bool, default `False`. Norm of type `norm` on each head's q
-            and k (`layernorm`, `rmsnorm`, `dyt` or `identity`).
-        qkv_bias: bool, default `True`.
-        drop_path_rate: float, default `0.0`. Stochastic depth of the last block;
-            block `i` uses `drop_path_rate * i / (depth - 1)`.
-        dropout: float, default `0.0`. Dropout in attention output and MLP.
-        pooling: str, default `"cls"`. `"cls"` (class token) or `"gap"` (mean of
-            the tokens; no class token is created).
-        weight_standardization: bool, default `False`. Every dense and conv
-            kernel of the stem and the blocks is standardized per output unit in
-            the forward pass (`keras_vitnorm.ops.standardize_kernel`; the head is
-            not, as in BiT); not with `deepnorm` or `sub_ln`.
-        pixel_range: [low, high], default `[-1, 1]`. The range of the input images
-            (`[0, 255]` for decoded images); a weightless `Rescaling` maps it onto
-            [-1, 1], so one set of weights serves every range (docs/deploy.md). A
-            batch far outside it gets a warning.
-        dtype: dtype policy name or `keras.DTypePolicy`, default `None` (global).
-            The model's, its layers' and those of models built on it.
+    Args (values, formulas and defaults in docs/normalization.md):
+        image_size, patch_size, num_channels: int (`image_size` also [height, width]).
+        width, depth, num_heads, mlp_dim: token width, blocks, heads (divide `width`), MLP.
+        num_classes: `0` returns the pooled features.
+        norm, norm_epsilon, norm_groups: norm type of the blocks, the final norm and
+            `qk_norm`; epsilon `1e-6` (ViT's; Keras' is 1e-3); groups of `groupnorm`.
+        attn_norm, mlp_norm: placement (`"pre"`, `"post"`, `"pre_post"`, `"none"`);
+            `None` follows `block_style`.
+        block_style: `"standard"`, `"normformer"`, `"sub_ln"` or `"deepnorm"`.
+        stem, stem_norm, stem_norm_learnable: patch embedding variant and its norm.
+        final_norm: `None` adds one unless the MLP placement is `"post"`.
+        layer_scale, qk_norm, qkv_bias, drop_path_rate, dropout, pooling,
+            weight_standardization: the switches of docs/normalization.md.
+        pixel_range: [low, high] of the input images, mapped onto [-1, 1] by a weightless
+            `Rescaling`, so one set of weights serves every range (docs/deploy.md).
+        dtype: dtype policy of the model, its layers and models built on it.
         **kwargs: `name`, `trainable`.
-
-    Example:
-    >>> model = ViT(image_size=32, patch_size=4, width=64, depth=2, num_heads=4,
-    ...             mlp_dim=128, num_classes=10, stem="dual_patchnorm")
-    >>> logits = model(keras.random.uniform((2, 32, 32, 3)))
 
     Reference:
     - [Dosovitskiy et al., An Image is Worth 16x16 Words, 2021](
@@ -196,23 +159,12 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
                 "as a from_preset override)")
 
     def backbone(self):
-        """The encoder as a model of its own: token features as well as pooled ones.
-
-        It shares this ViT's layers and weights, so another head (segmentation, a
-        contrastive tower) sits on the encoder without a copy of it:
-
-        ```python
-        vit = ViT.from_preset("s16_dpn", image_size=224)
-        features = vit.backbone()(images)
-        features["tokens"]   # (batch, 1 + 14 * 14, 384): after the final norm
-        features["pooled"]   # (batch, 384): what the classifier head reads
-        ```
+        """The encoder as a model sharing this ViT's layers and weights.
 
         Returns:
             A `keras.Model` from the images to `{"tokens": (batch, tokens, width),
-            "pooled": (batch, width)}`. With `pooling="cls"` the class token is
-            `tokens[:, 0]`, then the patch tokens in row-major grid order; with
-            `"gap"` every token is a patch token. Compute dtype of this ViT's policy.
+            "pooled": (batch, width)}`: the tokens after the final norm (class token
+            first with `pooling="cls"`) and what the head reads (docs/normalization.md).
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
@@ -246,31 +198,18 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
 
         A built-in name (`ViT.presets()`) gives a freshly initialized model; a
         `save_to_preset` directory, a hub handle or a standard ViT checkpoint (Hugging
-        Face, keras-hub, timm, big_vision/AugReg; a report of the transfer is printed)
-        gives the saved weights. Overrides replace config values: a new `image_size`
-        resamples the position embedding, a new `num_classes` gives a fresh head, new
-        norms start fresh; any other weight that no longer fits is a `ValueError`
-        naming it (docs/presets.md, docs/checkpoints.md).
-
-        Args:
-            preset: str, a built-in preset name, a preset directory or a checkpoint.
-            resample: str, default `"bilinear"` (big_vision) or `"bicubic"` (timm).
-            **overrides: ViT keyword arguments that replace the preset's.
-
-        Example:
-        >>> model = ViT.from_preset("s16_dpn", num_classes=10)
+        Face, keras-hub, timm, big_vision/AugReg) gives the saved weights. Overrides
+        replace config values: a new `image_size` resamples the position embedding
+        (`resample`: `"bilinear"` or `"bicubic"`), a new `num_classes` gives a fresh
+        head; any other weight that no longer fits is a `ValueError` naming it
+        (docs/presets.md, docs/checkpoints.md).
         """
         return preset_io.load_preset(cls, preset, overrides, resample)
 
     def save_to_preset(self, directory, overwrite=False):
-        """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`.
-
-        The directory loads under any Keras backend with `ViT.from_preset(directory)`.
-
-        Args:
-            directory: str or path. Created if missing.
-            overwrite: bool, default `False`. A directory that already holds a
-                preset is only replaced when this is `True`.
+        """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`,
+        which loads under any backend with `ViT.from_preset(directory)`. A directory that
+        already holds a preset is only replaced with `overwrite=True`.
         """
         preset_io.save_preset(self, directory, overwrite=overwrite)
 

@@ -1,9 +1,8 @@
 """The few tensor operations the layers need beyond `keras.ops`, with their fast paths.
 
-Each op is written in `keras.ops`; where a backend runs it measurably faster in
-another form, the op takes that form from the backend's private module while its fast
-path is on (`keras_vitnorm.ops.switch`). Values and gradients agree either way up to
-float32 round-off; docs/backends.md lists the fast paths, docs/performance.md their gains.
+Each op is written in `keras.ops`; where a backend runs it measurably faster in another
+form, the op takes that form while its fast path is on (`keras_vitnorm.ops.switch`).
+Values and gradients agree either way up to float32 round-off (docs/backends.md).
 """
 
 import functools

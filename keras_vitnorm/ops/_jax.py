@@ -35,10 +35,7 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     values and gradients are those of unpadded attention; if JAX still rejects the
     inputs, XLA's attention runs unpadded.
 
-    Args:
-        q, k, v: arrays `(batch, tokens, heads, head_dim)`, one dtype.
-        implementation: `"cudnn"` (default) or `"xla"`.
-        multiple: int, default 8.
+    `q`, `k`, `v`: arrays `(batch, tokens, heads, head_dim)`, one dtype.
     """
     tokens = q.shape[1]
     pad = -tokens % multiple

@@ -37,10 +37,8 @@ def attention(q, k, v):
     """Softmax attention by `torch.nn.functional.scaled_dot_product_attention` on views.
 
     Keras' form copies q, k and v into contiguous memory first (unless flash attention
-    fits); PyTorch's function takes the strided views and picks its own kernel.
-
-    Args:
-        q, k, v: tensors `(batch, tokens, heads, head_dim)`, one dtype.
+    fits); PyTorch's function takes the strided `(batch, tokens, heads, head_dim)`
+    views and picks its own kernel.
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)

@@ -1,21 +1,9 @@
-"""The switch of the backend fast paths.
+"""The switch of the backend fast paths (docs/backends.md, "Fast paths and their switch").
 
-The fast forms (docs/backends.md) are on by default. Turn one or all off when a
-framework update breaks one, or to time a form against the other:
-
-    KERAS_VITNORM_FAST_PATHS=0 python train.py            # all off
-    KERAS_VITNORM_FAST_PATHS=attention,linear python ...  # only these on
-
-or in Python:
-
-    from keras_vitnorm import ops
-    ops.set_fast_paths(False)                 # all off
-    ops.set_fast_paths(False, ["linear"])     # one off
-    with ops.fast_paths(False, ["attention"]):
-        ...
-
-JAX and TensorFlow read the switch when they trace a step (change it before the first
-call); PyTorch reads it at every call.
+The fast forms are on by default; `KERAS_VITNORM_FAST_PATHS` (`0`, or the names to keep
+on), `set_fast_paths` or the `fast_paths` context turn them off, when a framework update
+breaks one or to time a form against the other. JAX and TensorFlow read the switch when
+they trace a step (change it before the first call); PyTorch reads it at every call.
 """
 
 import contextlib
@@ -61,15 +49,8 @@ def fast_path_enabled(name):
 
 
 def set_fast_paths(enabled=True, names=None):
-    """Turns the fast paths `names` (default: all) on or off; returns the previous state.
-
-    Args:
-        enabled: bool.
-        names: optional list of names from `FAST_PATHS`.
-
-    Returns:
-        `{name: bool}` of every fast path before the change.
-    """
+    """Turns the fast paths `names` (default: all) on or off; returns the previous
+    `{name: bool}` of every fast path."""
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}.")
     chosen = FAST_PATHS if names is None else _check_names(names, "set_fast_paths")

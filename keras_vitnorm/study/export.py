@@ -14,9 +14,7 @@ def export_study(study_dir, destination):
     result files, tables and figures, and the `RUN_RESULT_FILES` of every finished run
     (unfinished runs could not resume without their checkpoints, so they are left out).
     A destination that holds another study, or lies inside this one, is refused.
-
-    Returns:
-        The number of runs copied.
+    Returns the number of runs copied.
     """
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")

@@ -96,12 +96,10 @@ def _against_plain(rows, group):
 
 
 def stem_differences(rows, group="dpn_factors"):
-    """Per factor level (patch size, training-set size and, where the group varies
-    it, training steps), each stem variant against the plain stem: a list of dicts
-    with the level's factors (`patch_size`, `train_examples`, `steps`), `stem`, the
-    `difference` in test accuracy (fraction; treated minus plain), its Welch 95% CI
-    half-width `ci` (NaN with fewer than 2 runs on a side) and the run counts
-    `runs` and `plain_runs`. Levels where either side has no completed run are left out."""
+    """Per factor level, each stem variant against the plain stem: dicts of the level's
+    factors (`patch_size`, `train_examples`, `steps`), `stem`, the test-accuracy
+    `difference` (treated minus plain), its Welch 95% CI half-width `ci` (NaN with fewer
+    than 2 runs on a side), `runs` and `plain_runs`; levels missing a side are left out."""
     found = []
     for level, stem, treated, plain in _against_plain(rows, group):
         if plain:
@@ -204,11 +202,9 @@ def _stalled_cell(stalled):
 
 def depth_table(rows, group="depth_stability"):
     """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
-    which steps) or stalled (test accuracy below `STALL_ACCURACY`; with the step at which
-    each one's validation accuracy peaked, `peak_step`), the accuracy of
-    those that trained, and the first block's gradient norm over the last block's
-    (`first_to_last_block_gradient`; geometric mean and range over the completed runs
-    that recorded gradient norms).
+    which steps) or stalled (test accuracy below `STALL_ACCURACY`, with `peak_step`), the
+    accuracy of those that trained, and `first_to_last_block_gradient` (geometric mean
+    and range over the completed runs that recorded gradient norms).
 
     Rows ran at more than one peak learning rate get a row and a column per rate.
     `""` for a group without placement, depth and warm-up (`variant_factors`)."""
@@ -253,10 +249,8 @@ def residual_stream_table(streams):
     """Markdown: per model, over its runs (mean ± 95% CI), the residual stream's RMS
     after the stem, the middle block and the last block, and the mean consecutive-block
     cosine similarity over all blocks and over the last three (near 1, blocks stop
-    changing the representation: collapse).
-
-    Args:
-        streams: `{label: [keras_vitnorm.analysis.residual_stream(...) result per run]}`.
+    changing the representation: collapse). `streams`: `{label: [residual_stream
+    result per run]}` (`keras_vitnorm.analysis`).
     """
     lines = [
         "| model | runs | RMS after stem | RMS at middle block | RMS after last block "

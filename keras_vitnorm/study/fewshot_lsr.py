@@ -39,21 +39,14 @@ def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULA
 
     Features are whitened by the training features' mean and standard deviation, a
     constant feature carries the bias, and the weights are the closed-form ridge
-    solution `(X^T X + l2 I)^-1 X^T Y` through the eigendecomposition of the smaller
-    Gram matrix; the penalty is big_vision's fixed 2^10. Computed in float64.
+    solution `(X^T X + l2 I)^-1 X^T Y` (big_vision's fixed l2 = 2^10), in float64.
 
     Args:
-        features: `(images, width)` array.
-        labels: `(images,)` integer classes in `[0, num_classes)`.
-        num_classes: int, the width of the targets.
-        l2_regularization: float, default `2.0 ** 10`.
+        features, labels: `(images, width)` array; `(images,)` classes in
+            `[0, num_classes)`.
 
     Returns:
-        A `LeastSquaresClassifier`.
-
-    Example:
-    >>> classifier = fit_least_squares(train_features, train_labels, num_classes=10)
-    >>> classifier.accuracy(test_features, test_labels)
+        A `LeastSquaresClassifier` (`.accuracy(features, labels)`).
 
     Reference:
     - [big_vision, `big_vision/evaluators/fewshot_lsr.py` and

@@ -2,10 +2,8 @@
 validation (`ablate --lr-sweep`).
 
 Norms move with the learning rate, so a comparison at one variant's rate can measure
-the rate, not the norm. Each variant's rate is the one with the highest mean final
-validation accuracy over the sweep's seeds, never one where a run diverged; with
-`--extend-sweep` a choice at an end of the grid widens it (`extend`). docs/study.md,
-"Each variant at its own learning rate".
+the rate, not the norm. The rules of the choice: docs/study.md, "Each variant at its
+own learning rate".
 """
 
 import math
@@ -131,9 +129,8 @@ def select(rows, plan, rates, seeds):
     Returns:
         `{(group, variant): {"rate": the chosen rate or None, "reason": why none,
         "scores": {rate: {"values": final validation accuracies of the completed
-        runs, "diverged": count, "missing": count of the sweep seeds not finished}}}}`.
-        No rate is chosen while a sweep run of the variant has not finished, nor
-        where every rate has a diverged run.
+        runs, "diverged": count, "missing": count of the sweep seeds not finished}}}}`;
+        no rate while a sweep run is unfinished or where every rate has a diverged run.
     """
     grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}

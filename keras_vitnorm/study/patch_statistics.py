@@ -52,10 +52,9 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
     """A finished run's result: `{"requested": count, "train": ..., "test": ...}`, each
     split a `patch_statistics_reliance` dict.
 
-    Read from the run's `analysis.json` when it holds a result for `count` images,
-    else computed from `<run_dir>/preset` on `images_for(run_config, image_shape,
-    count)` and added to it; `None` for a run with neither (so a table never mixes
-    image counts). `say` (e.g. `print`) reports a result being computed.
+    Read from the run's `analysis.json` when it holds a result for `count` images, else
+    computed from `<run_dir>/preset` and added to it; `None` for a run with neither (so
+    a table never mixes image counts). `say` (e.g. `print`) reports a computation.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
@@ -86,9 +85,7 @@ def patch_statistics_table(results):
     points): the accuracy on training and test images as they are, with their patch
     statistics swapped and with their patterns swapped; then the training-minus-test
     gap of each, and how often each swap's images are given the donor's class.
-
-    Args:
-        results: `{variant: [run_patch_statistics result per run]}`.
+    `results`: `{variant: [run_patch_statistics result per run]}`.
     """
     accuracy = [
         "| variant | runs | training images (%) | training, statistics swapped (%) "

@@ -1,10 +1,9 @@
 """A study as one command per run, for any scheduler, and the command that trains one run.
 
-`ablate --plan` writes, in `<study>/plan/`, a job file for every run that can train
-now and `commands.txt`, one `keras-vitnorm ablate-job <job file>` a line, for any
-scheduler to run in any order, any number of times. A job file names its run directory
-relative to the study (the parent of its folder), so a study moves with its plan.
-docs/study.md, "A study on a scheduler: plan and collect".
+`ablate --plan` writes a job file for every run that can train now and
+`commands.txt`, one `keras-vitnorm ablate-job <job file>` a line, to run in any order,
+any number of times. Job files name run directories relative to the study, so a study
+moves with its plan (docs/study.md, "A study on a scheduler: plan and collect").
 """
 
 import os

@@ -1,7 +1,5 @@
-"""Statistics of the study's tables: confidence intervals of a mean over seeds (Student t)
-and of a difference of two means (Welch), the Welch test's p-value, Holm's
-adjustment of the p-values of a table's comparisons, and the Kaplan-Meier median of
-right-censored times (the steps to an accuracy that some runs never reach)."""
+"""Statistics of the study's tables: Student-t and Welch intervals, the Welch test, Holm's
+adjustment and the Kaplan-Meier median of right-censored times (steps to an accuracy)."""
 
 import math
 
@@ -75,11 +73,7 @@ def holm_adjusted(p_values):
 
     The i-th smallest of the m p-values is multiplied by `m - i + 1`, raised to the
     largest adjusted value before it and capped at 1 (Holm 1979); NaN entries stay NaN
-    and are not counted in m. SciPy has no Holm adjustment, and statsmodels is a large
-    dependency for five lines.
-
-    Returns:
-        A list of the adjusted p-values in the order given.
+    and are not counted in m. Returns the adjusted p-values in the order given.
     """
     p_values = [float(p) for p in p_values]
     tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))

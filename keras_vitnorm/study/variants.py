@@ -1,9 +1,8 @@
 """Named variant groups of the normalization study.
 
-Each group maps variant names to `(model overrides, training overrides)`; the first
-variant of a group is its baseline (the one gains are measured against). Groups built
-over a grid of factors also record each variant's factor levels (`variant_factors`),
-which the factor and depth tables read.
+Each group maps variant names to `(model overrides, training overrides)`; the first is
+its baseline. Groups over a grid of factors also record each variant's factor levels
+(`variant_factors`) for the factor and depth tables.
 """
 
 from keras_vitnorm.validation import check_choice
@@ -88,9 +87,8 @@ def _dpn_schedule():
     """Plain stem against Dual PatchNorm by schedule length, at `dpn_factors`'s base
     level (patch 4, 10,000 training images).
 
-    Only the number of training steps changes (the learning-rate schedule decays over
-    each run's own length), so the same images are seen more and more times: whether
-    DPN's deficit on short schedules closes or turns over as training goes on.
+    Only the number of training steps changes (each schedule decays over its run's
+    length): whether DPN's deficit on short schedules closes as training goes on.
     """
     variants, factors = {}, {}
     for steps in DPN_SCHEDULE_STEPS:
@@ -272,10 +270,8 @@ def add_variant_group(name, variants):
 def get_variants(group, names=None):
     """`{variant: (model overrides, training overrides)}` of a group, optionally a subset.
 
-    Args:
-        group: a key of `VARIANT_GROUPS`, or of a variants file (`add_variant_group`).
-        names: optional list of variant names to keep (order kept as given; the
-            group's baseline is added first if missing, so gains can be computed).
+    `group` is a key of `VARIANT_GROUPS` or of a variants file (`add_variant_group`);
+    of `names` (order kept), the group's baseline is added first if missing.
     """
     groups = {**VARIANT_GROUPS, **FILE_GROUPS}
     check_choice("variant group", group, tuple(groups))

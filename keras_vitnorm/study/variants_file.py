@@ -1,25 +1,9 @@
 """`ablate --variants-file study.toml`: a study's variants written as data.
 
-    [study]
-    name = "my_norms"      # the group's name in tables and run folders (default: file stem)
-    baseline = "pre_ln"    # the variant the others are compared with (default: the first)
-
-    [variants.pre_ln]      # no overrides: the base model and recipe
-
-    [variants.scalenorm]
-    model = { norm = "scalenorm" }           # ViT config overrides (keras_vitnorm.ViT)
-    train = { learning_rate = 5e-4 }         # training settings (training.TrainConfig)
-
-    [variants.rmsnorm]
-    model = { norm = "rmsnorm" }
-    lr_sweep = [5e-4, 1e-3, 2e-3]            # its own rate grid, chosen on validation
-
-The file becomes one variant group: the same plan, resume, tables, Welch intervals, Holm
-adjustment, figures and time to accuracy as a built-in group. A variant's `lr_sweep`
-takes the place of `--lr-sweep` for it (`keras_vitnorm.study.lr_sweep`); with no
-`--lr-sweep`, the variants without one train at their one rate. The whole file is checked
-(every key, and every variant's model and training settings on top of the base) before
-anything trains; an error names the file, the variant, the key and what is valid.
+The file (`[study]` with `name` and `baseline`, then one `[variants.<name>]` table of
+`model`, `train` and `lr_sweep` per variant) becomes one variant group, with the plan,
+resume, tables and figures of a built-in group, checked whole before anything trains
+(docs/your-norm.md, "The variants file").
 """
 
 import dataclasses
@@ -37,9 +21,7 @@ def read_variants_file(path, base):
     """`(group name, {variant: (model overrides, training overrides)}, {variant: its
     lr_sweep})`, the baseline first.
 
-    Args:
-        path: the TOML file.
-        base: the study's base `TrainConfig`, on which each variant's settings are checked.
+    Each variant's settings are checked on top of `base`, the study's `TrainConfig`.
 
     Raises:
         ValueError: naming the file, the variant and the key, for a file that is missing,

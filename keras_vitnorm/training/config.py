@@ -48,39 +48,28 @@ def setting_changes(saved, current):
 class TrainConfig:
     """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`.
 
+    The command-line flags of the same names are described in docs/training.md.
+
     Attributes:
         recipe: name of the recipe the defaults came from (recorded with the run).
-        preset: built-in preset name, a preset directory or a standard ViT
-            checkpoint (fine-tuning starts from its weights; docs/checkpoints.md).
-        model: dict of ViT config overrides (`image_size`, `patch_size`, `depth`,
-            `width`, `norm`, `attn_norm`, `stem`, ...). `num_classes` always comes
-            from the dataset; `num_channels` too unless given here.
+        preset: built-in preset name, preset directory or ViT checkpoint to fine-tune.
+        model: dict of ViT config overrides; `num_classes` always comes from the
+            dataset, `num_channels` too unless given here.
         dataset: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
-        val_fraction: share of the training data held out for validation when the
-            dataset has no validation split.
-        train_examples: train on this many training examples only (a class-stratified
-            subset, the same for every seed; tfds: the first ones); `None` = all.
-        val_examples: validate on this many training examples, held apart from the
-            `train_examples` (VTAB-1k's 800 + 200), instead of the dataset's
-            validation split; `None` = the dataset's.
-        skip_bad_images: bool; for folder datasets, leave out (and list) the files
-            that are not whole images instead of failing on them. `None` = off.
+        val_fraction: share of the training data held out when there is no validation split.
+        train_examples: a class-stratified subset of this size, the same for every seed.
+        val_examples: validate on this many training examples held apart from the
+            `train_examples` (VTAB-1k's 800 + 200); `None` = the validation split.
+        skip_bad_images: folder datasets leave out (and list) files that are not images.
         data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
-        epochs, steps: training length; give one. `steps` is kept exactly: when it
-            is not a multiple of `steps_per_epoch`, the last epoch is shorter.
-        steps_per_epoch: steps between validations and backups; default one pass over
-            the training split.
+        epochs, steps: training length; give one (`steps` is kept exactly).
+        steps_per_epoch: steps between validations; default one pass over the split.
         batch_size: global batch size (split over devices with `distribute`).
-        learning_rate: peak learning rate, reached after `warmup_steps` of linear
-            warm-up from 0, then cosine decay to `min_learning_rate`.
-        weight_decay: AdamW decoupled weight decay in Keras' convention (multiplied
-            by the learning rate), applied to kernels only: never to norms, biases,
-            the position embedding or the class token.
-        optimizer: `"adamw"` (`None` means it too) or `"sgd"` (SGD with momentum, as
-            big_vision's fine-tuning configs use).
-        momentum: SGD momentum; `None` = 0.9 (big_vision's `momentum_hp`).
+        learning_rate, warmup_steps, min_learning_rate: linear warm-up from 0, cosine.
+        weight_decay: AdamW decay in Keras' convention, on kernels only.
+        optimizer: `"adamw"` (`None` too) or `"sgd"`; momentum: SGD's, `None` = 0.9.
         beta_1, beta_2: Adam moment decay rates.
-        grad_clip: global-norm gradient clipping threshold; `None` or 0 = off.
+        grad_clip: global-norm clipping threshold; `None` or 0 = off.
         label_smoothing: float in [0, 1).
         drop_path: stochastic depth rate of the last block (overrides the model's).
         crop, crop_padding, zoom, flip, randaugment_ops, randaugment_factor, mixup,
@@ -89,18 +78,11 @@ class TrainConfig:
         seed: int, seeds weights, data order and augmentation.
         output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
         backup_every: steps between mid-epoch backups (`None`: end of epoch only).
-        shuffle_buffer: tf.data shuffle buffer (examples); the pipeline without
-            TensorFlow shuffles each pass whole.
-        input_pipeline: `"auto"` (default: tf.data where TensorFlow is installed),
-            `"tf.data"` or `"python"` (Keras' PyDataset, no TensorFlow; digits and
-            folders), see `keras_vitnorm.training.data.load_dataset`.
-        distribute: `False` (default) for one device; `"data"` (or `True`)
-            data-parallel over the local devices or `torchrun`'s processes; `"fsdp"`
-            (JAX) with every block kernel sharded too
-            (`keras_vitnorm.training.distribution`).
+        shuffle_buffer: tf.data shuffle buffer (examples).
+        input_pipeline: `"auto"`, `"tf.data"` or `"python"` (see `load_dataset`).
+        distribute: `False`, `"data"` (or `True`) or `"fsdp"` (JAX; `training.distribution`).
         tensorboard: bool, write TensorBoard logs.
-        grad_norm_every: steps between per-layer gradient-norm records on a fixed
-            batch of validation images (`grad_norms.csv`); `None` = off.
+        grad_norm_every: steps between per-layer gradient-norm records; `None` = off.
     """
 
     recipe: str = "small"
@@ -155,11 +137,10 @@ class TrainConfig:
     def from_recipe(cls, recipe="small", **overrides):
         """The recipe's settings, then `overrides` (a `None` override is ignored).
 
-        `model` overrides are merged into the recipe's model overrides, except when
-        `preset` is a saved preset directory or a checkpoint: then the recipe's model
-        overrides (its cut-down architecture) are left out, its `checkpoint_model`
-        overrides (such as a fine-tuning resolution) apply, and the given ones on top.
-        Giving `epochs` clears the recipe's `steps` and the other way round.
+        `model` overrides are merged into the recipe's, except that a saved preset or
+        checkpoint takes the recipe's `checkpoint_model` overrides (such as a fine-tuning
+        resolution) instead of its cut-down architecture. Giving `epochs` clears the
+        recipe's `steps` and the other way round.
         """
         values = {"recipe": recipe, **get_recipe(recipe)}
         checkpoint_model = values.pop("checkpoint_model", {})

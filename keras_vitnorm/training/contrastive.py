@@ -43,11 +43,10 @@ DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 
 @dataclasses.dataclass
 class LiTConfig:
-    """What `train_lit` trains; see `keras_vitnorm.models.contrastive.LiT` for the model's arguments.
+    """What `train_lit` trains; `keras_vitnorm.models.contrastive.LiT` has the model's arguments.
 
     `preset` is the image tower (a preset directory or checkpoint for LiT's setup);
-    `image_size` resizes the dataset's images and resamples the tower's position
-    embedding if it differs; `train_examples` limits the training split.
+    `image_size` resizes the images and resamples the tower's position embedding.
     """
 
     dataset: str = "digits"
@@ -117,13 +116,8 @@ def zero_shot_accuracy(model, images, labels, class_names, templates):
 def train_lit(config, output_dir=None, overwrite=False, verbose=1, take_over_lock=False):
     """Trains the text tower (and the image tower if not frozen); returns the metrics dict.
 
-    Args:
-        config: a `LiTConfig`.
-        output_dir: where `lit.keras` and `metrics.json` go (None: nothing saved),
-            locked while the run trains (`run_files.results_run`).
-        overwrite: replace a finished run in `output_dir`; without it that is an error.
-        verbose: Keras' `fit` verbosity.
-        take_over_lock: take over `output_dir` from a process that no longer runs.
+    `output_dir` (None: nothing saved), `overwrite` and `take_over_lock` are as in
+    `keras_vitnorm.training.segmentation.train_segmenter`.
     """
     with run_files.results_run(output_dir, "LiT run", overwrite, take_over_lock) as save:
         metrics, model = _train_lit(config, verbose)

@@ -1,12 +1,8 @@
 """Training on several devices: the layouts `TrainConfig.distribute` names.
 
-- `"data"`: data-parallel (JAX `DataParallel`, TensorFlow `MirroredStrategy`, PyTorch
-  one `torchrun` process per device with the gradients averaged each step).
-- `"fsdp"` (JAX): data-parallel with every block kernel, the head's and their AdamW
-  state split over the devices along the `"batch"` mesh axis (`FSDP_LAYOUT`).
-
-How each backend does it is in `keras_vitnorm.backend`; docs/training.md, "Scaling
-out", gives the commands and the memory per device.
+`"data"` is data-parallel; `"fsdp"` (JAX) also splits every block kernel, the head's
+and their AdamW state over the devices (`FSDP_LAYOUT`). How each backend does it is in
+`keras_vitnorm.backend`; commands and memory: docs/training.md, "Scaling out".
 """
 
 from keras_vitnorm import backend
@@ -25,10 +21,7 @@ FSDP_LAYOUT = {
 
 
 def distribution_scope(kind="data"):
-    """Returns `(context manager, number of data-parallel replicas)` for `kind`.
-
-    Args:
-        kind: `"data"` or `"fsdp"` (JAX only).
-    """
+    """Returns `(context manager, number of data-parallel replicas)` for `kind`,
+    `"data"` or `"fsdp"` (JAX only)."""
     check_choice("distribute", kind, DISTRIBUTIONS)
     return backend.distribution_scope(kind, FSDP_LAYOUT)

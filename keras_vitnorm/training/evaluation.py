@@ -23,20 +23,14 @@ def image_size(model):
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
              data_dir=None, manual_dir=None, verbose=1):
     """Scores a saved model on a split of a dataset; a run's own model on its own
-    dataset gives the numbers of its `metrics.json` (its pipeline, dtype policy and
-    loss).
+    dataset gives the numbers of its `metrics.json`.
 
     Args:
-        path: a preset directory (`save_to_preset`) or a run directory from `train`
-            (its `preset/` is scored, and its dataset and validation fraction are the
-            defaults).
-        dataset: dataset string; default the run's dataset.
+        path: a preset directory, or a run directory (its `preset/`, with its dataset
+            and validation fraction as the defaults).
         split: `"test"`, `"validation"` or `"train"`.
-        batch_size: int.
-        val_fraction: float; default the run's (0.1 outside a run directory).
 
-    Returns:
-        `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
+    Returns `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
     """
     check_choice("split", split, ("test", "validation", "train"))
     check_positive_int("batch_size", batch_size)

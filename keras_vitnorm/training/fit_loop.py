@@ -92,15 +92,8 @@ def augmentation_of(config):
 class Run:
     """One training run in its locked directory: where it starts, `fit`, the results.
 
-    Args:
-        config: the validated `TrainConfig`.
-        data: its `keras_vitnorm.training.data.Dataset`.
-        directory: its `RunDirectory`, locked and prepared.
-        plan: its `keras_vitnorm.training.run_plan.Plan`.
-        resume: whether it continues from the directory's last checkpoint.
-        say: `print`, or nothing.
-        stop: the `keras_vitnorm.training.interrupts.StopRequest` that the run's
-            signals set (`None`: signals keep their own handlers).
+    `directory` is its `RunDirectory`, locked and prepared; `stop` the
+    `interrupts.StopRequest` its signals set (`None`: signals keep their own handlers).
     """
 
     def __init__(self, config, data, directory, plan, resume, say, stop=None):

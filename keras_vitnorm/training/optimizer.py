@@ -6,11 +6,8 @@ import keras
 
 
 def decayed_variables(model):
-    """The variables AdamW decays: kernels only (as big_vision's `.*/kernel$`).
-
-    Norm scales and offsets, biases, DyT's alpha, LayerScale and head gains, the
-    position embedding and the class token are not decayed.
-    """
+    """The variables AdamW decays: kernels only, as big_vision's `.*/kernel$`
+    (docs/training.md, "The recipe's pieces")."""
     return [v for v in model.trainable_variables if v.name == "kernel"]
 
 

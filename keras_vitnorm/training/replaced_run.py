@@ -77,10 +77,7 @@ def drop_replaced(output_dir, strict=False):
 def recover_replaced(output_dir):
     """Settles what a killed `--overwrite` left in `output_dir`: the old run is put back
     unless the new run has a checkpoint or a result, in which case the old run is
-    deleted. The caller holds the lock.
-
-    Returns:
-        What was done, for the user, or `None` where there was nothing to settle.
+    deleted. The caller holds the lock. Returns what was done, for the user, or `None`.
     """
     replaced = os.path.isdir(os.path.join(output_dir, REPLACED))
     if replaced and has_checkpoint_or_result(output_dir):

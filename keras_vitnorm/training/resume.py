@@ -18,9 +18,8 @@ def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True
     """Loads the last checkpoint of the run in `directory` (a `RunDirectory`) into
     `model` through `checkpoint` (its `RunCheckpoint`).
 
-    Returns:
-        `((epoch, batches done in it, step), values)`: the checkpoint's variable values
-        if `assign` is False (else `None`).
+    Returns `((epoch, batches done in it, step), values)`, the checkpoint's variable
+    values if `assign` is False (else `None`).
     """
     for path in (directory.preset, *directory.checkpoints.values()):
         durable.recover_directory(path)

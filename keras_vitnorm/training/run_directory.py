@@ -1,8 +1,6 @@
 """Setting up a training run's directory: a new run's name and lock, the run that
 `--resume` continues, the checks that refuse a directory before anything is written, and
 `prepare`, which settles what a killed `--overwrite` left and writes the settings.
-
-The layout is `run_layout`'s; the run an `--overwrite` replaces is `replaced_run`'s.
 """
 
 import datetime
@@ -38,10 +36,9 @@ def default_output_dir(config):
 
 
 def new_run_lock(config, take_over=False):
-    """The acquired lock of a new directory of its own for a run without an
-    `output_dir`: `default_output_dir`, or, where another run took that name (two runs
-    started in the same second), the same with `-2`, `-3`, ... Each name is made
-    atomically (`RunLock(new=True)`), so two runs never share one."""
+    """The acquired lock of a new directory for a run without an `output_dir`:
+    `default_output_dir`, or where another run took that name, the same with `-2`, `-3`,
+    ..., each made atomically (`RunLock(new=True)`), so two runs never share one."""
     base = default_output_dir(config)
     for number in itertools.count(1):
         path = base if number == 1 else f"{base}-{number}"
@@ -84,8 +81,7 @@ def find_run_to_resume(config):
     completed, that one (a scheduler that runs `--resume` again gets its success).
 
     Raises:
-        ValueError: there is none; the message names the unfinished runs there are
-            and what to pass.
+        ValueError: there is none; it names the unfinished runs and what to pass.
     """
     names = sorted(os.listdir(RUNS_FOLDER)) if os.path.isdir(RUNS_FOLDER) else []
     same, others, latest = [], [], None
@@ -181,9 +177,7 @@ def prepare(config, output_dir, resume, overwrite, say=None):
     new run, moves the old run aside (`overwrite`) and writes the settings. What a
     killed `--overwrite` left is settled first, and `say` (e.g. `print`) tells of it.
 
-    Returns:
-        The run's `metrics.json` where `resume` finds it completed (nothing to do),
-        else `None`.
+    Returns the run's `metrics.json` where `resume` finds it completed, else `None`.
     """
     if resume and overwrite:
         raise ValueError("Give at most one of resume and overwrite.")

@@ -48,12 +48,9 @@ AGAIN = "run the same command again"
 def storage_errors(path, safe, then="continue with --resume"):
     """Turns a storage failure while writing `path` into a `StorageError`.
 
-    Args:
-        path: the file or directory being written (the message names the error's own
-            file instead where it has one).
-        safe: str, what is still intact (e.g. the last good checkpoint), for the message.
-        then: str, what to do once the write can succeed (`AGAIN` where nothing is
-            there to resume).
+    The message names the error's own file (else `path`), what is still intact
+    (`safe`, e.g. the last good checkpoint) and what to do once the write can succeed
+    (`then`; `AGAIN` where nothing is there to resume).
     """
     try:
         yield
@@ -122,12 +119,7 @@ class RunLock:
     holder. Where the file system keeps no locks, the file itself is the lock, and
     `take_over=True` replaces one whose holder is gone. A lock released with nothing
     added to its directory removes what it made; with `new=True` the directory must
-    not exist yet (`FileExistsError`: another process made it first). docs/training.md,
-    "Interrupted runs", says what users see.
-
-    Example:
-    >>> with RunLock("runs/a"):
-    ...     pass  # only this process writes runs/a here
+    not exist yet (`FileExistsError`). What users see: docs/training.md.
     """
 
     def __init__(self, directory, name="run.lock", take_over=False, what="run directory",

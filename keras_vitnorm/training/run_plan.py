@@ -1,9 +1,8 @@
 """What a run trains and on which devices and processes: its `Plan`; and how the
 processes of a run agree on what the first one did.
 
-With several processes (torchrun's on PyTorch, JAX's multi-process runs) the first
-one owns the run directory and writes every file; the others train and learn from it
-what they need (`first_process_then_all`, `keras_vitnorm.backend`).
+With several processes the first one owns the run directory and writes every file;
+the others learn from it what they need (`first_process_then_all`).
 """
 
 import contextlib
@@ -61,9 +60,8 @@ def fit_to_data(config, train_size):
     examples cannot take fitted to them, and a note on each.
 
     A batch larger than the training split becomes the largest power of two it holds,
-    and a warm-up as long as the run a tenth of it. A setting the user gave
-    (`TrainConfig.given`) is kept as it is: `plan_run` refuses it, naming a value that
-    works.
+    and a warm-up as long as the run a tenth of it. A setting the user gave is kept:
+    `plan_run` refuses it, naming a value that works.
     """
     changes, notes = {}, []
     if config.batch_size > train_size and not _given(config, "batch_size"):

@@ -1,7 +1,6 @@
 """Training a `Segmenter` through `model.fit`: `keras-vitnorm segment` and its API.
 
-The encoder comes from any preset or checkpoint, the linear head starts at zero, and
-the optimizer is the classification trainer's AdamW schedule. A run writes
+The optimizer is the classification trainer's AdamW schedule; a run writes
 `segmenter.keras` and `metrics.json`, each atomically (docs/segmentation.md).
 """
 
@@ -34,15 +33,10 @@ class SegmentationConfig:
     """What `train_segmenter` trains.
 
     Args:
-        dataset: `"digit_scenes"`, `"tfds:<name>"` or `"folder:<path>"`.
-        preset: a preset name, preset directory or checkpoint for the encoder.
+        dataset, num_classes, scenes: as `load_segmentation_data` takes them.
+        preset, model: the encoder's preset or checkpoint, and ViT config overrides.
         image_size: int, the input side; the position embedding is resampled to it.
-        num_classes: int, needed for tfds and folder datasets.
-        model: ViT config overrides on top of the preset (`stem`, `norm`, `width`, ...).
-        epochs, batch_size, learning_rate, warmup_steps, weight_decay: the schedule.
-        mixed_precision: a Keras dtype policy name.
         seed: seeds the head, any fresh encoder weights and the batch order.
-        scenes: train, validation and test sizes of `digit_scenes`.
     """
 
     dataset: str = "digit_scenes"
@@ -88,11 +82,9 @@ def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=No
     """Trains, evaluates on the test split and saves a segmenter; returns the metrics dict.
 
     Args:
-        config: a `SegmentationConfig`.
         output_dir: where `segmenter.keras` and `metrics.json` go (None: nothing saved),
-            locked while the run trains (`run_files.results_run`).
+            locked while the run trains.
         overwrite: replace a finished run in `output_dir`; without it that is an error.
-        verbose: Keras' `fit` verbosity (1 shows a progress bar).
         data: an already loaded `SegmentationData` (the seeds of one sweep share it).
         take_over_lock: take over `output_dir` from a process that no longer runs.
     """

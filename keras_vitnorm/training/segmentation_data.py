@@ -1,10 +1,8 @@
 """Segmentation datasets: images with a class label per pixel, held in memory.
 
-Three sources, named as the classification datasets are: `"digit_scenes"` (composed
-offline from scikit-learn's digits), `"tfds:<name>"` (with `image` and
-`segmentation_mask` features) and `"folder:<path>"` (`images/` and `masks/`). Every
-mask is checked against its image and `num_classes`. docs/segmentation.md, "Datasets",
-describes each source.
+Three sources: `"digit_scenes"` (composed offline from scikit-learn's digits),
+`"tfds:<name>"` and `"folder:<path>"` (docs/segmentation.md, "Datasets"). Every mask
+is checked against its image and `num_classes`.
 """
 
 import dataclasses
@@ -52,11 +50,10 @@ def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400
     """Loads the dataset named `name` (see the module docstring) at `image_size`.
 
     Args:
-        name: str, `"digit_scenes"`, `"tfds:<name>"` or `"folder:<path>"`.
         image_size: int, the side of the square images the model takes.
         num_classes: int, needed for tfds and folder sources (their masks do not say
             how many classes there are); `digit_scenes` has 11.
-        scenes: the number of train, validation and test scenes of `digit_scenes`.
+        scenes: the train, validation and test sizes of `digit_scenes`.
     """
     if name == "digit_scenes":
         if num_classes not in (None, len(DIGIT_SCENE_CLASSES)):
@@ -84,7 +81,8 @@ def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400
 
 
 def check_labels(masks, num_classes, source, ignore_class=IGNORE_CLASS):
-    """Raises a `ValueError` naming `source` if a label is outside `[0, num_classes)` and not ignored."""
+    """Raises a `ValueError` naming `source` if a label is outside `[0, num_classes)` and not
+    ignored."""
     values = np.unique(masks)
     bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_class)]
     if bad.size:

@@ -1,14 +1,10 @@
 """`--track mlflow`: a run's settings, per-epoch metrics and final metrics in MLflow.
 
-Each run directory gets one MLflow run, whose id it keeps in `mlflow_run.json`: a
-resumed run continues that MLflow run (its epochs after the last one logged) instead of
-starting a second one. A study is a parent MLflow run of its runs, with the study's tables
-and figures as its artifacts. The tracking server is `MLFLOW_TRACKING_URI` where set,
-else MLflow's own default: the local database `./mlflow.db`, artifacts in `./mlruns`
-(MLflow refuses its older plain-file store unless `MLFLOW_ALLOW_FILE_STORE=true`). The
-experiment is `MLFLOW_EXPERIMENT_NAME` where set, else `keras-vitnorm`. Written against `mlflow.tracking.MlflowClient`, which
-takes a run id explicitly, so runs of one process (a study) never share MLflow's global
-active run.
+Each run directory gets one MLflow run, whose id it keeps in `mlflow_run.json`, so a
+resumed run continues it; a study is a parent MLflow run of its runs. Server and
+experiment: docs/your-norm.md, "Tracking in MLflow". Written against
+`mlflow.tracking.MlflowClient`, which takes a run id explicitly, so runs of one process
+(a study) never share MLflow's global active run.
 """
 
 import json
@@ -64,11 +60,8 @@ def study_outputs(study_dir):
 class TrackedRun:
     """The MLflow run of one run (or study) directory, created the first time it is used.
 
-    Args:
-        directory: the run or study directory, where `mlflow_run.json` is kept.
-        name: the MLflow run name.
-        params: dict of settings logged as parameters when the MLflow run is created.
-        parent_run_id: str or None. The study's MLflow run, for a run of a study.
+    `directory` keeps `mlflow_run.json`; `params` are logged when the MLflow run is
+    created; `parent_run_id` is the study's MLflow run, for a run of a study.
     """
 
     def __init__(self, directory, name, params=None, parent_run_id=None):

@@ -1,9 +1,5 @@
-"""`train`: the main job, built on `model.fit` and Keras callbacks.
-
-`train` puts the run's modules together (docs/training.md lists them): it checks the
-settings, loads the data, plans the run, locks and prepares its directory, and runs the
-fit loop from the start or, with `resume`, from the directory's last checkpoint.
-"""
+"""`train`: the main job, built on `model.fit` and Keras callbacks; it puts the run's
+modules (docs/training.md lists them) together."""
 
 import contextlib
 import os
@@ -73,35 +69,27 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
 
     Args:
         config: `TrainConfig`.
-        resume: bool. Continue the run in `config.output_dir` from its last
-            checkpoint (same settings required); a completed run is left as it is
-            (its metrics are returned).
-        overwrite: bool. Replace the run in `config.output_dir` (a directory that
-            holds anything a run does not write is refused). The old run is kept
-            aside until the new run's first checkpoint, and put back if the new run
-            fails before it (`replaced_run`). Without `resume` or `overwrite`, an
-            existing run directory is an error.
+        resume: bool. Continue the run in `config.output_dir` (same settings
+            required); a completed run only returns its metrics.
+        overwrite: bool. Replace the run in `config.output_dir`; the old run is put
+            back if the new one fails before its first checkpoint. Without `resume`
+            or `overwrite`, an existing run directory is an error.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
-        take_over_lock: bool. Take over a run directory whose lock was left by a
-            process that no longer runs.
+        take_over_lock: bool. Take over a lock left by a process that no longer runs.
         track: None, or a dict of `keras_vitnorm.training.tracking.TrackedRun`
-            arguments (`{}`, or a study's `{"parent_run_id": ...}`): the run's
-            settings, epochs and final metrics go to MLflow, a resumed run into the
-            MLflow run it started.
+            arguments: log the run's settings, epochs and metrics to MLflow.
 
     Returns:
         The dict written to `<output_dir>/metrics.json`.
 
     Raises:
-        TrainingDiverged: the loss became NaN or infinite (metrics.json records the
-            step and `status: "diverged"`).
+        TrainingDiverged: the loss became NaN or infinite (`status: "diverged"`).
         run_files.LockedError: another process owns the run directory.
-        run_files.StorageError: a file of the run could not be written (full disk,
-            permissions); the last checkpoint is intact.
+        run_files.StorageError: a run file could not be written; the last checkpoint
+            is intact.
         RunInterrupted: SIGTERM or SIGINT stopped the run at the end of a step, with
-            its checkpoint; its message says where the run stands
-            (`keras_vitnorm.training.interrupts`).
+            its checkpoint.
     """
     config.validate()
     stop = interrupts.StopRequest()
@@ -232,10 +220,8 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, 
 def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbacks, verbose,
                        claimed):
     """`_run`; where a new run in a directory this process `claimed` fails before its
-    first checkpoint (a preset that does not load, an image that does not decode), what
-    it wrote there is removed and the run it replaced (`--overwrite`) put back, so the
-    same command runs once the cause is fixed. Once the new run has a checkpoint or a
-    result, the run it replaced is deleted."""
+    first checkpoint, what it wrote is removed and the run it replaced put back, so the
+    same command runs once the cause is fixed (`replaced_run`)."""
     new = claimed and not resume
     try:
         metrics = _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)

@@ -1,22 +1,11 @@
 """Datasets and their input pipelines for `keras-vitnorm train` and `evaluate`.
 
-Three sources, named by a string (`keras_vitnorm.training.data.sources`):
-
-- `"digits"`: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes,
-  grayscale), upsampled to the model's image size. Needs no download.
-- `"tfds:<name>"`: any tensorflow-datasets image-classification dataset
-  (`tfds:cifar10`, `tfds:cifar100`, `tfds:imagenette`, `tfds:imagenet2012`, ...).
-- `"folder:<path>"`: a user's class-per-folder images (`<path>/<class>/*.jpg`), or a
-  folder with `train/` (and optionally `val/` or `validation/`, and `test/`) subfolders
-  laid out that way.
-
-Two input pipelines give the same batches in the same form, behind the functions
-below: tf.data (`tf_pipeline`; every source, the default where TensorFlow is
-installed) and Keras' `PyDataset` without TensorFlow (`python_pipeline`; digits and
-folders). `load_dataset` chooses one once, from its `pipeline` argument
-(`TrainConfig.input_pipeline`), and the dataset it returns carries it.
-
-Images enter the model as float32 in [-1, 1] (big_vision's `value_range(-1, 1)`).
+Three sources, named by a string (`sources`): `"digits"` (scikit-learn's 8x8 digits,
+no download), `"tfds:<name>"` and `"folder:<path>"` (class-per-folder images). Two
+input pipelines give the same batches in the same form: tf.data (`tf_pipeline`) and
+Keras' `PyDataset` without TensorFlow (`python_pipeline`; digits and folders);
+`load_dataset` chooses one once and the dataset it returns carries it. Images enter
+the model as float32 in [-1, 1]. Splits and pipelines: docs/training.md, "Datasets".
 """
 
 from keras_vitnorm.choices import INPUT_PIPELINES
@@ -48,29 +37,18 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
 
     Args:
         spec: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
-        val_fraction: float in (0, 1). Fraction of the training data held out for
-            validation when the source has no validation split.
-        data_dir: tfds data directory (default: tfds' own, `~/tensorflow_datasets`).
-        manual_dir: directory holding manually downloaded archives, for datasets such
-            as `imagenet2012` that tfds cannot download itself.
-        train_examples: int or None. Train on a subset of this many training
-            examples (validation and test are unchanged). For digits and folders the
-            subset is stratified by class with seed 0, the same for every run; for
-            tfds it is the first `train_examples` of the training split (tfds
-            shuffles a dataset's examples when it prepares it).
-        skip_bad_images: bool, default `False`. For folders: every file is checked
-            first (`check_image_file`); unreadable ones are an error naming them, or,
-            with `True`, left out and listed by `Dataset.describe`.
-        val_examples: int or None. Validate on this many training examples instead
-            of the source's validation split, taken apart from the `train_examples`
-            (VTAB-1k's `train800` and `val200`): for tfds the next `val_examples`
-            after the first `train_examples`; for digits and folders a
-            class-stratified draw of both with seed 0, split stratified.
-        pipeline: `"auto"` (default), `"tf.data"` or `"python"`: the input pipeline
-            that `train_stream` and `eval_dataset` build. `"python"` is Keras'
-            `PyDataset` without TensorFlow (`python_pipeline`), for
-            digits and folders; `"auto"` is tf.data where TensorFlow is installed and
-            `"python"` elsewhere. tfds datasets need tf.data.
+        val_fraction: float in (0, 1), held out for validation when the source has
+            no validation split.
+        data_dir, manual_dir: tfds data directory; manually downloaded archives.
+        train_examples: int or None. Train on a subset of this many examples:
+            class-stratified with seed 0 (tfds: the first ones).
+        skip_bad_images: bool. For folders, unreadable files are left out and listed
+            instead of being an error naming them.
+        val_examples: int or None. Validate on this many training examples, taken
+            apart from the `train_examples` (VTAB-1k's `train800` and `val200`; tfds:
+            the next ones), instead of the source's validation split.
+        pipeline: `"auto"` (tf.data where TensorFlow is installed, else `"python"`),
+            `"tf.data"` or `"python"` (digits and folders).
 
     Returns:
         A `Dataset`.
@@ -130,11 +108,10 @@ def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
     """Batched `(images, one-hot labels)` of a split, in order, no augmentation, from
     the dataset's pipeline.
 
-    With `pad`, the split is padded with blank examples to whole batches and each
-    batch carries sample weights (1 for the split's examples, 0 for the blanks):
-    `(images, labels, weights)`. Every batch is then full, which JAX's processes need
-    to split each batch among themselves; the accuracy is the split's own, and a
-    loss averaged over the batches is the split's times `padded_size(...) / size`.
+    With `pad`, the split is padded with blank examples to whole batches (which JAX's
+    processes need to split each batch) and batches are `(images, labels, weights)`,
+    weight 0 for the blanks: a loss averaged over batches is the split's times
+    `padded_size(...) / size`.
     """
     return data.pipeline.eval_batches(data, split, image_size, channels, batch_size, pad)
 
@@ -176,14 +153,10 @@ def train_stream(data, image_size, channels, batch_size, seed, augmentation, sta
     global batch of `batch_size`: its `index`-th slice of `batch_size // count`
     examples, augmented as in the whole batch (MixUp and CutMix mix within the share).
 
-    Pass `p` over the training split is shuffled with the seed `seed + p` (tf.data
-    within `shuffle_buffer` examples; the Python pipeline shuffles each pass whole), so
-    the batches are the same sequence whatever step the stream starts from: a resumed
-    run continues with the examples it would have seen next instead of replaying the
-    interrupted epoch, and skips at most one pass to get there. A pass never repeats an
-    example; a batch may span the end of one pass and the start of the next. Crops and
-    flips are keyed by the example's position, so the augmented batches are the same too
-    (`resumes_exactly` says when that holds for the whole augmentation).
+    Pass `p` is shuffled with the seed `seed + p`, so the batches are the same sequence
+    whatever step the stream starts from: a resumed run continues with the examples it
+    would have seen next (`resumes_exactly` says when the augmentation is the same too).
+    A batch may span the end of one pass and the start of the next.
     """
     end_step = end_step if end_step is not None else start_step + 1_000_000
     return data.pipeline.train_batches(data, image_size, channels, batch_size, seed, augmentation,

@@ -17,23 +17,17 @@ from keras_vitnorm import backend
 class Augmentation:
     """Training-time augmentation: crops and flips keyed by position, then Keras layers.
 
-    Crops and flips are drawn per example position by each pipeline (the same
-    transformations as Keras' `RandomCrop`, `RandomZoom` and `RandomFlip`, keyed so that
-    a resumed run is exact); RandAugment, MixUp and CutMix are Keras core layers.
+    Crops and flips are keyed by example position so that a resumed run is exact;
+    RandAugment, MixUp and CutMix are Keras core layers (docs/training.md).
 
     Attributes:
-        crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, then a random crop
-            back to size: the CIFAR recipe) or `"zoom"` (random zoom-in of up to
-            `zoom` of each side, approximating Inception-style crops; Keras core has no
-            RandomResizedCrop).
-        crop_padding: int, pixels for `crop="pad"`.
-        zoom: float in [0, 1), the largest zoom-in for `crop="zoom"`.
+        crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, random crop back)
+            or `"zoom"` (random zoom-in up to `zoom` per side, an approximation of
+            Inception-style crops).
         flip: bool, random horizontal flips.
-        randaugment_ops: int, RandAugment operations per image (0 = off).
-        randaugment_factor: float in [0, 1], Keras RandAugment strength.
-        mixup: float, MixUp Beta(alpha, alpha) concentration (0 = off).
-        cutmix: float, CutMix Beta concentration (0 = off). With both on, each batch
-            gets one of them, chosen with probability 1/2 (as timm does).
+        randaugment_ops, randaugment_factor: operations per image (0 = off), strength.
+        mixup, cutmix: Beta concentrations (0 = off); with both, each batch gets one,
+            chosen with probability 1/2 (as timm does).
     """
 
     crop: str = "none"
@@ -49,11 +43,9 @@ class Augmentation:
 def resumes_exactly(augmentation, pipeline):
     """Whether a stream started at any step gives the batches the full run gives there.
 
-    Crops and flips are keyed by each example's position in the stream in both input
-    pipelines. The Python pipeline (`pipeline="python"`) keys RandAugment, MixUp and
-    CutMix too (`seed_states`); under tf.data they are Keras layers drawing from a
-    stateful seed generator that restarts with the stream, so with them a resumed run
-    sees other (equally distributed) draws.
+    Crops and flips are keyed by position in both pipelines, RandAugment, MixUp and
+    CutMix only in the `python` one (`seed_states`); under tf.data they draw from a
+    stateful generator, so a resumed run sees other (equally distributed) draws.
     """
     return pipeline == "python" or not (
         augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
@@ -103,24 +95,16 @@ def count_histograms_with_bincount(equalization, counts=None):
     """Makes a Keras `Equalization` layer count its histogram with a `bincount`; returns
     whether it could.
 
-    Keras 3.15's `Equalization` counts its 256-bin histogram, under the JAX backend,
-    with a Python loop over the bins of every channel (JAX's `bincount` does not
-    trace), and chooses that loop by the global backend, not by the backend it
-    computes with. Inside tf.data under JAX, tf.data builds the loop op by op, and in
-    the Python pipeline under JAX it runs per image: both far slower than a `bincount`
-    (docs/performance.md, "RandAugment under JAX").
+    Under JAX, Keras 3.15's `Equalization` counts its 256-bin histogram with a Python
+    loop over the bins, chosen by the global backend, not the one it computes with:
+    far slower inside tf.data or per image (docs/performance.md, "RandAugment under
+    JAX"). This replaces the layer's private `_custom_histogram_fixed_width` with the
+    same counts from `counts[name]` for the backend `name` it computes with, or
+    `keras_vitnorm.backend.count_bins` for the global one; otherwise (or on a Keras
+    without that method) the layer is left as Keras made it.
 
-    This replaces the layer's private `_custom_histogram_fixed_width` on this one
-    layer, counting as Keras does (each value's bin, clipped to the range) with
-    `counts[name]`, the count of the backend named `name` that the layer computes
-    with, or with `keras_vitnorm.backend.count_bins` where that is the global backend.
-    With another backend, or where the layer has no such method (another Keras
-    version), it is left as Keras made it: slower under JAX, and the same.
-
-    Args:
-        equalization: a Keras `Equalization` layer (or `None`: nothing to do).
-        counts: optional `{backend name: count(bins, nbins)}`, e.g. TensorFlow's
-            `bincount` for a layer that tf.data runs with TensorFlow's ops.
+    `counts`: optional `{backend name: count(bins, nbins)}`, e.g. TensorFlow's `bincount`
+    for a layer that tf.data runs; `equalization=None` does nothing.
     """
     keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
     if keras_histogram is None:
@@ -150,8 +134,7 @@ def seed_states(seed, purpose, indices, dtype):
     is set to an index's row before it draws makes the same draws for that index in
     any run, whatever was drawn before (a resumed stream, another process's share).
 
-    Both words stay below 2**31, so the states fit every backend's seed dtype
-    (`dtype`: JAX's uint32, PyTorch's int32, TensorFlow's int64).
+    Both words stay below 2**31, so the states fit every backend's seed `dtype`.
     """
     indices = np.asarray(indices, np.int64)
     if indices.size and (indices.min() < 0 or indices.max() >= 2**31):

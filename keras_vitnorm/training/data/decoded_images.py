@@ -3,10 +3,8 @@ resized as TensorFlow resizes, and kept in memory while they fit.
 
 Pillow's bilinear filter smooths when it shrinks and TensorFlow's does not, so the
 resize is `tf.image.resize`'s, written out (`bilinear_sampling`): the images are the
-tf.data pipeline's to float32 rounding, within one grey level where a colour file is
-read as grayscale (the decoders weight the channels differently) and within 4 for a
-JPEG (TensorFlow decodes with the fast inverse DCT, Pillow with libjpeg's accurate
-one).
+tf.data pipeline's to float32 rounding, except where the decoders differ
+(docs/training.md, "Datasets").
 """
 
 import math
@@ -20,10 +18,8 @@ from keras_vitnorm.training.data.image_files import unreadable_file_error
 def load_image(path, channels):
     """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow.
 
-    A 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it.
-
-    Raises:
-        ValueError: naming the file, if Pillow cannot decode it.
+    A 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it. A
+    file Pillow cannot decode is a `ValueError` naming it.
     """
     from PIL import Image
 
@@ -50,12 +46,9 @@ KEEP_DECODED_BYTES = 2 * 2**30
 class DecodedImages:
     """Reads example `i` of a split as a float32 model-size image in [0, 255].
 
-    A split's decoded images are kept (as tf.data's `cache()` would) while they take
-    at most `KEEP_DECODED_BYTES`: as the decoder's uint8 where the file is at the
-    model's size already, as the resized float32 image otherwise; the images past the
-    bound are decoded at every read. A training split is read once per pass, and kept
-    images are read many times faster than files are decoded (docs/performance.md,
-    "Input pipeline").
+    A split's decoded images are kept (as tf.data's `cache()` would) up to
+    `KEEP_DECODED_BYTES`, uint8 where the file is at the model's size already; the
+    rest are decoded at every read (docs/performance.md, "Input pipeline").
     """
 
     def __init__(self, data, split, image_size, channels, keep_decoded=True):

@@ -1,8 +1,5 @@
-"""Whether the files of an image folder are whole images, and the error that names them.
-
-Shared by both input pipelines (`keras_vitnorm.training.data.tf_pipeline` and
-`keras_vitnorm.training.data.python_pipeline`).
-"""
+"""Whether the files of an image folder are whole images, and the error that names them
+(both input pipelines)."""
 
 import os
 
@@ -29,11 +26,9 @@ OTHER_IMAGE_FORMATS = {
 def check_image_file(path):
     """Why the file at `path` is not a whole image, or `None` if it looks whole.
 
-    A structural check that reads a few bytes at each end instead of decoding: the file
-    must start with a JPEG, PNG, GIF or BMP signature and end as that format ends (a
-    JPEG with its end-of-image marker, a PNG with its `IEND` chunk, a GIF with its
-    trailer, a BMP at the size its header records), which catches truncated files and
-    other files named like images.
+    A structural check that reads a few bytes at each end instead of decoding: a JPEG,
+    PNG, GIF or BMP signature and that format's ending, which catches truncated files
+    and other files named like images.
     """
     try:
         size = os.path.getsize(path)

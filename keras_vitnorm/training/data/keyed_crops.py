@@ -10,13 +10,10 @@ from keras_vitnorm.training.data.bilinear_sampling import sample_bilinear
 def crop_draws(augmentation, image_size, rng):
     """`(crop, flip)` of one example, drawn from `rng` (seeded by its position).
 
-    The transformations of `keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`:
-    `pad` zero-pads by `crop_padding` and takes a random `image_size` window
-    (`crop = ("pad", top, left)`, the window's corner in the padded image); `zoom`
-    zooms in about the centre by a random factor in `[1 - zoom, 1]` per axis, sampled
-    bilinearly at a grid as `tf.image.crop_and_resize` samples (`crop = ("zoom", ys,
-    xs)`); otherwise `crop = None`. `flip`: whether the example is mirrored (half of
-    them, with `augmentation.flip`).
+    The transformations of `tf_pipeline._keyed_augmentation`: `crop` is
+    `("pad", top, left)` (the window's corner in the padded image), `("zoom", ys, xs)`
+    (the bilinear sampling grid of `tf.image.crop_and_resize`) or `None`; `flip`
+    whether the example is mirrored.
     """
     height, width = image_size
     draws, flip_draw = rng.random(2), rng.random()

@@ -1,7 +1,5 @@
-"""Keras' RandAugment, MixUp and CutMix in the `python` input pipeline, their draws
-keyed by each image's position in the stream and by the step, so that a resumed
-stream and each process's share of a batch get the same draws
-(`keras_vitnorm.training.data.augmentation.seed_states`)."""
+"""Keras' RandAugment, MixUp and CutMix in the `python` input pipeline, their draws keyed
+by position and step (`augmentation.seed_states`), so a resumed stream draws the same."""
 
 import functools
 
@@ -22,18 +20,12 @@ class PerImageRandAugment:
     """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
     image's position in the stream.
 
-    Keras' layer, called on a batch, draws one pair of operations for the whole batch
-    and equalizes each channel with the histogram of the whole batch; RandAugment
-    draws both per image, and so does tf.data, which calls the layer on each image
-    before batching. Here an image's output is the layer's call on that image alone,
-    with the layer's seed generator set to the image's key (`seed_states`): it depends
-    on the image and its position only, not on the rest of the batch or on what was
-    drawn before, so a resumed stream and each process's share see the same. The
-    draws are the layer's own (`get_random_transformation`); of its operations only
-    those chosen, one per slot, run (`apply_chosen`), each on a copy: the layer's
-    output where Keras computes it right (JAX, TensorFlow), without the brightening
-    that its call adds to every image under PyTorch. Equalization counts its
-    histograms with `bincount` (`bincount_histogram`).
+    Keras' layer, called on a batch, draws one pair of operations and one histogram
+    for the whole batch; RandAugment draws per image. The layer's seed generator is set
+    to the image's key (`seed_states`), so the output depends on the image and its
+    position only, and a resumed stream sees the same. Only the chosen operations run
+    (`apply_chosen`), which avoids the brightening Keras' call adds to every image under
+    PyTorch (docs/training.md, "The recipe's pieces").
     """
 
     def __init__(self, augmentation, channels, seed, image_size):

@@ -1,18 +1,9 @@
 """The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`.
 
-`PyDataset` is the loader Keras' `fit` accepts on every backend, so a JAX or PyTorch
-user trains on digits or a folder of images without TensorFlow. Its functions are
-those of `tf_pipeline` (`eval_batches`, `train_batches`, `errors_named`), and its
-batches those `keras_vitnorm.training.data` describes: evaluation batches are the
-tf.data pipeline's to float32 rounding (`decoded_images`); training batches are
-crops and flips keyed by each example's position (`keyed_crops`), RandAugment on
-each image and MixUp or CutMix on the batch keyed by position and step
-(`keyed_layers`), so a resumed stream is exact (`TrainBatches`). A seed draws other
-batches here than under tf.data (NumPy's generators, not TensorFlow's).
-
-The batches are read in the training loop, one process, no worker threads: decoding
-is far quicker than a step, and the decoded images are kept in memory while they fit
-(docs/performance.md, "Input pipeline").
+The functions are those of `tf_pipeline`; evaluation batches equal tf.data's to float32
+rounding, and training batches are keyed by position and step, so a resumed stream is
+exact, though a seed draws other batches than under tf.data. Read in the training loop,
+one process, no worker threads (docs/performance.md, "Input pipeline").
 """
 
 import contextlib
@@ -89,11 +80,8 @@ class TrainBatches(keras.utils.PyDataset):
     """Augmented training batches of steps `start_step` up to `end_step`
     (`data.train_stream`).
 
-    Each batch is augmented in three parts: crops and flips, keyed by each example's
-    position (`crop_draws`); RandAugment on each image, keyed by its position
-    (`PerImageRandAugment`); MixUp or CutMix on the batch, keyed by the step
-    (`BatchMixing`); then the model's [-1, 1] range. With NumPy, and a layer call per
-    image for RandAugment.
+    Crops and flips (`crop_draws`) and RandAugment (`PerImageRandAugment`) are keyed by
+    each example's position, MixUp or CutMix (`BatchMixing`) by the step.
     """
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,

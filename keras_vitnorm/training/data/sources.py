@@ -1,15 +1,9 @@
 """Dataset sources: digits, image folders and tfds, each read into three splits.
 
-A source is named by a string (`parse_dataset`): `"digits"`, `"folder:<path>"` or
-`"tfds:<name>"` (`keras_vitnorm.training.data.tfds_source`). Every source gives three
-splits that never share an example: train, validation (for model selection and the
-per-epoch numbers) and test (scored once, at the end). When a source has no
-validation or test split, one is carved off the training split with a fixed seed (0),
-the same for every run, so runs with different seeds are comparable.
-
-A source says what its examples are, not how to decode them: digits and folder splits
-hold NumPy arrays (images, or file paths), a tfds split a tf.data dataset of encoded
-images; each input pipeline decodes them its own way.
+Every source gives train, validation and test splits that never share an example; a
+missing split is carved off the training split with seed 0, the same for every run
+(docs/training.md, "Datasets"). A source says what its examples are, not how to
+decode them; each input pipeline decodes them its own way.
 """
 
 import dataclasses
@@ -31,11 +25,9 @@ TEST_FRACTION = 0.2
 class Split:
     """One split: its `(raw, label)` pairs and its size.
 
-    `raw` is whatever the source stores: a uint8 image (digits), an image file's path
-    (folders) or encoded image bytes (tfds). A tfds split is a tf.data dataset
-    (`source`); a digits or folder split holds NumPy arrays `arrays = (raws, labels)`,
-    which each input pipeline reads its own way (the one without TensorFlow never
-    imports it).
+    `raw` is a uint8 image (digits), an image file's path (folders) or encoded image
+    bytes (tfds). A tfds split is a tf.data dataset (`source`); a digits or folder split
+    holds NumPy arrays `arrays = (raws, labels)`.
     """
 
     def __init__(self, name, source=None, size=None, arrays=None):
@@ -49,10 +41,8 @@ class Split:
 class Dataset:
     """The three splits of a dataset and what the model needs to know about it.
 
-    `kind` is the source (`"digits"`, `"folder"` or `"tfds"`), which says how an
-    example's raw form decodes; `pipeline` is the input pipeline that reads it
-    (`keras_vitnorm.training.data.tf_pipeline` or `python_pipeline`), chosen once by
-    `load_dataset`.
+    `kind` (`"digits"`, `"folder"` or `"tfds"`) says how an example's raw form decodes;
+    `pipeline` is the input pipeline `load_dataset` chose to read it.
     """
 
     name: str

@@ -1,14 +1,9 @@
 """The tf.data input pipeline: every source, on every backend.
 
-Keras documents tf.data as an input pipeline for JAX and PyTorch too. Images are
-decoded and resized by TensorFlow; crops and flips are keyed by each example's
-position in the stream (`_keyed_augmentation`), so that a resumed run sees exactly
-the augmented batches the uninterrupted run would have; RandAugment, MixUp and
-CutMix are Keras' layers, run by tf.data with TensorFlow's ops.
-
-Its functions are those of `keras_vitnorm.training.data.python_pipeline`
-(`eval_batches`, `train_batches`, `errors_named`); `keras_vitnorm.training.data.load_dataset`
-picks one of the two once.
+Images are decoded and resized by TensorFlow; crops and flips are keyed by each
+example's position in the stream (`_keyed_augmentation`), so a resumed run is exact;
+RandAugment, MixUp and CutMix are Keras' layers run with TensorFlow's ops. Its
+functions are those of `python_pipeline`.
 """
 
 import contextlib
@@ -110,12 +105,7 @@ def _to_model_image(image, image_size, channels):
 def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
     """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
 
-    With `pad`, the split is padded with blank examples to whole batches and each
-    batch carries sample weights (1 for the split's examples, 0 for the blanks):
-    `(images, labels, weights)`. Every batch is then full, which JAX's processes need
-    to split each batch among themselves; the accuracy is the split's own, and a
-    loss averaged over the batches is the split's times
-    `keras_vitnorm.training.data.padded_size(...) / size`.
+    `pad`: as `keras_vitnorm.training.data.eval_dataset`.
 
     With `cache` (and a split under 1 GiB as float32), the batches are kept in memory
     after the first full pass. A reader that stops early (`first_eval_batch`) passes
@@ -207,15 +197,10 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
 def _keyed_augmentation(augmentation, image_size, channels, seed):
     """`f(image, position)`: the crop and flip of the example at `position` in the stream.
 
-    Why not Keras' `RandomCrop`, `RandomZoom` and `RandomFlip`: they draw from a
-    stateful seed generator that cannot be seeded per call, so a stream restarted at
-    step `s` (a resumed run) would give other crops than the uninterrupted run did at
-    `s`. Here every random number comes from TensorFlow's stateless ops with the seed
-    `(seed, position)`, so an example's augmentation depends only on where it is in the
-    stream, and any stream position can be rebuilt exactly. Same transformations as
-    the Keras layers: `pad` zero-pads by `crop_padding` then crops a random
-    `image_size` window; `zoom` zooms in about the centre by a random factor in
-    `[1 - zoom, 1]` per axis (bilinear); `flip` mirrors half of the images.
+    Keras' `RandomCrop`, `RandomZoom` and `RandomFlip` draw from a stateful generator
+    that cannot be seeded per call, so a resumed run would get other crops. Here every
+    draw is TensorFlow's stateless op with the seed `(seed, position)`; the
+    transformations are the Keras layers' (`zoom`: a factor in `[1 - zoom, 1]` per axis).
     """
     tf = import_tensorflow()
     height, width = image_size

@@ -1,9 +1,7 @@
 """tensorflow-datasets sources: `"tfds:<name>"`, read through tf.data.
 
-tfds prepares a dataset once in its data directory (`~/tensorflow_datasets` unless
-`data_dir` says otherwise) and reads it as tf.data datasets of encoded images, so
-these sources are read by the tf.data pipeline only
-(`keras_vitnorm.training.data.tf_pipeline`).
+tfds prepares a dataset once in its data directory and reads it as tf.data datasets
+of encoded images, so only the tf.data pipeline reads these sources.
 """
 
 import numpy as np
@@ -26,11 +24,8 @@ from keras_vitnorm.training.data.tf_pipeline import resize_images_and_masks
 def prepared_tfds_builder(name, features, task, data_dir=None, manual_dir=None):
     """`(builder, split names)` of the tensorflow-datasets dataset `name`, prepared.
 
-    Args:
-        name: the dataset's tfds name.
-        features: the feature names the task needs, e.g. `("image", "label")`.
-        task: what needs them, for the error message (e.g. "classification").
-        data_dir, manual_dir: tfds' data and manual-download folders.
+    `features` are the feature names the `task` (e.g. "classification", for the error
+    message) needs, e.g. `("image", "label")`.
     """
     try:
         builder = tfds.builder(name, data_dir=data_dir)

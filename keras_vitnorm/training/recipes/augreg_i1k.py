@@ -9,23 +9,17 @@ RandAugment(2, 15) and MixUp(0.5) (the "medium2" setting of B/16), class-token p
 selection on `train[99%:]` ("minival") and test on `validation`.
 
 How the figures map onto Keras:
-- Weight decay: big_vision adds `wd * schedule * w` to the update; Keras AdamW adds
-  `learning_rate * weight_decay * w`. `weight_decay = 1e-4 / 1e-3 = 0.1` gives the
-  same decay. As in big_vision, only kernels decay (norms, biases, position embedding
-  and class token do not).
-- Inception crop: Keras core has no RandomResizedCrop; `crop="zoom"` (RandomZoom of up
-  to 75% of each side, i.e. down to about 6% of the area) approximates it.
-- RandAugment: Keras' `factor` is not TF's magnitude scale (15 on a 0-10 level scale);
-  the Keras default 0.5 is used and was not calibrated against big_vision.
+- Weight decay: Keras AdamW adds `learning_rate * weight_decay * w`, big_vision
+  `wd * schedule * w`, so `weight_decay = 1e-4 / 1e-3 = 0.1` is the same decay.
+- Inception crop: Keras core has no RandomResizedCrop; `crop="zoom"` up to 75% of each
+  side (down to about 6% of the area) approximates it.
+- RandAugment: Keras' `factor` is not TF's magnitude scale; its default 0.5 is used,
+  not calibrated against big_vision's 15.
 - Left out: big_vision's pre-logits layer (`rep_size=True`) and bfloat16 Adam moments.
-
-Needs the ImageNet archives downloaded by hand (tfds cannot fetch them):
+- `steps_per_epoch` (1000) is an evaluation and backup interval, not a pass over the data.
 
     keras-vitnorm train --recipe augreg_i1k --preset b16_dpn \\
         --manual-dir ~/imagenet_archives --mixed-precision mixed_bfloat16 --distribute
-
-`steps_per_epoch` is an evaluation and backup interval (1000 steps), not a pass over
-the data: the run is 93 such "epochs".
 """
 
 RECIPE = {

@@ -9,18 +9,11 @@ change, SGD with momentum 0.9, no weight decay, global-norm clipping at 1.0, bat
 random crops and flips, no MixUp, RandAugment or label smoothing. big_vision sweeps
 the learning rate over {0.003, 0.01, 0.03}; 0.01 is its default and this recipe's.
 
-Where this differs: big_vision takes an Inception crop on ImageNet (and resizes the
-short side to 448 then crops 384 at random on CIFAR); Keras core has neither, so
-`crop="zoom"` with up to 75% of each side (as the `augreg_i1k` recipe) stands in. big_vision keeps the momentum in
-bfloat16; Keras keeps it in float32.
-
-Run it on a preset directory or any checkpoint the project reads:
+Where this differs: big_vision's Inception crop becomes `crop="zoom"` up to 75% of
+each side (as in `augreg_i1k`), and the momentum is kept in float32, not bfloat16.
 
     keras-vitnorm train --recipe finetune_384 --preset runs/b16_dpn/preset \\
         --dataset tfds:imagenet2012 --manual-dir ~/imagenet_archives --distribute
-
-A CPU-sized trial keeps the recipe and shortens it, e.g. `--dataset folder:/data/cifar10
---image-size 64 --steps 500 --batch-size 64 --warmup-steps 50` (docs/training.md).
 """
 
 RECIPE = {

@@ -6,12 +6,7 @@ patches (16 tokens), trained with AdamW, linear warm-up then cosine decay, label
 smoothing and pad-and-crop augmentation. On scikit-learn's digits (upsampled from
 8x8) it reaches about 98% test accuracy (README.md gives the measured figure).
 
-Run it (these are the defaults, so the bare command is the same):
-
-    keras-vitnorm train --recipe small --dataset digits
-
-Other datasets use the same recipe, e.g. `--dataset tfds:cifar10 --epochs 100`, or a
-different architecture, e.g. `--preset ti16_dpn` (Dual PatchNorm) or `--norm rmsnorm`.
+    keras-vitnorm train          # the same as --recipe small --dataset digits
 """
 
 RECIPE = {
