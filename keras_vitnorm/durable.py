@@ -2,7 +2,9 @@
 files, directories and groups of files, and the fault points that test them."""
 
 import contextlib
+import csv
 import errno
+import io
 import json
 import os
 import shutil
@@ -114,6 +116,15 @@ def write_text(path, text, stage=None):
             f.write(text)
 
     write_file(path, write, stage)
+
+
+def write_csv(path, fieldnames, rows, stage=None):
+    """Writes `rows` (dicts) as a CSV of the columns `fieldnames`, with a header."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, buffer.getvalue(), stage)
 
 
 def write_json(path, value, stage=None):

@@ -16,7 +16,6 @@ from keras_vitnorm import cli
 from keras_vitnorm.layers.normalization import NORM_MODULES_VARIABLE
 from keras_vitnorm.study import plan as plan_lib
 from keras_vitnorm.study import ray_executor
-from keras_vitnorm.study import workers
 from keras_vitnorm.training import run_layout
 from keras_vitnorm.training.run_files import LockedError
 from test_training import assert_unlocked
@@ -90,9 +89,8 @@ def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoi
              runtime_env={"env_vars": {NORM_MODULES_VARIABLE: SLOW_NORM}})
     try:
         task = ray_executor.task(ray, 1, 0).options(max_retries=0)
-        threads = workers.thread_environment(1, environ={})
-        tasks = [task.remote(job, str(tmp_path / f"{i}.log"), workers.child_command(job)[1:],
-                             threads) for i, job in enumerate(jobs)]
+        tasks = [task.remote({"file": job, "log": str(tmp_path / f"{i}.log")}, 1)
+                 for i, job in enumerate(jobs)]
         for run_dir, ref, force in zip(runs, tasks, (False, True)):
             _wait_for(lambda: glob.glob(os.path.join(run_dir, "backup", "step-*", "state.json")),
                       f"checkpoint in {run_dir}")

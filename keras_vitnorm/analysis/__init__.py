@@ -2,7 +2,6 @@
 
 from keras_vitnorm.analysis.probes import GradientNormRecorder
 from keras_vitnorm.analysis.probes import depth_group
-from keras_vitnorm.analysis.probes import gradient_norms
 from keras_vitnorm.analysis.probes import group_norms
 from keras_vitnorm.analysis.probes import layer_of
 from keras_vitnorm.analysis.probes import residual_stream

@@ -1,6 +1,6 @@
 """Probes of a ViT's training dynamics, for the normalization study.
 
-Per-layer gradient norms (once, or every k steps during `fit`), the residual stream's
+Per-layer gradient norms (every k steps during `fit`), the residual stream's
 activation RMS and block-to-block similarity, and the first stem norm's learned scale
 as a patch (the Dual PatchNorm paper's Figures 2 and 3). Runs on all three backends.
 """
@@ -13,7 +13,6 @@ import keras
 import numpy as np
 
 from keras_vitnorm.backend import gradients_function
-from keras_vitnorm.backend import value_and_gradients
 
 #: Variable-path prefixes of the stem's patch embedding (Dense or conv stem layers).
 PATCH_EMBEDDING = "stem/projection"
@@ -53,22 +52,6 @@ def _loss_fn(labels):
         return keras.ops.mean(keras.losses.categorical_crossentropy(labels, logits, from_logits=True))
 
     return loss
-
-
-def gradient_norms(model, images, labels, group=layer_of):
-    """Per-group gradient norms of the cross-entropy loss on one batch.
-
-    Args:
-        model: a ViT (any Keras classifier returning logits).
-        images: NumPy array `(batch, height, width, channels)`.
-        labels: one-hot NumPy array `(batch, classes)`.
-        group: `layer_of` (default, one entry per layer) or `depth_group`.
-
-    Returns:
-        `(loss, {group: norm})`.
-    """
-    loss, _, gradients = value_and_gradients(model, images, _loss_fn(labels))
-    return loss, group_norms(gradients, group)
 
 
 class GradientNormRecorder(keras.callbacks.Callback):

@@ -8,7 +8,6 @@ reads them. docs/study.md describes `<group>_fewshot.md` and `fewshot.csv`.
 """
 
 import csv
-import io
 import json
 import math
 import os
@@ -300,9 +299,7 @@ def write_fewshot(study_dir, dataset, shots=SHOTS, draws=DRAWS, test_examples=No
 
 
 def _write_outputs(study_dir, rows, found, transfer):
-    tables, buffer = {}, io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
-    writer.writeheader()
+    tables, records = {}, []
     request = transfer.request
     header = (f"Few-shot linear transfer to {request['dataset']}: regularized least squares "
               f"(l2 {request['l2_regularization']:g}) on each model's pre-logit features, "
@@ -320,7 +317,7 @@ def _write_outputs(study_dir, rows, found, transfer):
             results[row["variant"]].append(result)
             for shots in transfer.shots:
                 for draw, accuracy in enumerate(result["accuracy"][str(shots)]):
-                    writer.writerow({
+                    records.append({
                         "group": group, "variant": row["variant"], "seed": row["seed"],
                         "learning_rate": row.get("learning_rate"),
                         "run_dir": os.path.relpath(row["run_dir"], study_dir),
@@ -330,5 +327,5 @@ def _write_outputs(study_dir, rows, found, transfer):
         if table:
             tables[group] = header + table
             durable.write_text(os.path.join(study_dir, f"{group}_fewshot.md"), tables[group])
-    durable.write_text(os.path.join(study_dir, "fewshot.csv"), buffer.getvalue())
+    durable.write_csv(os.path.join(study_dir, "fewshot.csv"), CSV_FIELDS, records)
     return tables

@@ -3,7 +3,6 @@ loss and accuracy curves, the learning-rate sweep. Figures of what is inside the
 trained models are in `keras_vitnorm.study.model_figures`.
 """
 
-import csv
 import os
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.variants import level_text
+from keras_vitnorm.training.run_layout import read_log
 
 
 def pyplot():
@@ -95,11 +95,6 @@ def _count(number, noun):
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def _read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def plot_loss_curves(rows, title, path):
     """Mean training (solid) and validation (dashed) loss per epoch of each variant."""
     plt = pyplot()
@@ -109,9 +104,9 @@ def plot_loss_curves(rows, title, path):
         for row in rows:
             log = os.path.join(row["run_dir"], "log.csv")
             if row["variant"] == variant and os.path.exists(log):
-                records = _read_csv(log)
+                records = read_log(log)
                 for key in curves:
-                    curves[key].append([float(r[key]) for r in records if r.get(key)])
+                    curves[key].append([r[key] for r in records if key in r])
         color = f"C{index % 10}"
         for key, style in (("loss", "-"), ("val_loss", "--")):
             if not curves[key]:
@@ -132,9 +127,9 @@ def _curves_by_seed(rows, variant, column="val_accuracy"):
     """`{seed: [value per epoch]}`: the `log.csv` column of each finished run of `variant`."""
     curves = {}
     for row in rows:
-        log = os.path.join(row["run_dir"], "log.csv")
-        if row["variant"] == variant and row["status"] == "completed" and os.path.exists(log):
-            curve = [float(r[column]) for r in _read_csv(log) if r.get(column)]
+        if row["variant"] == variant and row["status"] == "completed":
+            log = read_log(os.path.join(row["run_dir"], "log.csv"))
+            curve = [r[column] for r in log if column in r]
             if curve:
                 curves[row["seed"]] = curve
     return curves

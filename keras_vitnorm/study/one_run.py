@@ -1,8 +1,5 @@
 """One run of a study: train it, resume it or skip it, and keep what its trained
-model gives the study's figures.
-
-`run_one` is what both the study's own process and its worker processes
-(`keras_vitnorm.study.workers`) call for each (variant, seed).
+model gives the study's figures (`run_one`, in the study's process or a worker's).
 """
 
 import csv
@@ -105,10 +102,9 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
 
 
 def probe_images(config, count=64):
-    """The first `count` validation images of `config`'s dataset in model format: the
-    images a run's `analysis.json` measures its residual stream on (the same for every
-    run of a study, whose runs share the dataset and image size). `None` where the
-    config leaves the image size to its preset."""
+    """The first `count` validation images of `config`'s dataset in model format, on
+    which `analysis.json` measures the residual stream (the same for every run of a
+    study); `None` where the config leaves the image size to its preset."""
     from keras_vitnorm.training import data as data_lib
 
     size = config.model.get("image_size")
@@ -142,11 +138,9 @@ def run_analysis(run_dir, probe_images=None):
     """What the study's figures read of a finished run's trained model, kept in
     `<run_dir>/analysis.json` so they can be redrawn without the weights.
 
-    Returns:
-        `{"stem_scale", "residual_stream", "probe_images"}` (each `None` where it does
-        not apply): read from the file if it holds what is asked, else computed from
-        `<run_dir>/preset` and written beside the file's other entries. `None` for a
-        run with neither.
+    Returns `{"stem_scale", "residual_stream", "probe_images"}` (each `None` where it
+    does not apply) from the file, else computed from `<run_dir>/preset` and added to
+    it; `None` for a run with neither.
     """
     path = os.path.join(run_dir, ANALYSIS_FILE)
     cached = durable.read_json(path)

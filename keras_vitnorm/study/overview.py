@@ -6,7 +6,6 @@ Seconds are steps times a step time: `<study>/step_times.json` (measured alone,
 `train_seconds / steps`, which counts whatever shared the device with its runs.
 """
 
-import csv
 import math
 import numbers
 import os
@@ -23,6 +22,7 @@ from keras_vitnorm.study.stats import p_value_text
 from keras_vitnorm.study.time_to_accuracy import median_to_target
 from keras_vitnorm.study.time_to_accuracy import runs_to_target
 from keras_vitnorm.study.time_to_accuracy import time_text
+from keras_vitnorm.training.run_layout import read_log
 
 STEP_TIMES_FILE = "step_times.json"
 
@@ -84,11 +84,7 @@ def validation_loss_trend(run_dir):
     """`(pass, passes, rise)` from the run's `log.csv`: the evaluation (1-based) of the
     lowest `val_loss`, how many there were, and how far the final one lies above that
     lowest, as a fraction of it; `None` without a validation loss."""
-    path = os.path.join(run_dir, "log.csv")
-    if not os.path.exists(path):
-        return None
-    with open(path, newline="") as f:
-        losses = [float(r["val_loss"]) for r in csv.DictReader(f) if r.get("val_loss")]
+    losses = [r["val_loss"] for r in read_log(os.path.join(run_dir, "log.csv")) if "val_loss" in r]
     if not losses or min(losses) <= 0:
         return None
     lowest = int(np.argmin(losses))

@@ -15,6 +15,9 @@ import os
 import subprocess
 import sys
 
+from keras_vitnorm.study.workers import RunsFailed
+from keras_vitnorm.study.workers import start_child
+
 #: Environment variables a task's child process needs as the driver has them.
 PASSED_ENVIRONMENT = ("KERAS_BACKEND", "KERAS_VITNORM_NORM_MODULES", "MLFLOW_TRACKING_URI",
                       "MLFLOW_EXPERIMENT_NAME", "PYTHONPATH")
@@ -28,24 +31,21 @@ def _ray():
     return ray
 
 
-def run_job_file(job_file, log_file, command, thread_settings):
-    """Trains one job file in a child process of the worker's Python, as `ablate
-    --parallel` starts one (`command`: `workers.child_command` without the interpreter;
-    `thread_settings`: `workers.thread_environment`'s variables, over the worker's own
-    environment); returns `(job file, exit status)`.
+def run_job_file(job, threads):
+    """Trains the job file `job["file"]` in a child process of the worker's Python, as
+    `ablate --parallel` starts one (`workers.start_child`: `threads` compute threads, the
+    output in `job["log"]`); returns `(job file, exit status)`.
 
     The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt` raised
     in the task between two Python steps) reaches the task while the run trains; the
     child is then stopped with SIGTERM, which checkpoints the run, before the task ends.
     A worker that dies takes its child with it (Ray kills a dead worker's children).
     The task imports nothing of this package (`task`)."""
-    with open(log_file, "ab") as log:
-        process = subprocess.Popen([sys.executable, *command], stdout=log,
-                                   stderr=subprocess.STDOUT, env={**os.environ, **thread_settings})
+    process = start_child(job, threads)
     try:
         while True:
             try:
-                return job_file, process.wait(timeout=1)
+                return job["file"], process.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
     except BaseException:
@@ -56,9 +56,11 @@ def run_job_file(job_file, log_file, command, thread_settings):
 
 def task(ray, cpus_per_run, gpus_per_run):
     """`run_job_file` as a Ray task asking for these resources, retried 3 times where its
-    worker dies. It is sent to the workers by value: by reference, each worker would
-    import this package, and with it Keras and its backend, before its first run."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    worker dies. It is sent to the workers by value, with `workers.start_child`: by
+    reference, each worker would import this package, and with it Keras and its backend,
+    before its first run."""
+    for module in (__name__, start_child.__module__):
+        ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     return ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(run_job_file)
 
 
@@ -81,7 +83,6 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     from keras_vitnorm.study.plan import JOB_SUFFIX
     from keras_vitnorm.study.plan import PLAN_FOLDER
     from keras_vitnorm.study.plan import read_job
-    from keras_vitnorm.study import workers
 
     ray = _ray()
     environment = {key: os.environ[key] for key in PASSED_ENVIRONMENT if key in os.environ}
@@ -89,7 +90,6 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     if started_here:
         ray.init(address=address, runtime_env={"env_vars": environment},
                  include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    threads = workers.thread_environment(max(1, int(cpus_per_run)), environ={})
     remote = task(ray, cpus_per_run, gpus_per_run)
     logs = os.path.join(study_dir, "logs")
     os.makedirs(logs, exist_ok=True)
@@ -102,10 +102,9 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
                 f"{gpus_per_run} GPU(s) each")
             pending = {}
             for job in jobs:
-                described = {**read_job(job), "log": os.path.join(
+                described = {**read_job(job), "file": job, "log": os.path.join(
                     logs, os.path.basename(job)[:-len(JOB_SUFFIX)] + ".log")}
-                pending[remote.remote(job, described["log"], workers.child_command(job)[1:],
-                                      threads)] = described
+                pending[remote.remote(described, max(1, int(cpus_per_run)))] = described
             failed = []
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
@@ -120,7 +119,7 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
                     say(f"[{described['group']}] {described['name']} seed {described['seed']}: "
                         "finished")
             if failed:
-                raise workers.RunsFailed(failed)
+                raise RunsFailed(failed)
     finally:
         if started_here:
             ray.shutdown()

@@ -364,9 +364,8 @@ def _check_study_config(base, output_dir):
     """Records the base settings; a restart with other settings is refused."""
     path = os.path.join(output_dir, "study_config.json")
     current = {**base.to_dict(), "seed": None, "output_dir": None}
-    if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+    saved = durable.read_json(path)
+    if saved is not None:
         details = setting_changes(saved, current)
         if details:
             raise ValueError(

@@ -7,8 +7,6 @@ seed, status, accuracies, run directory); the factor groups' own tables are in
 `keras_vitnorm.study.factors`.
 """
 
-import csv
-import io
 import math
 import os
 import re
@@ -99,15 +97,10 @@ def write_rows(rows, output_dir, name):
     """Writes result rows as `<output_dir>/<name>`, a CSV of `RESULT_FIELDS` with run
     directories relative to `output_dir`; returns its path."""
     os.makedirs(output_dir, exist_ok=True)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
-    writer.writeheader()
-    for row in rows:
-        record = {key: row.get(key) for key in RESULT_FIELDS}
-        record["run_dir"] = os.path.relpath(row["run_dir"], output_dir)
-        writer.writerow(record)
+    records = [{**{key: row.get(key) for key in RESULT_FIELDS},
+                "run_dir": os.path.relpath(row["run_dir"], output_dir)} for row in rows]
     path = os.path.join(output_dir, name)
-    durable.write_text(path, buffer.getvalue(), stage="results")
+    durable.write_csv(path, RESULT_FIELDS, records, stage="results")
     return path
 
 

@@ -8,7 +8,6 @@ time is the Kaplan-Meier median over its runs (`stats.kaplan_meier_median`).
 docs/study.md, "Output", describes the table.
 """
 
-import csv
 import math
 import os
 from typing import NamedTuple
@@ -19,6 +18,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.one_run import whole_train_seconds
 from keras_vitnorm.study.stats import kaplan_meier_median
+from keras_vitnorm.training.run_layout import read_log
 
 
 class Arrival(NamedTuple):
@@ -43,10 +43,9 @@ def evaluation_steps(run_dir):
     log = os.path.join(run_dir, "log.csv")
     settings = durable.read_json(os.path.join(run_dir, "train_config.json"))
     metrics = read_metrics(run_dir)
-    if not os.path.exists(log) or settings is None or metrics is None:
+    if settings is None or metrics is None:
         return None
-    with open(log, newline="") as f:
-        accuracies = [float(r["val_accuracy"]) for r in csv.DictReader(f) if r.get("val_accuracy")]
+    accuracies = [r["val_accuracy"] for r in read_log(log) if "val_accuracy" in r]
     if not accuracies:
         return None
     total = int(metrics["steps"])

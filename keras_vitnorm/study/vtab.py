@@ -7,9 +7,7 @@ the seeds, as the Dual PatchNorm paper does. Writes `vtab_results.csv` and `vtab
 (docs/transfer.md).
 """
 
-import csv
 import dataclasses
-import io
 import math
 import os
 
@@ -101,11 +99,7 @@ def _check_finished_run(config, run_dir):
 
 
 def _write(rows, output_dir):
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS)
-    writer.writeheader()
-    writer.writerows(rows)
-    durable.write_text(os.path.join(output_dir, "vtab_results.csv"), buffer.getvalue())
+    durable.write_csv(os.path.join(output_dir, "vtab_results.csv"), RESULT_FIELDS, rows)
     durable.write_text(os.path.join(output_dir, "vtab.md"), vtab_table(rows))
 
 

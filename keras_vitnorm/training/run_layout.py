@@ -1,11 +1,9 @@
 """What a training run's directory holds: its entries' names and paths.
 
-docs/training.md, "What a run writes", describes each entry. Besides them a run writes
-`analysis.json` (what a study reads of the trained model), `mlflow_run.json` (the
-MLflow run of `--track mlflow`, `tracking`) and `.replaced/` (the run an
-`--overwrite` replaces, `.replaced.moving/` while it moves; `replaced_run`). These
-(`RUN_ENTRIES`) and the temporary names of their atomic writes are all a run directory
-holds: `--overwrite` refuses a directory that holds anything else, naming it.
+docs/training.md, "What a run writes", describes each entry; besides them a run
+writes `analysis.json`, `mlflow_run.json` and `.replaced/` (`.replaced.moving/` while
+it moves). These (`RUN_ENTRIES`) and the temporary names of their atomic writes are all
+a run directory holds: `--overwrite` refuses a directory that holds anything else.
 """
 import csv
 import dataclasses
