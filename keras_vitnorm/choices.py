@@ -1,7 +1,5 @@
-"""The config vocabulary: every name a string option of the library takes.
-
-Defined once here; this module imports nothing, so the command line offers these
-choices without importing Keras.
+"""The config vocabulary: every name a string option takes. Imports nothing, so the command
+line offers these choices without importing Keras.
 """
 
 #: `norm`: the block norms (docs/normalization.md gives each one's formula).

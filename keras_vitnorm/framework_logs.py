@@ -1,8 +1,7 @@
 """Keeps the frameworks' own log lines off the terminal of the `keras-vitnorm` command.
 
-TensorFlow and XLA log through Abseil's C++ logging straight to file descriptor 2,
-ignoring `TF_CPP_MIN_LOG_LEVEL` before `absl::InitializeLog()`; only redirecting fd 2
-holds them back. `hidden()` passes on every other line.
+TensorFlow and XLA log through Abseil's C++ logging straight to fd 2 (ignoring
+`TF_CPP_MIN_LOG_LEVEL` before `absl::InitializeLog()`), so only redirecting fd 2 holds them.
 """
 
 import contextlib
@@ -31,10 +30,8 @@ def is_framework_log(line):
 
 @contextlib.contextmanager
 def hidden():
-    """Within the block, framework log lines written to stderr (fd 2) are dropped.
-
-    Every other line reaches the original stderr unchanged and in order. Fatal
-    framework messages (severity F) are kept: they say why the process ends.
+    """Drops framework log lines written to fd 2 within the block; every other line passes in
+    order, fatal (severity F) ones included.
     """
     sys.stderr.flush()
     terminal = os.dup(2)

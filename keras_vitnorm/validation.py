@@ -1,5 +1,4 @@
-"""Argument checks shared by the layers, models, training and study: clear errors naming
-the bad value and what is valid."""
+"""Shared argument checks: errors naming the bad value and what is valid."""
 
 import difflib
 import math
@@ -13,11 +12,7 @@ def did_you_mean(value, choices):
 
 
 def check_choice(argument, value, choices):
-    """Raises a `ValueError` unless `value` is one of `choices`.
-
-    The message names the argument, the value, every valid choice and, when one is
-    close, the most likely intended spelling.
-    """
+    """A `ValueError` naming the argument, value, valid choices and a close spelling, if any."""
     if value in choices:
         return value
     message = f"Unknown {argument}={value!r}. Valid values: {', '.join(map(repr, choices))}."
@@ -25,10 +20,7 @@ def check_choice(argument, value, choices):
 
 
 def check_known_keys(keys, valid, where):
-    """Raises a `ValueError` naming every key of `keys` that is not in `valid`.
-
-    `where` says what the keys are, for the message (e.g. `"ViT argument"`).
-    """
+    """A `ValueError` naming each of `keys` not in `valid`; `where` says what they are."""
     valid = list(valid)
     unknown = [key for key in keys if key not in valid]
     if not unknown:
@@ -77,11 +69,7 @@ def check_bool(argument, value):
 
 
 def check_directory_path(path, what="output directory"):
-    """Raises a `FileExistsError` naming the file in the way if `path` cannot be a
-    directory: it is a file, or a folder above it is.
-
-    `what` names the directory for the message (e.g. `"run directory"`).
-    """
+    """`path`, or a `FileExistsError` where it or a folder above it is a file; `what` names it."""
     import os
 
     path = os.fspath(path)

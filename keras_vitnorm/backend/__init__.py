@@ -1,8 +1,5 @@
-"""What differs per backend beyond the layers' ops: gradients, devices, processes,
-random state, and the compiled call of the input pipeline's RandAugment.
-
-Each function has one form per backend in a private module imported only under it;
-nothing outside `keras_vitnorm.ops` and this package asks which backend it runs on.
+"""What differs per backend beyond the layers' ops: gradients, devices, processes, random
+state, and the compiled call of the input pipeline's RandAugment (docs/backends.md).
 """
 
 import importlib
@@ -28,9 +25,8 @@ def _import_native():
     return None if module is None else importlib.import_module(f"keras_vitnorm.backend.{module}")
 
 
-# Imported with this package, not at a function's first call: `torch.compile`, tracing the
-# training step, cannot trace an import (nor see through a cache around one) and would
-# split the compiled step there.
+# Imported now, not at a first call: `torch.compile` cannot trace an import (nor a cache
+# around one) and would split the compiled step there.
 _NATIVE = _import_native()
 
 
@@ -42,19 +38,14 @@ def _native():
 
 
 def value_and_gradients(model, inputs, loss_fn, training=False):
-    """Computes a loss and its gradients with respect to the inputs and weights.
-
-    `loss_fn` maps the model output (a backend tensor) to a scalar. Returns `(loss,
-    input_gradient, {variable path: gradient})` as NumPy values; a weight the loss does
-    not depend on gets a zero gradient.
+    """`(loss, input_gradient, {variable path: gradient})` as NumPy, `loss_fn` mapping the model's
+    output to a scalar; a weight the loss does not depend on gets a zero gradient.
     """
     return _as_numpy(model, *_native().value_and_gradients(model, inputs, loss_fn, training))
 
 
 def gradients_function(model, loss_fn, training=False):
-    """`value_and_gradients` of `model` and `loss_fn` as a function of the inputs alone,
-    for a loss taken again and again; each call reads the weights as they are then
-    (JAX compiles the pass once, at the first call)."""
+    """`value_and_gradients` as a function of the inputs, reading the weights at each call."""
     gradients = _native().gradients_function(model, loss_fn, training)
     return lambda inputs: _as_numpy(model, *gradients(inputs))
 
@@ -71,49 +62,42 @@ def _as_numpy(model, loss, input_grad, grads):
 
 
 def distribution_scope(kind, sharded_layout):
-    """`(context manager, number of data-parallel replicas)` that trains over every device.
+    """`(context manager, data-parallel replicas)` that trains over every device.
 
-    `kind` is `"data"` or `"fsdp"` (JAX: the variables `sharded_layout` names, in
-    `keras.distribution.LayoutMap`'s form over the mesh axis `"batch"`, split too).
-    JAX: Keras' `DataParallel` (`ModelParallel` for `"fsdp"`); TensorFlow:
+    `kind` `"data"` or `"fsdp"` (JAX only: also splits the variables `sharded_layout` names, a
+    `LayoutMap` over mesh axis `"batch"`). JAX: `DataParallel`/`ModelParallel`; TensorFlow:
     `MirroredStrategy`; PyTorch: an empty scope, one `torchrun` process per device.
     """
     return _native().distribution_scope(kind, sharded_layout)
 
 
 def process_index_and_count():
-    """`(index, count)` of this process among the training processes: torchrun's
-    rank and world size, or JAX's process index and count; `(0, 1)` for one process."""
+    """`(index, count)` of this process among the training processes; `(0, 1)` for one."""
     return _native().process_index_and_count()
 
 
 def process_share():
-    """`(index, count)`: which share of each global batch this process trains on
-    (`(rank, world size)` under torchrun, else `(0, 1)`)."""
+    """`(index, count)` of this process's share of each global batch (torchrun's, else `(0, 1)`)."""
     return _native().process_share()
 
 
 def processes_start_equal():
-    """Whether processes seeded alike create equal variables (JAX, one program over all
-    of them); where not (PyTorch), a fresh start shares the first process's values."""
+    """Whether processes seeded alike create equal variables (JAX); where not, share the first's."""
     return _native().PROCESSES_START_EQUAL
 
 
 def average_gradients(optimizer):
-    """Makes `optimizer.apply` average each step's gradients over the processes first,
-    so every process applies the same update (DistributedDataParallel's)."""
+    """Makes `optimizer.apply` average each step's gradients over the processes first (DDP's)."""
     _native().average_gradients(optimizer)
 
 
 def share_variables(variables, values=None):
-    """Gives every training process the first process's `values` of `variables` (its
-    current ones where `values` is None). Every process calls this, same order."""
+    """Sets `variables` to the first process's `values` (default: current) on every process."""
     _native().share_variables(variables, values, lead=process_index_and_count()[0] == 0)
 
 
 def from_first_process(value):
-    """The first training process's `value` (a small picklable object: a step, a
-    message; arrays go through `share_variables`), on every process."""
+    """The first training process's small picklable `value`, on every process."""
     return _native().from_first_process(value)
 
 
@@ -123,8 +107,7 @@ def any_process(flag):
 
 
 def global_random_state():
-    """PyTorch's global generator state as a uint8 array (Keras' dropout without a
-    noise shape draws from it there), or `None` on JAX and TensorFlow."""
+    """PyTorch's global generator state (Keras' dropout draws from it there), else `None`."""
     return _native().global_random_state()
 
 
@@ -134,36 +117,29 @@ def set_global_random_state(state):
 
 
 def share_global_random_state(state, lead):
-    """Every process continues from the first process's `state` (of a restored
-    checkpoint); nothing where the backend has no global state."""
+    """Every process continues from the first process's `state` where the backend has one."""
     state = from_first_process(state) if _native().HAS_GLOBAL_RANDOM_STATE else None
     if state is not None and not lead:
         set_global_random_state(state)
 
 
 def count_bins(indices, nbins):
-    """`bincount` of int32 `indices` into `nbins` bins, in a form that also traces in a
-    compiled program (Keras' `ops.bincount` does not under JAX)."""
+    """`bincount` of int32 `indices` into `nbins` bins that also traces under JAX."""
     return _native().count_bins(indices, nbins)
 
 
 def compiled(function):
-    """`function` compiled into one program (JAX: `jax.jit`), or `None` (PyTorch,
-    TensorFlow: the Python pipeline's RandAugment stays eager)."""
+    """`function` compiled into one program (JAX: `jax.jit`), or `None` (it stays eager)."""
     return _native().compiled(function)
 
 
 def keeping_variables(model):
-    """A context around a call of Keras' trainer on `model` (`fit`, `evaluate`, `predict`,
-    `*_on_batch`): where the call raises, every variable it emptied gets its value back.
-
-    Keras' JAX trainer empties the variables while it runs (docs/backends.md, "A failed
-    call under JAX"). Elsewhere a no-op.
+    """A context around a Keras trainer call on `model`: where it raises, every variable it emptied
+    gets its value back (JAX; docs/backends.md, "A failed call under JAX"). Elsewhere a no-op.
     """
     return _native().keeping_variables(model)
 
 
 def remember_variables(model):
-    """Takes the values of `model`'s variables as those `keeping_variables` gives back
-    (called when Keras has built everything a call needs, before its first step)."""
+    """Takes the current values of `model`'s variables as those `keeping_variables` restores."""
     _native().remember_variables(model)

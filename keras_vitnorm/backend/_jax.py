@@ -35,8 +35,7 @@ def value_and_gradients(model, inputs, loss_fn, training):
 
 
 def gradients_function(model, loss_fn, training):
-    # One compiled program for every call: run op by op, as `value_and_gradients` does,
-    # each of the pass's few hundred operations is compiled on its own the first time.
+    # One compiled program: op by op, each of the pass's operations compiles on its own.
     program = jax.jit(_loss_of(model, loss_fn, training))
 
     def gradients(inputs):
@@ -138,8 +137,7 @@ def _usable(value):
 
 
 def _emptied(variable):
-    """Whether `variable` has no usable value (emptied by Keras' trainer, or its array given
-    to a step that consumed it)."""
+    """Whether `variable` has no usable value (emptied by Keras' trainer or consumed by a step)."""
     value = getattr(variable, "_value", _UNKNOWN)
     if value is _UNKNOWN:  # Keras keeps the value elsewhere: its public property fails
         try:

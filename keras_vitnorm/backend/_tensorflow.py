@@ -1,8 +1,4 @@
-"""TensorFlow forms of `keras_vitnorm.backend` (imported only under the TensorFlow backend).
-
-A TensorFlow run is one process (`tf.distribute.MirroredStrategy` over its devices),
-so what the processes of a run exchange is the identity here.
-"""
+"""TensorFlow forms of `keras_vitnorm.backend`: one process per run, so exchanges are identities."""
 
 import contextlib
 

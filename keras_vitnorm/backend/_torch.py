@@ -1,8 +1,7 @@
-"""PyTorch forms of `keras_vitnorm.backend` (imported only under the PyTorch backend).
+"""PyTorch forms of `keras_vitnorm.backend`: one `torchrun` process per device.
 
-Data-parallel training runs one `torchrun` process per device; each step's gradients
-are averaged by one `all_reduce` before the update (DDP's update). DDP's wrapper is not
-used: Keras' `fit` calls the model itself, so DDP's reducer would never run.
+Gradients are averaged by one `all_reduce` before the update; DDP's wrapper is not used,
+as Keras' `fit` calls the model itself and DDP's reducer would never run.
 """
 
 import contextlib
@@ -40,8 +39,7 @@ def distribution_scope(kind, sharded_layout):
 
 
 def torch_processes():
-    """`(rank, world size)` of this process among those `torchrun` started, with the
-    process group initialized (gloo on CPUs, NCCL on GPUs, one GPU per process)."""
+    """`(rank, world size)` among the `torchrun` processes, the process group initialized."""
     if "WORLD_SIZE" not in os.environ:
         raise ValueError(
             "distribute='data' on the torch backend trains one process per device: start it "

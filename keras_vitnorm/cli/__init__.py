@@ -1,8 +1,5 @@
-"""The `keras-vitnorm` command: `train`, `ablate`, `ablate-job`, `fewshot`, `evaluate`,
-`convert`, `segment`, `vtab` and `lit`, one module each (`add_parser`, `run`); `errors`
-maps what ends a command to its exit status. A bad argument is one line
-(`arguments.Parser`) that names a close spelling of a misspelt choice
-(`arguments.one_of`). The backend is `KERAS_BACKEND`'s, as for any Keras program.
+"""The `keras-vitnorm` command: one module per subcommand (`add_parser`, `run`); `errors` maps
+how a command ends to its exit status. The backend is `KERAS_BACKEND`'s.
 """
 
 import signal
@@ -44,10 +41,8 @@ def build_parser():
 
 
 def main(argv=None, hide_framework_logs=False):
-    """Runs the command line; returns the exit status (`keras_vitnorm.cli.errors`).
-
-    With `hide_framework_logs` (the console command), the frameworks' own log lines
-    are kept off stderr unless `--verbose 2` (`keras_vitnorm.framework_logs`).
+    """Runs the command line; returns the exit status. `hide_framework_logs` keeps the frameworks'
+    log lines off stderr unless `--verbose 2`.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -62,10 +57,8 @@ def main(argv=None, hide_framework_logs=False):
 
 
 def console(argv=None):
-    """Entry point of the console script, `python -m keras_vitnorm` and `recipes/`: runs
-    `argv` and exits with its status. A command that trains first keeps freed memory
-    (`host_memory.retain_freed_memory`); a SIGTERM after the command ended leaves its
-    status as it is.
+    """Console-script entry point: runs `argv` and exits with its status; a training command first
+    keeps freed memory (`host_memory.retain_freed_memory`).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
@@ -73,8 +66,7 @@ def console(argv=None):
 
         retain_freed_memory()
     status = main(argv, hide_framework_logs=True)
-    # The command's work is done and its status decided: a SIGTERM while the interpreter
-    # and the frameworks shut down (TensorFlow's take a while) must not end a finished
-    # run as killed (-15), which a scheduler counts as a failure to run again.
+    # The status is decided: a SIGTERM during shutdown must not turn a finished run into a
+    # killed one (-15), which a scheduler would run again.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(status)

@@ -97,12 +97,9 @@ def add_parser(commands):
 
 
 def study_config(args):
-    """`(base TrainConfig, groups, {group: [variant names]}, {(group, variant): rates})`
-    of the parsed `ablate` arguments; a `--variants-file` is read, checked whole, and
-    added as a group, with its variants' own rate sweeps.
-
-    The base is the small recipe on the plain ti16 preset, gradient norms every 25
-    steps, unless the arguments say otherwise.
+    """`(base TrainConfig, groups, {group: [variants]}, {(group, variant): rates})` of the parsed
+    arguments, a `--variants-file` added as a group. The base is the small recipe on plain ti16,
+    gradient norms every 25 steps, unless the arguments say otherwise.
     """
     preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
     config = train_config_from_args(argparse.Namespace(**{**vars(args), "preset": preset,

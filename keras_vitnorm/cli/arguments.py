@@ -1,6 +1,4 @@
-"""The options several commands share: the model overrides, the training settings, and
-the run options of the commands that train one run per seed; and the `TrainConfig`
-that parsed training options describe."""
+"""The options several commands share, and the `TrainConfig` that parsed options describe."""
 
 import argparse
 import json
@@ -46,20 +44,16 @@ TAKE_OVER_LOCK_HELP = ("on a file system without file locks, take over a directo
 
 
 class Parser(argparse.ArgumentParser):
-    """`argparse.ArgumentParser` whose error is one line: the error and where the options
-    are listed. argparse's own prints the usage of every option first (45 lines for
-    `train`), which hides the error."""
+    """`ArgumentParser` whose error is one line, not argparse's full usage that hides it."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 
 
 def one_of(choices, registered=None):
-    """`add_argument` keywords of an option that takes one of the strings `choices`.
+    """`add_argument` keywords for one of `choices`, naming the closest spelling of a bad value.
 
-    As `choices=` does, but a value that is not one names the closest spelling, as the
-    config's own checks do. `registered` gives the names registered beside the built-in
-    ones (a user's norms), asked only for a value that is not built in.
+    `registered` returns names allowed beside `choices` (a user's norms), asked only as needed.
     """
     def parse(text):
         if text in choices:
@@ -77,9 +71,7 @@ def one_of(choices, registered=None):
 
 
 def registered_norms():
-    """The norm names registered with `keras_vitnorm.layers.register_norm`, those of the
-    modules `KERAS_VITNORM_NORM_MODULES` lists included (imports Keras: asked only for a
-    `--norm` that is not built in)."""
+    """The registered norm names, `KERAS_VITNORM_NORM_MODULES` imported (imports Keras)."""
     from keras_vitnorm.layers import normalization
 
     return normalization.registered_norms(import_modules=True)
@@ -104,8 +96,7 @@ def parse_setting(text):
 
 
 def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None, set_flag=True):
-    """Adds `MODEL_FLAGS` (but those in `fixed`, each with its note from `notes`),
-    `--qk-norm` and `--set` (unless `set_flag` is False) to `group`."""
+    """Adds `MODEL_FLAGS` not in `fixed` (`notes[key]` appended to a help), `--qk-norm`, `--set`."""
     notes = notes or {}
     for flag, key, kind, choices, text in MODEL_FLAGS:
         if key not in fixed:

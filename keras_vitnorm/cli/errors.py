@@ -1,7 +1,5 @@
-"""How a command ends: the one mapping from an error to the exit status and message, and
-the check that the extra a command needs is installed. docs/training.md lists the exit
-statuses: 0 done, 1 a parallel study's run failed, 2 bad input, 3 diverged, 4 a file
-could not be written, 130 and 143 stopped by SIGINT and SIGTERM.
+"""How a command ends: the one mapping from an error to its exit status and message (the
+statuses are listed in docs/training.md), and the check that a command's extra is installed.
 """
 
 import contextlib
@@ -13,11 +11,8 @@ import threading
 
 from keras_vitnorm import stop_signals
 
-#: The extras of the lab: the packages each brings that every run of its commands imports
-#: (pip name, module name). tensorflow-datasets, also in the `train` extra, is needed by
-#: `tfds:` datasets only and says so where one is read
-#: (`keras_vitnorm.training.data.tfds_source`): a machine without TensorFlow trains
-#: folder and digits datasets through the python input pipeline.
+#: `(pip name, module)` of each extra's packages that every run of its commands imports;
+#: tensorflow-datasets is checked where a `tfds:` dataset is read, not here.
 EXTRAS = {
     "train": (("scikit-learn", "sklearn"), ("pillow", "PIL"), ("tensorboard", "tensorboard")),
     "study": (("matplotlib", "matplotlib"), ("scipy", "scipy")),
@@ -25,9 +20,8 @@ EXTRAS = {
 #: An extra includes the extras it builds on.
 _INCLUDES = {"train": ("train",), "study": ("train", "study")}
 
-#: `(module, class name, exit status)` of the errors that end a command, the first that
-#: matches deciding. A class whose module was never imported cannot have been raised,
-#: so nothing is imported to check it (`convert` runs without the lab).
+#: `(module, class name, exit status)`, the first match deciding; a module never imported
+#: cannot have raised, so none is imported to check (`convert` runs without the lab).
 EXIT_STATUSES = (
     ("keras_vitnorm.training.fit_loop", "TrainingDiverged", 3),
     ("keras_vitnorm.study.workers", "RunsFailed", None),  # 4 if every run failed to write, else 1
@@ -44,8 +38,7 @@ BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def missing_backend(error):
-    """The message for `error` where it is Keras' backend that is not installed (a plain
-    `pip install keras-vitnorm` has none), else `None`."""
+    """The message for `error` if it is Keras' backend that is not installed, else `None`."""
     if not isinstance(error, ModuleNotFoundError):
         return None
     name = (error.name or "").split(".")[0]
@@ -70,8 +63,7 @@ def fail(command, message, status=2):
 
 
 def exit_status(error):
-    """The exit status that `error` ends a command with, or `None` for an error that is
-    a bug (its traceback is shown)."""
+    """The exit status `error` ends a command with, or `None` for a bug (traceback shown)."""
     for module, name, status in EXIT_STATUSES:
         kind = getattr(sys.modules.get(module), name, None)
         if kind is not None and isinstance(error, kind):
@@ -85,8 +77,7 @@ def exit_status(error):
 
 
 def missing_packages(extra):
-    """The pip names of the packages of `extra` (and the extras it builds on) that are
-    not installed."""
+    """The pip names of the packages of `extra` (and the extras it builds on) not installed."""
     return [package for part in _INCLUDES[extra] for package, module in EXTRAS[part]
             if importlib.util.find_spec(module) is None]
 
@@ -103,11 +94,10 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_raise(received):
-    """SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt`, each appended to
-    `received` first, so that a command they stop ends with its message instead of no
-    word at all. One whose exception Python drops (it landed in a garbage-collection
-    callback) is raised again (`keras_vitnorm.stop_signals`); one whose exception the
-    command's own code caught is still in `received` when the command ends."""
+    """SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt`, each appended to `received`
+    first, so a stopped command ends with its message; one Python dropped in a GC callback is
+    raised again (`keras_vitnorm.stop_signals`), one the command caught stays in `received`.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -132,8 +122,7 @@ def describe_error(error):
 
 
 def interrupted_message(command, args, error):
-    """What a command stopped by a signal (`error`, a KeyboardInterrupt) prints: what
-    stopped it, where it stands, how to continue."""
+    """What a command stopped by a signal prints: what stopped it and how to continue."""
     what = str(error) or "Interrupted."
     advice = (command.interrupted(args, error) if hasattr(command, "interrupted")
               else command.INTERRUPTED)

@@ -1,5 +1,4 @@
-"""`keras-vitnorm fewshot`: few-shot linear transfer of a study's trained models,
-`keras_vitnorm.study.fewshot.write_fewshot`."""
+"""`keras-vitnorm fewshot`: few-shot linear transfer, `study.fewshot.write_fewshot`."""
 
 import argparse
 

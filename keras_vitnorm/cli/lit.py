@@ -1,5 +1,4 @@
-"""`keras-vitnorm lit`: contrastive image-text training per seed,
-`keras_vitnorm.training.train_lit`."""
+"""`keras-vitnorm lit`: contrastive image-text training per seed, `training.train_lit`."""
 
 import argparse
 import dataclasses

@@ -4,9 +4,9 @@ import os
 
 
 def run_seeds(args, run, score, describe):
-    """Runs `run(seed, run_dir)` for each of `args.seeds` in `<args.output_dir>/seed_<n>/`
-    (a finished seed is read back unless `args.overwrite`), prints each seed's
-    `describe(metrics)` and the mean of `metrics[score]` with a 95% CI."""
+    """Runs `run(seed, run_dir)` per seed in `<output_dir>/seed_<n>/` (a finished one read back
+    unless `args.overwrite`); prints `describe(metrics)` and the mean `metrics[score]`, 95% CI.
+    """
     from keras_vitnorm import durable
     from keras_vitnorm.study.stats import confidence_interval
 

@@ -1,5 +1,4 @@
-"""`keras-vitnorm segment`: a linear segmentation head trained per seed,
-`keras_vitnorm.training.train_segmenter`."""
+"""`keras-vitnorm segment`: a linear segmentation head per seed, `training.train_segmenter`."""
 
 import argparse
 import dataclasses

@@ -15,7 +15,7 @@ NAME = "train"
 EXTRA = "train"
 
 def interrupted(args, stop):
-    """The advice after a signal stopped the run (`stop`): the command that continues it."""
+    """The advice after a signal stopped the run: the command that continues it."""
     if not getattr(stop, "resumable", False):
         return "Nothing was trained: run the same command again."
     argv = list(args.argv)

@@ -56,8 +56,7 @@ def add_parser(commands):
 
 
 def sweep_config(args):
-    """The base `TrainConfig` of the sweep (its first preset and dataset), every dataset
-    of the sweep checked with it."""
+    """The sweep's base `TrainConfig` (first preset and dataset), every dataset checked with it."""
     for flag, value in (("--preset", args.preset), ("--dataset", args.dataset),
                         ("--train-examples", args.train_examples), ("--lr", args.learning_rate),
                         ("--seed", args.seed)):

@@ -1,8 +1,7 @@
 """Standard ViT checkpoints (Hugging Face, big_vision/AugReg, timm, keras-hub) in one form.
 
-One module per source reads its format into a `Checkpoint` (the plain ViT config and
-the weights under this project's variable paths); this package never builds a model:
-`keras_vitnorm.models.weights` does, with any overrides (docs/checkpoints.md).
+One module per source reads its format into a `Checkpoint`; `keras_vitnorm.models.weights`
+builds the model, with any overrides (docs/checkpoints.md).
 """
 
 import os
@@ -36,12 +35,9 @@ def is_checkpoint(path):
 
 
 def read_checkpoint(path, num_heads=None):
-    """Reads a checkpoint file or directory into a `Checkpoint`, detecting its format.
+    """Reads a checkpoint file, directory or hub handle into a `Checkpoint`, detecting its format.
 
-    Args:
-        path: a Hugging Face, timm or keras-hub model directory; a `.safetensors`,
-            `.pth`, `.bin` or `.npz` file; or a hub handle naming one of these.
-        num_heads: int, for state dicts of a non-standard width that do not record it.
+    `num_heads`: for state dicts of a non-standard width that do not record it.
     """
     path = os.fspath(path)
     if hub_handles.is_handle(path):

@@ -1,6 +1,6 @@
-"""What every converter shares: reading tensor files, the `Checkpoint` record (each
-weight remembers its source key, so a later mismatch names the key in the user's
-file), and shape checks that name the source key."""
+"""What every converter shares: reading tensor files, the `Checkpoint` record, and checks
+whose errors name the key in the user's file.
+"""
 
 import dataclasses
 import os
@@ -9,13 +9,11 @@ import numpy as np
 
 from keras_vitnorm import durable
 
-# Width -> heads of the standard ViT sizes (Ti, S, B, L, H), for state dicts that do
-# not record the head count (timm); pass `num_heads=` for any other model.
+# Width -> heads of the standard ViT sizes, for state dicts without a head count (timm).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 
 
-#: This project's variable path of the learned position embedding (the one weight a
-#: new image size resamples).
+#: The variable path of the position embedding, which a new image size resamples.
 POSITION_EMBEDDING = "stem/position_embedding"
 
 
@@ -29,8 +27,7 @@ class Checkpoint:
         config: dict of `ViT` constructor arguments the checkpoint describes.
         arrays: `{variable path: float32 array}` in this project's layout.
         source_keys: `{variable path: source key(s)}` the array was made from.
-        ignored: source keys that have no counterpart and were left out (e.g. a
-            Hugging Face `ViTModel` pooler), with the reason.
+        ignored: source keys left out (e.g. a `ViTModel` pooler), with the reason.
     """
 
     format: str
@@ -42,10 +39,7 @@ class Checkpoint:
 
 
 class KeyReader:
-    """Reads named tensors from a `{key: array}` mapping, checking presence and shape.
-
-    Every error names the format, the key and (for shapes) what was expected.
-    """
+    """Reads named tensors from `{key: array}`; errors name the format, key and expected shape."""
 
     def __init__(self, tensors, format_name, prefix=""):
         self.tensors = tensors
@@ -185,11 +179,8 @@ def read_tensor_file(path):
 
 
 def read_torch_tensors(path, safetensors_file=False):
-    """`{key: float32 NumPy array}` of a PyTorch checkpoint file, under any Keras backend.
-
-    `torch.load(weights_only=True)`, so no code from the file runs; also for bfloat16
-    `.safetensors` files, which NumPy cannot hold. A `state_dict`, `model` or `module`
-    wrapper is unwrapped.
+    """`{key: float32 NumPy array}` of a PyTorch file (`torch.load(weights_only=True)`: no code
+    runs), bfloat16 `.safetensors` too; a `state_dict`/`model`/`module` wrapper is unwrapped.
     """
     try:
         import torch

@@ -1,9 +1,6 @@
-"""big_vision / AugReg `.npz` ViT checkpoints -> ViT.
+"""big_vision / AugReg `.npz` ViT checkpoints -> ViT, in both namings, scanned blocks included.
 
-Both namings of the same Flax ViT, as timm's `_load_weights` reads them: AugReg and
-big_vision, scanned blocks included (docs/checkpoints.md). The Flax code's tanh GELU
-differs from the exact GELU here by under 1e-3 per activation. `pre_logits` layers and
-MAP heads are refused.
+`pre_logits` layers and MAP heads are refused; see docs/checkpoints.md for the GELU note.
 """
 
 import numpy as np

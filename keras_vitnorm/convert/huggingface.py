@@ -1,8 +1,7 @@
 """Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
 
-Reads a model directory, a weights file or an in-memory state dict, in either key
-naming (`encoder.layer.{i}...` or transformers 5's `layers.{i}...`). `ViTModel`'s
-pooler is left out and reported; LayerNorm epsilon is `layer_norm_eps`.
+A model directory, weights file or state dict, in either key naming (`encoder.layer.{i}`
+or transformers 5's `layers.{i}`); `ViTModel`'s pooler is left out and reported.
 """
 
 import os
@@ -68,10 +67,8 @@ def read_directory(directory):
 def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
     """Maps a transformers ViT state dict onto a `Checkpoint`.
 
-    Args:
-        hf_config: the model's `config.json` as a dict (or a `ViTConfig`); without it
-            the head count comes from the standard widths (or `num_heads`) and
-            `layer_norm_eps` is transformers' default, 1e-12.
+    Without `hf_config` (`config.json` as a dict, or a `ViTConfig`) the head count comes from
+    the standard widths (or `num_heads`) and the epsilon is transformers' default, 1e-12.
     """
     tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     if hasattr(hf_config, "to_dict"):

@@ -1,8 +1,4 @@
-"""keras-hub `ViTBackbone` (and `ViTImageClassifier`) presets saved on disk -> ViT.
-
-keras-hub itself loads the directory (`pip install keras-hub`); its weights are then
-read layer by layer.
-"""
+"""keras-hub `ViTBackbone` / `ViTImageClassifier` presets on disk -> ViT (needs keras-hub)."""
 
 import os
 import re
@@ -43,7 +39,7 @@ def read_directory(directory):
 
 
 def convert(backbone, classifier=None, source="keras-hub model"):
-    """Maps a keras-hub `ViTBackbone` (optionally its `ViTImageClassifier`) onto a `Checkpoint`."""
+    """Maps a keras-hub `ViTBackbone` (and its `ViTImageClassifier`) onto a `Checkpoint`."""
     config = backbone.get_config()
     if not config.get("use_mha_bias", True) or not config.get("use_mlp_bias", True) or not config.get(
         "use_patch_bias", True

@@ -1,7 +1,6 @@
 """timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
 
-timm's fused `qkv` has this project's column order. Variants a plain ViT lacks parts
-of are refused with the key that shows it (docs/checkpoints.md).
+Variants a plain ViT lacks parts of are refused with the key that shows it.
 """
 
 import os
@@ -59,10 +58,7 @@ def is_timm_state(tensors):
 
 
 def convert(state_dict, source="state dict", num_heads=None):
-    """Maps a timm ViT state dict onto a `Checkpoint`.
-
-    `num_heads` gives the head count for a non-standard width.
-    """
+    """Maps a timm ViT state dict onto a `Checkpoint`; `num_heads` for a non-standard width."""
     tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     prefix = "module." if "module." + PATCH_KEY in tensors else ""
     if PATCH_KEY not in tensors and not prefix:

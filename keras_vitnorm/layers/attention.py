@@ -25,27 +25,22 @@ from keras_vitnorm.ops import split_heads
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head self-attention over `(batch, tokens, width)` inputs.
 
-    One fused `qkv` projection (columns `[q | k | v]`, each head-major like timm),
-    softmax attention, then the `out` projection. Initialization follows big_vision:
-    q, k and v kernels each Xavier-uniform on their own `(width, width)` shape.
+    One fused `qkv` projection (columns `[q | k | v]`, each head-major like timm), softmax
+    attention, then the `out` projection; big_vision's init (docs/normalization.md).
 
     Args:
         num_heads: int. `width` must be divisible by it.
         qkv_bias: bool, default `True`.
-        qk_norm: str or None, default `None`. A norm of `QK_NORM_TYPES` (or a
-            registered one) on each head's q and k over the head dimension, shared
-            by all heads, before the `1/sqrt(head_dim)` scaling (ViT-22B).
-        head_scale: bool, default `False`. NormFormer per-head gains (init 1) on
-            each head's output before the out projection.
-        inner_norm: str or None, default `None`. A `norm` type applied to the
-            concatenated heads before the out projection (Sub-LN / Magneto).
-        norm_epsilon: float, default `1e-6`, for `qk_norm` and `inner_norm`.
-        norm_groups: int, default `32`, for `groupnorm`.
-        init_scale: float, default `1.0`. Multiplies the initial value and out
-            kernels (DeepNorm beta, Sub-LN gamma).
+        qk_norm: str or None, default `None`. A norm of `QK_NORM_TYPES` (or a registered one)
+            on each head's q and k, shared by all heads, before the scaling (ViT-22B).
+        head_scale: bool, default `False`. NormFormer per-head gains before the out projection.
+        inner_norm: str or None, default `None`. A norm on the concatenated heads before the
+            out projection (Sub-LN).
+        norm_epsilon: float, default `1e-6`; norm_groups: int, default `32`.
+        init_scale: float, default `1.0`. Multiplies the initial value and out kernels
+            (DeepNorm beta, Sub-LN gamma).
         dropout: float, default `0.0`. Dropout after the out projection.
-        weight_standardization: bool, default `False`. Standardized qkv and out
-            kernels (`keras_vitnorm.ops.standardize_kernel`).
+        weight_standardization: bool, default `False`.
         **kwargs: base layer keyword arguments.
 
     Example:

@@ -25,18 +25,15 @@ def _refuse_quantization(layer):
 class FusedDense(keras.layers.Dense):
     """`keras.layers.Dense` whose unquantized call is `keras_vitnorm.ops.linear`.
 
-    The same weights, names, arguments, LoRA and quantization as Keras' `Dense`; only
-    the unquantized forward differs (one fused matmul where `linear`'s fast path applies).
+    Same weights, names, arguments, LoRA and quantization as Keras' `Dense`.
 
     Args:
-        weight_standardization: bool, default `False`. Use
-            `keras_vitnorm.ops.standardize_kernel(kernel)` in the forward pass; the
-            stored kernel is the raw one.
+        weight_standardization: bool, default `False`. Standardize the kernel in the forward
+            pass (`keras_vitnorm.ops.standardize_kernel`); the stored kernel is the raw one.
         **kwargs: `keras.layers.Dense` arguments.
 
     Example:
-    >>> layer = FusedDense(8)
-    >>> y = layer(keras.ops.ones((2, 5, 4)))
+    >>> y = FusedDense(8)(keras.ops.ones((2, 5, 4)))
     """
 
     def __init__(self, *args, weight_standardization=False, **kwargs):
@@ -67,8 +64,7 @@ class FusedDense(keras.layers.Dense):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class StandardizedConv2D(keras.layers.Conv2D):
-    """`keras.layers.Conv2D` whose forward pass uses the weight-standardized kernel
-    (`keras_vitnorm.ops.standardize_kernel`, over each filter's `h x w x in` weights).
+    """`keras.layers.Conv2D` with a standardized kernel in the forward pass (each filter's weights).
 
     Args:
         weight_standardization: bool, default `True`. `False` is Keras' `Conv2D`.

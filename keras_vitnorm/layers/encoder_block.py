@@ -20,17 +20,13 @@ from keras_vitnorm.ops import residual_fence
 
 
 def default_placements(block_style):
-    """`(attn_norm, mlp_norm)` that `block_style` defines when they are not given.
-
-    DeepNorm is post-LN by definition (torchscale); the other styles extend pre-LN.
-    """
+    """`(attn_norm, mlp_norm)` of `block_style`: post-LN for DeepNorm (torchscale), else pre-LN."""
     check_choice("block_style", block_style, BLOCK_STYLES)
     return ("post", "post") if block_style == "deepnorm" else ("pre", "pre")
 
 
 def resolve_placements(block_style, attn_norm=None, mlp_norm=None):
-    """`(attn_norm, mlp_norm)` with `None` replaced by the block style's default;
-    a `ValueError` for an unknown value or DeepNorm outside post-LN."""
+    """`(attn_norm, mlp_norm)` with `None` replaced by the block style's default (checked)."""
     default_attn, default_mlp = default_placements(block_style)
     attn_norm = default_attn if attn_norm is None else attn_norm
     mlp_norm = default_mlp if mlp_norm is None else mlp_norm
@@ -63,10 +59,6 @@ def sub_ln_gamma(num_layers):
 class LayerScale(keras.layers.Layer):
     """Per-channel learnable scale `gamma * x`, `gamma` initialized to `init_value`.
 
-    Args:
-        init_value: float. Initial value of every channel's scale.
-        **kwargs: base layer keyword arguments.
-
     Example:
     >>> y = LayerScale(1e-4)(keras.random.normal((2, 5, 8)))
 
@@ -97,52 +89,29 @@ class LayerScale(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class EncoderBlock(keras.layers.Layer):
-    """One transformer block (attention sublayer then MLP sublayer).
+    """One transformer block: attention sublayer, then MLP sublayer.
 
-    `call` adds each sublayer `F` to the residual stream as its placement says, with
-    `N` a norm of type `norm`, `S` the optional LayerScale and `D` stochastic depth:
-
-    | placement  | sublayer output              |
-    |------------|------------------------------|
-    | `pre`      | `x + D(S(F(N(x))))`          |
-    | `post`     | `N(alpha * x + D(S(F(x))))`  |
-    | `pre_post` | `x + D(S(N2(F(N(x)))))`      |
-    | `none`     | `x + D(S(F(x)))`             |
-
-    `alpha` is 1 except for `block_style="deepnorm"`. The block style adds, on top
-    of the placement:
-
-    * `normformer`: per-head gains before the attention out projection, a norm on
-      the attention output (after the out projection, before its dropout, as in
-      fairseq) and a norm after the MLP activation;
-    * `sub_ln`: a norm before the attention out projection and after the MLP
-      activation; value, out, fc1 and fc2 initial weights times `sqrt(log(2N))`;
-    * `deepnorm` (requires `post` for both sublayers): `alpha = (2N)^(1/4)`;
-      value, out, fc1 and fc2 initial weights times `(8N)^(-1/4)`.
-
-    `N` is `num_layers`, the depth of the whole encoder.
+    Each sublayer joins the residual stream as its placement says (`pre`, `post`, `pre_post`,
+    `none`); `block_style` adds NormFormer, Sub-LN or DeepNorm on top. The placement table,
+    block styles and their init gains are in docs/normalization.md.
 
     Args:
         num_heads: int.
         mlp_dim: int. MLP hidden width.
-        num_layers: int. Encoder depth, used by `deepnorm` and `sub_ln` constants.
-        norm: str, default `"layernorm"`. One of `NORM_TYPES` or a name registered
-            with `register_norm`.
+        num_layers: int. Encoder depth `N`, for the `deepnorm` and `sub_ln` constants.
+        norm: str, default `"layernorm"`. One of `NORM_TYPES` or a `register_norm` name.
         norm_epsilon: float, default `1e-6`.
         norm_groups: int, default `32`, for `groupnorm`.
-        attn_norm: str or None, default `None`. Attention placement; `None` takes
-            the block style's: `"post"` for `deepnorm`, `"pre"` otherwise.
-        mlp_norm: str or None, default `None`. MLP placement, same default.
+        attn_norm, mlp_norm: str or None, default `None`: the block style's placement
+            (`"post"` for `deepnorm`, `"pre"` otherwise).
         block_style: str, default `"standard"`. One of `BLOCK_STYLES`.
         layer_scale: float or None, default `None`. LayerScale init value.
-        qk_norm: bool, default `False`. Norm (of type `norm`) on q and k per head
-            and token; not offered with `batchnorm` or `groupnorm`, whose
-            statistics would span heads or tokens.
+        qk_norm: bool, default `False`. Norm on q and k per head and token; refused with
+            `batchnorm` and `groupnorm`, whose statistics would span heads or tokens.
         qkv_bias: bool, default `True`.
         drop_path_rate: float, default `0.0`. Stochastic depth rate of this block.
         dropout: float, default `0.0`.
-        weight_standardization: bool, default `False`. Standardize every dense
-            kernel in the forward pass; not with `deepnorm` or `sub_ln`.
+        weight_standardization: bool, default `False`. Not with `deepnorm` or `sub_ln`.
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -184,8 +153,7 @@ class EncoderBlock(keras.layers.Layer):
     def check_arguments(num_heads, mlp_dim, num_layers, norm, norm_epsilon, norm_groups, attn_norm,
                         mlp_norm, block_style, layer_scale, qk_norm, qkv_bias, drop_path_rate,
                         dropout, weight_standardization):
-        """Raises a `ValueError` naming the first bad argument of the constructor (those passed
-        on as they are, by the sublayers' checks); returns `(attn_norm, mlp_norm)` resolved."""
+        """`(attn_norm, mlp_norm)` resolved; a `ValueError` naming the first bad argument."""
         check_positive_int("mlp_dim", mlp_dim)
         check_positive_int("num_layers", num_layers)
         check_norm("norm", norm)
@@ -292,7 +260,7 @@ class EncoderBlock(keras.layers.Layer):
         return h
 
     def _residual(self, x, sublayer, placement, norms, scale, training):
-        """One sublayer `F` on the residual stream as its placement writes it (table above)."""
+        """One sublayer `F` on the residual stream as its placement writes it."""
         norm, post_norm = norms
 
         def branch(h):  # D(S(h)); no LayerScale or a drop-path rate of 0 calls no layer

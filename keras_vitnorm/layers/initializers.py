@@ -8,18 +8,16 @@ from keras import ops
 class FusedKernelInitializer(keras.initializers.Initializer):
     """Initializes a kernel of `parts` equal column blocks, each as its own kernel.
 
-    big_vision initializes q, k and v as three `(width, width)` Xavier-uniform kernels;
-    one call on the fused `(width, 3 * width)` shape would start them `1/sqrt(2)` smaller.
+    big_vision draws q, k and v as three `(width, width)` Xavier-uniform kernels; one draw on
+    the fused `(width, 3 * width)` shape would start them `1/sqrt(2)` smaller.
 
     Args:
-        initializer: str, dict or `keras.initializers.Initializer`, default
-            `"glorot_uniform"`. The initializer of one block. With an integer
-            seed, block `i` uses `seed + i`, so the blocks differ.
+        initializer: default `"glorot_uniform"`. One block's initializer; with an integer
+            seed, block `i` uses `seed + i`.
         parts: int, default `3`. Number of equal column blocks.
 
     Example:
-    >>> init = FusedKernelInitializer("glorot_uniform", parts=3)
-    >>> kernel = init((64, 192))  # q, k and v, each Xavier-uniform on (64, 64)
+    >>> kernel = FusedKernelInitializer("glorot_uniform", parts=3)((64, 192))
     """
 
     def __init__(self, initializer="glorot_uniform", parts=3):
@@ -53,19 +51,17 @@ class FusedKernelInitializer(keras.initializers.Initializer):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class ScaledInitializer(keras.initializers.Initializer):
-    """The values of `initializer` multiplied by a constant: an initial-weight gain.
+    """The values of `initializer` times a constant: DeepNorm's beta, Sub-LN's gamma.
 
-    For DeepNorm's beta and Sub-LN's gamma; as part of the initializer it touches only
-    freshly drawn float weights, not quantized or loaded ones.
+    As part of the initializer it touches only freshly drawn weights, not loaded ones.
 
     Args:
-        initializer: str, dict or `keras.initializers.Initializer`. The values to scale.
-        scale: float, or a list of floats, one per equal block of the last axis
-            (`[1.0, 1.0, beta]` scales a fused qkv kernel's value third alone).
+        initializer: str, dict or `keras.initializers.Initializer`.
+        scale: float, or one float per equal block of the last axis (`[1.0, 1.0, beta]`
+            scales a fused qkv kernel's value third alone).
 
     Example:
-    >>> init = ScaledInitializer("glorot_uniform", 0.5)
-    >>> kernel = init((64, 64))  # half of a Xavier-uniform draw
+    >>> kernel = ScaledInitializer("glorot_uniform", 0.5)((64, 64))
     """
 
     def __init__(self, initializer, scale):

@@ -15,23 +15,16 @@ from keras_vitnorm.layers.normalization import make_norm
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class MLP(keras.layers.Layer):
-    """Two-layer MLP `fc2(N(gelu(fc1(x))))` of a transformer block.
+    """Two-layer MLP `fc2(N(gelu(fc1(x))))` of a transformer block, with exact (erf) GELU.
 
     Args:
         hidden_dim: int. Width of the hidden layer.
-        mid_norm: str or None, default `None`. A `norm` type applied after the
-            activation and before `fc2` (NormFormer and Sub-LN).
-        norm_epsilon: float, default `1e-6`.
-        norm_groups: int, default `32`, for `groupnorm`.
-        init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2`
-            weights (DeepNorm beta, Sub-LN gamma).
-        dropout: float, default `0.0`. Dropout after the activation and after fc2.
-        weight_standardization: bool, default `False`. Standardized fc1 and fc2
-            kernels (`keras_vitnorm.ops.standardize_kernel`).
+        mid_norm: str or None, default `None`. A norm after the activation (NormFormer, Sub-LN).
+        norm_epsilon: float, default `1e-6`; norm_groups: int, default `32`.
+        init_scale: float, default `1.0`. Multiplies the initial `fc1` and `fc2` weights.
+        dropout: float, default `0.0`. Dropout after the activation and after `fc2`.
+        weight_standardization: bool, default `False`.
         **kwargs: base layer keyword arguments.
-
-    GELU is the exact (erf) form, as in timm and Hugging Face ViT. Kernels are
-    Xavier-uniform and biases `N(0, 1e-6)`, as in big_vision.
 
     Example:
     >>> mlp = MLP(hidden_dim=128, mid_norm="layernorm")

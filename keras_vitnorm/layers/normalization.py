@@ -1,8 +1,7 @@
 """Normalization layers and `make_norm`, which maps a `norm` string to a layer.
 
-Keras' `RMSNormalization` and `BatchNormalization` cast their input to the compute
-dtype first, so under `mixed_float16` an input above 65504 gives NaN; `RMSNorm` and
-`BatchNorm` here keep it in float32. Keras has no DyT and no scale-and-shift layer.
+`RMSNorm` and `BatchNorm` keep float32 inputs in float32 where Keras' own overflow under
+`mixed_float16`; see docs/normalization.md.
 """
 
 import importlib
@@ -41,9 +40,8 @@ def _float32(weight):
 class LayerNormalization(keras.layers.LayerNormalization):
     """Keras' `LayerNormalization` with its last-axis call through `ops.layer_norm`.
 
-    Same arguments, weights, config and numbers; on PyTorch the normalized width stays
-    a Python int, which Keras' ONNX export with an open batch size needs. It keeps
-    Keras' class name, so weight files of either layer load into the other.
+    Same arguments, weights, config, class name and numbers; on PyTorch the normalized width
+    stays a Python int, which Keras' ONNX export with an open batch size needs.
     """
 
     def call(self, inputs):
@@ -54,20 +52,15 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class RMSNorm(keras.layers.Layer):
-    """Root mean square normalization over the last axis.
-
-    `y = x / sqrt(mean(x**2) + epsilon) * scale`, computed in float32 whatever the
-    dtype policy (inputs above the float16 range stay finite under `mixed_float16`).
+    """RMSNorm over the last axis: `x / sqrt(mean(x**2) + epsilon) * scale`, in float32.
 
     Args:
-        epsilon: float, default `1e-6`. Added to the mean square inside the root.
-        scale: bool, default `True`. Whether to learn a per-channel gain (init 1).
-            `False` standardizes only.
-        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+        epsilon: float, default `1e-6`.
+        scale: bool, default `True`. Learn a per-channel gain (init 1); `False` standardizes only.
+        **kwargs: base layer keyword arguments.
 
     Example:
-    >>> layer = RMSNorm(epsilon=1e-6)
-    >>> y = layer(keras.random.normal((2, 5, 8)))
+    >>> y = RMSNorm(epsilon=1e-6)(keras.random.normal((2, 5, 8)))
 
     Reference:
     - [Zhang & Sennrich, 2019](https://arxiv.org/abs/1910.07467)
@@ -105,13 +98,9 @@ class RMSNorm(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class BatchNorm(keras.layers.BatchNormalization):
-    """Keras `BatchNormalization` that keeps float32 inputs in float32.
+    """Keras `BatchNormalization` that keeps float32 inputs in float32; returns the compute dtype.
 
-    Returns the compute dtype. On `(batch, tokens, channels)` inputs the statistics
-    are per channel over batch x tokens (BatchNorm1d on the flattened tokens).
-
-    Args:
-        **kwargs: `keras.layers.BatchNormalization` arguments.
+    On `(batch, tokens, channels)` the statistics are per channel over batch x tokens.
 
     Example:
     >>> y = BatchNorm(momentum=0.9, epsilon=1e-6)(keras.random.normal((2, 5, 8)))
@@ -128,23 +117,18 @@ class BatchNorm(keras.layers.BatchNormalization):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class DyT(keras.layers.Layer):
-    """Dynamic Tanh: `gamma * tanh(alpha * x) + beta`, a drop-in for LayerNorm.
-
-    `alpha` is one learnable scalar; `gamma` and `beta` are per channel (init 1
-    and 0). Computed in float32 and cast to the compute dtype.
+    """Dynamic Tanh `gamma * tanh(alpha * x) + beta` (scalar `alpha`), in float32.
 
     Args:
-        alpha_init: float, default `0.5` (the value the paper uses for ViTs).
-        affine: bool, default `True`. `False` drops `gamma`/`beta` and freezes
-            `alpha` (a parameter-free squashing).
+        alpha_init: float, default `0.5` (the paper's value for ViTs).
+        affine: bool, default `True`. `False` drops `gamma`/`beta` and freezes `alpha`.
         **kwargs: base layer keyword arguments.
 
     Example:
-    >>> layer = DyT(alpha_init=0.5)
-    >>> y = layer(keras.random.normal((2, 5, 8)))
+    >>> y = DyT(alpha_init=0.5)(keras.random.normal((2, 5, 8)))
 
     Reference:
-    - [Zhu et al., 2025](https://arxiv.org/abs/2503.10622)
+    - [Zhu et al., Transformers without Normalization, 2025](https://arxiv.org/abs/2503.10622)
     """
 
     def __init__(self, alpha_init=0.5, affine=True, **kwargs):
@@ -187,12 +171,7 @@ class DyT(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class Affine(keras.layers.Layer):
-    """Learnable per-channel scale and shift, no standardization: `gamma * x + beta`.
-
-    The "only learnable parameters" ablation of Dual PatchNorm (`stem_norm="affine"`).
-
-    Args:
-        **kwargs: base layer keyword arguments.
+    """`gamma * x + beta` per channel, no standardization: Dual PatchNorm's `stem_norm="affine"`.
 
     Example:
     >>> y = Affine()(keras.random.normal((2, 5, 8)))
@@ -224,19 +203,16 @@ NORM_MODULES_VARIABLE = "KERAS_VITNORM_NORM_MODULES"
 
 
 def register_norm(name, layer_class=None):
-    """Registers a user's normalization layer class under `name`.
+    """Registers a normalization layer class under `name`, usable wherever a norm name is.
 
-    The name then goes wherever a built-in norm name goes (`norm`, `stem_norm`, the
-    commands' `--norm`/`--stem-norm`, study variants). The class is registered in
-    Keras' serialization registry (package `keras_vitnorm.norms`), so a saved model
-    using it loads wherever the class is registered again. Use as a function or as a
-    class decorator. The class normalizes the last axis and is built as
-    `layer_class(name=..., dtype=...)`, plus `epsilon=` when its constructor takes it.
-    Processes the command line starts import the modules in `KERAS_VITNORM_NORM_MODULES`.
+    A function or a class decorator. The class normalizes the last axis and is built as
+    `layer_class(name=..., dtype=...)` (plus `epsilon=` if it takes one); docs/your-norm.md.
 
     Args:
         name: str. A new name: not a built-in norm, letters, digits and underscores.
         layer_class: a `keras.layers.Layer` subclass, or None to return a decorator.
+
+    Raises `ValueError` for a bad, built-in or taken name, `TypeError` for a non-Layer class.
 
     Example:
     >>> @register_norm("scalenorm")
@@ -265,8 +241,7 @@ def register_norm(name, layer_class=None):
 
 
 def import_norm_modules():
-    """Imports each module `KERAS_VITNORM_NORM_MODULES` lists (a dotted name or a path to
-    a `.py` file), which registers its norms; a missing one is a `ValueError` naming it."""
+    """Imports each module of `KERAS_VITNORM_NORM_MODULES`; a missing one is a `ValueError`."""
     for entry in filter(None, (e.strip() for e in os.environ.get(NORM_MODULES_VARIABLE, "").split(","))):
         if entry.endswith(".py"):
             path = pathlib.Path(entry).expanduser().resolve()
@@ -295,8 +270,7 @@ def _import_norm_modules_once():
 
 
 def user_norm_class(name, import_modules=True):
-    """The class registered under `name` (`register_norm`), or None. The first time a
-    name is not found, the modules of `KERAS_VITNORM_NORM_MODULES` are imported first."""
+    """The class registered under `name`, or None; imports the norm modules once if not found."""
     key = f"{USER_NORM_PACKAGE}>{name}"
     found = keras.saving.get_custom_objects().get(key)
     if found is None and import_modules:
@@ -306,8 +280,7 @@ def user_norm_class(name, import_modules=True):
 
 
 def registered_norms(import_modules=False):
-    """The names registered with `register_norm`, sorted; with `import_modules`, after
-    importing the modules of `KERAS_VITNORM_NORM_MODULES` (once)."""
+    """The sorted `register_norm` names; with `import_modules`, after importing the norm modules."""
     if import_modules:
         _import_norm_modules_once()
     prefix = f"{USER_NORM_PACKAGE}>"
@@ -315,8 +288,7 @@ def registered_norms(import_modules=False):
 
 
 def check_norm(argument, value, stem=False):
-    """Raises a `ValueError` unless `value` is a built-in norm (`STEM_NORM_TYPES` where
-    `stem`) or a registered one; the message lists both and how to register."""
+    """A `ValueError` unless `value` is a built-in (stem if `stem`) or a registered norm."""
     built_in = STEM_NORM_TYPES if stem else NORM_TYPES
     if value in built_in or (isinstance(value, str) and user_norm_class(value) is not None):
         return value
@@ -348,21 +320,14 @@ def _make_user_norm(norm, epsilon, learnable, common):
 
 
 def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=None):
-    """Returns a new normalization layer for a `norm` string.
-
-    Layers normalize the last axis of `(batch, tokens, channels)` inputs, except
-    `batchnorm` (per channel over batch x tokens) and `groupnorm` (per sample over
-    tokens x each group's channels).
+    """A new normalization layer for a `norm` string (docs/normalization.md, Norm types).
 
     Args:
-        norm: str, one of `NORM_TYPES`, `"affine"`, or a name registered with
-            `register_norm`.
-        epsilon: float, default `1e-6` (the ViT value; Keras' own default is 1e-3).
-        learnable: bool, default `True`. `False` gives a standardize-only norm
-            (no scale or shift); invalid for `"affine"`.
-        groups: int, default `32`. Number of groups for `groupnorm`.
-        name: str, layer name.
-        dtype: dtype policy for the layer.
+        norm: str, one of `NORM_TYPES`, `"affine"`, or a `register_norm` name.
+        epsilon: float, default `1e-6` (the ViT value; Keras' default is 1e-3).
+        learnable: bool, default `True`. `False`: standardize only; invalid for `"affine"`.
+        groups: int, default `32`, for `groupnorm`.
+        name, dtype: the layer's name and dtype policy.
 
     Example:
     >>> layer = make_norm("rmsnorm", epsilon=1e-6)

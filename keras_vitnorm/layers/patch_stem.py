@@ -25,10 +25,10 @@ _CONV_STEM_BN_EPSILON = 1e-5
 
 
 def patchify(images, patch_size):
-    """Cuts `(batch, H, W, C)` images into `(batch, H/P * W/P, P*P*C)` patch vectors.
+    """`(batch, H, W, C)` images to `(batch, H/P * W/P, P*P*C)` row-major patch vectors.
 
-    Row-major patches, each flattened in `(row, column, channel)` order (Flax/DPN), so a
-    `(P, P, C, D)` Conv2D kernel reshaped to `(P*P*C, D)` is exactly the `Dense` kernel.
+    Each patch flattens in `(row, column, channel)` order, so a `(P, P, C, D)` Conv2D kernel
+    reshaped to `(P*P*C, D)` is the `Dense` kernel.
     """
     _, height, width, channels = images.shape
     grid_h, grid_w = height // patch_size, width // patch_size
@@ -39,8 +39,7 @@ def patchify(images, patch_size):
 
 
 def image_shape_hint(found, expected):
-    """`""`, or a sentence (starting with a space) on what to do about images of shape
-    `(batch, *found)` where `expected` `(height, width, channels)` ones are taken."""
+    """`""`, or a hint (leading space) for `(batch, *found)` images that aren't `expected`."""
     found, expected = tuple(found), tuple(expected)
     height, width, channels = expected
     if found == (channels, height, width) and found != expected:
@@ -53,38 +52,25 @@ def image_shape_hint(found, expected):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class PatchStem(keras.layers.Layer):
-    """Turns images into the token sequence a ViT encoder consumes.
+    """Images `(batch, H, W, C)` to tokens `(batch, tokens, width)`: patch embedding, optional
+    class token and learned position embedding.
 
-    Patch embedding, optional class token and learned position embedding, with the
-    stem normalizations of Dual PatchNorm and its ablations:
-
-    | `stem`            | tokens                                   |
-    |-------------------|------------------------------------------|
-    | `patch`           | `Dense(patches)`                         |
-    | `dual_patchnorm`  | `N1(Dense(N0(patches)))`                 |
-    | `pre_patchnorm`   | `Dense(N0(patches))`                     |
-    | `post_patchnorm`  | `N1(Dense(patches))`                     |
-    | `post_posemb`     | `N1(Dense(patches) (+cls) + posemb)`     |
-    | `conv`            | 3x3 conv-BN-ReLU stack (stride 2 each, total stride P), 1x1 conv |
-
-    `N0` normalizes each flattened `P*P*C` patch vector, `N1` the width. For the
-    patch-norm stems the class token and position embedding come after `N1`.
+    `stem` picks the patch embedding or one of the Dual PatchNorm variants or the conv stem;
+    the stem table (`N0`, `N1`, where the class token goes) is in docs/normalization.md.
 
     Args:
         patch_size: int. Side of a square patch; for `conv` a power of two.
         width: int. Token width.
         stem: str, default `"patch"`. One of `STEM_TYPES`.
-        stem_norm: str or None, default `None`: the norm inside the stem, one of
-            `STEM_NORM_TYPES`. `None` means `"layernorm"` for the patch-norm stems
-            and `"batchnorm"` for `conv`; it must be `None` for `patch`.
+        stem_norm: str or None, default `None`: one of `STEM_NORM_TYPES`. `None` means
+            `"layernorm"` for the patch-norm stems and `"batchnorm"` for `conv`; it must be
+            `None` for `patch`.
         stem_norm_learnable: bool, default `True`. `False` standardizes only.
         norm_epsilon: float, default `1e-6`.
-        norm_groups: int, default `32`, groups when `stem_norm="groupnorm"`.
-        class_token: bool, default `True`. Prepend a learned class token.
-        position_embedding: bool, default `True`. Add a learned position embedding
-            (initialized `N(0, 1/sqrt(width))` as in big_vision).
-        weight_standardization: bool, default `False`. Standardized kernels in the
-            patch embedding and conv stem (`keras_vitnorm.ops.standardize_kernel`).
+        norm_groups: int, default `32`, for `stem_norm="groupnorm"`.
+        class_token: bool, default `True`.
+        position_embedding: bool, default `True`.
+        weight_standardization: bool, default `False`.
         **kwargs: base layer keyword arguments.
 
     Example:
@@ -118,7 +104,7 @@ class PatchStem(keras.layers.Layer):
     def check_arguments(patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
                         norm_epsilon=1e-6, norm_groups=32, class_token=True,
                         position_embedding=True, weight_standardization=False):
-        """Raises a `ValueError` naming the first bad argument of the constructor."""
+        """A `ValueError` naming the first bad argument of the constructor."""
         check_positive_int("patch_size", patch_size)
         check_positive_int("width", width)
         check_choice("stem", stem, STEM_TYPES)

@@ -6,12 +6,7 @@ from keras import ops
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class ClassTokenPooling(keras.layers.Layer):
-    """The class token of a `(batch, tokens, width)` sequence: `x[:, 0]`.
-
-    A registered layer, not a `Lambda`, so saved models containing it load in safe mode.
-
-    Args:
-        **kwargs: base layer keyword arguments.
+    """The class token `x[:, 0]` of `(batch, tokens, width)`; a registered layer for safe mode.
 
     Example:
     >>> pooled = ClassTokenPooling()(keras.random.normal((2, 17, 32)))  # (2, 32)

@@ -1,8 +1,7 @@
 """Contrastive image-text models in the LiT setup: a ViT image tower, a text tower.
 
-A text transformer learns to map each caption next to its image (docs/contrastive.md).
-The tokenizer's vocabulary lives in the config, so a saved model encodes new prompts
-after reload on any backend.
+The tokenizer's vocabulary lives in the config, so a saved model encodes new prompts after
+reload on any backend (docs/contrastive.md).
 """
 
 import functools
@@ -28,16 +27,15 @@ _PUNCTUATION = re.compile(r'[!"#$%&()\*\+,-\./:;<=>?@\[\\\]^_`{|}~\']')
 
 
 def caption_words(text):
-    """The words the models' tokenizer makes of `text`: lower-cased, punctuation deleted,
-    split on whitespace (`TextVectorization(standardize="lower_and_strip_punctuation")`)."""
+    """`text`'s words as the tokenizer makes them: lower-cased, punctuation deleted, split."""
     return _PUNCTUATION.sub("", text.lower()).split()
 
 
 def check_class_names_fit(max_length, class_names, templates):
-    """Raises a `ValueError` where `max_length` tokens cut a class name out of a caption.
+    """A `ValueError` where `max_length` tokens cut a class name out of a caption.
 
-    Cut captions would be the same for every class: training would silently learn nothing.
-    `class_names=None` checks for any one-word name; each template has a `{}`.
+    Cut captions would be the same for every class, and training would learn nothing.
+    `class_names=None` checks for any one-word name.
     """
     names = ["{}"] if class_names is None else list(class_names)
     needed, caption = 0, None
@@ -58,8 +56,7 @@ def check_class_names_fit(max_length, class_names, templates):
 
 
 def softmax_contrastive_loss(logits):
-    """Mean of the image-to-text and text-to-image cross-entropies (`logits[i, j]`: image i,
-    caption j)."""
+    """Mean of the image-to-text and text-to-image cross-entropies (`logits[image, caption]`)."""
     logits = ops.cast(logits, "float32")
     labels = ops.arange(ops.shape(logits)[0])
     image_to_text = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
@@ -77,9 +74,6 @@ def sigmoid_contrastive_loss(logits):
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class TextEncoder(keras.layers.Layer):
     """A small pre-LN transformer over token ids, mean-pooled over the non-padding tokens.
-
-    Token and learned position embeddings, `depth` pre-LN `EncoderBlock`s, a final
-    LayerNorm, then the mean over tokens whose id is not `0` (padding).
 
     Args:
         vocabulary_size: int, token ids in `[0, vocabulary_size)`; `0` is padding.
@@ -142,14 +136,13 @@ class TextEncoder(keras.layers.Layer):
 class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT image tower and a `TextEncoder`, trained contrastively through `model.fit`.
 
-    `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels);
-    the output is the batch's float32 similarity logits `(images, captions)`
-    (docs/contrastive.md).
+    `fit` takes `{"images": ..., "tokens": ...}` batches of matching pairs (no labels); the
+    output is the batch's float32 similarity logits `(images, captions)` (docs/contrastive.md).
 
     Args:
         vit: a `ViT`; its pooled features (`vit.backbone()`) represent the image.
-        vocabulary: list of str, a `TextVectorization` vocabulary (`""` and `"[UNK]"`
-            first), e.g. from `caption_vocabulary`.
+        vocabulary: list of str, a `TextVectorization` vocabulary (`""` and `"[UNK]"` first),
+            e.g. from `caption_vocabulary`.
         max_length, embed_dim: tokens per caption; size of the shared embedding.
         freeze_image_tower: bool, default `True` (LiT's setup), BatchNorm statistics too.
         loss: `"softmax"` (default) or `"sigmoid"` (SigLIP).
@@ -209,14 +202,12 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         self.built = True
 
     def input_shapes(self):
-        """`{"images": (height, width, channels), "tokens": (max_length,)}`: what `fit`,
-        `evaluate` and `predict` take (`keras_vitnorm.models.guarded_calls`)."""
+        """`{"images": (height, width, channels), "tokens": (max_length,)}` that the calls take."""
         return {"images": tuple(self.image_encoder.inputs[0].shape[1:]), "tokens": (self.max_length,)}
 
     @functools.cached_property
     def _tokenizer(self):
-        # Kept out of Keras' tracking (a cached property bypasses `__setattr__`): as a
-        # sublayer it would go into saved files and stop `quantize`.
+        # Untracked (a cached property): as a sublayer it would be saved and stop `quantize`.
         return keras.layers.TextVectorization(
             standardize="lower_and_strip_punctuation", output_sequence_length=self.max_length,
             vocabulary=self.vocabulary[2:])
@@ -260,7 +251,7 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         return loss + ops.cast(sum(self.losses), "float32") if self.losses else loss
 
     def zero_shot_classifier(self, class_names, templates):
-        """`(classes, embed_dim)`: each class's prompt embeddings averaged, renormalized.
+        """`(classes, embed_dim)`: each class's prompt embeddings averaged and renormalized.
 
         `templates`: str with a `{}` for the class name (`"a photo of a {}."`).
         """

@@ -1,5 +1,4 @@
-"""The entry points of Keras' trainer on the library's models, guarded: the input checked
-before the trainer runs, the weights kept where a call fails."""
+"""Keras' trainer entry points, guarded: inputs checked first, weights kept where a call fails."""
 
 import inspect
 import sys
@@ -25,8 +24,7 @@ def _static_shape(data):
 
 
 def _part(data, name, named_only):
-    """The part of `data` (arrays, a dict, a `tf.data.Dataset`) that feeds input `name`;
-    `None` where it cannot be told without reading data (a generator)."""
+    """The part of `data` that feeds input `name`; `None` where only reading would tell."""
     spec = getattr(data, "element_spec", None)
     if spec is not None:
         data = spec[0] if isinstance(spec, tuple) else spec
@@ -40,8 +38,7 @@ RANGE_SAMPLE = 64
 
 
 def _first_images(data, name, named_only):
-    """Up to `RANGE_SAMPLE` images that arrays or tensors `data` feed to input `name`, as
-    NumPy; `None` for anything else or where the copy fails (a symbolic tensor)."""
+    """Up to `RANGE_SAMPLE` images of input `name` from arrays or tensors, as NumPy, else `None`."""
     part = _part(data, name, named_only)
     if part is None or not len(getattr(part, "shape", ())):
         return None
@@ -61,25 +58,19 @@ def _finite_range(images):
 
 
 class GuardedCalls:
-    """Keras' `fit`, `evaluate`, `predict` and `*_on_batch`, with three guards.
+    """Mixin (before `keras.Model`) guarding `fit`, `evaluate`, `predict` and `*_on_batch`.
 
-    - Inputs whose shape is known without reading them are checked first: a
-      `ValueError` names the shape given, the one taken and what to do.
-    - Under JAX a call that raises leaves the weights as its last finished step did
-      (`keras_vitnorm.backend.keeping_variables`), not empty.
-    - Images far outside `pixel_ranges()` get a warning once per model (arrays: the
-      first `RANGE_SAMPLE` images of the first call; a `tf.data.Dataset` as it is read).
-
-    A mixin, placed before `keras.Model` in the bases.
+    - Input shapes known without reading the data are checked first (a `ValueError`).
+    - Under JAX a call that raises leaves the weights of its last finished step.
+    - Images far outside `pixel_ranges()` get a warning once per model (arrays: the first
+      `RANGE_SAMPLE` images of the first call; a `tf.data.Dataset` as it is read).
     """
 
-    #: Whether a `tf.data.Dataset` given to a call gets the range check as its batches are
-    #: read (the library's trainers, whose pipelines give the model's range, turn it off).
+    #: Range-check a `tf.data.Dataset`'s batches (the library's trainers turn it off).
     check_datasets = True
 
     def pixel_ranges(self):
-        """`{input name: (low, high)}` of the checked image inputs: the ViT's `pixel_range`
-        for a model built on one (`vit_config`), else none."""
+        """`{input name: (low, high)}` of the checked image inputs (the ViT's `pixel_range`)."""
         config = getattr(self, "vit_config", None)
         if config is None:
             return {}
@@ -90,8 +81,7 @@ class GuardedCalls:
                 "ViT.from_preset(..., pixel_range=[0, 255])")
 
     def _warn_outside_range(self, name, found, method):
-        """Warns, once per model, where `found` (`(min, max)`) lies beyond half the span of
-        input `name`'s range on either side; returns whether it did."""
+        """Warns once per model where `found` lies over half the range's span outside it."""
         low, high = self.pixel_ranges()[name]
         margin = (high - low) / 2
         if getattr(self, "_pixel_range_warned", False) or (
@@ -107,8 +97,7 @@ class GuardedCalls:
         return True
 
     def check_pixel_range(self, x, method="call"):
-        """`x`, its images checked against `pixel_ranges()` (see the class docstring):
-        arrays and tensors now, a `tf.data.Dataset` mapped to check its batches."""
+        """`x`, its images checked against `pixel_ranges()` (a dataset mapped to check batches)."""
         ranges = self.pixel_ranges()
         if not ranges or getattr(self, "_pixel_range_warned", False):
             return x
@@ -126,8 +115,7 @@ class GuardedCalls:
         return x
 
     def _checking_dataset(self, dataset, method, named_only):
-        """`dataset` mapped to pass each batch's images' finite min and max to
-        `_warn_outside_range` (its elements unchanged), where it is a `tf.data.Dataset`."""
+        """A `tf.data.Dataset` mapped to pass each batch's finite range to `_warn_outside_range`."""
         tf = sys.modules.get("tensorflow")
         if tf is None or not isinstance(dataset, tf.data.Dataset):
             return dataset
@@ -212,8 +200,7 @@ class GuardedCalls:
     def predict_on_batch(self, *args, **kwargs):
         return self._guarded("predict_on_batch", (args, kwargs), ("x",))
 
-    # Keras makes a step function once everything the call needs is built (the
-    # optimizer's and the metrics' variables too), before the step that empties them.
+    # Keras makes a step function once all variables exist, before a step empties them.
     def make_train_function(self, force=False):
         backend.remember_variables(self)
         return super().make_train_function(force)

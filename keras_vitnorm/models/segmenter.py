@@ -1,8 +1,7 @@
-"""Semantic segmentation with a linear head on a ViT's patch tokens.
+"""Semantic segmentation with a linear head on a ViT's patch tokens (docs/segmentation.md).
 
-The Dual PatchNorm paper's setup (Strudel et al. 2021's linear decoder): per-patch
-logits upsampled bilinearly to the input size, so the encoder's features decide the
-result (docs/segmentation.md).
+The Dual PatchNorm paper's setup (Strudel et al. 2021's linear decoder): per-patch logits
+upsampled bilinearly, so the encoder's features decide the result.
 """
 
 import keras
@@ -45,11 +44,10 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
-    """A ViT encoder with a linear per-patch head, upsampled to per-pixel logits.
+    """A ViT encoder (`vit.backbone()`) with a zero-initialized linear per-patch head, upsampled.
 
-    The encoder is `vit.backbone()` (shared weights, dtype policy); the head starts at
-    zero. Outputs are float32 logits `(batch, height, width, num_classes)`, for
-    `segmentation_loss` and `mean_iou` (docs/segmentation.md).
+    Outputs float32 logits `(batch, height, width, num_classes)`, for `segmentation_loss` and
+    `mean_iou`.
 
     Args:
         vit: a `ViT`; its class token and classifier head are unused.

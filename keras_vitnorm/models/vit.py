@@ -34,27 +34,18 @@ _BASE_MODEL_KEYS = ("name", "trainable")
 class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its config.
 
-    A Keras functional model configured by JSON-safe values, so a norm ablation is a
-    one-line config change:
+    A Keras functional model configured by JSON-safe values, so a norm ablation is a one-line
+    config change: `config["norm"] = "rmsnorm"; ViT.from_config(config)`.
 
-    ```python
-    config = model.get_config()
-    config["norm"] = "rmsnorm"
-    ablated = keras_vitnorm.ViT.from_config(config)
-    ```
-
-    Inputs are `(batch, height, width, channels)` images (channels last); outputs
-    are float32 logits `(batch, num_classes)`, or pooled features `(batch, width)`
-    when `num_classes=0`.
+    Inputs are `(batch, height, width, channels)` images; outputs are float32 logits
+    `(batch, num_classes)`, or pooled features `(batch, width)` when `num_classes=0`.
 
     Args (values, formulas and defaults in docs/normalization.md):
         image_size, patch_size, num_channels: int (`image_size` also [height, width]).
         width, depth, num_heads, mlp_dim: token width, blocks, heads (divide `width`), MLP.
         num_classes: `0` returns the pooled features.
-        norm, norm_epsilon, norm_groups: norm type of the blocks, the final norm and
-            `qk_norm`; epsilon `1e-6` (ViT's; Keras' is 1e-3); groups of `groupnorm`.
-        attn_norm, mlp_norm: placement (`"pre"`, `"post"`, `"pre_post"`, `"none"`);
-            `None` follows `block_style`.
+        norm, norm_epsilon, norm_groups: norm of the blocks, the final norm and `qk_norm`.
+        attn_norm, mlp_norm: placement; `None` follows `block_style`.
         block_style: `"standard"`, `"normformer"`, `"sub_ln"` or `"deepnorm"`.
         stem, stem_norm, stem_norm_learnable: patch embedding variant and its norm.
         final_norm: `None` adds one unless the MLP placement is `"post"`.
@@ -161,10 +152,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
     def backbone(self):
         """The encoder as a model sharing this ViT's layers and weights.
 
-        Returns:
-            A `keras.Model` from the images to `{"tokens": (batch, tokens, width),
-            "pooled": (batch, width)}`: the tokens after the final norm (class token
-            first with `pooling="cls"`) and what the head reads (docs/normalization.md).
+        It maps the images to `{"tokens": (batch, tokens, width), "pooled": (batch, width)}`: the
+        tokens after the final norm (class token first with `pooling="cls"`), and the head's input.
         """
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
@@ -194,22 +183,19 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
 
     @classmethod
     def from_preset(cls, preset, resample="bilinear", **overrides):
-        """Builds a ViT from a built-in preset name or a saved preset directory.
+        """Builds a ViT from a built-in preset name, a preset directory, hub handle or checkpoint.
 
-        A built-in name (`ViT.presets()`) gives a freshly initialized model; a
-        `save_to_preset` directory, a hub handle or a standard ViT checkpoint (Hugging
-        Face, keras-hub, timm, big_vision/AugReg) gives the saved weights. Overrides
-        replace config values: a new `image_size` resamples the position embedding
-        (`resample`: `"bilinear"` or `"bicubic"`), a new `num_classes` gives a fresh
-        head; any other weight that no longer fits is a `ValueError` naming it
+        A built-in name (`ViT.presets()`) is freshly initialized; the others give saved weights
+        (Hugging Face, keras-hub, timm, big_vision/AugReg). A new `image_size` resamples the
+        position embedding (`resample`: `"bilinear"` or `"bicubic"`), a new `num_classes` gives a
+        fresh head; any other weight that no longer fits is a `ValueError` naming it
         (docs/presets.md, docs/checkpoints.md).
         """
         return preset_io.load_preset(cls, preset, overrides, resample)
 
     def save_to_preset(self, directory, overwrite=False):
-        """Writes `config.json`, `model.weights.npz` and `metadata.json` to `directory`,
-        which loads under any backend with `ViT.from_preset(directory)`. A directory that
-        already holds a preset is only replaced with `overwrite=True`.
+        """Writes a preset directory that `ViT.from_preset` loads under any backend; an existing
+        preset is replaced only with `overwrite=True`.
         """
         preset_io.save_preset(self, directory, overwrite=overwrite)
 
@@ -218,10 +204,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         return preset_io.weights_by_path(self)
 
     def load_weights_by_path(self, arrays, resample_position_embedding=True, resample="bilinear"):
-        """Loads `{path: array}` weights (as `weights_by_path` names them).
-
-        Every weight must be given and fit, else a `ValueError` names it; a position
-        embedding of another grid is resampled unless `resample_position_embedding=False`.
+        """Loads `{path: array}` weights as `weights_by_path` names them; a missing or misfit one
+        is a `ValueError`. Another grid's position embedding is resampled unless told not to.
         """
         embedding = arrays.get(POSITION_EMBEDDING)
         stem_embedding = self.get_layer("stem").pos_embedding

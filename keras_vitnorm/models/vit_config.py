@@ -1,5 +1,4 @@
-"""The ViT's config: what each value may be, checked before a layer is built, and the
-`dtype` that rebuilds a quantized model."""
+"""The ViT's config: what each value may be, and the `dtype` that rebuilds a quantized model."""
 
 import math
 
@@ -13,8 +12,7 @@ from keras_vitnorm.validation import check_positive_int
 
 #: Every value accepted by `pooling`.
 POOLINGS = ("cls", "gap")
-#: The pixel range the layers after the input are trained on (big_vision's
-#: `value_range(-1, 1)`): a model of another `pixel_range` maps its input onto it.
+#: The range the layers after the input take (big_vision's `value_range(-1, 1)`).
 MODEL_RANGE = (-1.0, 1.0)
 
 
@@ -44,9 +42,9 @@ def image_hw(image_size):
 
 
 def in_model_range(overrides):
-    """`overrides` (ViT keyword arguments) with `pixel_range` at [-1, 1], for a model that
-    the library's own input pipelines feed (they give [-1, 1]): a saved model of another
-    range loads with the same weights; another range asked for is a `ValueError`."""
+    """`overrides` with `pixel_range` at [-1, 1], what the library's pipelines feed; another
+    range asked for is a `ValueError`.
+    """
     if pixel_range_of(overrides.get("pixel_range", MODEL_RANGE)) != MODEL_RANGE:
         raise ValueError(
             f"pixel_range={overrides['pixel_range']!r}: the library's input pipelines feed "
@@ -98,18 +96,12 @@ def validate_config(config):
 
 
 def default_final_norm(mlp_norm):
-    """Whether a norm follows the last block when `final_norm` is not given: not where
-    the resolved `mlp_norm` is `"post"`, whose blocks already end in a norm (torchscale)."""
+    """Whether a norm follows the last block by default: not after a `"post"` MLP norm."""
     return mlp_norm != "post"
 
 
 def sublayers(model):
-    """Every layer inside `model`, at any depth, each once.
-
-    Keras' private `_flatten_layers` (which `Model.quantize` walks too); without it,
-    every layer reachable through attributes holding layers or lists, tuples and dicts
-    of them.
-    """
+    """Every layer inside `model`, at any depth, each once (Keras' `_flatten_layers` if present)."""
     flatten = getattr(model, "_flatten_layers", None)
     if callable(flatten):
         return list(flatten(include_self=False))
@@ -129,8 +121,7 @@ def sublayers(model):
 def dtype_with_quantized_layers(model, dtype):
     """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
 
-    `dtype` itself unless a layer has been quantized: then a `DTypePolicyMap` with `dtype`
-    as default and each quantized layer's policy under its path (as keras-hub records it).
+    With a quantized layer: a `DTypePolicyMap`, `dtype` its default (as keras-hub records it).
     """
     if isinstance(dtype, dict):
         dtype = keras.dtype_policies.deserialize(dtype)
@@ -144,10 +135,7 @@ def dtype_with_quantized_layers(model, dtype):
 
 
 def vit_config_with_quantized_layers(model, vit_config):
-    """`vit_config` of the ViT a model is built on, its `dtype` taking the model's quantized layers.
-
-    For `Segmenter` and `LiT`, which take the ViT's dtype policy.
-    """
+    """`vit_config` with a `dtype` that keeps the model's quantized layers (`Segmenter`, `LiT`)."""
     dtype = dtype_with_quantized_layers(model, vit_config["dtype"])
     if dtype is not None and not isinstance(dtype, str):
         dtype = keras.dtype_policies.serialize(dtype)

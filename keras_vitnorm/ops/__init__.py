@@ -1,8 +1,7 @@
 """The few tensor operations the layers need beyond `keras.ops`, with their fast paths.
 
-Each op is written in `keras.ops`; where a backend runs it measurably faster in another
-form, the op takes that form while its fast path is on (`keras_vitnorm.ops.switch`).
-Values and gradients agree either way up to float32 round-off (docs/backends.md).
+Each op is written in `keras.ops`; a fast path (`keras_vitnorm.ops.switch`) gives the same
+values and gradients up to float32 round-off in a faster form (docs/backends.md).
 """
 
 import functools
@@ -62,9 +61,8 @@ def _on_cpu():
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
     """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`.
 
-    `keras.ops.layer_normalization` (float32 at least, `x`'s dtype out), cast to `dtype`
-    where given. On PyTorch the width goes to `torch.nn.functional.layer_norm` as a
-    Python int, which Keras' ONNX export needs (docs/backends.md); always on.
+    `keras.ops.layer_normalization`, cast to `dtype` where given; on PyTorch the width goes to
+    `torch.nn.functional.layer_norm` as a Python int for ONNX export (docs/backends.md).
     """
     if epsilon is None:  # as Keras' op takes it
         epsilon = keras.config.epsilon()
@@ -75,10 +73,7 @@ def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
 
 
 def linear(x, kernel, bias=None):
-    """`x @ kernel + bias` over the last axis of `x` (`kernel`: `(in, out)`).
-
-    Fast path `linear` (PyTorch): one `torch.nn.functional.linear`.
-    """
+    """`x @ kernel + bias` over the last axis (`kernel`: `(in, out)`); fast path `linear`."""
     x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
     bias = None if bias is None else ops.convert_to_tensor(bias)
     same_dtype = x.dtype == kernel.dtype and (bias is None or bias.dtype == x.dtype)
@@ -91,10 +86,9 @@ def linear(x, kernel, bias=None):
 def standardize_kernel(kernel, epsilon=1e-10):
     """Weight standardization: each output unit's weights at mean 0 and variance `1/fan_in`.
 
-    Over each output unit's fan-in (all axes but the last), in float32:
-    `w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)`. The `1/fan_in`
-    variance (scaled WS, Brock et al. 2021) keeps a layer's output at its input's scale,
-    since dense layers here feed the residual stream with no norm after them.
+    `w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)` over all axes but the last,
+    in float32. The `1/fan_in` (scaled WS, Brock et al. 2021) keeps the output at its input's
+    scale, as no norm follows the dense layers that feed the residual stream.
     """
     dtype = keras.backend.standardize_dtype(kernel.dtype)
     w = ops.cast(kernel, "float32")
@@ -107,10 +101,9 @@ def standardize_kernel(kernel, epsilon=1e-10):
 
 
 def qkv_projection(x, kernel, bias, num_heads):
-    """q, k and v, each `(batch, tokens, heads, head_dim)`, from a fused projection.
+    """q, k, v `(batch, tokens, heads, head_dim)` from a fused `(width, 3 * width)` kernel.
 
-    `kernel` is `(width, 3 * width)` with columns `[q | k | v]`, each head-major.
-    Fast path `split_qkv` (TensorFlow): three `linear`s on the kernel's thirds.
+    Columns `[q | k | v]`, each head-major; fast path `split_qkv` (TensorFlow).
     """
     tokens = x.shape[1]
     head_dim = kernel.shape[-1] // (3 * num_heads)
@@ -123,10 +116,9 @@ def qkv_projection(x, kernel, bias, num_heads):
 
 
 def split_heads(qkv, num_heads):
-    """`(batch, tokens, 3 * width)` fused projections to q, k, v `(batch, tokens, heads, head_dim)`.
+    """`(batch, tokens, 3 * width)` to q, k, v `(batch, tokens, heads, head_dim)`.
 
-    `ops.unstack`, not three index selections: on PyTorch its gradient is one stack,
-    where each selection's would be a zero-filled tensor of the whole projection.
+    `ops.unstack`: on PyTorch its gradient is one stack, not three zero-filled full tensors.
     """
     tokens, fused = qkv.shape[1], qkv.shape[2]
     qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
@@ -137,15 +129,10 @@ def split_heads(qkv, num_heads):
 def attention(q, k, v):
     """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
 
-    `keras.ops.dot_product_attention(q, k, v)`, except:
-
-    - float16 on TensorFlow: `heads_first_attention` (float32 logits; a fix, always on).
-    - Fast path `attention`: heads-first on a CPU under JAX and TensorFlow; PyTorch's
-      `scaled_dot_product_attention`; JAX on a GPU with an odd token count: cuDNN's
-      attention on tokens padded to a multiple of 8, masked.
-    - Otherwise no flash attention for an odd token count on JAX (cuDNN rejects it
-      when differentiated; Keras would log a traceback and fall back to XLA) or under
-      `torch.compile` (Keras' FlashAttention check cannot be traced).
+    `keras.ops.dot_product_attention`, except: float16 on TensorFlow goes heads-first (float32
+    logits; always on); fast path `attention` (docs/backends.md); and no flash attention for an
+    odd token count on JAX (cuDNN rejects it when differentiated) or under `torch.compile`
+    (Keras' FlashAttention check cannot be traced).
     """
     q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
     backend = backend_name()
@@ -166,11 +153,10 @@ def attention(q, k, v):
 
 
 def heads_first_attention(q, k, v):
-    """`softmax(q k^T / sqrt(head_dim)) v` with heads before tokens.
+    """`softmax(q k^T / sqrt(head_dim)) v` with heads before tokens, same shapes as Keras' op.
 
-    Same inputs and output as `keras.ops.dot_product_attention`; the scale goes on q
-    (smaller than the logits), and float16 or bfloat16 q and k give float32 logits and
-    softmax (a float16 logit overflows once q and k reach a few hundred).
+    The scale goes on q; float16 or bfloat16 q and k give float32 logits and softmax (a
+    float16 logit overflows once q and k reach a few hundred).
     """
     q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
     if keras.backend.standardize_dtype(q.dtype) in ("float16", "bfloat16"):
@@ -183,11 +169,8 @@ def heads_first_attention(q, k, v):
 
 
 def residual_fence(x):
-    """`x`, on the residual stream after each sublayer's add.
-
-    Fast path `residual_fence` (JAX on a CPU): an identity whose gradient passes a
-    conditional XLA cannot fuse across, so the backward pass does not grow with
-    depth squared.
+    """`x`; fast path `residual_fence` (JAX on a CPU): an identity whose gradient XLA cannot fuse
+    across blocks, so the backward pass does not grow with depth squared.
     """
     if _fast("residual_fence", "jax") and _xla_or_graph_on_cpu():
         return _native().residual_fence()(x)

@@ -12,8 +12,7 @@ def on_cpu():
 
 
 def cudnn_attention_fits(q, k, v):
-    """Whether JAX's cuDNN attention takes these q, k and v once their tokens are padded
-    (the conditions JAX checks besides the token count)."""
+    """Whether JAX's cuDNN attention takes q, k and v once their tokens are padded."""
     if jax.default_backend() != "gpu" or not q.dtype == k.dtype == v.dtype:
         return False
     if str(q.dtype) not in ("bfloat16", "float16"):
@@ -28,14 +27,11 @@ def cudnn_attention_fits(q, k, v):
 
 
 def padded_attention(q, k, v, implementation="cudnn", multiple=8):
-    """Softmax attention on tokens padded to a multiple of `multiple`, the padding masked.
+    """Softmax attention on `(batch, tokens, heads, head_dim)` padded to a multiple of `multiple`.
 
-    JAX's cuDNN attention rejects an odd token count (197 for a ViT at 224 pixels) when
-    differentiated. The padding is masked through the sequence lengths and dropped, so
-    values and gradients are those of unpadded attention; if JAX still rejects the
-    inputs, XLA's attention runs unpadded.
-
-    `q`, `k`, `v`: arrays `(batch, tokens, heads, head_dim)`, one dtype.
+    JAX's cuDNN attention rejects an odd token count when differentiated; the padding is masked
+    by sequence lengths and dropped, so values and gradients are unpadded attention's. If JAX
+    still rejects the inputs, XLA's attention runs unpadded.
     """
     tokens = q.shape[1]
     pad = -tokens % multiple
@@ -51,20 +47,18 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=8):
 
 
 def conditional_identity(probe, value):
-    """`value` through a `lax.cond` whose predicate, read from `probe`, XLA cannot fold,
-    so the conditional stays in the program and ends XLA's fusion there."""
+    """`value` through a `lax.cond` on `probe` that XLA cannot fold, ending its fusion there."""
     keep = jnp.isfinite(probe.reshape(-1)[0])
     return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, value)
 
 
 @functools.cache
 def residual_fence():
-    """The identity, whose gradient passes through `conditional_identity` in reverse mode.
+    """The identity, whose reverse-mode gradient passes `conditional_identity`.
 
-    XLA's CPU compiler fuses the residual gradient's chain of adds into each consumer
-    (backward time growing with depth squared); a conditional ends the fusion at each
-    block (`optimization_barrier` does not survive to fusion). It sits only in the
-    transpose, so forward mode sees the identity and nothing is kept from the forward.
+    XLA's CPU compiler fuses the residual gradient's chain of adds into each consumer; a
+    conditional ends that at each block (`optimization_barrier` does not survive to fusion).
+    It sits only in the transpose, so the forward keeps nothing.
     """
 
     def identity(_, tangent):

@@ -12,8 +12,7 @@ def linear(x, kernel, bias):
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype):
-    """`keras_vitnorm.ops.layer_norm` as Keras' PyTorch backend computes it, with the
-    normalized width a Python int that a TorchScript trace keeps constant."""
+    """`ops.layer_norm` with the width a Python int, a constant in a TorchScript trace."""
     x = keras.ops.convert_to_tensor(x)
     compute = torch.promote_types(x.dtype, torch.float32)
     gamma, beta = (None if w is None else keras.ops.convert_to_tensor(w).to(compute)
@@ -34,11 +33,9 @@ def compiling():
 
 
 def attention(q, k, v):
-    """Softmax attention by `torch.nn.functional.scaled_dot_product_attention` on views.
+    """Softmax attention by `scaled_dot_product_attention` on the strided views.
 
-    Keras' form copies q, k and v into contiguous memory first (unless flash attention
-    fits); PyTorch's function takes the strided `(batch, tokens, heads, head_dim)`
-    views and picks its own kernel.
+    Keras' form first copies q, k and v into contiguous memory (unless flash attention fits).
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)

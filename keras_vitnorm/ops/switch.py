@@ -1,9 +1,7 @@
 """The switch of the backend fast paths (docs/backends.md, "Fast paths and their switch").
 
-The fast forms are on by default; `KERAS_VITNORM_FAST_PATHS` (`0`, or the names to keep
-on), `set_fast_paths` or the `fast_paths` context turn them off, when a framework update
-breaks one or to time a form against the other. JAX and TensorFlow read the switch when
-they trace a step (change it before the first call); PyTorch reads it at every call.
+On by default; `KERAS_VITNORM_FAST_PATHS` (`0`, or the names to keep on), `set_fast_paths`
+or `fast_paths` turn them off. JAX and TensorFlow read it when they trace a step.
 """
 
 import contextlib
@@ -49,8 +47,7 @@ def fast_path_enabled(name):
 
 
 def set_fast_paths(enabled=True, names=None):
-    """Turns the fast paths `names` (default: all) on or off; returns the previous
-    `{name: bool}` of every fast path."""
+    """Turns `names` (default: all) on or off; returns the previous `{name: bool}` of all."""
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}.")
     chosen = FAST_PATHS if names is None else _check_names(names, "set_fast_paths")
