@@ -1,22 +1,30 @@
-"""The benchmark scripts' FLOP count, argument checks and micro-benchmark worker (not their timings)."""
+"""The benchmark scripts (benchmarks/): FLOP count, argument checks, workers and tables, not
+their timings."""
 
 import argparse
+import io
 import json
-import mmap
 import os
 import re
+import subprocess
 import sys
+from types import SimpleNamespace
 
-import numpy as np
+import keras
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import _common  # noqa: E402
+import _memory  # noqa: E402
 import bench_input  # noqa: E402
 import bench_norms  # noqa: E402
 import bench_parallel  # noqa: E402
 import bench_variants  # noqa: E402
 import bench_vit  # noqa: E402
 import profile_step  # noqa: E402
+
+BACKEND = keras.backend.backend()
 
 
 @pytest.fixture(autouse=True)
@@ -39,58 +47,42 @@ def test_model_flops_match_published_multiply_adds(preset, published_gmacs):
     from keras_vitnorm.models.presets import preset_config
 
     c = preset_config(preset)
-    flops = bench_vit.model_flops(c["width"], c["depth"], c["mlp_dim"], c["patch_size"], 224, 3, 1000)
+    flops = bench_vit.model_flops(c["width"], c["depth"], c["mlp_dim"], c["patch_size"], 224, 3,
+                                  1000)
     assert flops / 2e9 == pytest.approx(published_gmacs, rel=0.01)
 
 
 def test_matmul_rate_is_the_best_library_and_leaves_out_one_that_fails(monkeypatch):
-    import keras
-
-    backend = keras.backend.backend()
     monkeypatch.setitem(bench_vit._BACKEND_MATMUL, "broken", "raise SystemExit(3)\n")
-    best, rates = bench_vit.matmul_rate(1, (backend, "broken"), size=64, repeats=1)
-    expected = {"numpy", "torch"} | ({backend} & {"jax", "tensorflow"})
+    best, rates = bench_vit.matmul_rate(1, (BACKEND, "broken"), size=64, repeats=1)
+    expected = {"numpy", "torch"} | ({BACKEND} & {"jax", "tensorflow"})
     assert "numpy" in rates and set(rates) <= expected
-    if backend in ("jax", "tensorflow"):
-        assert backend in rates  # measured in its own child process
+    if BACKEND in ("jax", "tensorflow"):
+        assert BACKEND in rates  # measured in its own child process
     assert "broken" not in rates
     assert best == max(rates.values()) and min(rates.values()) > 0
 
 
-@pytest.mark.parametrize("module, argv", [
-    (bench_vit, ["--batch-size", "0"]),
-    (bench_vit, ["--repeats", "-1"]),
-    (bench_vit, ["--rounds", "0"]),
-    (bench_vit, ["--warmup", "-1"]),
-    (bench_variants, ["--rounds", "0"]),
-    (bench_variants, ["--model", "l16"]),
-    (bench_variants, ["--device", "tpu"]),
-    (bench_variants, ["--variants", "groupnorm"]),
-    (bench_variants, ["--measure", "speed"]),
-    (bench_variants, ["--memory-parallel", "0"]),
-    (bench_variants, ["--warmup", "-1"]),
-    (bench_norms, ["--steps", "0"]),
-    (bench_norms, ["--warmup", "-2"]),
-    (bench_norms, ["--part", "speed"]),
-    (bench_vit, ["--host-memory", "keep"]),
-    (bench_vit, ["--other-forms", "faster"]),
-    (bench_vit, ["--timm", "lazy"]),
-    (bench_vit, ["--overrides", '{"image_size": 32}']),
-    (profile_step, ["--steps", "0"]),
-    (profile_step, ["--mode", "speed"]),
-    (profile_step, ["--rows", "0"]),
-    (profile_step, ["--device", "tpu"]),
-    (profile_step, ["--image-size", "-3"]),
-    (profile_step, ["--overrides", "{depth: 1}"]),
-    (bench_input, ["--batches", "0"]),
-    (bench_parallel, ["--processes", "0"]),
-    (bench_parallel, ["--model", "l16"]),
+#: Each script's options that must be positive integers (`_common.check_positive_ints`).
+POSITIVE = [(bench_vit, "--batch-size"), (bench_vit, "--rounds"), (bench_variants, "--rounds"),
+            (bench_variants, "--memory-parallel"), (bench_norms, "--steps"),
+            (profile_step, "--steps"), (profile_step, "--rows"), (profile_step, "--image-size"),
+            (bench_input, "--batches"), (bench_parallel, "--processes")]
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    *[(module, [flag, "0"], f"{flag} must be a positive integer, got 0")
+      for module, flag in POSITIVE],
+    *[(module, ["--warmup", "-1"], "--warmup must be 0 or more, got -1")
+      for module in (bench_vit, bench_variants, bench_norms)],
+    (bench_vit, ["--overrides", '{"image_size": 32}'], "--overrides sets image_size 32"),
+    (profile_step, ["--overrides", "{depth: 1}"], "--overrides is not JSON"),
 ])
-def test_bad_arguments_exit_with_a_message(module, argv, capsys):
+def test_bad_arguments_exit_with_a_message_naming_the_value(module, argv, said, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2
-    assert argv[0] in capsys.readouterr().err
+    assert said in capsys.readouterr().err
 
 
 def _cuda_available():
@@ -101,7 +93,8 @@ def _cuda_available():
     return torch.cuda.is_available()
 
 
-@pytest.mark.skipif(_cuda_available(), reason="this machine has a CUDA GPU, so --device gpu is valid here")
+@pytest.mark.skipif(_cuda_available(),
+                    reason="this machine has a CUDA GPU, so --device gpu is valid here")
 def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_vit.main(["--device", "gpu", "--no-reference"])
@@ -109,39 +102,38 @@ def test_gpu_device_without_a_gpu_exits_with_a_message(capsys):
     assert "--device gpu needs PyTorch with a CUDA GPU" in capsys.readouterr().err
 
 
-def test_the_profile_refuses_what_this_backend_cannot_run():
-    import _common
-    import keras
-
-    backend = keras.backend.backend()
-    if backend != "torch":
-        with pytest.raises(SystemExit, match=f"KERAS_BACKEND=torch \\(this process has {backend}\\)"):
+def test_the_profile_and_the_variant_worker_refuse_what_this_backend_cannot_run():
+    if BACKEND != "torch":
+        with pytest.raises(SystemExit,
+                           match=f"KERAS_BACKEND=torch \\(this process has {BACKEND}\\)"):
             profile_step.main(["--reference"])
     if _common.keras_backend_device() == "cpu":
-        with pytest.raises(SystemExit, match=f"--device gpu: the {backend} backend computes on cpu"):
+        with pytest.raises(SystemExit,
+                           match=f"--device gpu: the {BACKEND} backend computes on cpu"):
             profile_step.main(["--device", "gpu"])
+        with pytest.raises(RuntimeError, match="--device gpu"):
+            bench_variants.worker(_variant_arguments(device="gpu"))
 
 
-def test_norm_worker_times_every_size_norm_and_mode():
+def test_norm_worker_times_every_size_norm_and_mode_and_a_failed_backend_fills_its_row():
     args = argparse.Namespace(batch_size=1, steps=1, warmup=0, repeats=1)
     results = bench_norms.worker_norms(args)
-    expected = {f"{size}|{norm}|{mode}" for size in bench_norms.SIZES for norm in ("layernorm", "rmsnorm")
-                for mode in ("forward", "forward+backward")}
-    assert set(results) == expected
+    assert set(results) == {f"{size}|{norm}|{mode}" for size in bench_norms.SIZES
+                            for norm in ("layernorm", "rmsnorm")
+                            for mode in ("forward", "forward+backward")}
     assert all(seconds > 0 for seconds in results.values())
-    table = bench_norms.norms_table({"this backend": results})
-    assert len(table) == 2 + len(bench_norms.SIZES)
+    table = bench_norms.norms_table({"this backend": results, "jax": {"error": "worker died"}})
+    assert len(table) == 2 + len(bench_norms.SIZES) + 1
+    assert table[-1].startswith("| jax | failed: worker died |")
+    assert table[-1].count("|") == table[0].count("|")
 
 
 def test_rounds_combine_to_the_median_step_and_the_first_compile():
     rounds = [{"train": {"compile_s": 9.0, "step_s": step, "faults": faults, "kernel_s": step / 10}}
               for step, faults in ((3.0, 10.0), (1.0, 30.0), (2.0, 20.0))]
-    combined = bench_vit.combine_rounds(rounds)
-    assert combined["train"]["step_s"] == 2.0
-    assert combined["train"]["compile_s"] == 9.0
-    assert combined["train"]["round_step_s"] == [3.0, 1.0, 2.0]
-    assert combined["train"]["faults"] == 20.0
-    assert combined["train"]["kernel_s"] == pytest.approx(0.2)
+    assert bench_vit.combine_rounds(rounds)["train"] == {
+        "compile_s": 9.0, "step_s": 2.0, "round_step_s": [3.0, 1.0, 2.0], "faults": 20.0,
+        "kernel_s": pytest.approx(0.2)}
     failure = {"error": "worker died"}
     assert bench_vit.combine_rounds([rounds[0], failure]) == failure
     with_memory = [{"train": {**r["train"], "peak_bytes": peak, "capacity_bytes": 900 + peak}}
@@ -150,28 +142,7 @@ def test_rounds_combine_to_the_median_step_and_the_first_compile():
     assert combined["peak_bytes"] == 7 and combined["capacity_bytes"] == 905
 
 
-def test_serving_worker_compiles_first_then_times_each_request_until_quit():
-    import io
-    import json
-
-    calls = {"inference": 0, "train": 0}
-    steps = {mode: (lambda m=mode: calls.__setitem__(m, calls[m] + 1)) for mode in calls}
-    replies = io.StringIO()
-    bench_vit.serve(steps, warmup=2, count=3, repeats=2, requests=io.StringIO("train\nspeed\nquit\ninference\n"),
-                    replies=replies)
-    lines = replies.getvalue().splitlines()
-    assert [line.split(" ")[0] for line in lines] == ["READY", "TIMED", "ERROR"]
-    assert set(json.loads(lines[0][len("READY "):])) == {"inference", "train"}
-    assert set(json.loads(lines[1][len("TIMED "):])) == {"step_s", "faults", "kernel_s"}
-    assert "'speed'" in lines[2] and "inference, train" in lines[2]
-    # Ready: first call, 2 warm-up steps, 1 timed. The request: 1 untimed, 3 x 2 timed. Nothing after quit.
-    assert calls == {"inference": 1 + 2 + 1, "train": 1 + 2 + 1 + 1 + 3 * 2}
-
-
-def test_serving_worker_reports_each_modes_memory_and_releases_it_after_each_reply():
-    import io
-    import json
-
+def test_serving_worker_compiles_first_times_each_request_and_releases_memory_after_each():
     events = []
 
     class Memory:
@@ -191,15 +162,21 @@ def test_serving_worker_reports_each_modes_memory_and_releases_it_after_each_rep
 
     steps = {mode: (lambda m=mode: events.append(m)) for mode in ("inference", "train")}
     replies = io.StringIO()
-    bench_vit.serve(steps, warmup=0, count=1, repeats=1, requests=io.StringIO("train\ninference\n"),
-                    replies=replies, memory=Memory())
-    ready = json.loads(replies.getvalue().splitlines()[0][len("READY "):])
+    bench_vit.serve(steps, warmup=2, count=3, repeats=2, memory=Memory(), replies=replies,
+                    requests=io.StringIO("train\nspeed\ninference\nquit\ntrain\n"))
+    lines = replies.getvalue().splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["READY", "TIMED", "ERROR", "TIMED"]
+    ready = json.loads(lines[0][len("READY "):])
     assert ready["inference"]["peak_bytes"] == 100 and ready["train"]["peak_bytes"] == 200
     assert ready["train"]["capacity_bytes"] == 1000 and ready["train"]["compile_s"] > 0
-    # The peak is reset after the first call, before the timed step; memory is released
-    # once after READY and after each of the two replies.
-    assert events[:3] == ["inference", "reset", "inference"]
-    assert events.count("release") == 3 and events[-1] == "release"
+    assert set(json.loads(lines[1][len("TIMED "):])) == {"step_s", "faults", "kernel_s"}
+    assert "'speed'" in lines[2] and "inference, train" in lines[2]
+    # Ready: per mode the first call, 2 warm-up steps, the peak reset, 1 timed step; memory
+    # released after READY and after each reply. A request: 1 untimed step, then 3 x 2
+    # timed. Nothing after quit.
+    compiled = [*["inference"] * 3, "reset", "inference", *["train"] * 3, "reset", "train"]
+    assert events == [*compiled, "release", *["train"] * 7, "release", *["inference"] * 7,
+                      "release"]
 
 
 def test_ratio_to_reference_pairs_the_rounds():
@@ -216,15 +193,13 @@ def _tiny_interleave_args(preset="s16", rounds=2):
     return argparse.Namespace(
         preset=preset, image_size=32, batch_size=2, steps=1, warmup=0, repeats=1, threads=1,
         mixed_precision="float32", device="cpu", host_memory="default", rounds=rounds,
-        modes=["inference", "train"], overrides='{"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}')
+        modes=["inference", "train"],
+        overrides='{"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}')
 
 
 def test_interleaved_workers_are_timed_once_per_round_and_a_failed_one_is_reported():
-    import keras
-
-    good = _tiny_interleave_args()
-    runs = [("ours", keras.backend.backend(), "keras")]
-    results = bench_vit.interleaved(good, runs)
+    runs = [("ours", BACKEND, "keras")]
+    results = bench_vit.interleaved(_tiny_interleave_args(), runs)
     for mode in ("inference", "train"):
         assert len(results["ours"][mode]["round_step_s"]) == 2
         assert results["ours"][mode]["step_s"] > 0 and results["ours"][mode]["compile_s"] > 0
@@ -254,9 +229,10 @@ def test_interleaved_rounds_rotate_the_order_and_drop_a_worker_that_fails(monkey
             timed.append((self.backend, "closed"))
 
     monkeypatch.setattr(bench_vit, "Worker", FakeWorker)
-    runs = [("A", "a", "keras"), ("B", "b", "keras"), ("C", "dies", "keras"), ("D", "broken_at_start", "keras")]
-    args = argparse.Namespace(rounds=3, modes=["inference", "train"])
-    results = bench_vit.interleaved(args, runs)
+    runs = [("A", "a", "keras"), ("B", "b", "keras"), ("C", "dies", "keras"),
+            ("D", "broken_at_start", "keras")]
+    results = bench_vit.interleaved(argparse.Namespace(rounds=3, modes=["inference", "train"]),
+                                    runs)
     assert list(results) == ["A", "B", "C", "D"]
     assert results["D"] == {"error": "no such backend"} and results["C"] == {"error": "worker died"}
     assert results["A"]["train"]["round_step_s"] == [2.0, 4.0, 6.0]
@@ -271,8 +247,6 @@ def test_timed_counts_the_page_faults_of_fresh_memory():
     # A fresh 64 MiB bytes object per step: glibc maps it anew each time (unless
     # this process retained freed memory, which the test suite never asks for),
     # and filling it touches every page.
-    import _common
-
     calls = []
     timing = _common.timed(lambda: calls.append(len(b"\x01" * (64 << 20))), steps=2, repeats=2,
                            warmup=1, first_call=True)
@@ -283,23 +257,17 @@ def test_timed_counts_the_page_faults_of_fresh_memory():
     assert "peak_bytes" not in timing and len(timing["runs"]) == 2  # memory: with a WorkerMemory
 
 
-def test_a_failed_backend_gets_a_full_width_row():
-    table = bench_norms.norms_table({"jax": {"error": "worker died"}})
-    assert table[-1].startswith("| jax | failed: worker died |")
-    assert table[-1].count("|") == table[0].count("|")
-
-
 def test_other_forms_are_the_models_fast_paths_and_each_flips_only_its_own_switch():
     from keras_vitnorm.ops import switch
 
     # Every fast path of the model step; the input pipelines' are bench_input's.
     assert bench_vit.MODEL_FAST_PATHS == tuple(
-        name for name in switch.FAST_PATHS
-        if name != "bincount_histogram")
+        name for name in switch.FAST_PATHS if name != "bincount_histogram")
     for form in bench_vit.MODEL_FAST_PATHS:
         with switch.fast_paths(True):
             assert bench_vit.apply_form(form) == "auto"
-            assert [name for name in switch.FAST_PATHS if not switch.fast_path_enabled(name)] == [form]
+            assert [name for name in switch.FAST_PATHS
+                    if not switch.fast_path_enabled(name)] == [form]
     with switch.fast_paths(True):
         assert bench_vit.apply_form("tf_xla") is True and bench_vit.apply_form(None) == "auto"
         assert all(switch.fast_path_enabled(name) for name in switch.FAST_PATHS)
@@ -336,16 +304,12 @@ def test_other_forms_run_beside_the_library_form_and_compare_with_it(monkeypatch
     assert lines[5].split(" | ")[3] == "0.90x (0.80 to 1.00) vs library form"
 
 
-@pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
-                    reason="Keras' jit_compile='auto' choice for TensorFlow; this run's backend is another")
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="Keras' jit_compile='auto' choice for "
+                                                    "TensorFlow; this run's backend is another")
 def test_tensorflow_micro_benchmarks_take_the_path_keras_picks_for_fit():
-    import keras
-
-    from _common import tensorflow_steps_use_xla
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")  # jit_compile="auto"
-    assert model.jit_compile is tensorflow_steps_use_xla()
+    assert model.jit_compile is _common.tensorflow_steps_use_xla()
 
 
 TINY_PROFILE = ["--batch-size", "2", "--steps", "2", "--rows", "5", "--overrides", json.dumps(
@@ -353,27 +317,25 @@ TINY_PROFILE = ["--batch-size", "2", "--steps", "2", "--rows", "5", "--overrides
      "num_classes": 3})]
 
 
-@pytest.mark.skipif(__import__("keras").backend.backend() != "tensorflow",
+@pytest.mark.skipif(BACKEND != "tensorflow",
                     reason="profiles TensorFlow kernels; this run's backend is another")
 def test_the_tensorflow_profile_of_a_training_step_finds_the_model_parts_and_the_optimizer(capsys):
-    from _common import tensorflow_steps_use_xla
-
-    if tensorflow_steps_use_xla():
+    if _common.tensorflow_steps_use_xla():
         pytest.skip("Keras compiles TensorFlow with XLA on this machine: no per-kernel events")
     result = profile_step.main(TINY_PROFILE)
     kernels, parts = result["kernels"], result["parts"]
     # Per step: the block's four forward matmuls (qkv, out, two in the MLP) and their backward.
-    assert sum(calls for kernel, (_, calls) in kernels.items() if kernel.endswith("MatMul")) >= 3 * 4
+    assert sum(calls for kernel, (_, calls) in kernels.items()
+               if kernel.endswith("MatMul")) >= 3 * 4
     for part in ("attention: projections", "attention: softmax(q k^T) v", "MLP", "norms"):
         assert parts[f"{part}|forward"] > 0 and parts[f"{part}|backward"] > 0
     assert parts["optimizer update|"] > 0
-    out = capsys.readouterr().out
-    assert "| optimizer update |" in out and "| kernel | ms per step | calls per step |" in out
+    assert "| optimizer update |" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(__import__("keras").backend.backend() != "torch",
+@pytest.mark.skipif(BACKEND != "torch",
                     reason="profiles PyTorch operators; this run's backend is another")
-def test_the_pytorch_profile_lists_the_operators_of_keras_and_the_reference(capsys):
+def test_the_pytorch_profile_lists_the_operators_of_keras_and_the_reference():
     result = profile_step.main([*TINY_PROFILE, "--mode", "inference", "--reference"])
     reference, ours = result["tables"]
     assert reference.startswith("== transformers ViT (reference): ")
@@ -388,8 +350,6 @@ def _variant_arguments(**changes):
 
 
 def test_variant_worker_times_training_and_inference_of_every_variant_in_every_round(monkeypatch):
-    import keras
-
     # The worker's bookkeeping is the same for any model; a one-block one compiles quickly.
     monkeypatch.setitem(bench_variants.MODELS, "study", dict(
         image_size=16, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10))
@@ -402,20 +362,11 @@ def test_variant_worker_times_training_and_inference_of_every_variant_in_every_r
         assert all(len(times) == 2 and min(times) > 0 for times in seconds.values())
     ratio, low, high, seconds = bench_variants.summarize(result, "inference_seconds")["pre_ln"]
     assert ratio == low == high == 1.0 and seconds > 0
-    table = bench_variants.markdown({keras.backend.backend(): result}, args)
+    table = bench_variants.markdown({BACKEND: result}, args)
     training, inference = table[:table.index("Inference")], table[table.index("Inference"):]
     assert training.startswith("Training-step time") and inference.startswith("Inference-step")
     for part in (training, inference):
         assert "| rmsnorm | " in part and part.count("\n|") == 2 + 2
-
-
-def test_variant_worker_refuses_a_gpu_run_where_the_backend_has_no_gpu():
-    import _common
-
-    if _common.keras_backend_device() == "gpu":
-        pytest.skip("this backend computes on a GPU here; the check is for one without")
-    with pytest.raises(RuntimeError, match="--device gpu"):
-        bench_variants.worker(_variant_arguments(device="gpu"))
 
 
 def test_variant_ratios_pair_each_round_with_the_baseline_of_that_round():
@@ -435,28 +386,12 @@ def test_variants_are_the_model_changes_of_the_studys_core_group():
     assert bench_variants.BASELINE == next(iter(core))
 
 
-def test_peak_memory_on_the_host_counts_what_was_freed_before_it_returned():
-    import _memory
-
-    def allocate():
-        # 64 MiB of fresh pages (not memory the allocator kept), every one written
-        block = mmap.mmap(-1, 64 * 2 ** 20)
-        np.frombuffer(block, dtype=np.uint8)[:] = 1
-        block.close()
-
-    peak, what = _memory.peak_memory(allocate, "cpu")
-    assert what == "host peak RSS"
-    assert 60 * 2 ** 20 <= peak < 200 * 2 ** 20
-
-
 @pytest.mark.one_backend
 @pytest.mark.parametrize("backend", ["jax", "tensorflow", "torch"])
 def test_peak_memory_on_a_gpu_reads_the_backends_allocator_peak_above_its_use_before(
         backend, monkeypatch):
     """The GPU branch against stand-ins of each library's allocator statistics (this
     machine has no GPU); `monkeypatch` fails where the library lacks the function."""
-    import _memory
-
     used = {"now": 1000, "peak": 1000}
 
     def run():
@@ -545,8 +480,6 @@ def test_variant_benchmark_runs_one_memory_process_per_variant_and_repeat(
 def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     import importlib.util
 
-    import keras
-
     try:
         bench_input.main(["--dataset", "digits", "--image-size", "8", "--batch-size", "4",
                           "--batches", "2", "--rounds", "1", "--mixed-precision", "mixed_bfloat16"])
@@ -554,7 +487,8 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     finally:
         keras.config.set_dtype_policy("float32")
     table = capsys.readouterr().out
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| ")}
     step = "training step (study model, mixed_bfloat16)"
     expected = ["python input, first read", "python input, images kept decoded", step]
     if importlib.util.find_spec("tensorflow"):
@@ -582,15 +516,13 @@ def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_
     assert "| torch | failed: boom | | |" in table
 
 
-@pytest.mark.parametrize("script", [bench_parallel, bench_variants, bench_vit, profile_step])
-def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, monkeypatch):
-    import _common
-
+def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(monkeypatch):
     from keras_vitnorm import host_memory
 
     calls = []
     monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
-    assert script.apply_host_memory is _common.apply_host_memory
+    for script in (bench_parallel, bench_variants, bench_vit, profile_step):
+        assert script.apply_host_memory is _common.apply_host_memory
     _common.apply_host_memory("default")
     assert calls == []
     _common.apply_host_memory("retain")
@@ -599,16 +531,16 @@ def test_host_memory_setting_is_one_helper_that_retains_only_when_asked(script, 
         _common.apply_host_memory("keep")
     parser = argparse.ArgumentParser()
     _common.add_host_memory_argument(parser, "who retains")
-    assert parser.parse_args([]).host_memory == "retain"
-    assert parser.parse_args(["--host-memory", "default"]).host_memory == "default"
+    assert parser.parse_args([]).host_memory == "retain"  # unless a run asks for glibc's own
 
 
 class _FakeTimm:
     """Stands in for timm where it does not import: records `create_model`'s arguments and
-    builds a tiny classifier whose first MLP follows timm's width rule (`int(dim * ratio)`)."""
+    the models it builds, tiny classifiers whose first MLP follows timm's width rule
+    (`int(dim * ratio)`)."""
 
     def __init__(self, names=()):
-        self.names, self.calls = set(names), []
+        self.names, self.calls, self.models = set(names), [], []
 
     def is_model(self, name):
         return name in self.names
@@ -625,6 +557,7 @@ class _FakeTimm:
         model.blocks = torch.nn.ModuleList([block])
         model.head = torch.nn.Linear(3, kwargs["num_classes"])
         model.forward = lambda x: model.head(x.mean((2, 3)))
+        self.models.append(model)
         return model
 
 
@@ -634,69 +567,42 @@ def _tiny_config(**sizes):
     return {**preset_config("s16"), "image_size": 32, "num_classes": 10, **sizes}
 
 
-def test_timm_steps_build_timms_vit_at_the_configs_sizes_and_train_it(monkeypatch):
+def test_timm_steps_build_timms_vit_at_the_configs_sizes_and_train_it_with_adamw(monkeypatch):
+    import torch
+
     timm = _FakeTimm(names=["vit_small_patch16_224"])
     monkeypatch.setitem(sys.modules, "timm", timm)
-    from _common import timm_steps
+    compiled, forwards = [], []
 
-    steps = timm_steps(_tiny_config(depth=1), 2, ["inference", "train"], threads=1)
+    def fake_compile(model):
+        compiled.append(model)
+        return lambda x: forwards.append(x.shape) or model(x)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    steps = _common.timm_steps(_tiny_config(depth=1), 2, ["inference", "train"], threads=1)
     assert timm.calls == [{"name": "vit_small_patch16_224", "pretrained": False, "img_size": 32,
                            "patch_size": 16, "embed_dim": 384, "depth": 1, "num_heads": 6,
                            "mlp_ratio": 4.0, "num_classes": 10}]
     steps["inference"]()
+    before = timm.models[0].head.weight.detach().clone()
     steps["train"]()
-    assert len(timm.calls) == 1  # one model for both modes
+    assert not torch.equal(before, timm.models[0].head.weight)  # the optimizer's step
+    assert len(timm.calls) == 1 and compiled == forwards == []  # one eager model for both
     # A width timm has no name for still gets every size; the name is the base model's.
-    timm_steps(_tiny_config(width=32, num_heads=2, mlp_dim=64), 2, ["train"], threads=1)
+    # Compiled: the forward pass of both modes through one torch.compile of the model.
+    steps = _common.timm_steps(_tiny_config(width=32, num_heads=2, mlp_dim=64), 2,
+                               ["inference", "train"], threads=1, compiled=True)
     assert timm.calls[-1]["name"] == "vit_base_patch16_224" and timm.calls[-1]["embed_dim"] == 32
-
-
-def test_timm_training_step_updates_the_weights_with_adamw(monkeypatch):
-    import torch
-
-    timm = _FakeTimm()
-    built = []
-    create = timm.create_model
-    monkeypatch.setattr(timm, "create_model",
-                        lambda name, **kw: built.append(create(name, **kw)) or built[-1])
-    monkeypatch.setitem(sys.modules, "timm", timm)
-    from _common import timm_steps
-
-    steps = timm_steps(_tiny_config(width=32, num_heads=2, mlp_dim=64), 2, ["train"], threads=1)
-    before = built[0].head.weight.detach().clone()
-    steps["train"]()
-    assert not torch.equal(before, built[0].head.weight)
-
-
-def test_compiled_timm_steps_run_through_torch_compile(monkeypatch):
-    import torch
-
-    monkeypatch.setitem(sys.modules, "timm", _FakeTimm())
-    compiled, calls = [], []
-
-    def fake_compile(model):
-        compiled.append(model)
-        return lambda x: calls.append(x.shape) or model(x)
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    from _common import timm_steps
-
-    config = _tiny_config(width=32, num_heads=2, mlp_dim=64)
-    steps = timm_steps(config, 2, ["inference", "train"], threads=1, compiled=True)
     steps["inference"]()
     steps["train"]()
-    assert len(compiled) == 1 and len(calls) == 2
-    timm_steps(config, 2, ["train"], threads=1)["train"]()  # eager: no compilation
-    assert len(compiled) == 1 and len(calls) == 2
+    assert compiled == [timm.models[-1]] and len(forwards) == 2
 
 
 def test_timm_vit_refuses_an_mlp_width_timm_cannot_build(monkeypatch):
     monkeypatch.setitem(sys.modules, "timm", _FakeTimm())
-    from _common import timm_vit
-
     # timm builds int(56 * (61 / 56)) = 60 hidden units for these.
     with pytest.raises(ValueError, match="MLP width of 60 for mlp_dim=61 at width 56"):
-        timm_vit(_tiny_config(width=56, num_heads=2, mlp_dim=61))
+        _common.timm_vit(_tiny_config(width=56, num_heads=2, mlp_dim=61))
 
 
 def test_timm_vit_is_the_references_model_with_real_timm():
@@ -704,13 +610,10 @@ def test_timm_vit_is_the_references_model_with_real_timm():
         import timm  # noqa: F401
     except ImportError as error:  # timm imports torchvision, which needs a matching torch build
         pytest.skip(f"timm does not import here: {error}")
-    from _common import reference_vit
-    from _common import timm_vit
-
     config = _tiny_config(width=32, num_heads=2, mlp_dim=64, depth=2, patch_size=8)
-    model = timm_vit(config)
+    model = _common.timm_vit(config)
     count = sum(p.numel() for p in model.parameters())
-    assert count == sum(p.numel() for p in reference_vit(config).parameters())
+    assert count == sum(p.numel() for p in _common.reference_vit(config).parameters())
     assert model.patch_embed.proj.kernel_size == (8, 8) and len(model.blocks) == 2
 
 
@@ -747,17 +650,12 @@ def test_gpu_table_gives_mfu_against_the_datasheet_and_peak_memory():
     assert "| failed: RuntimeError: no GPU/here |" in lines[5]  # its last line, no "|" of its own
 
 
-ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
-
-
 @pytest.mark.parametrize("argv, message", [
     (["fast"], "usage: "),
     (["largest", "5m"], "SECONDS must be a whole number, got '5m'"),
     (["table", "10"], "table takes no SECONDS"),
 ])
 def test_gpu_perf_script_refuses_bad_arguments_before_it_starts(argv, message):
-    import subprocess
-
     done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu", "perf.sh"), *argv],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and message in done.stderr
@@ -768,9 +666,6 @@ def test_gpu_perf_script_refuses_bad_arguments_before_it_starts(argv, message):
 def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     """tools/gpu/perf.sh's CPU path with a one-block model: the table, then the search
     seeded by the table's training step (about a minute on a 2-core machine)."""
-    import json
-    import subprocess
-
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, PERF_DEVICE="cpu",
                PERF_BATCH="2", PERF_LIMIT="4", PERF_ROUNDS="1", PERF_STEPS="1", PERF_PRESETS="b16",
                PERF_BACKENDS="torch", PERF_TIMM="eager", PERF_IMAGE_SIZE="32",
@@ -786,7 +681,6 @@ def test_gpu_perf_script_runs_its_table_and_search_on_the_cpu(tmp_path):
     found = json.loads((tmp_path / "largest.json").read_text())["largest_batch"]
     assert [t["batch"] for t in found["keras_vitnorm (torch)"]["tries"]] == [4]  # 2 from the table
     assert sorted(os.listdir(tmp_path)) == ["b16.json", "largest.json", "perf.log", "perf.md"]
-
 
 
 @pytest.mark.parametrize("op_name, part", [
@@ -820,50 +714,40 @@ def test_the_profile_puts_each_operation_in_its_part_and_pass(op_name, part):
     assert profile_step.part_of(op_name) == part
 
 
-class _Event:
-    def __init__(self, name, ns, **stats):
-        self.name, self.duration_ns, self.stats = name, ns, list(stats.items())
+def _event(name, ns, **stats):
+    """An event of a JAX trace (`jax.profiler.ProfileData`), as `device_events` reads it."""
+    return SimpleNamespace(name=name, duration_ns=ns, stats=list(stats.items()))
 
 
-class _Line:
-    def __init__(self, name, events):
-        self.name, self.events = name, events
+def _line(name, events):
+    return SimpleNamespace(name=name, events=events)
 
 
-class _Plane:
-    def __init__(self, name, lines):
-        self.name, self.lines = name, lines
+def _plane(name, lines):
+    return SimpleNamespace(name=name, lines=lines)
 
 
 def test_the_jax_profile_reads_one_line_of_a_gpu_plane_and_every_cpu_thread():
     kernel = dict(hlo_module="jit_step")
-    gpu = _Plane("/device:GPU:0", [
-        _Line("XLA Ops", [_Event("fusion.1", 30, hlo_op="fusion.1", **kernel),
-                          _Event("gemm.2", 70, hlo_op="gemm.2", **kernel)]),
-        _Line("Stream #13", [_Event("sm90_gemm", 70, hlo_op="gemm.2", **kernel)]),
-        _Line("other module", [_Event("x", 500, hlo_op="x", hlo_module="jit_other")])])
-    host = _Plane("/host:CPU", [_Line("python", [_Event("dispatch", 900)])])
-
-    class Profile:
-        planes = [host, gpu]
-
-    assert profile_step.device_events(Profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
-    cpu = _Plane("/host:CPU", [_Line("thread 1", [_Event("a", 5, hlo_op="a", **kernel)]),
-                               _Line("thread 2", [_Event("b", 7, hlo_op="b", **kernel)])])
-
-    class CpuProfile:
-        planes = [cpu]
-
-    assert profile_step.device_events(CpuProfile, "jit_step") == [("a", 5), ("b", 7)]
-    rows = profile_step.trace_contents(Profile)
+    gpu = _plane("/device:GPU:0", [
+        _line("XLA Ops", [_event("fusion.1", 30, hlo_op="fusion.1", **kernel),
+                          _event("gemm.2", 70, hlo_op="gemm.2", **kernel)]),
+        _line("Stream #13", [_event("sm90_gemm", 70, hlo_op="gemm.2", **kernel)]),
+        _line("other module", [_event("x", 500, hlo_op="x", hlo_module="jit_other")])])
+    host = _plane("/host:CPU", [_line("python", [_event("dispatch", 900)])])
+    profile = SimpleNamespace(planes=[host, gpu])
+    assert profile_step.device_events(profile, "jit_step") == [("fusion.1", 30), ("gemm.2", 70)]
+    cpu = _plane("/host:CPU", [_line("thread 1", [_event("a", 5, hlo_op="a", **kernel)]),
+                               _line("thread 2", [_event("b", 7, hlo_op="b", **kernel)])])
+    cpu_profile = SimpleNamespace(planes=[cpu])
+    assert profile_step.device_events(cpu_profile, "jit_step") == [("a", 5), ("b", 7)]
+    rows = profile_step.trace_contents(profile)
     assert "/device:GPU:0 / XLA Ops: fusion.1 x1, gemm.2 x1" in rows
 
 
 @pytest.mark.one_backend
 def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
-    import subprocess
-
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "profile_step.py")
+    script = os.path.join(ROOT, "benchmarks", "profile_step.py")
     tiny = json.dumps({"image_size": 16, "patch_size": 8, "width": 16, "depth": 1,
                        "num_heads": 2, "mlp_dim": 32, "num_classes": 3})
     done = subprocess.run(
@@ -885,9 +769,9 @@ def test_the_jax_profile_splits_a_steps_device_time_by_part(tmp_path):
 def test_the_jax_profile_finds_each_instructions_scope_in_the_compiled_text():
     hlo = """HloModule jit_step, is_scheduled=true
 
-%fused_computation.1 (param_0: f32[4]) -> f32[4] {
-  %param_0 = f32[4]{0} parameter(0)
-  ROOT %multiply.3 = f32[4]{0} multiply(%param_0, %param_0), metadata={op_name="jit(step)/jvp(block_0)/mlp/mul"}
+%fused_computation.1 (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %m.3 = f32[4]{0} multiply(%p0, %p0), metadata={op_name="jit(step)/jvp(block_0)/mlp/mul"}
 }
 
 ENTRY %main.9 (p: f32[4]) -> f32[4] {

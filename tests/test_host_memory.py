@@ -45,7 +45,8 @@ def _second_touch_faults(mode):
     return int(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's; elsewhere retain_freed_memory changes nothing")
+@pytest.mark.skipif(not GLIBC,
+                    reason="mallopt is glibc's; elsewhere retain_freed_memory changes nothing")
 def test_retained_memory_is_reused_without_page_faults():
     pages = (256 << 20) // 4096
     # Without it glibc maps the block afresh: every page faults again (fewer
@@ -67,19 +68,17 @@ def test_only_the_training_commands_change_the_allocator(monkeypatch, command, a
     from keras_vitnorm import cli
     from keras_vitnorm import host_memory
 
-    calls = []
+    calls, mains = [], []
     monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(cli, "main", lambda argv, **options: 0)
+    monkeypatch.setattr(cli, "main", lambda argv, **options: mains.append((argv, options)) or 0)
     monkeypatch.setattr(sys, "argv", ["keras-vitnorm", command, "--help"])
     with pytest.raises(SystemExit):
         cli.console()
-    assert bool(calls) == applied
-
-
-def test_the_library_does_not_export_the_process_setting():
-    import keras_vitnorm
-
-    assert not hasattr(keras_vitnorm, "retain_freed_memory")
+    assert len(calls) == applied
+    assert mains == [([command, "--help"], {"hide_framework_logs": True})]
+    with pytest.raises(SystemExit):  # the arguments it is given win over the process's
+        cli.console(["ablate", "--help"])
+    assert len(calls) == applied + 1 and mains[-1][0] == ["ablate", "--help"]
 
 
 def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatch):
@@ -104,9 +103,8 @@ def test_a_study_worker_keeps_freed_memory_before_it_trains(tmp_path, monkeypatc
     assert events == ["retain", "train"]
 
 
-@pytest.mark.parametrize("script, command", [("train", "train"), ("ablate", "ablate"),
-                                              ("evaluate", "evaluate"), ("convert", "convert")])
-def test_the_recipe_scripts_run_their_command_as_the_console_script(monkeypatch, script, command):
+@pytest.mark.parametrize("command", ["train", "ablate", "evaluate", "convert"])
+def test_the_recipe_scripts_run_their_command_as_the_console_script(monkeypatch, command):
     # `python recipes/train.py` is documented as the same command as `keras-vitnorm
     # train`: it goes through `console`, which sets the allocator for the commands that
     # train and holds back the frameworks' log lines.
@@ -117,20 +115,7 @@ def test_the_recipe_scripts_run_their_command_as_the_console_script(monkeypatch,
 
     calls = []
     monkeypatch.setattr(cli, "console", lambda argv=None: calls.append(argv))
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--help"])
+    monkeypatch.setattr(sys, "argv", [f"{command}.py", "--help"])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runpy.run_path(os.path.join(root, "recipes", f"{script}.py"), run_name="__main__")
+    runpy.run_path(os.path.join(root, "recipes", f"{command}.py"), run_name="__main__")
     assert calls == [[command, "--help"]]
-
-
-def test_console_takes_the_arguments_it_is_given(monkeypatch):
-    from keras_vitnorm import cli
-    from keras_vitnorm import host_memory
-
-    calls, mains = [], []
-    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(cli, "main", lambda argv, **options: mains.append((argv, options)) or 0)
-    monkeypatch.setattr(sys, "argv", ["ignored", "evaluate"])
-    with pytest.raises(SystemExit):
-        cli.console(["ablate", "--help"])
-    assert calls == [True] and mains == [(["ablate", "--help"], {"hide_framework_logs": True})]

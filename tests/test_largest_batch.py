@@ -46,25 +46,24 @@ class Device:
 
     def search(self, start=256, limit=8192, deadline=1e9, known=None):
         return largest_batch.largest_batch(self.try_batch, start, limit, deadline, known=known,
-                                     clock=self.clock)
+                                           clock=self.clock)
 
 
-def test_without_memory_figures_it_doubles_then_bisects_to_a_sixteenth():
-    device = Device(report=False)  # 1100 fits, 1101 does not
-    result = device.search()
-    assert [batch for batch, _ in device.tried] == [256, 512, 1024, 2048, 1536, 1280, 1152, 1088]
-    # 1152 - 1088 = 64 is within a sixteenth of 1088.
-    assert (result["largest"], result["does_not_fit"], result["stopped"]) == (1088, 1152, "bracket")
-    assert all(attempt["fits"] == (attempt["batch"] <= 1100) for attempt in result["tries"])
-
-
-def test_measured_peaks_guide_it_to_the_edge_in_fewer_tries():
-    device = Device()
-    result = device.search(known={256: device.peak(256)})  # the table's own step at 256
-    # 512 by doubling (no capacity known yet); then the line through the two peaks
-    # predicts 1100; the bracket closes just above it.
-    assert [batch for batch, _ in device.tried] == [512, 1096, 1160]
-    assert (result["largest"], result["does_not_fit"], result["stopped"]) == (1096, 1160, "bracket")
+@pytest.mark.parametrize("device, known, limit, tried, outcome", [
+    # Without memory figures: doubling, then bisection to a sixteenth (1100 fits, 1101 does
+    # not; 1152 - 1088 = 64 is within a sixteenth of 1088).
+    (dict(report=False), False, 8192, [256, 512, 1024, 2048, 1536, 1280, 1152, 1088],
+     (1088, 1152, "bracket")),
+    # The table's own step at 256 known: 512 by doubling (no capacity known yet), then the
+    # line through the two peaks predicts 1100; the bracket closes just above it.
+    ({}, True, 8192, [512, 1096, 1160], (1096, 1160, "bracket")),
+    ({}, True, 600, [512, 600], (600, None, "limit")),
+], ids=["doubles then bisects", "measured peaks guide it", "stops at the limit"])
+def test_the_search_brackets_the_largest_batch(device, known, limit, tried, outcome):
+    device = Device(**device)
+    result = device.search(limit=limit, known={256: device.peak(256)} if known else None)
+    assert [batch for batch, _ in device.tried] == tried
+    assert (result["largest"], result["does_not_fit"], result["stopped"]) == outcome
 
 
 def test_a_prediction_the_device_refutes_gives_way_to_bisection():
@@ -78,8 +77,8 @@ def test_a_prediction_the_device_refutes_gives_way_to_bisection():
             outcome["capacity_bytes"] = next(answers, device.capacity)
         return outcome
 
-    result = largest_batch.largest_batch(optimistic, 256, 8192, 1e9, known={256: device.peak(256)},
-                                   clock=device.clock)
+    result = largest_batch.largest_batch(optimistic, 256, 8192, 1e9,
+                                         known={256: device.peak(256)}, clock=device.clock)
     batches = [batch for batch, _ in device.tried]
     assert batches[:3] == [512, 1096, 800]  # predicted 1100 fails: the middle (804) next
     assert result["largest"] <= 685 < result["does_not_fit"]
@@ -97,13 +96,6 @@ def test_it_halves_when_the_first_batch_does_not_fit_and_says_when_nothing_does(
     assert [attempt["batch"] for attempt in nothing["tries"]] == [4, 2, 1]
 
 
-def test_it_stops_at_the_limit():
-    device = Device()
-    result = device.search(start=256, limit=600, known={256: device.peak(256)})
-    assert [batch for batch, _ in device.tried] == [512, 600]
-    assert (result["largest"], result["stopped"]) == (600, "limit")
-
-
 def test_it_starts_no_try_it_cannot_finish_and_gives_each_the_time_left():
     device = Device(report=False, seconds=10.0)
     result = device.search(deadline=25.0)
@@ -116,7 +108,7 @@ def test_a_failure_other_than_memory_ends_the_search_with_what_it_found():
     outcomes = iter([{"fits": True, "peak_bytes": None, "capacity_bytes": None},
                      {"error": "RuntimeError: cuDNN broke"}])
     result = largest_batch.largest_batch(lambda batch, seconds: next(outcomes), 8, 64, 1e9,
-                                   clock=lambda: 0.0)
+                                         clock=lambda: 0.0)
     assert (result["largest"], result["stopped"]) == (8, "error")
     cell = largest_batch.describe_largest_batch(result)
     assert cell == ">= 8 (batch 16 failed: RuntimeError: cuDNN broke)"
@@ -140,7 +132,8 @@ def test_each_outcome_has_its_own_cell(result, cell):
 
 def test_predicted_largest_is_a_safe_bound_from_one_peak_and_the_line_from_two():
     # One point: fixed part 2 GB, 70 MB per example, 79 GB: batch * capacity / peak.
-    assert largest_batch.predicted_largest({256: 2e9 + 7e7 * 256}, 79e9) == int(256 * 79e9 / 19.92e9)
+    assert largest_batch.predicted_largest({256: 2e9 + 7e7 * 256}, 79e9) == int(
+        256 * 79e9 / 19.92e9)
     assert largest_batch.predicted_largest({256: 19.92e9, 512: 2e9 + 7e7 * 512}, 79e9) == 1100
     assert largest_batch.predicted_largest({256: 19.92e9}, None) is None
     assert largest_batch.predicted_largest({256: None}, 79e9) is None
@@ -159,7 +152,8 @@ def test_the_implementations_share_the_time_quickest_compilation_first():
     results = {"slow": {"train": {"compile_s": 30.0, "peak_bytes": 5}},
                "failed": {"error": "no timm"},
                "quick": {"train": {"compile_s": 1.0, "peak_bytes": 3}}}
-    found = largest_batch.largest_batches(runs, results, 128, 256, 90.0, attempt, clock=lambda: clock[0])
+    found = largest_batch.largest_batches(runs, results, 128, 256, 90.0, attempt,
+                                          clock=lambda: clock[0])
     assert list(found) == ["quick", "slow"]  # the failed one is not searched
     # quick may use half of the 90 s; its one try (256, the limit) leaves 80 s to slow.
     # The table's step at 128 counts as a fit: neither tries it again.
@@ -221,24 +215,35 @@ def test_worker_environment_sets_jaxs_gpu_memory_as_asked(monkeypatch):
 def test_worker_memory_on_the_cpu_is_the_peak_resident_memory_since_its_reset():
     # In a fresh process, started from this one: its peak is its own, not this process's.
     code = textwrap.dedent("""
-        import sys
+        import json, mmap, sys
+        import numpy as np
         sys.path.insert(0, sys.argv[1])
-        from _memory import WorkerMemory
+        from _memory import WorkerMemory, peak_memory
         memory = WorkerMemory("torch", "cpu")
         start = memory.peak()
         block = b"\\x01" * (256 << 20)
         grown = memory.peak()
         del block
         memory.reset()
-        print(start, grown, memory.peak(), memory.capacity())
+        after_reset = memory.peak()
+
+        def allocate():  # 64 MiB of fresh pages, every one written, unmapped before it returns
+            block = mmap.mmap(-1, 64 << 20)
+            np.frombuffer(block, dtype=np.uint8)[:] = 1
+            block.close()
+
+        print(json.dumps([start, grown, after_reset, memory.capacity(),
+                          *peak_memory(allocate, "cpu", "torch")]))
     """)
     done = subprocess.run([sys.executable, "-c", code, BENCHMARKS], capture_output=True, text=True,
                           check=True)
-    start, grown, after_reset, capacity = done.stdout.split()
-    assert int(start) < 200 << 20 and int(grown) - int(start) >= 250 << 20
+    start, grown, after_reset, capacity, peak, what = json.loads(done.stdout)
+    assert start < 200 << 20 and grown - start >= 250 << 20
     if sys.platform.startswith("linux"):
-        assert int(after_reset) < int(grown) - (200 << 20)
-    assert capacity == "None"
+        assert after_reset < grown - (200 << 20)
+    assert capacity is None
+    # peak_memory counts what `allocate` held at its peak, though it freed it before returning.
+    assert what == "host peak RSS" and 60 << 20 <= peak < 200 << 20
     with pytest.raises(ValueError, match="'mxnet' is not one of jax, tensorflow, torch"):
         _memory.WorkerMemory("mxnet", "cpu")
     with pytest.raises(ValueError, match="'tpu' is not one of cpu, gpu"):
@@ -331,15 +336,15 @@ def test_a_known_table_seeds_the_search_and_must_share_its_settings(tmp_path, mo
     assert "not a table of bench_vit.py's --json" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [
-    ["--limit", "64", "--device", "cpu", "--seconds", "0"],
-    ["--device", "cpu"],  # no limit on the CPU
-    ["--limit", "0"],
-    ["--limit", "8", "--batch-size", "16"],
-    ["--overrides", '{"image_size": 32}', "--limit", "64"],
+@pytest.mark.parametrize("argv, said", [
+    (["--limit", "64", "--device", "cpu", "--seconds", "0"], "--seconds must be positive, got 0.0"),
+    (["--device", "cpu"], "--limit is required on the CPU"),
+    (["--limit", "0"], "--limit must be a positive integer, got 0"),
+    (["--limit", "8", "--batch-size", "16"], "--limit (8) must be at least --batch-size (16)"),
+    (["--overrides", '{"image_size": 32}', "--limit", "64"], "--overrides sets image_size 32"),
 ])
-def test_bad_arguments_exit_with_a_message(argv, capsys):
+def test_bad_arguments_exit_with_a_message(argv, said, capsys):
     with pytest.raises(SystemExit) as exit_info:
         largest_batch.main(argv)
     assert exit_info.value.code == 2
-    assert "error: --" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
