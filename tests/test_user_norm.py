@@ -72,14 +72,26 @@ def test_a_model_whose_norm_is_not_registered_names_it_and_loads_once_it_is(tmp_
     registry = keras.saving.get_custom_objects()
     monkeypatch.delitem(registry, "keras_vitnorm.norms>scalenorm")
     monkeypatch.delenv(normalization.NORM_MODULES_VARIABLE, raising=False)
-    monkeypatch.setattr(normalization, "_imported_modules", False)
+    monkeypatch.setattr(normalization, "_imported_entries", set())
     with pytest.raises(ValueError, match=r"Unknown norm='scalenorm'.*register_norm.*"
                        r"KERAS_VITNORM_NORM_MODULES"):
         keras.saving.load_model(tmp_path / "model.keras")
     # The modules the variable lists are imported the first time a name is missing.
     monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
-    monkeypatch.setattr(normalization, "_imported_modules", False)
+    monkeypatch.setattr(normalization, "_imported_entries", set())
     assert keras.saving.load_model(tmp_path / "model.keras").get_config()["norm"] == "scalenorm"
+
+
+def test_a_module_the_variable_lists_later_in_the_process_is_imported(monkeypatch):
+    # A process that imported the variable's modules once (a test run, a notebook)
+    # still finds a module listed later.
+    slow_norm = os.path.join(os.path.dirname(__file__), "slow_norm.py")
+    monkeypatch.delitem(keras.saving.get_custom_objects(), "keras_vitnorm.norms>slow_layernorm",
+                        raising=False)
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
+    assert "scalenorm" in normalization.registered_norms(import_modules=True)
+    monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, f"{MODULE_PATH},{slow_norm}")
+    assert "slow_layernorm" in normalization.registered_norms(import_modules=True)
 
 
 def test_register_norm_refuses_built_in_names_clashes_and_non_layers():

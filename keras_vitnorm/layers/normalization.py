@@ -240,9 +240,17 @@ def register_norm(name, layer_class=None):
     return register if layer_class is None else register(layer_class)
 
 
+#: The entries of `KERAS_VITNORM_NORM_MODULES` this process has imported.
+_imported_entries = set()
+
+
 def import_norm_modules():
-    """Imports each module of `KERAS_VITNORM_NORM_MODULES`; a missing one is a `ValueError`."""
-    for entry in filter(None, (e.strip() for e in os.environ.get(NORM_MODULES_VARIABLE, "").split(","))):
+    """Imports each module of `KERAS_VITNORM_NORM_MODULES` that this process has not
+    imported yet (the variable may list more since); a missing one is a `ValueError`."""
+    entries = (entry.strip() for entry in os.environ.get(NORM_MODULES_VARIABLE, "").split(","))
+    for entry in filter(None, entries):
+        if entry in _imported_entries:
+            continue
         if entry.endswith(".py"):
             path = pathlib.Path(entry).expanduser().resolve()
             if not path.is_file():
@@ -257,16 +265,7 @@ def import_norm_modules():
             except ModuleNotFoundError as error:
                 raise ValueError(f"{NORM_MODULES_VARIABLE} lists module {entry!r}, which cannot be "
                                  f"imported: {error}.") from error
-
-
-_imported_modules = False
-
-
-def _import_norm_modules_once():
-    global _imported_modules
-    if not _imported_modules:
-        _imported_modules = True
-        import_norm_modules()
+        _imported_entries.add(entry)
 
 
 def user_norm_class(name, import_modules=True):
@@ -274,7 +273,7 @@ def user_norm_class(name, import_modules=True):
     key = f"{USER_NORM_PACKAGE}>{name}"
     found = keras.saving.get_custom_objects().get(key)
     if found is None and import_modules:
-        _import_norm_modules_once()
+        import_norm_modules()
         found = keras.saving.get_custom_objects().get(key)
     return found
 
@@ -282,7 +281,7 @@ def user_norm_class(name, import_modules=True):
 def registered_norms(import_modules=False):
     """The sorted `register_norm` names; with `import_modules`, after importing the norm modules."""
     if import_modules:
-        _import_norm_modules_once()
+        import_norm_modules()
     prefix = f"{USER_NORM_PACKAGE}>"
     return sorted(key[len(prefix):] for key in keras.saving.get_custom_objects() if key.startswith(prefix))
 
