@@ -95,6 +95,7 @@ def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoi
             _wait_for(lambda: glob.glob(os.path.join(run_dir, "backup", "step-*", "state.json")),
                       f"checkpoint in {run_dir}")
             ray.cancel(ref, force=force)
+        for ref in tasks:  # waited for after both cancels, so neither run ends meanwhile
             with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
                 ray.get(ref, timeout=120)
         for run_dir in runs:

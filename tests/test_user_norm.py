@@ -88,6 +88,7 @@ def test_a_module_the_variable_lists_later_in_the_process_is_imported(monkeypatc
     slow_norm = os.path.join(os.path.dirname(__file__), "slow_norm.py")
     monkeypatch.delitem(keras.saving.get_custom_objects(), "keras_vitnorm.norms>slow_layernorm",
                         raising=False)
+    monkeypatch.setattr(normalization, "_imported_entries", set())  # a fresh process
     monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
     assert "scalenorm" in normalization.registered_norms(import_modules=True)
     monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, f"{MODULE_PATH},{slow_norm}")
