@@ -73,7 +73,8 @@ def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoi
         tmp_path, monkeypatch):
     # 200 steps in epochs of 20, a checkpoint at each epoch's end: each task is cancelled
     # once its run has one, the first as `ray.cancel` asks a task to stop, the second by
-    # killing its worker (force=True), as a node lost would. Neither run goes on training or holds its lock;
+    # killing its worker (force=True), as a node lost would. Neither run goes on training
+    # or holds its lock;
     # the same command on Ray then resumes each from a checkpoint and finishes it. A norm
     # that sleeps keeps each run training for seconds on any host.
     monkeypatch.setenv(NORM_MODULES_VARIABLE, SLOW_NORM)
