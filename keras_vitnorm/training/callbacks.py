@@ -1,6 +1,7 @@
 """Training callbacks that Keras core lacks or gets wrong for step-exact, kill-safe runs."""
 
 import glob
+import json
 import math
 import os
 import re
@@ -144,11 +145,11 @@ class RunCheckpoint(keras.callbacks.Callback):
             state_path = os.path.join(path, STATE_FILE)
             if os.path.isfile(state_path) and os.path.isfile(os.path.join(path, ARRAYS_FILE)):
                 try:
-                    state = durable.read_json(state_path)
-                except ValueError as error:  # its cause: what the JSON parser said
+                    with open(state_path) as f:
+                        state = json.load(f)
+                except ValueError as error:
                     raise ValueError(
-                        f"Checkpoint state {state_path} is unreadable ({error.__cause__})."
-                    ) from error
+                        f"Checkpoint state {state_path} is unreadable ({error}).") from error
                 if not {"epoch", "batch", "step"} <= set(state):
                     raise ValueError(
                         f"{state_path} is not a keras-vitnorm checkpoint state "
