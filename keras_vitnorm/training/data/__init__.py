@@ -8,6 +8,8 @@ Keras' `PyDataset` without TensorFlow (`python_pipeline`; digits and folders);
 the model as float32 in [-1, 1]. Splits and pipelines: docs/training.md, "Datasets".
 """
 
+import numpy as np
+
 from keras_vitnorm.choices import INPUT_PIPELINES
 from keras_vitnorm.training.data import python_pipeline
 from keras_vitnorm.training.data import sources
@@ -33,7 +35,7 @@ _PIPELINES = {module.NAME: module for module in (tf_pipeline, python_pipeline)}
 
 def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_examples=None,
                  skip_bad_images=False, val_examples=None, pipeline="auto"):
-    """Loads the train, validation and test splits of a dataset.
+    """Loads the train, validation and test splits of a dataset as a `Dataset`.
 
     Args:
         spec: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
@@ -49,14 +51,12 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
             the next ones), instead of the source's validation split.
         pipeline: `"auto"` (tf.data where TensorFlow is installed, else `"python"`),
             `"tf.data"` or `"python"` (digits and folders).
-
-    Returns:
-        A `Dataset`.
     """
     if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     for name, value in (("train_examples", train_examples), ("val_examples", val_examples)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     kind, argument = parse_dataset(spec)
     pipeline = _PIPELINES[check_pipeline(pipeline, spec)]
@@ -70,6 +70,7 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         data = tfds_source.classification(argument, val_fraction, data_dir, manual_dir)
     else:
         data = sources.folder(argument, val_fraction, skip_bad_images)
+    stratified = kind != "tfds"
     if val_examples is not None:
         count = data.train.size - val_examples if train_examples is None else train_examples
         if count < 1:
@@ -77,12 +78,10 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
                 f"val_examples={val_examples} leaves no training examples of the {data.train.size} "
                 f"in {spec} ({data.train.name})."
             )
-        stratified = kind != "tfds"
         pool = sources.train_subset(data.train, count + val_examples, stratified, name=spec)
         data.train, data.validation = sources.split_off(pool, val_examples, stratified)
     elif train_examples is not None:
-        data.train = sources.train_subset(data.train, train_examples, stratified=kind != "tfds",
-                                          name=spec)
+        data.train = sources.train_subset(data.train, train_examples, stratified, name=spec)
     data.pipeline = pipeline
     return data
 
@@ -120,8 +119,6 @@ def first_eval_batch(data, split, image_size, channels, count):
     """`(images, one-hot labels)` of the split's first `count` examples as NumPy arrays:
     the first batch of `eval_dataset`, built without its cache, since a cache read only
     in part is discarded (by tf.data, with a warning)."""
-    import numpy as np
-
     batches = data.pipeline.eval_batches(data, split, image_size, channels, count, cache=False)
     images, labels = next(iter(batches))
     return np.asarray(images), np.asarray(labels)
@@ -130,8 +127,6 @@ def first_eval_batch(data, split, image_size, channels, count):
 def eval_arrays(data, split, image_size, channels, batch_size=500):
     """`(images, labels)` of a split as NumPy arrays, in order: the images of
     `eval_dataset` (float32, in [-1, 1]) and integer labels."""
-    import numpy as np
-
     images, labels = [], []
     for x, y in eval_dataset(data, split, image_size, channels, batch_size):
         images.append(np.asarray(x))

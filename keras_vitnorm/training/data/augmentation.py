@@ -15,10 +15,7 @@ from keras_vitnorm import backend
 
 @dataclasses.dataclass
 class Augmentation:
-    """Training-time augmentation: crops and flips keyed by position, then Keras layers.
-
-    Crops and flips are keyed by example position so that a resumed run is exact;
-    RandAugment, MixUp and CutMix are Keras core layers (docs/training.md).
+    """Training-time augmentation (docs/training.md).
 
     Attributes:
         crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, random crop back)
@@ -58,8 +55,7 @@ AUGMENTATION_DTYPE = "float32"
 
 
 def batch_mixing(augmentation, seed):
-    """`(Keras' MixUp or None, Keras' CutMix or None)` as `augmentation` asks, in
-    `AUGMENTATION_DTYPE`."""
+    """`(Keras' MixUp or None, Keras' CutMix or None)` as `augmentation` asks."""
     mixup = (keras.layers.MixUp(alpha=augmentation.mixup, seed=seed, dtype=AUGMENTATION_DTYPE)
              if augmentation.mixup else None)
     cutmix = (keras.layers.CutMix(factor=augmentation.cutmix, seed=seed, dtype=AUGMENTATION_DTYPE)
@@ -83,28 +79,21 @@ def randaugment(augmentation, channels, seed):
         return []
     check_randaugment(augmentation.randaugment_ops, channels)
     return [keras.layers.RandAugment(
-        value_range=(0, 255),
-        num_ops=augmentation.randaugment_ops,
-        factor=augmentation.randaugment_factor,
-        seed=seed,
-        dtype=AUGMENTATION_DTYPE,
-    )]
+        value_range=(0, 255), num_ops=augmentation.randaugment_ops,
+        factor=augmentation.randaugment_factor, seed=seed, dtype=AUGMENTATION_DTYPE)]
 
 
 def count_histograms_with_bincount(equalization, counts=None):
-    """Makes a Keras `Equalization` layer count its histogram with a `bincount`; returns
-    whether it could.
+    """Makes a Keras `Equalization` layer (or `None`) count its histogram with a
+    `bincount`; returns whether it could.
 
     Under JAX, Keras 3.15's `Equalization` counts its 256-bin histogram with a Python
     loop over the bins, chosen by the global backend, not the one it computes with:
     far slower inside tf.data or per image (docs/performance.md, "RandAugment under
-    JAX"). This replaces the layer's private `_custom_histogram_fixed_width` with the
-    same counts from `counts[name]` for the backend `name` it computes with, or
-    `keras_vitnorm.backend.count_bins` for the global one; otherwise (or on a Keras
-    without that method) the layer is left as Keras made it.
-
-    `counts`: optional `{backend name: count(bins, nbins)}`, e.g. TensorFlow's `bincount`
-    for a layer that tf.data runs; `equalization=None` does nothing.
+    JAX"). The layer's private `_custom_histogram_fixed_width` then counts with
+    `counts[name]` (`{backend name: count(bins, nbins)}`, e.g. TensorFlow's for a layer
+    that tf.data runs) for the backend `name` it computes with, or with
+    `keras_vitnorm.backend.count_bins` for the global one, else as Keras does.
     """
     keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
     if keras_histogram is None:

@@ -16,11 +16,9 @@ from keras_vitnorm.training.data.image_files import unreadable_file_error
 
 
 def load_image(path, channels):
-    """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow.
-
-    A 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it. A
-    file Pillow cannot decode is a `ValueError` naming it.
-    """
+    """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow;
+    a 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it. A
+    file Pillow cannot decode is a `ValueError` naming it."""
     from PIL import Image
 
     try:
@@ -54,26 +52,18 @@ class DecodedImages:
     def __init__(self, data, split, image_size, channels, keep_decoded=True):
         self.raws, self.labels = split.arrays
         self.folder = data.kind == "folder"
-        self.image_size = tuple(image_size)
-        self.channels = channels
+        self.image_size, self.channels = tuple(image_size), channels
         self.fits = split.size * math.prod(self.image_size) * channels * 4 < KEEP_DECODED_BYTES
-        self.keep = keep_decoded
-        self.decoded = {}
-        self.kept_bytes = 0
+        self.keep, self.decoded, self.kept_bytes = keep_decoded, {}, 0
 
     def __call__(self, index):
-        return self.stored(index).astype(np.float32)
-
-    def stored(self, index):
-        """Example `index` as it is kept: uint8 at the model's size where the file was,
-        float32 where it was resized."""
         image = self.decoded.get(index)
         if image is None:
             image = self._decode(index)
             if self.keep and self.kept_bytes + image.nbytes <= KEEP_DECODED_BYTES:
                 self.decoded[index] = image
                 self.kept_bytes += image.nbytes
-        return image
+        return image.astype(np.float32)
 
     def _decode(self, index):
         raw = self.raws[index]

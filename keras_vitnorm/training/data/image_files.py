@@ -4,14 +4,9 @@
 import os
 
 
-#: Leading bytes of the image formats a folder may hold, and how each file must end.
-_SIGNATURES = (
-    (b"\xff\xd8\xff", "JPEG"),
-    (b"\x89PNG\r\n\x1a\n", "PNG"),
-    (b"GIF87a", "GIF"),
-    (b"GIF89a", "GIF"),
-    (b"BM", "BMP"),
-)
+#: Leading bytes of the image formats a folder may hold.
+_SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
+               (b"GIF89a", "GIF"), (b"BM", "BMP"))
 
 #: Image formats that neither input pipeline reads (TensorFlow's decoders read JPEG, PNG,
 #: GIF and BMP alone), by file extension: a folder's files of these are named, not left
@@ -63,6 +58,7 @@ def list_bad_files(bad, shown=5):
 def unreadable_file_error(bad):
     """The `ValueError` for unreadable images `[(path, why), ...]` of a folder dataset."""
     return ValueError(
-        f"{len(bad)} file(s) of the dataset folder cannot be used as images: {list_bad_files(bad)}. "
-        "Remove or replace them, or pass --skip-bad-images to train without them."
+        f"{len(bad)} file(s) of the dataset folder cannot be used as images: "
+        f"{list_bad_files(bad)}. Remove or replace them, or pass --skip-bad-images to train "
+        "without them."
     )

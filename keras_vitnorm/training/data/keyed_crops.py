@@ -7,41 +7,26 @@ import numpy as np
 from keras_vitnorm.training.data.bilinear_sampling import sample_bilinear
 
 
-def crop_draws(augmentation, image_size, rng):
-    """`(crop, flip)` of one example, drawn from `rng` (seeded by its position).
+def keyed_crop_and_flip(image, augmentation, image_size, rng):
+    """The crop and flip of one example, drawn from `rng` (seeded by its position).
 
-    The transformations of `tf_pipeline._keyed_augmentation`: `crop` is
-    `("pad", top, left)` (the window's corner in the padded image), `("zoom", ys, xs)`
-    (the bilinear sampling grid of `tf.image.crop_and_resize`) or `None`; `flip`
-    whether the example is mirrored.
+    `"pad"` crops a window of the zero-padded image, `"zoom"` samples the image
+    bilinearly on `tf.image.crop_and_resize`'s grid.
     """
     height, width = image_size
     draws, flip_draw = rng.random(2), rng.random()
-    flip = bool(augmentation.flip and flip_draw < 0.5)
     if augmentation.crop == "pad":
         pad = augmentation.crop_padding
-        top = min(int(draws[0] * (2 * pad + 1)), 2 * pad)
-        left = min(int(draws[1] * (2 * pad + 1)), 2 * pad)
-        return ("pad", top, left), flip
-    if augmentation.crop == "zoom":
+        top, left = (min(int(draw * (2 * pad + 1)), 2 * pad) for draw in draws)
+        image = _window_of_padded(image, pad, top, left, height, width)
+    elif augmentation.crop == "zoom":
         scale = 1.0 - augmentation.zoom + augmentation.zoom * draws
         start, end = 0.5 - scale / 2, 0.5 + scale / 2
         # crop_and_resize's sampling grid: box corners on the first and last pixel centres.
-        steps = np.arange(height) / max(height - 1, 1), np.arange(width) / max(width - 1, 1)
-        ys = (start[0] + steps[0] * (end[0] - start[0])) * (height - 1)
-        xs = (start[1] + steps[1] * (end[1] - start[1])) * (width - 1)
-        return ("zoom", ys, xs), flip
-    return None, flip
-
-
-def keyed_crop_and_flip(image, augmentation, image_size, rng):
-    """The crop and flip of one example (`crop_draws`), applied with NumPy."""
-    crop, flip = crop_draws(augmentation, image_size, rng)
-    if crop is not None and crop[0] == "pad":
-        image = _window_of_padded(image, augmentation.crop_padding, *crop[1:], *image_size)
-    elif crop is not None:
-        image = sample_bilinear(image, *crop[1:])
-    return image[:, ::-1] if flip else image
+        ys, xs = ((start[axis] + np.arange(size) / max(size - 1, 1) * (end[axis] - start[axis]))
+                  * (size - 1) for axis, size in enumerate(image_size))
+        image = sample_bilinear(image, ys, xs)
+    return image[:, ::-1] if augmentation.flip and flip_draw < 0.5 else image
 
 
 def _window_of_padded(image, pad, top, left, height, width):

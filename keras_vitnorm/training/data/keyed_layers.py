@@ -24,8 +24,7 @@ class PerImageRandAugment:
     for the whole batch; RandAugment draws per image. The layer's seed generator is set
     to the image's key (`seed_states`), so the output depends on the image and its
     position only, and a resumed stream sees the same. Only the chosen operations run
-    (`apply_chosen`), which avoids the brightening Keras' call adds to every image under
-    PyTorch (docs/training.md, "The recipe's pieces").
+    (`apply_chosen`; docs/training.md, "The recipe's pieces").
     """
 
     def __init__(self, augmentation, channels, seed, image_size):
@@ -37,10 +36,6 @@ class PerImageRandAugment:
         self.generator = self.layer.generator
         self._keyed = None  # `keyed` as `__call__` runs it
 
-    def keys(self, positions):
-        """The generator states of the images at stream positions `positions`."""
-        return seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
-
     def __call__(self, images, positions):
         """`images` (float32 `(n, height, width, channels)` in [0, 255]) augmented, the
         `i`-th keyed by the stream position `positions[i]`, one image at a time: under
@@ -48,21 +43,19 @@ class PerImageRandAugment:
         eagerly each image's switch is compiled anew, its draws constants there."""
         if self._keyed is None:
             self._keyed = backend.compiled(self.keyed) or self.keyed
+        keys = seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
         out = np.empty_like(images)
-        for i, (image, key) in enumerate(zip(images, self.keys(positions))):
+        for i, (image, key) in enumerate(zip(images, keys)):
             out[i] = keras.ops.convert_to_numpy(self._keyed(image, key))
         return out
 
     def keyed(self, image, key):
         """One image augmented with the generator at `key` (its state is `key` for the
-        call, not a variable, so this also runs compiled)."""
-        return self.apply_chosen(image, self.draws(image, key))
-
-    def draws(self, image, key):
-        """What Keras' layer draws for `image` with its generator at `key`: each slot's
-        operation and every operation's parameters (`get_random_transformation`)."""
+        call, not a variable, so this also runs compiled): the layer's draws for it
+        (`get_random_transformation`), applied by `apply_chosen`."""
         with keras.StatelessScope(state_mapping=[(self.generator.state, key)]):
-            return self.layer.get_random_transformation(image, training=True)
+            draws = self.layer.get_random_transformation(image, training=True)
+        return self.apply_chosen(image, draws)
 
     def apply_chosen(self, image, draws):
         """`image` through the operation each slot chose, as Keras' layer computes it
@@ -85,30 +78,24 @@ class PerImageRandAugment:
 
 
 class BatchMixing:
-    """MixUp and CutMix as Keras layers on a batch, their draws keyed by the step: with
-    both, each batch gets one of them, with probability 1/2 (as timm does)."""
+    """MixUp and CutMix as Keras layers on a batch, their draws keyed by the step."""
 
     def __init__(self, augmentation, seed):
         self.seed = seed
         self.mixup, self.cutmix = batch_mixing(augmentation, seed)
 
-    def layer(self, step):
-        """The layer that mixes the batch of `step`, or `None`."""
+    def __call__(self, images, labels, step):
+        """NumPy `images` and `labels` of the batch of `step`, mixed (or as they are
+        where neither layer is on); with both, each batch gets one of them, with
+        probability 1/2 (as timm does)."""
+        layer = self.mixup or self.cutmix
         if self.mixup and self.cutmix:
-            return self.mixup if np.random.default_rng([self.seed, 1, step]).random() < 0.5 else (
-                self.cutmix)
-        return self.mixup or self.cutmix
-
-    def key(self, layer, step):
-        """The generator state that `layer` draws the batch of `step` with."""
-        dtype = "int32" if layer is None else layer.generator.state.dtype
-        return seed_states(self.seed, BATCH_MIXING, [step], dtype)[0]
-
-    def __call__(self, layer, images, labels, step):
-        """NumPy `images` and `labels` mixed by `layer` (as they are where `None`)."""
+            draw = np.random.default_rng([self.seed, 1, step]).random()
+            layer = self.mixup if draw < 0.5 else self.cutmix
         if layer is None:
             return images, labels.astype(np.float32)
-        layer.generator.state.assign(self.key(layer, step))
+        dtype = layer.generator.state.dtype
+        layer.generator.state.assign(seed_states(self.seed, BATCH_MIXING, [step], dtype)[0])
         out = layer({"images": images, "labels": labels})
         return tuple(keras.ops.convert_to_numpy(out[k]).astype(np.float32)
                      for k in ("images", "labels"))

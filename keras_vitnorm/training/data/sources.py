@@ -65,7 +65,8 @@ class Dataset:
             f"({self.test.name})"
         )
         if self.skipped:
-            text += f"; skipped {len(self.skipped)} unreadable image(s): " + list_bad_files(self.skipped)
+            text += (f"; skipped {len(self.skipped)} unreadable image(s): "
+                     + list_bad_files(self.skipped))
         return text
 
 
@@ -79,7 +80,8 @@ def parse_dataset(spec):
         if spec.startswith(kind + ":"):
             argument = spec[len(kind) + 1 :]
             if not argument:
-                raise ValueError(f"dataset={spec!r} names no {kind} {'dataset' if kind == 'tfds' else 'path'}.")
+                what = "dataset" if kind == "tfds" else "path"
+                raise ValueError(f"dataset={spec!r} names no {kind} {what}.")
             return kind, argument
     raise ValueError(
         f"Unknown dataset={spec!r}. Valid forms: {', '.join(DATASET_CHOICES)} "
@@ -140,9 +142,8 @@ def _stratified_split(labels, fraction, seed=0):
 
     indices = np.arange(len(labels))
     try:
-        kept, held_out = train_test_split(
-            indices, test_size=fraction, stratify=labels, random_state=seed
-        )
+        kept, held_out = train_test_split(indices, test_size=fraction, stratify=labels,
+                                          random_state=seed)
     except ValueError:  # a class too small for scikit-learn to stratify
         return _split_each_class(labels, fraction, seed)
     return np.sort(kept), np.sort(held_out)
@@ -163,39 +164,37 @@ def _split_each_class(labels, fraction, seed=0):
     return np.setdiff1d(np.arange(len(labels)), held_out), held_out.astype(np.int64)
 
 
+def _hold_out(split, fraction, held_out_name, kept_name=None):
+    """`(kept, held_out)` of a split `(raws, labels, name)` with `fraction` of every class
+    held out (`_stratified_split`); the kept part is `kept_name` or `name`."""
+    raws, labels, name = split
+    kept, held = _stratified_split(labels, fraction)
+    return ((raws[kept], labels[kept], kept_name or name),
+            (raws[held], labels[held], held_out_name))
+
+
+def _splits(*splits):
+    return [Split(name, arrays=(raws, labels)) for raws, labels, name in splits]
+
+
 def digits(val_fraction):
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
     labels = digits.target.astype("int64")
-    rest, test = _stratified_split(labels, TEST_FRACTION)
-    train_pos, val_pos = _stratified_split(labels[rest], val_fraction)
-    train, val = rest[train_pos], rest[val_pos]
-
-    def split(name, index):
-        return Split(name, arrays=(images[index], labels[index]))
-
-    return Dataset(
-        name="digits",
-        kind="digits",
-        train=split("train", train),
-        validation=split(f"{val_fraction:.0%} of the non-test images", val),
-        test=split(f"{TEST_FRACTION:.0%} of all images", test),
-        num_classes=10,
-        channels=1,
-        class_names=[str(i) for i in range(10)],
-    )
+    train, test = _hold_out((images, labels, "train"), TEST_FRACTION,
+                            f"{TEST_FRACTION:.0%} of all images")
+    train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of the non-test images")
+    return Dataset("digits", "digits", *_splits(train, val, test), num_classes=10, channels=1,
+                   class_names=[str(i) for i in range(10)])
 
 
 def _list_images(directory, classes=None):
     """`(paths, labels, classes)` of a class-per-folder tree."""
     # Hidden entries (".ipynb_checkpoints", ".DS_Store", ...) are neither classes nor images.
-    found = sorted(
-        entry
-        for entry in os.listdir(directory)
-        if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry))
-    )
+    found = sorted(entry for entry in os.listdir(directory)
+                   if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry)))
     training = classes is None  # else a validation or test folder of the training classes
     if training:
         classes = found
@@ -235,12 +234,8 @@ def _list_images(directory, classes=None):
 
 def _check_folder_images(splits, skip_bad_images):
     """`(splits without unreadable files, [(path, why), ...])`; raises unless skipping."""
-    bad = []
-    for paths, _, _ in splits:
-        for file in paths:
-            why = check_image_file(file)
-            if why:
-                bad.append((str(file), why))
+    bad = [(str(file), why) for paths, _, _ in splits for file in paths
+           if (why := check_image_file(file))]
     if bad and not skip_bad_images:
         raise unreadable_file_error(bad)
     rejected = {path for path, _ in bad}
@@ -269,53 +264,35 @@ def folder(path, val_fraction, skip_bad_images=False):
     train_root = os.path.join(path, "train")
     if os.path.isdir(train_root):
         paths, labels, classes = _list_images(train_root)
-        val_root = next(
-            (os.path.join(path, d) for d in ("val", "validation") if os.path.isdir(os.path.join(path, d))),
-            None,
-        )
+        train = (paths, labels, train_root)
         test_root = os.path.join(path, "test")
         if os.path.isdir(test_root):
-            test = (*_list_images(test_root, classes)[:2], f"{test_root}")
+            test = (*_list_images(test_root, classes)[:2], test_root)
         else:
-            kept, held = _stratified_split(labels, TEST_FRACTION)
-            test = (paths[held], labels[held], f"{TEST_FRACTION:.0%} of {train_root}")
-            paths, labels = paths[kept], labels[kept]
+            train, test = _hold_out(train, TEST_FRACTION, f"{TEST_FRACTION:.0%} of {train_root}")
+        val_roots = [os.path.join(path, name) for name in ("val", "validation")]
+        val_root = next((root for root in val_roots if os.path.isdir(root)), None)
         if val_root:
             val = (*_list_images(val_root, classes)[:2], val_root)
-            train = (paths, labels, train_root)
         else:
-            kept, held = _stratified_split(labels, val_fraction)
-            val = (paths[held], labels[held], f"{val_fraction:.0%} of {train_root}")
-            train = (paths[kept], labels[kept], f"the rest of {train_root}")
+            train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of {train_root}",
+                                   f"the rest of {train_root}")
     else:
         paths, labels, classes = _list_images(path)
-        rest, test_index = _stratified_split(labels, TEST_FRACTION)
-        test = (paths[test_index], labels[test_index], f"{TEST_FRACTION:.0%} of {path}")
-        kept, held = _stratified_split(labels[rest], val_fraction)
-        val = (paths[rest][held], labels[rest][held], f"{val_fraction:.0%} of the rest")
-        train = (paths[rest][kept], labels[rest][kept], "the rest")
+        train, test = _hold_out((paths, labels, "the rest"), TEST_FRACTION,
+                                f"{TEST_FRACTION:.0%} of {path}")
+        train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of the rest")
     if len(classes) < 2:
-        raise ValueError(f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
+        raise ValueError(
+            f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
     (train, val, test), bad = _check_folder_images((train, val, test), skip_bad_images)
     for split_paths, _, name in (train, val, test):
         if not len(split_paths):
-            raise ValueError(f"dataset folder {path!r}: the split {name} has no readable images left.")
-
-    channels = _channels_of(train[0][0])
-
-    def split(paths_labels_name):
-        split_paths, split_labels, name = paths_labels_name
-        return Split(name, arrays=(split_paths, split_labels))
-
+            raise ValueError(
+                f"dataset folder {path!r}: the split {name} has no readable images left.")
     return Dataset(
-        name=f"folder:{path}",
-        kind="folder",
-        train=split(train),
-        validation=split(val),
-        test=split(test),
-        num_classes=len(classes),
-        channels=channels,
-        class_names=list(classes),
+        f"folder:{path}", "folder", *_splits(train, val, test), num_classes=len(classes),
+        channels=_channels_of(train[0][0]), class_names=list(classes),
         files=[str(p) for split_paths, _, _ in (train, val, test) for p in split_paths],
         skipped=bad,
     )

@@ -7,7 +7,10 @@ functions are those of `python_pipeline`.
 """
 
 import contextlib
+import importlib.util
 import math
+
+import numpy as np
 
 from keras_vitnorm.ops import fast_path_enabled
 from keras_vitnorm.training.data.augmentation import batch_mixing
@@ -34,8 +37,6 @@ def import_tensorflow():
 
 def available():
     """Whether TensorFlow is installed (without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec("tensorflow") is not None
 
 
@@ -63,6 +64,7 @@ def errors_named(data):
             raise
         raise unreadable_file_error(bad) from error
 
+
 def _source(split):
     """The split as a tf.data dataset of `(raw, label)` pairs."""
     if split.source is not None:
@@ -70,42 +72,33 @@ def _source(split):
     return import_tensorflow().data.Dataset.from_tensor_slices(split.arrays)
 
 
-def _decoder(data):
-    """`raw -> uint8 image` for the dataset's source: digits hold images, folders file
-    paths, tfds encoded images."""
-    decode_image = import_tensorflow().io.decode_image
-    channels = data.channels
-    if data.kind == "digits":
-        return lambda raw: raw
-    if data.kind == "tfds":
-        return lambda raw: decode_image(raw, channels=channels, expand_animations=False)
-
-    def decode_file(path):
-        encoded = import_tensorflow().io.read_file(path)
-        image = decode_image(encoded, channels=channels, expand_animations=False)
-        image.set_shape([None, None, channels])
-        return image
-
-    return decode_file
-
-
-def _to_model_image(image, image_size, channels):
-    """uint8 image of any size -> float32 `(h, w, channels)` in [0, 255]."""
+def _reader(data, image_size, channels):
+    """`raw -> float32 (*image_size, channels)` image in [0, 255], of any source: digits
+    hold uint8 images, folders file paths, tfds encoded images."""
     tf = import_tensorflow()
-    image = tf.convert_to_tensor(image)
-    have = image.shape[-1]
-    if have == 1 and channels == 3:
-        image = tf.image.grayscale_to_rgb(image)
-    elif have == 3 and channels == 1:
-        image = tf.image.rgb_to_grayscale(image)
-    image = tf.image.resize(tf.cast(image, "float32"), image_size, method="bilinear")
-    return tf.clip_by_value(image, 0.0, 255.0)
+
+    def read(raw):
+        if data.kind == "digits":
+            image = tf.convert_to_tensor(raw)
+        else:
+            encoded = tf.io.read_file(raw) if data.kind == "folder" else raw
+            image = tf.io.decode_image(encoded, channels=data.channels, expand_animations=False)
+            if data.kind == "folder":
+                image.set_shape([None, None, data.channels])
+        have = image.shape[-1]
+        if have == 1 and channels == 3:
+            image = tf.image.grayscale_to_rgb(image)
+        elif have == 3 and channels == 1:
+            image = tf.image.rgb_to_grayscale(image)
+        image = tf.image.resize(tf.cast(image, "float32"), image_size, method="bilinear")
+        return tf.clip_by_value(image, 0.0, 255.0)
+
+    return read
 
 
 def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
-    """Batched `(images, one-hot labels)` of a split, in order, no augmentation.
-
-    `pad`: as `keras_vitnorm.training.data.eval_dataset`.
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation; `pad` as
+    in `keras_vitnorm.training.data.eval_dataset`.
 
     With `cache` (and a split under 1 GiB as float32), the batches are kept in memory
     after the first full pass. A reader that stops early (`first_eval_batch`) passes
@@ -113,12 +106,10 @@ def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache
     """
     tf = import_tensorflow()
     image_size = tuple(image_size)
-
-    decode = _decoder(data)
+    read = _reader(data, image_size, channels)
 
     def prepare(raw, label):
-        image = _to_model_image(decode(raw), image_size, channels)
-        return to_model_range(image), tf.one_hot(label, data.num_classes)
+        return to_model_range(read(raw)), tf.one_hot(label, data.num_classes)
 
     dataset = _source(split).map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if pad:
@@ -149,23 +140,19 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
     if size <= 200_000:
         source = source.cache()
     buffer = min(size, shuffle_buffer)
-    passes = [
-        source.shuffle(buffer, seed=seed + index, reshuffle_each_iteration=False)
-        for index in range(first_pass, last_pass + 1)
-    ]
+    passes = [source.shuffle(buffer, seed=seed + index, reshuffle_each_iteration=False)
+              for index in range(first_pass, last_pass + 1)]
     passes[0] = passes[0].skip(offset)
     lengths = [size - offset] + [size] * (len(passes) - 1)
     order = tf.data.Dataset.from_tensor_slices(tf.range(len(passes), dtype="int64"))
-    order = order.flat_map(
-        lambda index: tf.data.Dataset.from_tensors(index).repeat(tf.gather(tf.constant(lengths, "int64"), index))
-    )
+    order = order.flat_map(lambda index: tf.data.Dataset.from_tensors(index).repeat(
+        tf.gather(tf.constant(lengths, "int64"), index)))
     stream = tf.data.Dataset.choose_from_datasets(passes, order, stop_on_empty_dataset=False)
     positions = tf.data.Dataset.range(start_step * batch_size, end_step * batch_size)
     stream = tf.data.Dataset.zip((positions, stream))
     keyed = _keyed_augmentation(augmentation, image_size, channels, seed)
     stateful = _stateful_augmentation(augmentation, channels, seed)
-    decode = _decoder(data)
-
+    read = _reader(data, image_size, channels)
     index, count = share
     local_batch = batch_size // count
     if count > 1:
@@ -173,20 +160,15 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
 
     def prepare(position, example):
         raw, label = example
-        image = _to_model_image(decode(raw), image_size, channels)
-        return keyed(image, position), tf.one_hot(label, data.num_classes)
-
-    def augment(image, label):
-        for layer in stateful:
-            image = layer(image)
-        return image, label
+        return keyed(read(raw), position), tf.one_hot(label, data.num_classes)
 
     stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # Keras' RandAugment draws from a stateful seed generator: in a parallel map the
     # order of the draws (so which image gets which operations) would depend on thread
     # timing. Run it in order, so a seed gives the same augmented stream every time.
     if stateful:
-        stream = stream.map(augment)
+        [randaugment_layer] = stateful
+        stream = stream.map(lambda image, label: (randaugment_layer(image), label))
     stream = stream.batch(local_batch, drop_remainder=True)
     random_batches = bool(augmentation.mixup or augmentation.cutmix)
     stream = stream.map(_batch_augmentation(augmentation, seed),
@@ -250,11 +232,9 @@ def _batch_augmentation(augmentation, seed):
 
     def augment(images, labels):
         if mixup and cutmix:
-            images, labels = tf.cond(
-                tf.random.uniform([]) < 0.5,
-                lambda: apply(mixup, images, labels),
-                lambda: apply(cutmix, images, labels),
-            )
+            images, labels = tf.cond(tf.random.uniform([]) < 0.5,
+                                     lambda: apply(mixup, images, labels),
+                                     lambda: apply(cutmix, images, labels))
         elif mixup or cutmix:
             images, labels = apply(mixup or cutmix, images, labels)
         return to_model_range(images), labels
@@ -265,9 +245,8 @@ def _batch_augmentation(augmentation, seed):
 def resize_images_and_masks(images, masks, image_size):
     """uint8 images resized bilinearly (antialiased) and integer masks by nearest
     neighbour to `image_size` squares, as NumPy arrays (the segmentation data)."""
-    import numpy as np
-
     tf = import_tensorflow()
     images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
     masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]
-    return np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8), masks.numpy().astype(np.int32)
+    return (np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8),
+            masks.numpy().astype(np.int32))

@@ -22,11 +22,9 @@ from keras_vitnorm.training.data.tf_pipeline import resize_images_and_masks
 
 
 def prepared_tfds_builder(name, features, task, data_dir=None, manual_dir=None):
-    """`(builder, split names)` of the tensorflow-datasets dataset `name`, prepared.
-
-    `features` are the feature names the `task` (e.g. "classification", for the error
-    message) needs, e.g. `("image", "label")`.
-    """
+    """`(builder, split names)` of the tensorflow-datasets dataset `name`, prepared; it
+    must have the `features` (e.g. `("image", "label")`) that `task` (for the error
+    message, e.g. "classification") needs."""
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # tfds raises DatasetNotFoundError with its own list
@@ -50,37 +48,27 @@ def classification(name, val_fraction, data_dir=None, manual_dir=None):
     builder, available = prepared_tfds_builder(name, ("image", "label"), "classification",
                                                data_dir, manual_dir)
     features = builder.info.features
-    percent = round(100 * val_fraction)
-    if "test" in available:
-        test_split = "test"
-        if "validation" in available:
-            train_split, val_split = "train", "validation"
-        else:
-            train_split, val_split = f"train[:{100 - percent}%]", f"train[{100 - percent}%:]"
-    else:  # e.g. imagenet2012: score on validation, select on a slice of train (minival)
-        test_split = "validation"
-        train_split, val_split = f"train[:{100 - percent}%]", f"train[{100 - percent}%:]"
+    # Without a test split (e.g. imagenet2012): score on validation, select on a slice
+    # of train (minival).
+    test_split = "test" if "test" in available else "validation"
+    if test_split == "test" and "validation" in available:
+        train_split, val_split = "train", "validation"
+    else:
+        kept = 100 - round(100 * val_fraction)
+        train_split, val_split = f"train[:{kept}%]", f"train[{kept}%:]"
 
     def split(split_name):
-        source = builder.as_dataset(
-            split=split_name,
-            as_supervised=True,
-            shuffle_files=False,
-            decoders={"image": tfds.decode.SkipDecoding()},
-        )
+        source = builder.as_dataset(split=split_name, as_supervised=True, shuffle_files=False,
+                                    decoders={"image": tfds.decode.SkipDecoding()})
         size = int(source.cardinality())
         if size < 0:
             size = int(source.reduce(0, lambda count, _: count + 1))
         return Split(split_name, source, size)
 
     return Dataset(
-        name=f"tfds:{name}",
-        kind="tfds",
-        train=split(train_split),
-        validation=split(val_split),
-        test=split(test_split),
-        num_classes=features["label"].num_classes,
-        channels=features["image"].shape[-1] or 3,
+        name=f"tfds:{name}", kind="tfds", train=split(train_split),
+        validation=split(val_split), test=split(test_split),
+        num_classes=features["label"].num_classes, channels=features["image"].shape[-1] or 3,
         class_names=list(features["label"].names),
     )
 
@@ -101,13 +89,13 @@ def segmentation_splits(dataset_name, image_size):
             image, mask = example["image"], np.asarray(example["segmentation_mask"])
             mask = mask[..., 0] if mask.ndim == 3 else mask
             if image.shape[:2] != mask.shape[:2]:
-                raise ValueError(
-                    f"tfds:{dataset_name} ({name}): an image of {image.shape[:2]} has a mask of {mask.shape[:2]}."
-                )
+                raise ValueError(f"tfds:{dataset_name} ({name}): an image of {image.shape[:2]} "
+                                 f"has a mask of {mask.shape[:2]}.")
             resized = resize_images_and_masks(image[None], mask[None].astype(np.int32), image_size)
             images.append(resized[0][0])
             masks.append(resized[1][0])
         splits.append((np.stack(images), np.stack(masks)))
     if splits[0] is None:
-        raise ValueError(f"tfds:{dataset_name} has no 'train' split (it has {', '.join(available)}).")
+        raise ValueError(
+            f"tfds:{dataset_name} has no 'train' split (it has {', '.join(available)}).")
     return splits
