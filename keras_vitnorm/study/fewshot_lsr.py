@@ -35,22 +35,14 @@ def _design(features, mean, std):
 
 
 def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULARIZATION):
-    """Fits big_vision's few-shot linear classifier: ridge regression onto ±1 targets.
+    """A `LeastSquaresClassifier` of `features` `(images, width)` and `labels` `(images,)`
+    in `[0, num_classes)`: big_vision's ridge regression onto ±1 targets
+    (https://github.com/google-research/big_vision, `big_vision/evaluators/fewshot_lsr.py`
+    and `big_vision/configs/common_fewshot.py`).
 
-    Features are whitened by the training features' mean and standard deviation, a
-    constant feature carries the bias, and the weights are the closed-form ridge
-    solution `(X^T X + l2 I)^-1 X^T Y` (big_vision's fixed l2 = 2^10), in float64.
-
-    Args:
-        features, labels: `(images, width)` array; `(images,)` classes in
-            `[0, num_classes)`.
-
-    Returns:
-        A `LeastSquaresClassifier` (`.accuracy(features, labels)`).
-
-    Reference:
-    - [big_vision, `big_vision/evaluators/fewshot_lsr.py` and
-      `big_vision/configs/common_fewshot.py`](https://github.com/google-research/big_vision)
+    Features are whitened by their mean and standard deviation, a constant feature
+    carries the bias, and the weights are the closed-form ridge solution
+    `(X^T X + l2 I)^-1 X^T Y`, in float64.
     """
     from scipy import linalg
 
