@@ -151,13 +151,10 @@ def _complete(result, transfer):
 
 
 def run_fewshot(run_dir, transfer, verbose=0, say=None):
-    """A finished run's result: `{"request": ..., "accuracy": {shots: [per draw]},
-    "test_images": n}`.
-
-    Read from the run's `analysis.json` when it holds this request's result, else
-    computed from `<run_dir>/preset` and added to it; `None` for a run with neither.
-    `say` reports a result computed, `verbose` adds a progress bar.
-    """
+    """A finished run's result, `{"request": ..., "accuracy": {shots: [per draw]},
+    "test_images": n}`: read from the run's `analysis.json` when it holds this request's
+    result, else computed from `<run_dir>/preset` and added to it; `None` for a run with
+    neither. `say` reports a result computed, `verbose` adds a progress bar."""
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
     entries = analysis.get(KEY) or {}

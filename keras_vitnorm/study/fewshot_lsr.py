@@ -72,11 +72,8 @@ def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULA
 def few_shot_draws(labels, num_classes, shots, draws, class_names=None):
     """`(draws, num_classes, shots)` indices into `labels`: in draw `d`, the first
     `shots` images of each class in the order of a permutation drawn with seed `d`
-    (big_vision's draw), so a fit on fewer shots takes the first of them.
-
-    Raises:
-        ValueError: naming the classes with fewer than `shots` images.
-    """
+    (big_vision's draw), so a fit on fewer shots takes the first of them. A `ValueError`
+    names the classes with fewer than `shots` images."""
     labels = np.asarray(labels)
     members = [np.flatnonzero(labels == label) for label in range(num_classes)]
     short = [(class_names[label] if class_names else str(label), len(indices))

@@ -87,11 +87,6 @@ def legend(axes, **kwargs):
                   transform=axes.transAxes, ha="center", va="center", color="gray")
 
 
-def _count(number, noun):
-    """`"1 run"`, `"3 runs"`."""
-    return f"{number} {noun}" + ("" if number == 1 else "s")
-
-
 def plot_loss_curves(rows, title, path):
     """Mean training (solid) and validation (dashed) loss per epoch of each variant."""
     figure, axes = pyplot().subplots(figsize=(7, 4.5))
@@ -186,8 +181,8 @@ def _plot_bands(series, noun, mean_text, ylabel, title, path, zero_line=False):
         if not curves.size:
             continue
         epochs, color = np.arange(1, curves.shape[1] + 1), f"C{index % 10}"
-        axes.plot(epochs, curves.mean(axis=0), color=color,
-                  label=f"{variant} ({_count(len(curves), noun)})")
+        count = f"{len(curves)} {noun}" + ("" if len(curves) == 1 else "s")
+        axes.plot(epochs, curves.mean(axis=0), color=color, label=f"{variant} ({count})")
         band = curve_band(curves)
         if band is not None:
             axes.fill_between(epochs, band[0], band[1], color=color, alpha=0.2)

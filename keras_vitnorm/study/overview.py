@@ -31,11 +31,8 @@ STEP_TIMES_FILE = "step_times.json"
 def read_step_times(output_dir, variants):
     """The `{variant: seconds per training step}` of `<output_dir>/step_times.json`, which
     must give each of `variants` a positive number (it may hold other groups' variants
-    too); `None` without the file.
-
-    Raises:
-        ValueError: naming the file and the entry that is malformed or missing.
-    """
+    too); `None` without the file. A `ValueError` names the file and the entry that is
+    malformed or missing."""
     path = os.path.join(output_dir, STEP_TIMES_FILE)
     step_times = durable.read_json(path)
     if step_times is None:
