@@ -20,7 +20,7 @@ PATCH_EMBEDDING = "stem/projection"
 
 def layer_of(path):
     """The layer a variable belongs to: `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`."""
-    return path.rsplit("/", 1)[0] if "/" in path else path
+    return path.rsplit("/", 1)[0]
 
 
 def depth_group(path):
@@ -32,12 +32,8 @@ def depth_group(path):
 
 
 def group_norms(gradients, group=layer_of):
-    """L2 norm of the gradients in each group: `sqrt(sum of squares)` over its weights.
-
-    Args:
-        gradients: `{variable path: gradient array}`.
-        group: function mapping a variable path to its group name.
-    """
+    """L2 norm (`sqrt(sum of squares)`) of the `{variable path: gradient}` `gradients` in
+    each group, a variable's group being `group(path)`."""
     squares = {}
     for path, gradient in gradients.items():
         name = group(path)
@@ -76,11 +72,8 @@ class GradientNormRecorder(keras.callbacks.Callback):
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive integer, got {every!r}.")
-        self.images = np.asarray(images)
-        self.labels = np.asarray(labels)
-        self.every = every
-        self.path = path
-        self.group = group
+        self.images, self.labels = np.asarray(images), np.asarray(labels)
+        self.every, self.path, self.group = every, path, group
         self.records = {}
         self._written = set()
         self._gradients = None  # the model's probe loss and gradients, made at the first record
@@ -126,17 +119,10 @@ class GradientNormRecorder(keras.callbacks.Callback):
 
 
 def residual_stream(model, images):
-    """Activation RMS and consecutive-block similarity of the token stream.
-
-    Args:
-        model: a ViT.
-        images: NumPy array of images.
-
-    Returns:
-        `{"names": ["stem", "block_0", ...], "rms": [...], "similarity": [...]}`: the
-        tokens' `sqrt(mean(x**2))` after each stage, and the mean cosine similarity of
-        each token between consecutive stages (one shorter).
-    """
+    """Activation RMS and consecutive-block similarity of a ViT's token stream on
+    `images` (NumPy): `{"names": ["stem", "block_0", ...], "rms": [...], "similarity":
+    [...]}`, the tokens' `sqrt(mean(x**2))` after each stage, and the mean cosine
+    similarity of each token between consecutive stages (one shorter)."""
     names = ["stem"] + sorted(
         (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
         key=lambda name: int(name.split("_")[1]),

@@ -1,8 +1,7 @@
 """Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
 training stability by depth, and how flat each variant's validation curve is at the end.
-
-Both read the rows `run_study` returns (or `results.csv`) and the factor levels that
-`keras_vitnorm.study.variants.variant_factors` records for each variant.
+They read the rows `run_study` returns (or `results.csv`) and each variant's factor
+levels (`keras_vitnorm.study.variants.variant_factors`).
 """
 
 import math
@@ -16,10 +15,9 @@ from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
-from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import mean_ci_text
-from keras_vitnorm.study.stats import p_value_header
-from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import p_value_table
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import LEVEL_COLUMNS
@@ -32,35 +30,18 @@ STALL_ACCURACY = 0.2
 
 def _accuracies(rows, group, **levels):
     """Test accuracies of the completed runs of `group` whose factors match `levels`."""
-    found = []
-    for row in rows:
-        if row["group"] != group or row["status"] != "completed":
-            continue
-        factors = variant_factors(group, row["variant"])
-        if all(factors.get(key) == value for key, value in levels.items()):
-            found.append(float(row["test_accuracy"]))
-    return found
+    return [float(row["test_accuracy"]) for row in rows
+            if row["group"] == group and row["status"] == "completed"
+            and levels.items() <= variant_factors(group, row["variant"]).items()]
 
 
-def _difference(treated, control):
+def _compared(cells, treated, control):
+    """A `stats.p_value_table` row: `cells`, then `treated` minus `control` in points
+    (Welch 95% CI) with its Welch p-value; `n/a` and NaN without both sides."""
     if not treated or not control:
-        return "n/a"
-    return difference_text(*difference_interval(treated, control))
-
-
-def _with_p_values(header, cells):
-    """A markdown table from its header cells and its rows, each `(cells, treated,
-    control)`: every row gains the Welch p-value of treated against control and the
-    p-value adjusted by Holm's method over the table's rows (`stats.holm_adjusted`)."""
-    p_values = [welch_p_value(treated, control) if treated and control else math.nan
-                for _, treated, control in cells]
-    tested = sum(not math.isnan(p) for p in p_values)
-    lines = ["| " + " | ".join(header) + f" | {p_value_header(tested)} |",
-             "|" + "---|" * (len(header) + 2)]
-    for (row, _, _), p, p_holm in zip(cells, p_values, holm_adjusted(p_values)):
-        lines.append("| " + " | ".join(row) + f" | {p_value_text(p)} "
-                     f"| {p_value_text(p_holm, holm=True)} |")
-    return "\n".join(lines) + "\n"
+        return cells + ["n/a"], math.nan
+    return (cells + [difference_text(*difference_interval(treated, control))],
+            welch_p_value(treated, control))
 
 
 def _stem_levels(rows, group):
@@ -111,23 +92,20 @@ def stem_differences(rows, group="dpn_factors"):
 
 def dpn_factor_table(rows, group="dpn_factors"):
     """Markdown: per factor level, the plain stem, a stem variant and their difference
-    (Welch 95% CI; `*` where it excludes 0), with the Welch p-value and the p-value
-    adjusted by Holm's method over every comparison of the table."""
+    (Welch 95% CI; `*` where it excludes 0) with its p-values (`stats.p_value_table`)."""
     header = _level_header(_stem_levels(rows, group)) + [
         "stem", "runs", "test accuracy (%), mean ± 95% CI", "plain stem (%)",
         "difference, points (Welch 95% CI)"]
-    cells = [(_level_cells(level) + [stem, str(len(treated)), mean_ci_text(treated),
-                                     mean_ci_text(plain), _difference(treated, plain)],
-              treated, plain)
+    cells = [_compared(_level_cells(level) + [stem, str(len(treated)), mean_ci_text(treated),
+                                              mean_ci_text(plain)], treated, plain)
              for level, stem, treated, plain in _against_plain(rows, group)]
-    return _with_p_values(header, cells) if cells else ""
+    return p_value_table(header, cells)
 
 
 def against_dpn_table(rows, group="dpn_factors"):
     """Markdown in the paper's Table 6 format: at each level where Dual PatchNorm ran,
-    every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where
-    it excludes 0), with the Welch p-value and the p-value adjusted by Holm's method
-    over every comparison of the table. Negative: the stem is worse than DPN."""
+    every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where it
+    excludes 0), with its p-values (`stats.p_value_table`). Negative: worse than DPN."""
     levels = _stem_levels(rows, group)
     header = _level_header(levels) + ["stem", "runs", "change against DPN, points (Welch 95% CI)"]
     cells = []
@@ -138,9 +116,8 @@ def against_dpn_table(rows, group="dpn_factors"):
         for stem in (*DPN_ABLATIONS, "patch"):
             other = _accuracies(rows, group, stem=stem, **level)
             if other:
-                cells.append((_level_cells(level) + [stem, str(len(other)),
-                                                     _difference(other, dpn)], other, dpn))
-    return _with_p_values(header, cells) if cells else ""
+                cells.append(_compared(_level_cells(level) + [stem, str(len(other))], other, dpn))
+    return p_value_table(header, cells)
 
 
 _BLOCK = re.compile(r"block_(\d+)/")
@@ -212,37 +189,30 @@ def depth_table(rows, group="depth_stability"):
                   and {"placement", "depth", "warmup"} <= variant_factors(group, r["variant"]).keys()]
     rates = {float(r["learning_rate"]) for r in group_rows if r.get("learning_rate") not in (None, "")}
     by_rate = len(rates) > 1
-    cells = {}
+    cells = {}  # (placement, depth, warm-up, peak rate or None) -> runs
     for row in group_rows:
         factors = variant_factors(group, row["variant"])
-        key = (factors["placement"], factors["depth"], factors["warmup"])
-        if by_rate:
-            key += (float(row["learning_rate"]),)
-        cells.setdefault(key, []).append(row)
-    lines = [
-        "| placement | depth | warm-up |" + (" peak learning rate |" if by_rate else "")
-        + " runs | trained | diverged (steps) | stalled (steps of best val. accuracy) "
-        "| test accuracy of trained runs (%) | first / last block gradient norm |",
-        "|---|---|---|" + ("---|" if by_rate else "") + "---|---|---|---|---|---|",
-    ]
-    first_seen = {}  # (placement, depth, warm-up) -> its order in the rows
-    for key in cells:
-        first_seen.setdefault(key[:3], len(first_seen))
-    for key in sorted(cells, key=lambda k: (first_seen[k[:3]], k[3:])):  # then by rate
+        rate = float(row["learning_rate"]) if by_rate else None
+        cells.setdefault((factors["placement"], factors["depth"], factors["warmup"], rate),
+                         []).append(row)
+    header = ["placement", "depth", "warm-up", *(["peak learning rate"] if by_rate else []),
+              "runs", "trained", "diverged (steps)", "stalled (steps of best val. accuracy)",
+              "test accuracy of trained runs (%)", "first / last block gradient norm"]
+    table = []
+    order = list(dict.fromkeys(key[:3] for key in cells))  # factors in the rows' order
+    for key in sorted(cells, key=lambda k: (order.index(k[:3]), k[3:])):  # then by rate
+        placement, depth, warmup, rate = key
         runs = cells[key]
-        placement, depth, warmup = key[:3]
         diverged = [r for r in runs if r["status"] == "diverged"]
         completed = [r for r in runs if r["status"] == "completed"]
         stalled = [r for r in completed if float(r["test_accuracy"]) < STALL_ACCURACY]
         trained = [float(r["test_accuracy"]) for r in completed if r not in stalled]
         steps = ", ".join(str(r["diverged_at_step"]) for r in diverged)
-        rate = f" {key[3]:g} |" if by_rate else ""
-        lines.append(
-            f"| {placement} | {depth} | {'yes' if warmup else 'no'} |{rate} {len(runs)} | {len(trained)} "
-            f"| {len(diverged)}{f' ({steps})' if steps else ''} | {_stalled_cell(stalled)} "
-            f"| {mean_ci_text(trained)} | {_gradient_ratio_cell(runs)} |"
-        )
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+        table.append([placement, str(depth), "yes" if warmup else "no",
+                      *([f"{rate:g}"] if by_rate else []), str(len(runs)), str(len(trained)),
+                      f"{len(diverged)}" + (f" ({steps})" if steps else ""), _stalled_cell(stalled),
+                      mean_ci_text(trained), _gradient_ratio_cell(runs)])
+    return table_text(header, table)
 
 
 def residual_stream_table(streams):
@@ -250,13 +220,10 @@ def residual_stream_table(streams):
     after the stem, the middle block and the last block, and the mean consecutive-block
     cosine similarity over all blocks and over the last three (near 1, blocks stop
     changing the representation: collapse). `streams`: `{label: [residual_stream
-    result per run]}` (`keras_vitnorm.analysis`).
-    """
-    lines = [
-        "| model | runs | RMS after stem | RMS at middle block | RMS after last block "
-        "| consecutive-block similarity, mean | last 3 blocks, mean |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    result per run]}` (`keras_vitnorm.analysis`)."""
+    header = ["model", "runs", "RMS after stem", "RMS at middle block", "RMS after last block",
+              "consecutive-block similarity, mean", "last 3 blocks, mean"]
+    table = []
     for label, runs in streams.items():
         if not runs:
             continue
@@ -266,10 +233,9 @@ def residual_stream_table(streams):
             [r[0] for r in rms], [r[len(r) // 2] for r in rms], [r[-1] for r in rms],
             [float(np.mean(s)) for s in similarity], [float(np.mean(s[-3:])) for s in similarity],
         ]
-        digits = (2, 2, 2, 3, 3)
-        lines.append(f"| {label} | {len(runs)} | "
-                     + " | ".join(mean_ci_text(c, 1, d) for c, d in zip(cells, digits)) + " |")
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+        table.append([label, str(len(runs)), *(
+            mean_ci_text(c, 1, digits) for c, digits in zip(cells, (2, 2, 2, 3, 3)))])
+    return table_text(header, table)
 
 
 def convergence_table(rows):
@@ -280,13 +246,11 @@ def convergence_table(rows):
     epochs."""
     from keras_vitnorm.study.figures import validation_curves
 
-    lines = [
-        "| variant | runs | epochs | half and late mark (epoch) "
-        "| val. accuracy at the half mark (%) | at the late mark (%) | at the end (%) "
-        "| added after the late mark (points, mean ± 95% CI) "
-        "| training accuracy, last epoch (%) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["variant", "runs", "epochs", "half and late mark (epoch)",
+              "val. accuracy at the half mark (%)", "at the late mark (%)", "at the end (%)",
+              "added after the late mark (points, mean ± 95% CI)",
+              "training accuracy, last epoch (%)"]
+    table = []
     for variant in dict.fromkeys(r["variant"] for r in rows):
         curves = 100 * validation_curves(rows, variant)
         if curves.shape[1] < 4:
@@ -296,9 +260,7 @@ def convergence_table(rows):
         half, late = curves[:, half_mark - 1], curves[:, late_mark - 1]
         added = mean_ci_text(list((curves[:, -1] - late) / 100))
         training = 100 * validation_curves(rows, variant, column="accuracy")[:, epochs - 1]
-        lines.append(
-            f"| {variant} | {len(curves)} | {epochs} | {half_mark}, {late_mark} "
-            f"| {half.mean():.2f} | {late.mean():.2f} | {curves[:, -1].mean():.2f} | {added} "
-            f"| {training.mean():.2f} |"
-        )
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+        table.append([variant, str(len(curves)), str(epochs), f"{half_mark}, {late_mark}",
+                      f"{half.mean():.2f}", f"{late.mean():.2f}", f"{curves[:, -1].mean():.2f}",
+                      added, f"{training.mean():.2f}"])
+    return table_text(header, table)

@@ -21,10 +21,8 @@ from keras_vitnorm.study.fewshot_lsr import fit_least_squares
 from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
-from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import mean_ci_text
-from keras_vitnorm.study.stats import p_value_header
-from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import p_value_table
 from keras_vitnorm.study.stats import welch_p_value
 
 #: Training images per class of each fit (big_vision's configs use 1, 5, 10 and 25).
@@ -121,16 +119,15 @@ class TransferData:
         """`{str(shots): [test accuracy of each draw]}` of fits on `train_features`
         (the images of `self.train`)."""
         train_labels, test_labels = self.train.arrays[1], self.test.arrays[1]
-        accuracy = {}
-        for shots in self.shots:
-            accuracy[str(shots)] = []
-            for positions in self.positions:
-                chosen = positions[:, :shots].ravel()
-                classifier = fit_least_squares(train_features[chosen], train_labels[chosen],
-                                               self.data.num_classes,
-                                               self.request["l2_regularization"])
-                accuracy[str(shots)].append(classifier.accuracy(test_features, test_labels))
-        return accuracy
+
+        def accuracy(chosen):
+            classifier = fit_least_squares(train_features[chosen], train_labels[chosen],
+                                           self.data.num_classes,
+                                           self.request["l2_regularization"])
+            return classifier.accuracy(test_features, test_labels)
+
+        return {str(shots): [accuracy(positions[:, :shots].ravel()) for positions in self.positions]
+                for shots in self.shots}
 
 
 def pooled_features(model, batches, progress=None):
@@ -154,13 +151,10 @@ def _complete(result, transfer):
 
 
 def run_fewshot(run_dir, transfer, verbose=0, say=None):
-    """A finished run's result: `{"request": ..., "accuracy": {shots: [per draw]},
-    "test_images": n}`.
-
-    Read from the run's `analysis.json` when it holds this request's result, else
-    computed from `<run_dir>/preset` and added to it; `None` for a run with neither.
-    `say` reports a result computed, `verbose` adds a progress bar.
-    """
+    """A finished run's result, `{"request": ..., "accuracy": {shots: [per draw]},
+    "test_images": n}`: read from the run's `analysis.json` when it holds this request's
+    result, else computed from `<run_dir>/preset` and added to it; `None` for a run with
+    neither. `say` reports a result computed, `verbose` adds a progress bar."""
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
     entries = analysis.get(KEY) or {}
@@ -206,29 +200,24 @@ def fewshot_table(results, shots):
     """
     if not any(results.values()):
         return ""
-    names = list(results)
-    baseline = names[0]
+    baseline = next(iter(results))
     sections = []
     for count in shots:
         values = {name: [run_mean(r, count) for r in runs] for name, runs in results.items()}
-        compared = [name for name in names[1:] if values[name] and len(values[baseline])]
-        p_values = {name: welch_p_value(values[name], values[baseline]) for name in compared}
-        adjusted = dict(zip(p_values, holm_adjusted(list(p_values.values()))))
-        tested = sum(not math.isnan(p) for p in p_values.values())
-        lines = [f"| variant | runs | {count}-shot accuracy (%), mean ± 95% CI | {baseline} (%) "
-                 f"| difference, points (Welch 95% CI) | {p_value_header(tested)} |",
-                 "|---|---|---|---|---|---|---|"]
-        for name in names:
+        base = values[baseline]
+        rows = []
+        for name, own in values.items():
+            cells = [name, str(len(own)), mean_ci_text(own), mean_ci_text(base)]
             if name == baseline:
-                cells = ["baseline", "", ""]
-            elif name in p_values:
-                cells = [difference_text(*difference_interval(values[name], values[baseline])),
-                         p_value_text(p_values[name]), p_value_text(adjusted[name], holm=True)]
+                rows.append((cells + ["baseline"], None))
+            elif own and base:
+                rows.append((cells + [difference_text(*difference_interval(own, base))],
+                             welch_p_value(own, base)))
             else:
-                cells = ["n/a", "n/a", "n/a"]
-            lines.append(f"| {name} | {len(values[name])} | {mean_ci_text(values[name])} "
-                         f"| {mean_ci_text(values[baseline])} | " + " | ".join(cells) + " |")
-        sections.append(f"{count} training images per class\n\n" + "\n".join(lines) + "\n")
+                rows.append((cells + ["n/a"], math.nan))
+        header = ["variant", "runs", f"{count}-shot accuracy (%), mean ± 95% CI",
+                  f"{baseline} (%)", "difference, points (Welch 95% CI)"]
+        sections.append(f"{count} training images per class\n\n" + p_value_table(header, rows))
     return "\n".join(sections)
 
 
@@ -262,14 +251,14 @@ def write_fewshot(study_dir, dataset, shots=SHOTS, draws=DRAWS, test_examples=No
         study_dir: a study directory (its `results.csv` names the runs; a learning-rate
             sweep's runs at their chosen rates).
         dataset: `"digits"` or `"folder:<path>"` (`TransferData`).
-        shots: training images per class of each fit, default `(10, 25)`.
-        draws: int, default 5: fits per shot count, draw `d` with seed `d`.
-        test_examples: int or None (default): a stratified subset of the test split.
-        batch_size: int, default 256: images per forward pass.
-        pipeline: the input pipeline, `"auto"` (default), `"tf.data"` or `"python"`.
-        l2_regularization: float, default big_vision's `2.0 ** 10`.
-        verbose: 0 silent, 1 (default) a line and a progress bar per run computed.
-        take_over_lock: bool, as for `run_study`.
+        shots, draws: training images per class of each fit; fits per shot count, draw
+            `d` with seed `d`.
+        test_examples: a stratified subset of the test split (`None`: all of it).
+        batch_size, pipeline: images per forward pass; the input pipeline, `"auto"`,
+            `"tf.data"` or `"python"`.
+        l2_regularization: the ridge penalty (big_vision's `2.0 ** 10`).
+        verbose: 0 silent, 1 a line and a progress bar per run computed.
+        take_over_lock: as for `run_study`.
     """
     from keras_vitnorm.training import run_files
 

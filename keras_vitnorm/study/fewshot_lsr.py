@@ -35,22 +35,14 @@ def _design(features, mean, std):
 
 
 def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULARIZATION):
-    """Fits big_vision's few-shot linear classifier: ridge regression onto ±1 targets.
+    """A `LeastSquaresClassifier` of `features` `(images, width)` and `labels` `(images,)`
+    in `[0, num_classes)`: big_vision's ridge regression onto ±1 targets
+    (https://github.com/google-research/big_vision, `big_vision/evaluators/fewshot_lsr.py`
+    and `big_vision/configs/common_fewshot.py`).
 
-    Features are whitened by the training features' mean and standard deviation, a
-    constant feature carries the bias, and the weights are the closed-form ridge
-    solution `(X^T X + l2 I)^-1 X^T Y` (big_vision's fixed l2 = 2^10), in float64.
-
-    Args:
-        features, labels: `(images, width)` array; `(images,)` classes in
-            `[0, num_classes)`.
-
-    Returns:
-        A `LeastSquaresClassifier` (`.accuracy(features, labels)`).
-
-    Reference:
-    - [big_vision, `big_vision/evaluators/fewshot_lsr.py` and
-      `big_vision/configs/common_fewshot.py`](https://github.com/google-research/big_vision)
+    Features are whitened by their mean and standard deviation, a constant feature
+    carries the bias, and the weights are the closed-form ridge solution
+    `(X^T X + l2 I)^-1 X^T Y`, in float64.
     """
     from scipy import linalg
 
@@ -80,11 +72,8 @@ def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULA
 def few_shot_draws(labels, num_classes, shots, draws, class_names=None):
     """`(draws, num_classes, shots)` indices into `labels`: in draw `d`, the first
     `shots` images of each class in the order of a permutation drawn with seed `d`
-    (big_vision's draw), so a fit on fewer shots takes the first of them.
-
-    Raises:
-        ValueError: naming the classes with fewer than `shots` images.
-    """
+    (big_vision's draw), so a fit on fewer shots takes the first of them. A `ValueError`
+    names the classes with fewer than `shots` images."""
     labels = np.asarray(labels)
     members = [np.flatnonzero(labels == label) for label in range(num_classes)]
     short = [(class_names[label] if class_names else str(label), len(indices))

@@ -35,12 +35,9 @@ def save(figure, path):
 def _signed_bars(names, values, errors, width=7):
     """Horizontal bars in points, green at or above 0 and red below, with error bars,
     the first name on top and a line at 0: `(figure, axes)` for the caller to label.
-    An error of `None` or NaN (no interval: one run) draws no bar, where 0 would draw
-    a tight one."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(width, 0.45 * len(names) + 1.5))
+    An error of NaN (no interval: one run) draws no bar, where 0 would draw a tight one."""
+    figure, axes = pyplot().subplots(figsize=(width, 0.45 * len(names) + 1.5))
     colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
-    errors = [np.nan if e is None else e for e in errors]
     axes.barh(names, values, xerr=errors, color=colors, capsize=3)
     axes.axvline(0, color="black", linewidth=0.8)
     axes.invert_yaxis()
@@ -52,7 +49,7 @@ def plot_gains(summary, title, path):
     Welch 95% CI (`summarize`'s `gain_ci`: the baseline's spread counts too)."""
     entries = summary[1:]
     gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
-    errors = [None if e["gain_ci"] is None else 100 * e["gain_ci"] for e in entries]
+    errors = [np.nan if e["gain_ci"] is None else 100 * e["gain_ci"] for e in entries]
     figure, axes = _signed_bars([e["variant"] for e in entries], gains, errors)
     for index, entry in enumerate(entries):
         if entry["mean"] is None:
@@ -90,15 +87,9 @@ def legend(axes, **kwargs):
                   transform=axes.transAxes, ha="center", va="center", color="gray")
 
 
-def _count(number, noun):
-    """`"1 run"`, `"3 runs"`."""
-    return f"{number} {noun}" + ("" if number == 1 else "s")
-
-
 def plot_loss_curves(rows, title, path):
     """Mean training (solid) and validation (dashed) loss per epoch of each variant."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=(7, 4.5))
     for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
         curves = {"loss": [], "val_loss": []}
         for row in rows:
@@ -173,31 +164,35 @@ def curve_band(curves):
     return mean - half, mean + half, "95% CI"
 
 
-def _plot_mean_and_band(axes, curves, color, label):
-    """The mean over the rows of `curves` `(runs, epochs)` against epochs 1, 2, ...,
-    with `curve_band` shaded; returns the band's kind (`None`: no band)."""
-    epochs = np.arange(1, curves.shape[1] + 1)
-    axes.plot(epochs, curves.mean(axis=0), color=color, label=label)
-    band = curve_band(curves)
-    if band is None:
-        return None
-    low, high, kind = band
-    axes.fill_between(epochs, low, high, color=color, alpha=0.2)
-    return kind
+#: How a figure's title names the bands it shades, by the kinds `curve_band` gave.
+_SHADED = {("95% CI",): "95% CI", ("range",): "the range of the two seeds",
+           ("95% CI", "range"): "95% CI, or the range of a variant's two seeds"}
 
 
-def _band_title(title, kinds, mean_text):
-    """`title` with a second line naming the mean and the bands `kinds` drawn."""
-    kinds = set(kinds) - {None}
-    if not kinds:
-        return f"{title}\n({mean_text})"
-    if kinds == {"95% CI"}:
-        shaded = "95% CI"
-    elif kinds == {"range"}:
-        shaded = "the range of the two seeds"
-    else:
-        shaded = "95% CI, or the range of a variant's two seeds"
-    return f"{title}\n({mean_text}; shaded: {shaded})"
+def _plot_bands(series, noun, mean_text, ylabel, title, path, zero_line=False):
+    """The mean of each `(color index, variant, curves)` of `series` (`curves`: `(runs,
+    epochs)`, empty to skip) against epochs 1, 2, ..., labelled with its count of
+    `noun`s, with `curve_band` shaded and the bands named under `title`."""
+    figure, axes = pyplot().subplots(figsize=(7, 4.5))
+    if zero_line:
+        axes.axhline(0, color="black", linewidth=0.8)
+    kinds = set()
+    for index, variant, curves in series:
+        if not curves.size:
+            continue
+        epochs, color = np.arange(1, curves.shape[1] + 1), f"C{index % 10}"
+        count = f"{len(curves)} {noun}" + ("" if len(curves) == 1 else "s")
+        axes.plot(epochs, curves.mean(axis=0), color=color, label=f"{variant} ({count})")
+        band = curve_band(curves)
+        if band is not None:
+            axes.fill_between(epochs, band[0], band[1], color=color, alpha=0.2)
+            kinds.add(band[2])
+    shaded = _SHADED.get(tuple(sorted(kinds)))
+    axes.set_xlabel("epoch")
+    axes.set_ylabel(ylabel)
+    axes.set_title(f"{title}\n({mean_text}" + (f"; shaded: {shaded})" if shaded else ")"))
+    legend(axes, fontsize=7, ncol=2)
+    return save(figure, path)
 
 
 def plot_gain_curves(rows, title, path):
@@ -206,41 +201,20 @@ def plot_gain_curves(rows, title, path):
     seeds pair, and the band named under `title`. Shows when a variant pulls ahead and
     whether it stays there, which the final gain alone does not."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    axes.axhline(0, color="black", linewidth=0.8)
-    kinds = []
-    for index, variant in enumerate(variants[1:], start=1):
-        gains = 100 * gain_curves(rows, variant, variants[0])
-        if not gains.size:
-            continue
-        label = f"{variant} ({_count(len(gains), 'seed')})"
-        kinds.append(_plot_mean_and_band(axes, gains, f"C{index % 10}", label))
-    axes.set_xlabel("epoch")
-    axes.set_ylabel(f"validation accuracy minus {variants[0]}'s (points)" if variants else "")
-    axes.set_title(_band_title(title, kinds, "paired by seed; mean"))
-    legend(axes, fontsize=7, ncol=2)
-    return save(figure, path)
+    series = [(index, variant, 100 * gain_curves(rows, variant, variants[0]))
+              for index, variant in enumerate(variants[1:], start=1)]
+    ylabel = f"validation accuracy minus {variants[0]}'s (points)" if variants else ""
+    return _plot_bands(series, "seed", "paired by seed; mean", ylabel, title, path,
+                       zero_line=True)
 
 
 def plot_accuracy_curves(rows, title, path):
     """Validation accuracy per epoch of each variant: mean over seeds, with
     `curve_band` shaded where there are two or more seeds, and the band named under
     `title`."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    kinds = []
-    for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
-        curves = 100 * validation_curves(rows, variant)
-        if not curves.size:
-            continue
-        label = f"{variant} ({_count(len(curves), 'run')})"
-        kinds.append(_plot_mean_and_band(axes, curves, f"C{index % 10}", label))
-    axes.set_xlabel("epoch")
-    axes.set_ylabel("validation accuracy (%)")
-    axes.set_title(_band_title(title, kinds, "mean over seeds"))
-    legend(axes, fontsize=7, ncol=2)
-    return save(figure, path)
+    series = [(index, variant, 100 * validation_curves(rows, variant))
+              for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows))]
+    return _plot_bands(series, "run", "mean over seeds", "validation accuracy (%)", title, path)
 
 
 def plot_lr_sweep(selection, rates, title, path):
@@ -249,8 +223,7 @@ def plot_lr_sweep(selection, rates, title, path):
     the chosen rate is a filled marker. `selection`: `{variant: choice}` as
     `keras_vitnorm.study.lr_sweep.select` gives. Rates without a completed run, or
     with a diverged one, are left off the line."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=(7, 4.5))
     for name, choice in selection.items():
         scores = choice["scores"]  # the variant's own grid (an extended sweep's may be wider)
         points = [(rate, *confidence_interval(scores[rate]["values"]))

@@ -17,14 +17,10 @@ from keras_vitnorm.study.variants import variant_factors
 
 def _depth_order(name):
     """Sort key of a depth group: patch embedding, stem, blocks, final norm, head."""
-    match = re.fullmatch(r"block_(\d+)", name)
-    if name == "patch_embedding":
-        return (0, 0)
-    if name == "stem":
-        return (1, 0)
-    if match:
-        return (2, int(match.group(1)))
-    return (3, 0 if name == "final_norm" else 1)
+    block = re.fullmatch(r"block_(\d+)", name)
+    if block:
+        return 2, int(block[1])
+    return {"patch_embedding": 0, "stem": 1, "final_norm": 3}.get(name, 4), 0
 
 
 def accuracy_by_depth(rows, group="depth_stability"):
@@ -43,8 +39,7 @@ def accuracy_by_depth(rows, group="depth_stability"):
 def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
     """Test accuracy against depth, a line per placement (solid: with warm-up, dashed:
     without), with 95% CIs over seeds."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=(7, 4.5))
     colors, series = {}, accuracy_by_depth(rows, group)
     axes.set_xscale("log", base=2)
     for (placement, warmup), points in series.items():
@@ -73,11 +68,10 @@ def depth_profile(grad_norms_csv):
     """
     per_step = {}
     with open(grad_norms_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        group = depth_group(row["group"] + "/weight")
-        step = per_step.setdefault(int(row["step"]), {})
-        step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
+        for row in csv.DictReader(f):
+            group = depth_group(row["group"] + "/weight")
+            step = per_step.setdefault(int(row["step"]), {})
+            step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
     if len(per_step) > 1:
         per_step.pop(0, None)
     groups = sorted({g for step in per_step.values() for g in step}, key=_depth_order)
@@ -98,8 +92,7 @@ def aligned_depth_profiles(runs):
 
 def plot_gradient_norms(runs, title, path):
     """Gradient norm by depth for several runs: `runs` maps labels to grad_norms.csv."""
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(8, 4.5))
+    figure, axes = pyplot().subplots(figsize=(8, 4.5))
     groups, profiles = aligned_depth_profiles(runs)
     for label, norms in profiles.items():
         present = [i for i, norm in enumerate(norms) if not math.isnan(norm)]
@@ -116,9 +109,9 @@ def plot_gradient_norms(runs, title, path):
 
 def plot_stem_scales(scale, title, path):
     """One panel per channel of a `(P, P, C)` stem scale map."""
-    plt = pyplot()
     channels = scale.shape[-1]
-    figure, axes = plt.subplots(1, channels, figsize=(max(4.5, 3 * channels + 0.5), 3.3), squeeze=False)
+    figure, axes = pyplot().subplots(1, channels, figsize=(max(4.5, 3 * channels + 0.5), 3.3),
+                                     squeeze=False)
     for channel in range(channels):
         image = axes[0, channel].imshow(scale[..., channel], cmap="viridis")
         axes[0, channel].set_title(f"channel {channel}")
@@ -139,9 +132,9 @@ def split_by_depth(streams):
             depths.setdefault(tuple(stream["names"]), []).append(stream)
         if len(depths) < 2:
             split[label] = runs
-            continue
-        for names, same in depths.items():
-            split[f"{label} ({len(names) - 1} blocks)"] = same
+        else:
+            split.update({f"{label} ({len(names) - 1} blocks)": same
+                          for names, same in depths.items()})
     return split
 
 
@@ -154,8 +147,7 @@ def plot_residual_stream(streams, title, path):
     label's runs of different depths are drawn apart (`split_by_depth`).
     """
     streams = split_by_depth(streams)
-    plt = pyplot()
-    figure, (rms_axes, similarity_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (rms_axes, similarity_axes) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     names = []
     for label, runs in streams.items():
         if not runs:
@@ -171,11 +163,10 @@ def plot_residual_stream(streams, title, path):
         for axes in (rms_axes, similarity_axes):
             axes.set_xticks(range(0, len(names), step))
             axes.set_xticklabels(names[::step], rotation=45, ha="right", fontsize=8)
+        similarity_axes.legend(fontsize=6)
     rms_axes.set_ylabel("token RMS after the stage")
     rms_axes.set_yscale("log")
     similarity_axes.set_ylabel("cosine similarity with the previous stage")
-    if names:
-        similarity_axes.legend(fontsize=6)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     return save(figure, path)

@@ -19,6 +19,7 @@ from keras_vitnorm.study.stats import difference_text
 from keras_vitnorm.study.stats import holm_adjusted
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.time_to_accuracy import median_to_target
 from keras_vitnorm.study.time_to_accuracy import runs_to_target
 from keras_vitnorm.study.time_to_accuracy import time_text
@@ -30,11 +31,8 @@ STEP_TIMES_FILE = "step_times.json"
 def read_step_times(output_dir, variants):
     """The `{variant: seconds per training step}` of `<output_dir>/step_times.json`, which
     must give each of `variants` a positive number (it may hold other groups' variants
-    too); `None` without the file.
-
-    Raises:
-        ValueError: naming the file and the entry that is malformed or missing.
-    """
+    too); `None` without the file. A `ValueError` names the file and the entry that is
+    malformed or missing."""
     path = os.path.join(output_dir, STEP_TIMES_FILE)
     step_times = durable.read_json(path)
     if step_times is None:
@@ -53,11 +51,6 @@ def read_step_times(output_dir, variants):
                          f"{', '.join(map(repr, step_times)) or 'none'} (tools/step_times.py "
                          "writes it from a benchmarks/bench_variants.py file)")
     return {name: float(value) for name, value in step_times.items()}
-
-
-def _number(value):
-    """A mean of whole numbers: `27` or `26.7`."""
-    return f"{round(value, 1):g}"
 
 
 def _seed_accuracies(completed):
@@ -103,12 +96,8 @@ def _trend_text(completed):
     trends = [t for t in (validation_loss_trend(r["run_dir"]) for r in completed) if t]
     if not trends:
         return "n/a"
-    lowest, passes, rise = np.mean(trends, axis=0)
-    return f"min at {_number(lowest)}/{_number(passes)}, final {100 * rise:+.1f}%"
-
-
-def _rows_of(rows, variant):
-    return sorted((r for r in rows if r["variant"] == variant), key=lambda r: int(r["seed"]))
+    lowest, passes, rise = np.mean(trends, axis=0)  # means of whole numbers: 27 or 26.7
+    return f"min at {round(lowest, 1):g}/{round(passes, 1):g}, final {100 * rise:+.1f}%"
 
 
 def _measured_step_time(runs):
@@ -119,33 +108,30 @@ def _measured_step_time(runs):
 
 
 def overview_table(rows, summary, step_times=None):
-    """Markdown: one group's overview, one row per variant, baseline first.
-
-    Args:
-        rows: the group's result rows (`run_study`'s, or `results.csv`'s).
-        summary: `keras_vitnorm.study.tables.summarize(rows)`: the differences and
-            p-values, so that they are those of `<group>_differences.md`.
-        step_times: `{variant: seconds per training step}` measured alone
-            (`read_step_times`), or `None`: each variant's mean `train_seconds / steps`.
-    """
+    """Markdown: the overview of one group's result `rows` (`run_study`'s, or
+    `results.csv`'s), one row per variant, baseline first. `summary`
+    (`keras_vitnorm.study.tables.summarize(rows)`) gives the differences and p-values, so
+    they are those of `<group>_differences.md`; `step_times` the seconds per training
+    step measured alone (`read_step_times`), else (`None`) each variant's mean
+    `train_seconds / steps`."""
     base = summary[0]["variant"]
     p_values = [math.nan if e["p_value"] is None else e["p_value"] for e in summary[1:]]
     adjusted = dict(zip((e["variant"] for e in summary[1:]), holm_adjusted(p_values)))
     tested = sum(not math.isnan(p) for p in p_values)
     target, arrivals = runs_to_target(rows)
     reaching = "n/a (no logs)" if target is None else f"{100 * target:.2f}%"
-    lines = [f"| variant | peak learning rate | runs (completed/total) "
-             f"| test accuracy (%), mean ± 95% CI (per seed) "
-             f"| difference from {base}, points (Welch 95% CI) "
-             f"| p, Holm-adjusted over {tested} comparison{'s' if tested != 1 else ''} "
-             f"| train − validation accuracy, points "
-             f"| validation loss: lowest at pass, final above it "
-             f"| reaching {base}'s {reaching}: runs, median steps (Kaplan-Meier) "
-             f"| seconds to it | step time (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    header = ["variant", "peak learning rate", "runs (completed/total)",
+              "test accuracy (%), mean ± 95% CI (per seed)",
+              f"difference from {base}, points (Welch 95% CI)",
+              f"p, Holm-adjusted over {tested} comparison{'s' if tested != 1 else ''}",
+              "train − validation accuracy, points",
+              "validation loss: lowest at pass, final above it",
+              f"reaching {base}'s {reaching}: runs, median steps (Kaplan-Meier)",
+              "seconds to it", "step time (ms)"]
+    table = []
     for entry in summary:
         variant = entry["variant"]
-        runs = _rows_of(rows, variant)
+        runs = sorted((r for r in rows if r["variant"] == variant), key=lambda r: int(r["seed"]))
         completed = [r for r in runs if r["status"] == "completed"]
         rates = dict.fromkeys(f"{float(r['learning_rate']):g}" for r in runs
                               if r.get("learning_rate") not in (None, ""))
@@ -162,15 +148,14 @@ def overview_table(rows, summary, step_times=None):
             time = (f"{sum(a.reached for a in arrivals[variant])} of {len(arrivals[variant])}, "
                     + time_text(steps, reached))
             seconds = time_text(None if step_time is None else steps * step_time, reached)
-        cells = [variant, ", ".join(rates) or "n/a", f"{len(completed)}/{len(runs)}",
-                 _seed_accuracies(completed), difference, p_holm, _gap_text(completed),
-                 _trend_text(completed), time, seconds,
-                 "n/a" if step_time is None else f"{1000 * step_time:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append([variant, ", ".join(rates) or "n/a", f"{len(completed)}/{len(runs)}",
+                      _seed_accuracies(completed), difference, p_holm, _gap_text(completed),
+                      _trend_text(completed), time, seconds,
+                      "n/a" if step_time is None else f"{1000 * step_time:.1f}"])
     source = (f"Step time: from `{STEP_TIMES_FILE}`, measured alone." if step_times else
               "Step time: each variant's mean training seconds per step over its runs, as "
               f"the study has no `{STEP_TIMES_FILE}`; runs that trained at the same time "
               "shared the device, so a step time measured alone (`tools/step_times.py`) is "
               "the better one.")
     source += " Seconds to it: the median steps times the step time."
-    return "\n".join(lines) + "\n\n" + source + "\n"
+    return table_text(header, table) + "\n" + source + "\n"

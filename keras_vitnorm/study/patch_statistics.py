@@ -15,6 +15,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.analysis.patch_norm import RELIANCE_KEYS
 from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import table_text
 
 #: Images of each split every model classifies: at 2,000 the binomial standard error of
 #: an accuracy is at most 1.1 points.
@@ -22,6 +23,13 @@ IMAGES = 2000
 KEY = "patch_statistics"
 _DATA_SETTINGS = ("dataset", "val_fraction", "data_dir", "manual_dir", "train_examples",
                   "val_examples", "skip_bad_images", "input_pipeline")
+_ACCURACY_HEADER = ["variant", "runs", "training images (%)", "training, statistics swapped (%)",
+                    "training, patterns swapped (%)", "test images (%)",
+                    "test, statistics swapped (%)", "test, patterns swapped (%)"]
+_SURPLUS_HEADER = ["variant", "runs", "training minus test (points)",
+                   "statistics swapped (points)", "patterns swapped (points)",
+                   "donor's class, statistics swapped: training / test (%)",
+                   "donor's class, patterns swapped: training / test (%)"]
 
 
 def labelled_images(run_config, image_shape, count=IMAGES):
@@ -36,11 +44,9 @@ def labelled_images(run_config, image_shape, count=IMAGES):
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         train_examples=config.train_examples, val_examples=config.val_examples,
         skip_bad_images=bool(config.skip_bad_images), pipeline=config.input_pipeline or "auto")
-    images = {}
-    for name, split in (("train", data.train), ("test", data.test)):
-        part = data_lib.subset(split, count, config.dataset)
-        images[name] = data_lib.eval_arrays(data, part, tuple(image_shape[:2]), image_shape[2])
-    return images
+    return {name: data_lib.eval_arrays(data, data_lib.subset(split, count, config.dataset),
+                                       tuple(image_shape[:2]), image_shape[2])
+            for name, split in (("train", data.train), ("test", data.test))}
 
 
 def _complete(result, count):
@@ -87,18 +93,7 @@ def patch_statistics_table(results):
     gap of each, and how often each swap's images are given the donor's class.
     `results`: `{variant: [run_patch_statistics result per run]}`.
     """
-    accuracy = [
-        "| variant | runs | training images (%) | training, statistics swapped (%) "
-        "| training, patterns swapped (%) | test images (%) | test, statistics swapped (%) "
-        "| test, patterns swapped (%) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    surplus = [
-        "| variant | runs | training minus test (points) | statistics swapped (points) "
-        "| patterns swapped (points) | donor's class, statistics swapped: training / test (%) "
-        "| donor's class, patterns swapped: training / test (%) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    accuracy, surplus = [], []
     for variant, runs in results.items():
         if not runs:
             continue
@@ -112,18 +107,17 @@ def patch_statistics_table(results):
         def donor(key):
             return f"{mean_ci_text(column('train', key))} / {mean_ci_text(column('test', key))}"
 
-        cells = [mean_ci_text(column(split, key)) for split in ("train", "test")
-                 for key in ("clean", "statistics_swapped", "patterns_swapped")]
-        accuracy.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
-        surplus.append(
-            f"| {variant} | {len(runs)} | {gap('clean')} | {gap('statistics_swapped')} "
-            f"| {gap('patterns_swapped')} | {donor('statistics_swapped_to_donor')} "
-            f"| {donor('patterns_swapped_to_donor')} |"
-        )
-    if len(accuracy) == 2:
+        accuracy.append([variant, str(len(runs)), *(
+            mean_ci_text(column(split, key)) for split in ("train", "test")
+            for key in ("clean", "statistics_swapped", "patterns_swapped"))])
+        surplus.append([variant, str(len(runs)), gap("clean"), gap("statistics_swapped"),
+                        gap("patterns_swapped"), donor("statistics_swapped_to_donor"),
+                        donor("patterns_swapped_to_donor")])
+    if not accuracy:
         return ""
-    return ("Accuracy\n\n" + "\n".join(accuracy) + "\n\nSurplus on training images, and the donor's class\n\n"
-            + "\n".join(surplus) + "\n")
+    return ("Accuracy\n\n" + table_text(_ACCURACY_HEADER, accuracy)
+            + "\nSurplus on training images, and the donor's class\n\n"
+            + table_text(_SURPLUS_HEADER, surplus))
 
 
 def write_tables(rows, output_dir, groups, count=IMAGES, say=None):

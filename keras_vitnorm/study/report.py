@@ -53,11 +53,8 @@ def make_figures(rows, figure_dir, probe_images=None):
             rows, "test accuracy by depth (mean, 95% CI over seeds)",
             os.path.join(figure_dir, "depth_stability_by_depth.png")))
     deepest = [r for r in rows if r["group"] == "depth_stability" and r["status"] == "completed"]
-    grad_runs = {}
-    for variant in (f"{placement}-depth_{max(DEPTHS)}" for placement in ("pre_ln", "post_ln", "deepnorm")):
-        run = next((r for r in deepest if r["variant"] == variant), None)
-        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
-            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    grad_runs = _grad_norm_runs(deepest, [f"{placement}-depth_{max(DEPTHS)}"
+                                          for placement in ("pre_ln", "post_ln", "deepnorm")])
     if len(grad_runs) > 1:
         paths.append(model_figures.plot_gradient_norms(
             grad_runs, f"gradient norm by depth, depth {max(DEPTHS)}",
@@ -65,15 +62,23 @@ def make_figures(rows, figure_dir, probe_images=None):
     return paths
 
 
+def _grad_norm_runs(finished, variants):
+    """`{"<variant> (seed <s>)": its grad_norms.csv}` of the first of the `finished` runs
+    of each of `variants`, where that run recorded gradient norms."""
+    found = {}
+    for variant in variants:
+        run = next((r for r in finished if r["variant"] == variant), None)
+        path = run and os.path.join(run["run_dir"], "grad_norms.csv")
+        if path and os.path.exists(path):
+            found[f"{variant} (seed {run['seed']})"] = path
+    return found
+
+
 def _stem_figures(rows, group, pair, figure_dir):
     from keras_vitnorm.study import model_figures
 
     finished = [r for r in rows if r["group"] == group and r["status"] == "completed"]
-    paths, grad_runs = [], {}
-    for variant in pair:
-        run = next((r for r in finished if r["variant"] == variant), None)
-        if run and os.path.exists(os.path.join(run["run_dir"], "grad_norms.csv")):
-            grad_runs[f"{variant} (seed {run['seed']})"] = os.path.join(run["run_dir"], "grad_norms.csv")
+    paths, grad_runs = [], _grad_norm_runs(finished, pair)
     if len(grad_runs) == 2:
         paths.append(model_figures.plot_gradient_norms(
             grad_runs, f"{group}: gradient norm by depth",

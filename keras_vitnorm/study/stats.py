@@ -7,10 +7,8 @@ import numpy as np
 
 
 def confidence_interval(values, level=0.95):
-    """Mean and half-width of the Student-t confidence interval of the mean.
-
-    One value gives a half-width of `nan` (no spread to estimate).
-    """
+    """Mean and half-width of the Student-t confidence interval of the mean (`nan` for one
+    value: no spread to estimate)."""
     from scipy import stats
 
     values = np.asarray(values, "float64")
@@ -37,11 +35,9 @@ def _welch(treated, control):
 
 
 def difference_interval(treated, control, level=0.95):
-    """Mean of `treated` minus mean of `control`, and the half-width of its Welch CI.
-
-    The Welch-Satterthwaite interval does not assume equal variances. With fewer than
-    two values on a side the half-width is `nan`.
-    """
+    """Mean of `treated` minus mean of `control`, and the half-width of its Welch
+    (Welch-Satterthwaite: no equal variances assumed) CI; `nan` with fewer than two
+    values on a side."""
     from scipy import stats
 
     difference, se, df = _welch(treated, control)
@@ -113,6 +109,32 @@ def p_value_text(p, holm=False):
 def p_value_header(count):
     """The two p-value columns' header cells for a table of `count` comparisons."""
     return f"p (Welch) | p, Holm-adjusted over {count} comparison{'s' if count != 1 else ''}"
+
+
+def table_text(header, rows):
+    """A markdown table of the `header` cells and `rows` (lists of cells); `""` without
+    rows."""
+    if not rows:
+        return ""
+    lines = ["| " + " | ".join(cells) + " |" for cells in (header, *rows)]
+    return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]]) + "\n"
+
+
+def p_value_table(header, rows):
+    """A markdown table from its header cells and its rows, each `(cells, p)`: every row
+    gains its Welch p-value `p` (NaN: not tested) and `p` adjusted by Holm's method over
+    the table's rows; a row whose `p` is `None` (the reference) gains two blank cells.
+    `""` without rows."""
+    if not rows:
+        return ""
+    p_values = [math.nan if p is None else p for _, p in rows]
+    tested = sum(not math.isnan(p) for p in p_values)
+    lines = ["| " + " | ".join([*header, p_value_header(tested)]) + " |",
+             "|" + "---|" * (len(header) + 2)]
+    for (cells, p), p_holm in zip(rows, holm_adjusted(p_values)):
+        tests = ["", ""] if p is None else [p_value_text(p), p_value_text(p_holm, holm=True)]
+        lines.append("| " + " | ".join([*cells, *tests]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def difference_text(difference, ci, scale=100, digits=2):

@@ -1,10 +1,7 @@
-"""The study's tables: `results.csv`, one table per group in the paper's format, each
-variant against the group's baseline with its Welch interval and Holm-adjusted
-p-value, and the gradient-norm table of the stem groups.
-
-The tables read the result rows `run_study` returns (one per run: group, variant,
-seed, status, accuracies, run directory); the factor groups' own tables are in
-`keras_vitnorm.study.factors`.
+"""The study's tables, from the result rows `run_study` returns (one per run):
+`results.csv`, one table per group in the paper's format, each variant against the
+group's baseline (Welch interval, Holm-adjusted p-value), and the gradient-norm table
+of the stem groups. The factor groups' own tables are in `keras_vitnorm.study.factors`.
 """
 
 import math
@@ -21,9 +18,9 @@ from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
 from keras_vitnorm.study.stats import difference_text
-from keras_vitnorm.study.stats import holm_adjusted
-from keras_vitnorm.study.stats import p_value_header
-from keras_vitnorm.study.stats import p_value_text
+from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import p_value_table
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.time_to_accuracy import time_to_accuracy_table
 from keras_vitnorm.study.variants import STEM_PAIRS
@@ -46,22 +43,19 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
     patch embedding's norm over the largest and the median block layer's), `largest`
     (share of records where it is the largest), `patch_norm` and `largest_block_norm`.
     """
-    to_max, to_median, largest, patch_norms, block_norms = [], [], [], [], []
+    records = []
     for layers in read_grad_norms(grad_norms_csv).values():
         blocks = [v for k, v in layers.items() if _BLOCK_LAYER.fullmatch(k)]
-        if PATCH_EMBEDDING_LAYER not in layers or not blocks:
-            continue
-        patch = layers[PATCH_EMBEDDING_LAYER]
-        to_max.append(patch / max(blocks))
-        to_median.append(patch / float(np.median(blocks)))
-        largest.append(patch > max(blocks))
-        patch_norms.append(patch)
-        block_norms.append(max(blocks))
-    if not to_max:
-        raise ValueError(f"{grad_norms_csv} has no record with {PATCH_EMBEDDING_LAYER!r} and block layers.")
-    return {"ratio_to_max": float(np.mean(to_max)), "ratio_to_median": float(np.mean(to_median)),
-            "largest": float(np.mean(largest)), "patch_norm": float(np.mean(patch_norms)),
-            "largest_block_norm": float(np.mean(block_norms))}
+        if PATCH_EMBEDDING_LAYER in layers and blocks:
+            patch, largest = layers[PATCH_EMBEDDING_LAYER], max(blocks)
+            records.append({"ratio_to_max": patch / largest,
+                            "ratio_to_median": patch / float(np.median(blocks)),
+                            "largest": patch > largest, "patch_norm": patch,
+                            "largest_block_norm": largest})
+    if not records:
+        raise ValueError(f"{grad_norms_csv} has no record with {PATCH_EMBEDDING_LAYER!r} and "
+                         "block layers.")
+    return {key: float(np.mean([record[key] for record in records])) for key in records[0]}
 
 
 def gradient_norm_table(rows):
@@ -70,10 +64,11 @@ def gradient_norm_table(rows):
     ratios, the share of records in which the patch embedding is largest, and the
     norms themselves (in absolute terms and relative to the blocks, as a reader of
     the paper's Figure 2 asks)."""
-    lines = ["| group | stem | runs | patch embedding / largest block layer "
-             "| patch embedding / median block layer | records where the patch embedding is largest "
-             "| patch embedding's gradient norm | largest block layer's |",
-             "|---|---|---|---|---|---|---|---|"]
+    header = ["group", "stem", "runs", "patch embedding / largest block layer",
+              "patch embedding / median block layer",
+              "records where the patch embedding is largest", "patch embedding's gradient norm",
+              "largest block layer's"]
+    table = []
     for group, variants in STEM_PAIRS.items():
         for variant in variants:
             runs = [r for r in rows if r["group"] == group and r["variant"] == variant
@@ -83,14 +78,13 @@ def gradient_norm_table(rows):
                 continue
             stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv"))
                      for r in runs]
-            cells = []
-            for key in ("ratio_to_max", "ratio_to_median", "patch_norm", "largest_block_norm"):
-                mean, ci = confidence_interval([s[key] for s in stats])
-                cells.append(f"{mean:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}"))
+            ratio_to_max, ratio_to_median, patch, block = (
+                mean_ci_text([s[key] for s in stats], 1) for key in
+                ("ratio_to_max", "ratio_to_median", "patch_norm", "largest_block_norm"))
             share = np.mean([s["largest"] for s in stats])
-            lines.append(f"| {group} | {variant} | {len(runs)} | {cells[0]} | {cells[1]} "
-                         f"| {share:.0%} | {cells[2]} | {cells[3]} |")
-    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+            table.append([group, variant, str(len(runs)), ratio_to_max, ratio_to_median,
+                          f"{share:.0%}", patch, block])
+    return table_text(header, table)
 
 
 def write_rows(rows, output_dir, name):
@@ -178,21 +172,14 @@ def difference_table(summary):
     if len(summary) < 2:
         return ""
     baseline = summary[0]
-    p_values = [math.nan if e["p_value"] is None else e["p_value"] for e in summary[1:]]
-    adjusted = holm_adjusted(p_values)
-    tested = sum(not math.isnan(p) for p in p_values)
-    lines = [
-        f"| variant | runs | test accuracy (%), mean ± 95% CI | {baseline['variant']} (%) "
-        f"| difference, points (Welch 95% CI) | {p_value_header(tested)} |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for entry, p, p_holm in zip(summary[1:], p_values, adjusted):
-        gain = ("n/a" if entry["gain_ci"] is None
-                else difference_text(entry["gain"], entry["gain_ci"]))
-        lines.append(f"| {entry['variant']} | {entry['runs']} | {_mean_ci(entry)} "
-                     f"| {_mean_ci(baseline)} | {gain} | {p_value_text(p)} "
-                     f"| {p_value_text(p_holm, holm=True)} |")
-    return "\n".join(lines) + "\n"
+    header = ["variant", "runs", "test accuracy (%), mean ± 95% CI", f"{baseline['variant']} (%)",
+              "difference, points (Welch 95% CI)"]
+    rows = [([entry["variant"], str(entry["runs"]), _mean_ci(entry), _mean_ci(baseline),
+              "n/a" if entry["gain_ci"] is None
+              else difference_text(entry["gain"], entry["gain_ci"])],
+             math.nan if entry["p_value"] is None else entry["p_value"])
+            for entry in summary[1:]]
+    return p_value_table(header, rows)
 
 
 def _mean_ci(entry):
@@ -206,19 +193,16 @@ def _mean_ci(entry):
 
 def markdown_table(summary, metric_label="test accuracy (%)"):
     """The paper's format: mean ± 95% CI over seeds and the gain over the baseline."""
-    lines = [
-        f"| variant | runs | {metric_label}, mean ± 95% CI | gain over {summary[0]['variant']} | diverged |",
-        "|---|---|---|---|---|",
-    ]
+    header = ["variant", "runs", f"{metric_label}, mean ± 95% CI",
+              f"gain over {summary[0]['variant']}", "diverged"]
+    table = []
     for entry in summary:
         if entry["mean"] is None:
             accuracy, gain = "diverged", "n/a"
         else:
             accuracy = _mean_ci(entry)
             gain = f"{100 * entry['gain']:+.2f}" if entry["gain"] is not None else "n/a"
-        diverged = (
-            f"{entry['diverged']} (at steps {', '.join(map(str, entry['diverged_steps']))})"
-            if entry["diverged"] else "0"
-        )
-        lines.append(f"| {entry['variant']} | {entry['runs']} | {accuracy} | {gain} | {diverged} |")
-    return "\n".join(lines) + "\n"
+        steps = ", ".join(map(str, entry["diverged_steps"]))
+        diverged = f"{entry['diverged']} (at steps {steps})" if entry["diverged"] else "0"
+        table.append([entry["variant"], str(entry["runs"]), accuracy, gain, diverged])
+    return table_text(header, table)

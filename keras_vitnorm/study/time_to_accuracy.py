@@ -18,6 +18,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.one_run import whole_train_seconds
 from keras_vitnorm.study.stats import kaplan_meier_median
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.training.run_layout import read_log
 
 
@@ -40,12 +41,12 @@ def evaluation_steps(run_dir):
     """`(steps, validation accuracies)` at each evaluation of a finished run: the
     training step each `log.csv` row was logged at, and its `val_accuracy`. `None`
     without a log or settings."""
-    log = os.path.join(run_dir, "log.csv")
     settings = durable.read_json(os.path.join(run_dir, "train_config.json"))
     metrics = read_metrics(run_dir)
     if settings is None or metrics is None:
         return None
-    accuracies = [r["val_accuracy"] for r in read_log(log) if "val_accuracy" in r]
+    log = read_log(os.path.join(run_dir, "log.csv"))
+    accuracies = [r["val_accuracy"] for r in log if "val_accuracy" in r]
     if not accuracies:
         return None
     total = int(metrics["steps"])
@@ -70,14 +71,10 @@ def steps_to_reach(run_dir, target):
 
 
 def runs_to_target(rows):
-    """The target (the first variant's final validation accuracy, mean over its
-    completed runs) and each completed run's way to it, for one group's rows.
-
-    Returns:
-        `(target, {variant: [Arrival per completed run with a log]})`, in the rows'
-        order; `(None, {})` when the baseline has no final accuracy or none of its runs
-        a log.
-    """
+    """`(target, {variant: [Arrival per completed run with a log]})` of one group's rows,
+    in their order, the target being the first variant's final validation accuracy (mean
+    over its completed runs); `(None, {})` when the baseline has no final accuracy or
+    none of its runs a log."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     completed = {v: [r for r in rows if r["variant"] == v and r["status"] == "completed"]
                  for v in variants}
@@ -92,14 +89,10 @@ def runs_to_target(rows):
 
 def median_to_target(arrivals, seconds_per_step=1.0):
     """The Kaplan-Meier median of the arrivals' steps times `seconds_per_step` (one
-    number, or one per arrival; 1: steps).
-
-    Returns:
-        `(median, True)`; `(longest, False)` where the median is not reached (it lies
-        beyond the longest run's time); `(None, False)` without arrivals.
-    """
-    times = np.array([a.steps for a in arrivals], "float64") * np.asarray(seconds_per_step,
-                                                                        "float64")
+    number, or one per arrival; 1: steps): `(median, True)`; `(longest, False)` where the
+    median is not reached (it lies beyond the longest run's time); `(None, False)`
+    without arrivals."""
+    times = np.multiply([a.steps for a in arrivals], seconds_per_step, dtype="float64")
     if len(times) == 0:
         return None, False
     median = kaplan_meier_median(times, [a.reached for a in arrivals])
@@ -128,20 +121,18 @@ def time_to_accuracy_table(rows, step_times=None):
     target, runs = runs_to_target(rows)
     if target is None:
         return ""
-    variants = list(runs)
-    base, base_reached = median_to_target(runs[variants[0]])
+    baseline = next(iter(runs))
+    base, base_reached = median_to_target(runs[baseline])
     rate = "steps times step_times.json" if step_times else "each run's own rate"
-    lines = [f"| variant | runs reaching {100 * target:.2f}% | steps to it per run "
-             f"(>: never, at its last step) | median steps (Kaplan-Meier) "
-             f"| median against {variants[0]}'s | median seconds ({rate}) |",
-             "|---|---|---|---|---|---|"]
-    for variant in variants:
-        arrivals = runs[variant]
+    header = ["variant", f"runs reaching {100 * target:.2f}%",
+              "steps to it per run (>: never, at its last step)", "median steps (Kaplan-Meier)",
+              f"median against {baseline}'s", f"median seconds ({rate})"]
+    table = []
+    for variant, arrivals in runs.items():
         steps, reached = median_to_target(arrivals)
         ratio = f"{steps / base:.2f}x" if reached and base_reached else "n/a"
         seconds = median_seconds(arrivals, step_times[variant] if step_times else None)
         per_run = ", ".join(time_text(a.steps, a.reached) for a in arrivals) or "n/a"
-        lines.append(f"| {variant} | {sum(a.reached for a in arrivals)} of {len(arrivals)} "
-                     f"| {per_run} | {time_text(steps, reached)} | {ratio} "
-                     f"| {time_text(*seconds)} |")
-    return "\n".join(lines) + "\n"
+        table.append([variant, f"{sum(a.reached for a in arrivals)} of {len(arrivals)}", per_run,
+                      time_text(steps, reached), ratio, time_text(*seconds)])
+    return table_text(header, table)

@@ -8,6 +8,7 @@ the seeds, as the Dual PatchNorm paper does. Writes `vtab_results.csv` and `vtab
 """
 
 import dataclasses
+import itertools
 import math
 import os
 
@@ -64,23 +65,21 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
                              "its runs would count twice in the table. Give each once.")
     with run_files.RunLock(output_dir, "vtab.lock", take_over=take_over_lock, what="VTAB directory"):
         rows = []
-        for preset, label in zip(presets, labels):
-            for dataset in datasets:
-                for rate in learning_rates:
-                    for seed in seeds:
-                        run_dir = os.path.join(output_dir, _slug(label), _slug(dataset), f"lr_{rate:g}",
-                                               f"seed_{seed}")
-                        config = dataclasses.replace(
-                            base, preset=preset, dataset=dataset, learning_rate=rate, seed=seed,
-                            train_examples=TRAIN_EXAMPLES, val_examples=VAL_EXAMPLES, output_dir=run_dir,
-                        )
-                        _check_finished_run(config, run_dir)
-                        row = run_one(config, "vtab", f"{label} {dataset} lr {rate:g}", run_dir, verbose,
-                                      take_over_lock, analyze=False)
-                        rows.append({"preset": label, "dataset": dataset, "learning_rate": rate, "seed": seed,
-                                     "status": row["status"], "val_accuracy": row["val_accuracy"],
-                                     "test_accuracy": row["test_accuracy"], "run_dir": os.path.relpath(run_dir, output_dir)})
-                        _write(rows, output_dir)
+        for (preset, label), dataset, rate, seed in itertools.product(
+                zip(presets, labels), datasets, learning_rates, seeds):
+            run_dir = os.path.join(output_dir, _slug(label), _slug(dataset), f"lr_{rate:g}",
+                                   f"seed_{seed}")
+            config = dataclasses.replace(
+                base, preset=preset, dataset=dataset, learning_rate=rate, seed=seed,
+                train_examples=TRAIN_EXAMPLES, val_examples=VAL_EXAMPLES, output_dir=run_dir)
+            _check_finished_run(config, run_dir)
+            row = run_one(config, "vtab", f"{label} {dataset} lr {rate:g}", run_dir, verbose,
+                          take_over_lock, analyze=False)
+            rows.append({"preset": label, "dataset": dataset, "learning_rate": rate, "seed": seed,
+                         "status": row["status"], "val_accuracy": row["val_accuracy"],
+                         "test_accuracy": row["test_accuracy"],
+                         "run_dir": os.path.relpath(run_dir, output_dir)})
+            _write(rows, output_dir)
         return rows
 
 
@@ -108,17 +107,16 @@ def select(rows):
 
     Only completed runs count; a rate whose runs all diverged is never chosen.
     """
+    completed = {}  # (dataset, preset) -> {rate: runs}
+    for r in rows:
+        if r["status"] == "completed":
+            completed.setdefault((r["dataset"], r["preset"]), {}).setdefault(
+                float(r["learning_rate"]), []).append(r)
     chosen = {}
-    keys = sorted({(r["dataset"], r["preset"]) for r in rows})
-    for dataset, preset in keys:
-        by_rate = {}
-        for r in rows:
-            if (r["dataset"], r["preset"]) == (dataset, preset) and r["status"] == "completed":
-                by_rate.setdefault(float(r["learning_rate"]), []).append(r)
-        if not by_rate:
-            continue
+    for key in sorted(completed):
+        by_rate = completed[key]
         rate = max(by_rate, key=lambda lr: (np.mean([float(r["val_accuracy"]) for r in by_rate[lr]]), -lr))
-        chosen[(dataset, preset)] = (rate, [float(r["test_accuracy"]) for r in by_rate[rate]])
+        chosen[key] = (rate, [float(r["test_accuracy"]) for r in by_rate[rate]])
     return chosen
 
 
