@@ -18,15 +18,14 @@ def export_study(study_dir, destination):
     """
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
-    if os.path.abspath(destination) == os.path.abspath(study_dir):
+    study, target = os.path.abspath(study_dir), os.path.abspath(destination)
+    if target == study:
         raise ValueError("export_study needs a destination other than the study directory.")
-    if os.path.commonpath([os.path.abspath(destination), os.path.abspath(study_dir)]) == \
-            os.path.abspath(study_dir):
+    if os.path.commonpath([target, study]) == study:
         raise ValueError(f"export_study's destination {destination!r} lies inside the study "
                          f"{study_dir!r}, whose copy would hold itself: choose one outside it.")
     saved = durable.read_json(os.path.join(destination, "study_config.json"))
-    if saved is not None and saved != durable.read_json(os.path.join(study_dir,
-                                                                     "study_config.json")):
+    if saved is not None and saved != durable.read_json(os.path.join(study, "study_config.json")):
         raise ValueError(f"{destination!r} holds another study (its study_config.json differs "
                          f"from {study_dir!r}'s): the two studies' runs would mix. Export to "
                          "another directory.")
@@ -43,20 +42,16 @@ def export_study(study_dir, destination):
                                 if d not in ("preset", "checkpoints", "backup", "tensorboard"))
         relative_root = os.path.relpath(root, study_dir)
         if relative_root == ".":
-            for name in sorted(files):
-                if name in ("study_config.json", "results.csv", "lr_sweep.csv", "fewshot.csv") \
-                        or name.endswith(".md"):
-                    copy(name)
-            continue
-        if relative_root.split(os.sep)[0] == "figures":
-            for name in sorted(files):
-                if name.endswith((".png", ".md")):
-                    copy(os.path.join(relative_root, name))
-            continue
-        metrics = read_metrics(root) if "metrics.json" in files else None
-        if metrics and metrics.get("status") in ("completed", "diverged"):
-            for name in RUN_RESULT_FILES:
-                if name in files:
-                    copy(os.path.join(relative_root, name))
+            kept = [name for name in sorted(files) if name.endswith(".md") or name in (
+                "study_config.json", "results.csv", "lr_sweep.csv", "fewshot.csv")]
+        elif relative_root.split(os.sep)[0] == "figures":
+            kept = [name for name in sorted(files) if name.endswith((".png", ".md"))]
+        else:
+            metrics = read_metrics(root) if "metrics.json" in files else None
+            if not metrics or metrics.get("status") not in ("completed", "diverged"):
+                continue
+            kept = [name for name in RUN_RESULT_FILES if name in files]
             runs += 1
+        for name in kept:
+            copy(os.path.normpath(os.path.join(relative_root, name)))
     return runs

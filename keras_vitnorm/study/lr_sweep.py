@@ -24,8 +24,7 @@ def check_rates(rates):
     value otherwise."""
     checked = []
     for rate in rates:
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 \
-                or math.isinf(rate):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
             raise ValueError(f"learning rates of a sweep must be positive numbers, got {rate!r}.")
         checked.append(float(rate))
     if len(checked) < 2 or len(set(checked)) != len(checked):
@@ -68,12 +67,9 @@ def grids_of(plan, rates=None, own=None, base_rate=None):
     if unknown:
         raise ValueError(f"a learning-rate sweep is given for {':'.join(unknown[0])}, which is "
                          f"not a variant of the study ({', '.join(map(':'.join, defined))}).")
-    grids = {}
-    for group, variants in plan:
-        for name, definition in variants:
-            grids[(group, name)] = own.get((group, name)) or list(rates or []) \
-                or [definition[1].get("learning_rate", base_rate)]
-    return grids
+    return {(group, name): own.get((group, name)) or list(rates or [])
+            or [definition[1].get("learning_rate", base_rate)]
+            for group, variants in plan for name, definition in variants}
 
 
 def extend(grids, selection, base, limit=EXTEND_LIMIT):
@@ -89,15 +85,11 @@ def extend(grids, selection, base, limit=EXTEND_LIMIT):
         if len(rates) < 2 or rate is None:
             pass
         elif rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
-            grid.append(_rounded(grid[-1] * grid[-1] / grid[-2]))
+            grid.append(float(f"{grid[-1] * grid[-1] / grid[-2]:.6g}"))
         elif rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
-            grid.insert(0, _rounded(grid[0] * grid[0] / grid[1]))
+            grid.insert(0, float(f"{grid[0] * grid[0] / grid[1]:.6g}"))
         wider[key] = grid
     return wider
-
-
-def _rounded(rate):
-    return float(f"{rate:.6g}")
 
 
 def all_rates(grids):
@@ -114,12 +106,11 @@ def rate_folder(rate):
     return f"lr_{rate_text(rate)}"
 
 
-def at_rates(variants, rates, group=None):
-    """`[(variant, (model, settings))]` of each variant at each rate of the grid:
-    `rates` a list, or `{(group, variant): rates}` (`grids_of`, `extend`)."""
+def at_rates(variants, grids, group):
+    """`[(variant, (model, settings))]` of each variant of `group` at each rate of its
+    grid in `grids` (`{(group, variant): rates}`: `grids_of`, `extend`)."""
     return [(name, (model, {**settings, "learning_rate": rate}))
-            for name, (model, settings) in variants
-            for rate in (rates[(group, name)] if isinstance(rates, dict) else rates)]
+            for name, (model, settings) in variants for rate in grids[(group, name)]]
 
 
 def select(rows, plan, rates, seeds):

@@ -69,13 +69,13 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
 
     `analyze` computes a finished run's `analysis.json` (the study's figures read it).
     """
-    seed = config.seed
     metrics = read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
         config.validate()
         resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
         if verbose:
-            print(f"[{group}] {name} seed {seed}: {'resuming' if resume else 'training'} in {run_dir}")
+            print(f"[{group}] {name} seed {config.seed}: "
+                  f"{'resuming' if resume else 'training'} in {run_dir}")
         try:
             train(config, resume=resume, verbose=verbose if verbose > 1 else 0,
                   take_over_lock=take_over_lock, track=track)
@@ -83,22 +83,14 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
             pass
         metrics = read_metrics(run_dir)
     elif verbose:
-        print(f"[{group}] {name} seed {seed}: already {metrics['status']}, skipped")
+        print(f"[{group}] {name} seed {config.seed}: already {metrics['status']}, skipped")
     if metrics["status"] == "completed" and analyze:
         run_analysis(run_dir, probe_images)
-    return {
-        "group": group,
-        "variant": name,
-        "seed": seed,
-        "learning_rate": config.learning_rate,
-        "status": metrics["status"],
-        "test_accuracy": metrics.get("test_accuracy"),
-        "val_accuracy": metrics.get("val_accuracy"),
-        "diverged_at_step": metrics.get("diverged_at_step"),
-        "steps": metrics.get("steps"),
-        "train_seconds": whole_train_seconds(metrics),
-        "run_dir": run_dir,
-    }
+    return {"group": group, "variant": name, "seed": config.seed,
+            "learning_rate": config.learning_rate, "status": metrics["status"],
+            **{key: metrics.get(key)
+               for key in ("test_accuracy", "val_accuracy", "diverged_at_step", "steps")},
+            "train_seconds": whole_train_seconds(metrics), "run_dir": run_dir}
 
 
 def probe_images(config, count=64):
@@ -124,9 +116,7 @@ def whole_train_seconds(metrics):
     resumed give their one run's time, also where `metrics.json` predates the total."""
     if "train_seconds" in metrics:
         return metrics["train_seconds"]
-    if not metrics.get("resumed_from_step"):
-        return metrics.get("train_seconds_this_run")
-    return None
+    return None if metrics.get("resumed_from_step") else metrics.get("train_seconds_this_run")
 
 
 ANALYSIS_FILE = "analysis.json"

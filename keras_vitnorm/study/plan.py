@@ -42,11 +42,10 @@ def write_plan(jobs, study_dir, say=None, track=None):
     commands, kept = [], set()
     for group, name, config, run_dir in jobs:
         file_name = job_file_stem(run_dir, study_dir) + JOB_SUFFIX
-        durable.write_json(os.path.join(folder, file_name),
-                           job(group, name, config, run_dir, study_dir,
-                               track=track(run_dir) if track else None))
+        path = os.path.join(folder, file_name)
+        durable.write_json(path, job(group, name, config, run_dir, study_dir,
+                                     track=track(run_dir) if track else None))
         kept.add(file_name)
-        path = os.path.join(study_dir, PLAN_FOLDER, file_name)
         commands.append(f"KERAS_BACKEND={backend_name} keras-vitnorm ablate-job "
                         f"{shlex.quote(path)}")
     durable.write_text(os.path.join(folder, COMMANDS_FILE),
@@ -64,11 +63,8 @@ def write_plan(jobs, study_dir, say=None, track=None):
 
 def read_job(path):
     """A job file's content, with its `run_dir` and settings' `output_dir` resolved
-    against its study directory.
-
-    Raises:
-        ValueError: naming the file, if it is missing, unreadable or not a job file.
-    """
+    against its study directory; a `ValueError` naming the file if it is missing,
+    unreadable or not a job file."""
     content = durable.read_json(path)  # names the file if it is not JSON
     if content is None:
         raise ValueError(f"No job file at {path}: `ablate --plan` writes them in "

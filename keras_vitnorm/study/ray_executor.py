@@ -3,14 +3,13 @@
 The study is planned as `--plan` plans it (`keras_vitnorm.study.plan`), each job file is
 one Ray task that trains it in a child process as `ablate --parallel` does (its output
 in `<study>/logs/`), and the finished runs are collected as `--tables-only` collects
-them. With a learning-rate sweep the plan is made again once the sweep's runs have
-finished, for the runs at the chosen rates. A task whose worker dies (a node lost) is
-retried by Ray; a cancelled task stops its run with a checkpoint. A task cancelled or
-failed is submitted again by running the same command: each run resumes from its last
-checkpoint, and a finished one is skipped. The study directory must be on a file system
-every node of the cluster shares.
+them; with a learning-rate sweep, the plan is made again for the runs at the chosen
+rates. Ray retries a task whose worker dies (a node lost); a task cancelled or failed
+is submitted again by running the same command, each run resuming from its last
+checkpoint. The study directory must be on a file system every node shares.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,31 +22,20 @@ PASSED_ENVIRONMENT = ("KERAS_BACKEND", "KERAS_VITNORM_NORM_MODULES", "MLFLOW_TRA
                       "MLFLOW_EXPERIMENT_NAME", "PYTHONPATH")
 
 
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--executor ray needs Ray: pip install 'keras-vitnorm[ray]'.") from None
-    return ray
-
-
 def run_job_file(job, threads):
-    """Trains the job file `job["file"]` in a child process of the worker's Python, as
-    `ablate --parallel` starts one (`workers.start_child`: `threads` compute threads, the
-    output in `job["log"]`); returns `(job file, exit status)`.
+    """Trains the job file `job["file"]` in a child process, as `ablate --parallel` starts
+    one (`workers.start_child`: `threads` compute threads, the output in `job["log"]`);
+    returns `(job file, exit status)`.
 
     The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt` raised
-    in the task between two Python steps) reaches the task while the run trains; the
-    child is then stopped with SIGTERM, which checkpoints the run, before the task ends.
-    A worker that dies takes its child with it (Ray kills a dead worker's children).
-    The task imports nothing of this package (`task`)."""
+    between two Python steps) reaches the task while the run trains; the child is then
+    stopped with SIGTERM, which checkpoints the run. Ray kills a dead worker's children.
+    It imports nothing of this package (`task`)."""
     process = start_child(job, threads)
     try:
         while True:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 return job["file"], process.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
     except BaseException:
         process.terminate()
         process.wait()
@@ -56,9 +44,8 @@ def run_job_file(job, threads):
 
 def task(ray, cpus_per_run, gpus_per_run):
     """`run_job_file` as a Ray task asking for these resources, retried 3 times where its
-    worker dies. It is sent to the workers by value, with `workers.start_child`: by
-    reference, each worker would import this package, and with it Keras and its backend,
-    before its first run."""
+    worker dies. It goes to the workers by value, with `workers.start_child`: by
+    reference, each worker would import this package, and Keras, before its first run."""
     for module in (__name__, start_child.__module__):
         ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     return ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(run_job_file)
@@ -66,11 +53,12 @@ def task(ray, cpus_per_run, gpus_per_run):
 
 def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_per_run=0,
                     say=print):
-    """Plans with `plan_study()` (`run_study` in mode `"plan"`, returning its commands) and
-    runs each planned job as a Ray task, until a plan has nothing left to train.
+    """Plans with `plan_study()` and runs each planned job as a Ray task, until a plan has
+    nothing left to train.
 
     Args:
-        plan_study: callable writing the plan; returns the list of commands it wrote.
+        plan_study: callable writing the plan (`run_study` in mode `"plan"`); returns the
+            list of commands it wrote.
         study_dir: the study directory (its `plan/` holds the job files).
         address: a running Ray cluster's address, or None to start a local Ray.
         cpus_per_run, gpus_per_run: the resources each run's task asks Ray for.
@@ -84,7 +72,10 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     from keras_vitnorm.study.plan import PLAN_FOLDER
     from keras_vitnorm.study.plan import read_job
 
-    ray = _ray()
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs Ray: pip install 'keras-vitnorm[ray]'.") from None
     environment = {key: os.environ[key] for key in PASSED_ENVIRONMENT if key in os.environ}
     started_here = not ray.is_initialized()
     if started_here:

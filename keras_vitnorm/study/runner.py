@@ -53,24 +53,21 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
         take_over_lock: bool. Take over the study directory (and its runs) if their
             locks were left by a process that no longer runs.
-        parallel: int, runs trained at once, each in its own process
-            (`keras_vitnorm.study.workers`).
+        parallel: int, runs trained at once, each in its own process (`workers`).
         threads_per_run: compute threads of each parallel run; default the CPU
             cores shared out over `parallel`.
-        mode: `"train"` (default) trains the unfinished runs, then writes the tables
-            and figures; `"tables"` trains nothing and writes them from the finished
-            runs; `"plan"` writes one command per run that can train now
-            (`keras_vitnorm.study.plan`). In every mode a finished run whose recorded
-            settings are not the plan's is named and left out (docs/study.md).
+        mode: `"train"` trains the unfinished runs, then writes the tables and figures;
+            `"tables"` writes them from the finished runs; `"plan"` writes one command
+            per run that can train now (`plan`). In every mode a finished run whose
+            recorded settings are not the plan's is named and left out (docs/study.md).
         lr_sweep: optional list of peak learning rates: each variant first trains at
-            every rate with `sweep_seeds` and then with `seeds` at the rate of the
-            best mean validation accuracy (`keras_vitnorm.study.lr_sweep`).
+            every rate with `sweep_seeds`, then with `seeds` at the rate of the best
+            mean validation accuracy (`lr_sweep`).
         variant_sweeps: optional `{(group, variant): rates}`, a variant's own grid in
-            place of `lr_sweep` (a variants file's `lr_sweep`). With these alone, the
-            other variants train at their one rate.
+            place of `lr_sweep` (a variants file's); the others train at their one rate.
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
         extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
-            trains the next rate beyond it (`keras_vitnorm.study.lr_sweep.extend`).
+            trains the next rate beyond it (`lr_sweep.extend`).
         track: bool. The study is an MLflow run and each of its runs a child run
             (`keras_vitnorm.training.tracking`); a plan's job files track theirs.
 
@@ -86,9 +83,10 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer (runs at once), got {parallel!r}.")
     if mode != "train" and (parallel != 1 or threads_per_run is not None):
+        flag = "--tables-only" if mode == "tables" else "--plan"
         raise ValueError("parallel and threads_per_run (--parallel, --threads-per-run) set how "
-                         f"runs train here; with mode {mode!r} ({_MODE_FLAGS[mode]}) nothing "
-                         "trains here: leave them out.")
+                         f"runs train here; with mode {mode!r} ({flag}) nothing trains here: "
+                         "leave them out.")
     if os.path.isfile(os.path.join(output_dir, "train_config.json")):
         raise ValueError(f"{output_dir} is a training run's directory (it holds "
                          "train_config.json), not a study's: the study's files would mix with "
@@ -113,12 +111,8 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
                                       "rerun the same command to continue"):
             study = _Study(base, output_dir, verbose, take_over_lock, parallel, threads_per_run,
                            mode)
-            if not track:
-                return study.run(plan, seeds, grids, sweep_seeds, extend_sweep)
-            return study.tracked(plan, seeds, grids, sweep_seeds, extend_sweep)
-
-
-_MODE_FLAGS = {"train": "", "tables": "--tables-only", "plan": "--plan"}
+            run = study.tracked if track else study.run
+            return run(plan, seeds, grids, sweep_seeds, extend_sweep)
 
 
 class _Study:
@@ -244,10 +238,8 @@ class _Study:
                     key = _settings_key(config)
                     run_dir, owner = self.trained.get(key, (None, None))
                     if run_dir is None:
-                        parts = [group, name]
-                        if rate_dirs:
-                            parts.append(lr_sweep_lib.rate_folder(config.learning_rate))
-                        run_dir = os.path.join(self.output_dir, *parts, f"seed_{seed}")
+                        rate = [lr_sweep_lib.rate_folder(config.learning_rate)] if rate_dirs else []
+                        run_dir = os.path.join(self.output_dir, group, name, *rate, f"seed_{seed}")
                         self.trained[key] = (run_dir, (group, name))
                     elif owner != (group, name) and self.mode != "plan":
                         self.say(f"[{group}] {name} seed {seed}: same settings as {run_dir}, "
@@ -365,22 +357,17 @@ def _check_study_config(base, output_dir):
     path = os.path.join(output_dir, "study_config.json")
     current = {**base.to_dict(), "seed": None, "output_dir": None}
     saved = durable.read_json(path)
-    if saved is not None:
-        details = setting_changes(saved, current)
-        if details:
-            raise ValueError(
-                f"The study in {output_dir} was run with other base settings ({details}). "
-                "Use another output directory for a different study."
-            )
-        return
-    os.makedirs(output_dir, exist_ok=True)
-    durable.write_json(path, current)
+    if saved is None:
+        os.makedirs(output_dir, exist_ok=True)
+        durable.write_json(path, current)
+    elif details := setting_changes(saved, current):
+        raise ValueError(f"The study in {output_dir} was run with other base settings "
+                         f"({details}). Use another output directory for a different study.")
 
 
 def _settings_key(config):
-    """What makes two runs the same: every setting, with the preset's model config
-    resolved (`one_run.resolved_model`: `{"stem": "patch"}` on a plain preset equals no
-    override at all)."""
+    """What makes two runs the same: every setting, with the model config as its preset
+    resolves it (`one_run.resolved_model`)."""
     settings = config.to_dict()
     settings["model"] = resolved_model(config.preset, config.model)
     return json.dumps(settings, sort_keys=True, default=str)

@@ -7,15 +7,10 @@ its baseline. Groups over a grid of factors also record each variant's factor le
 
 from keras_vitnorm.validation import check_choice
 
-_PLACEMENT_VALUES = ("pre", "post", "none")
 
-
-def _placements():
-    variants = {}
-    for attn in _PLACEMENT_VALUES:
-        for mlp in _PLACEMENT_VALUES:
-            variants[f"attn_{attn}-mlp_{mlp}"] = ({"attn_norm": attn, "mlp_norm": mlp}, {})
-    return variants
+def _placements(values=("pre", "post", "none")):
+    return {f"attn_{attn}-mlp_{mlp}": ({"attn_norm": attn, "mlp_norm": mlp}, {})
+            for attn in values for mlp in values}
 
 
 def _depths(depths=(2, 6, 12)):
@@ -158,16 +153,15 @@ def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
     for placement, model in _DEPTH_PLACEMENTS.items():
         for drop_path in (0.0, rate):
             name = f"{placement}-depth_{depth}" + (f"-drop_path_{rate}" if drop_path else "")
-            variants[name] = ({**model, "depth": depth}, {"drop_path": drop_path} if drop_path else {})
+            variants[name] = ({**model, "depth": depth},
+                              {"drop_path": drop_path} if drop_path else {})
             factors[name] = {"placement": placement, "depth": depth, "drop_path": drop_path}
     return variants, factors
 
 
-_DPN_FACTORS, _DPN_FACTOR_LEVELS = _dpn_factors()
-_DPN_SCHEDULE, _DPN_SCHEDULE_LEVELS = _dpn_schedule()
-_DEPTH_STABILITY, _DEPTH_STABILITY_LEVELS = _depth_stability()
-_DEPTH_DROP_PATH, _DEPTH_DROP_PATH_LEVELS = _depth_drop_path()
-_DEEP, _DEEP_LEVELS = _deep()
+#: group name -> (variants, factor levels) of the groups built over factors
+_FACTOR_GROUPS = {"deep": _deep(), "dpn_factors": _dpn_factors(), "dpn_schedule": _dpn_schedule(),
+                  "depth_stability": _depth_stability(), "depth_drop_path": _depth_drop_path()}
 
 #: group name -> {variant name: (model overrides, training overrides)}
 VARIANT_GROUPS = {
@@ -221,11 +215,7 @@ VARIANT_GROUPS = {
         "dyt": ({"norm": "dyt"}, {}),
         "batchnorm": ({"norm": "batchnorm"}, {}),
     },
-    "deep": _DEEP,
-    "dpn_factors": _DPN_FACTORS,
-    "dpn_schedule": _DPN_SCHEDULE,
-    "depth_stability": _DEPTH_STABILITY,
-    "depth_drop_path": _DEPTH_DROP_PATH,
+    **{group: variants for group, (variants, _) in _FACTOR_GROUPS.items()},
 }
 
 #: group -> (plain-stem variant, Dual PatchNorm variant) compared by the stem analyses
@@ -240,13 +230,7 @@ STEM_PAIRS = {
 
 
 #: group name -> {variant name: {factor: level}} for the groups built over factors.
-VARIANT_FACTORS = {
-    "dpn_factors": _DPN_FACTOR_LEVELS,
-    "dpn_schedule": _DPN_SCHEDULE_LEVELS,
-    "depth_stability": _DEPTH_STABILITY_LEVELS,
-    "depth_drop_path": _DEPTH_DROP_PATH_LEVELS,
-    "deep": _DEEP_LEVELS,
-}
+VARIANT_FACTORS = {group: levels for group, (_, levels) in _FACTOR_GROUPS.items()}
 
 
 def variant_factors(group, name):

@@ -19,9 +19,8 @@ STUDY_SETTINGS = ("model", "output_dir", "seed", "recipe", "preset", "dataset")
 
 def read_variants_file(path, base):
     """`(group name, {variant: (model overrides, training overrides)}, {variant: its
-    lr_sweep})`, the baseline first.
-
-    Each variant's settings are checked on top of `base`, the study's `TrainConfig`.
+    lr_sweep})`, the baseline first, each variant's settings checked on top of `base`,
+    the study's `TrainConfig`.
 
     Raises:
         ValueError: naming the file, the variant and the key, for a file that is missing,
@@ -59,6 +58,9 @@ def read_variants_file(path, base):
 
 def _variant(path, variant, table, base):
     from keras_vitnorm.models import ViT
+    from keras_vitnorm.models.presets import PRESETS
+    from keras_vitnorm.models.presets import preset_config
+    from keras_vitnorm.models.vit_config import validate_config
     from keras_vitnorm.training import TrainConfig
 
     where = f"{path}: variant {variant!r}"
@@ -81,19 +83,11 @@ def _variant(path, variant, table, base):
                         else [table["lr_sweep"]])
         config = dataclasses.replace(base, model={**base.model, **model}, **train)
         config.validate()
-        _check_model(config)
+        # the whole ViT config, where the base is a built-in preset (a saved model's
+        # config is known only once it is read, when the run starts)
+        if config.preset in PRESETS:
+            validate_config({**ViT.default_config(), **preset_config(config.preset),
+                             **config.model})
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
     return model, train
-
-
-def _check_model(config):
-    """Checks the variant's whole ViT config where the base is a built-in preset (a saved
-    model's config is known only once it is read, when the run starts)."""
-    from keras_vitnorm.models import ViT
-    from keras_vitnorm.models.presets import PRESETS
-    from keras_vitnorm.models.presets import preset_config
-    from keras_vitnorm.models.vit_config import validate_config
-
-    if config.preset in PRESETS:
-        validate_config({**ViT.default_config(), **preset_config(config.preset), **config.model})

@@ -98,14 +98,37 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
     from keras_vitnorm.training.interrupts import RunInterrupted
     from keras_vitnorm.training.interrupts import StopRequest
 
+    say = say or (lambda text: None)
     # The stop waits for the loop (a child started is a child to stop) and its next poll.
     request = StopRequest(say=lambda text: None)
-    running = []
+    pending, running, failures, done = list(jobs), [], [], 0
     with request.listening():
         try:
             with request.deferred():
-                _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, running,
-                                  stopped=lambda: request.signal is not None)
+                while (running or (pending and not failures)) and request.signal is None:
+                    while (pending and not failures and len(running) < parallel
+                           and request.signal is None):
+                        job = pending.pop(0)
+                        say(f"[{job['group']}] {job['name']} seed {job['seed']}: training in a "
+                            f"worker process (log: {job['log']})")
+                        running.append((job, start(job)))
+                    time.sleep(poll_seconds)
+                    still_running = []
+                    for job, process in running:
+                        code = process.poll()
+                        if code is None:
+                            still_running.append((job, process))
+                        elif code:
+                            failures.append((job, code))
+                        else:
+                            done += 1
+                            say(f"[{job['group']}] {job['name']} seed {job['seed']}: finished "
+                                f"({done} of {len(jobs)})")
+                            if on_finish:
+                                on_finish(job)
+                    running[:] = still_running
+                if failures:
+                    raise RunsFailed(failures)
         except RunInterrupted as stop:
             if running:
                 names = ", ".join(f"[{job['group']}] {job['name']} seed {job['seed']}"
@@ -118,37 +141,6 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
                 process.terminate()
             for _, process in running:
                 process.wait()
-
-
-def _train_in_workers(jobs, parallel, start, on_finish, poll_seconds, say, running, stopped):
-    """`train_in_workers` until `stopped()`; `running` holds the `(job, process)` pairs
-    still running."""
-    pending, failures, done = list(jobs), [], 0
-    while (running or (pending and not failures)) and not stopped():
-        while pending and not failures and len(running) < parallel and not stopped():
-            job = pending.pop(0)
-            if say:
-                say(f"[{job['group']}] {job['name']} seed {job['seed']}: training in a "
-                    f"worker process (log: {job['log']})")
-            running.append((job, start(job)))
-        time.sleep(poll_seconds)
-        still_running = []
-        for job, process in running:
-            code = process.poll()
-            if code is None:
-                still_running.append((job, process))
-            elif code == 0:
-                done += 1
-                if say:
-                    say(f"[{job['group']}] {job['name']} seed {job['seed']}: finished "
-                        f"({done} of {len(jobs)})")
-                if on_finish:
-                    on_finish(job)
-            else:
-                failures.append((job, code))
-        running[:] = still_running
-    if failures:
-        raise RunsFailed(failures)
 
 
 def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, say=None,
@@ -166,7 +158,7 @@ def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, sa
         stem = os.path.join(log_dir, plan_lib.job_file_stem(run_dir, study_dir))
         job = plan_lib.job(group, name, config, run_dir, study_dir, take_over_lock,
                            track(run_dir) if track else None)
-        job.update(file=stem + ".job.json", log=stem + ".log")
+        job.update(file=stem + plan_lib.JOB_SUFFIX, log=stem + ".log")
         durable.write_json(job["file"], job)
         work.append(job)
     if work and say:
@@ -189,20 +181,17 @@ def main(argv=None):
 
     host_memory.retain_freed_memory()
     from keras_vitnorm.study.plan import run_job
+    from keras_vitnorm.training.interrupts import RunInterrupted
     from keras_vitnorm.training.run_files import LockedError
     from keras_vitnorm.training.run_files import StorageError
 
-    from keras_vitnorm.training.interrupts import RunInterrupted
-
     try:
         run_job(argv[0])
-    except RunInterrupted as stop:  # the parent passed on a scheduler's stop or Ctrl-C
-        print(f"error: {stop}", file=sys.stderr)
-        return stop.exit_status
-    except StorageError as error:
+    # the exit statuses are keras_vitnorm.cli.errors's; a RunInterrupted is the parent
+    # passing on a scheduler's stop or Ctrl-C
+    except (RunInterrupted, StorageError, ValueError, OSError, LockedError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return STORAGE_EXIT_CODE
-    except (ValueError, OSError, LockedError) as error:  # as keras_vitnorm.cli.errors maps them
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        if isinstance(error, RunInterrupted):
+            return error.exit_status
+        return STORAGE_EXIT_CODE if isinstance(error, StorageError) else 2
     return 0
