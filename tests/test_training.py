@@ -219,10 +219,13 @@ def test_train_stream_resumes_with_the_batches_it_would_have_seen(tmp_path):
     assert np.all(counts <= split_counts)
 
 
-def test_augmented_stream_is_the_same_for_the_same_seed():
+@pytest.mark.parametrize("mixing", [dict(mixup=0.4), dict(mixup=0.4, cutmix=1.0)])
+def test_augmented_stream_is_the_same_for_the_same_seed(mixing):
+    """With MixUp and CutMix both on, each batch takes one of them by a draw keyed on the
+    seed and the step, so the stream repeats (an unseeded draw chose differently)."""
     data = load_dataset("digits")
     options = dict(image_size=(16, 16), channels=1, batch_size=64, seed=5, end_step=6,
-                   augmentation=Augmentation(crop="pad", crop_padding=3, flip=True, mixup=0.4))
+                   augmentation=Augmentation(crop="pad", crop_padding=3, flip=True, **mixing))
     first = list(train_stream(data, **options).take(6).as_numpy_iterator())
     second = list(train_stream(data, **options).take(6).as_numpy_iterator())
     assert len(first) == 6
@@ -240,8 +243,8 @@ def test_augmentation_is_the_same_under_a_mixed_precision_policy(pipeline, mixin
     """The augmentation layers compute in float32 whatever the global policy: under
     mixed_bfloat16, Keras' MixUp and CutMix multiplied bfloat16 images by a float32
     draw (a TypeError under tf.data, bfloat16 images elsewhere). (Under tf.data,
-    RandAugment and the choice between MixUp and CutMix draw from stateful
-    generators, so no second stream repeats them: each mixing is tried alone.)"""
+    RandAugment draws from a stateful generator, so no second stream repeats it; each
+    mixing is tried alone.)"""
     data = load_dataset("digits", pipeline=pipeline)
     augmentation = Augmentation(crop="zoom", flip=True, **mixing)
 

@@ -170,6 +170,7 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
         [randaugment_layer] = stateful
         stream = stream.map(lambda image, label: (randaugment_layer(image), label))
     stream = stream.batch(local_batch, drop_remainder=True)
+    stream = tf.data.Dataset.zip((tf.data.Dataset.range(start_step, end_step), stream))
     random_batches = bool(augmentation.mixup or augmentation.cutmix)
     stream = stream.map(_batch_augmentation(augmentation, seed),
                         num_parallel_calls=None if random_batches else tf.data.AUTOTUNE)
@@ -230,9 +231,14 @@ def _batch_augmentation(augmentation, seed):
         out = layer({"images": images, "labels": labels})
         return out["images"], out["labels"]
 
-    def augment(images, labels):
+    def augment(step, batch):
+        images, labels = batch
         if mixup and cutmix:
-            images, labels = tf.cond(tf.random.uniform([]) < 0.5,
+            # One of the two per batch, drawn statelessly from (seed, -1 - step) as the
+            # crops are from (seed, position): a seed gives the same choice at each step
+            # every time, and no key is an example's (positions are >= 0).
+            key = tf.stack([tf.constant(seed, "int64"), -1 - step])
+            images, labels = tf.cond(tf.random.stateless_uniform([], key) < 0.5,
                                      lambda: apply(mixup, images, labels),
                                      lambda: apply(cutmix, images, labels))
         elif mixup or cutmix:
