@@ -148,7 +148,7 @@ def train_stream(data, image_size, channels, batch_size, seed, augmentation, sta
     global batch of `batch_size`: its `index`-th slice of `batch_size // count`
     examples, augmented as in the whole batch (MixUp and CutMix mix within the share).
 
-    Pass `p` is shuffled with the seed `seed + p`, so the batches are the same sequence
+    Pass `p` is shuffled by a seed made of `seed` and `p`, so the batches are the same sequence
     whatever step the stream starts from: a resumed run continues with the examples it
     would have seen next (`resumes_exactly` says when the augmentation is the same too).
     A batch may span the end of one pass and the start of the next.
