@@ -7,6 +7,7 @@ import errno
 import io
 import json
 import os
+import pathlib
 import shutil
 import signal
 
@@ -20,32 +21,25 @@ _fault_counts = {}
 
 def fault_point(stage):
     """Kills the process (or fails a write) here if `KERAS_VITNORM_FAULT` names `stage`."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    fail_write = spec.startswith("enospc:")
+    spec = os.environ.get(FAULT_ENV, "")
     target, _, nth = spec.removeprefix("enospc:").partition("@")
-    if target != stage:
+    if not spec or target != stage:
         return
     _fault_counts[stage] = _fault_counts.get(stage, 0) + 1
     if _fault_counts[stage] != int(nth or 1):
         return
-    if fail_write:
+    if spec.startswith("enospc:"):
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected at {stage})")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync_directory(directory):
-    try:
+    with contextlib.suppress(OSError):
         descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 #: The open `written_together` block: `(folders, {path: temporary path})`, or `None`.
@@ -80,14 +74,9 @@ def written_together(*folders):
 
 
 def write_file(path, write, stage=None):
-    """Writes `path` atomically: `write(temporary_path)`, fsync, then rename into place
-    (inside a `written_together` block for its folder: when the block ends).
-
-    Args:
-        path: destination.
-        write: callable taking the temporary path and writing the whole file there.
-        stage: optional `fault_point` name; `<stage>` strikes after the temporary file
-            is complete, before the rename.
+    """Writes `path` atomically: `write(temporary_path)` writes the whole file, which is
+    fsynced and renamed into place (in a `written_together` block for its folder: as the
+    block ends). The `fault_point` `stage`, if any, strikes once the temporary file is whole.
     """
     directory = os.path.dirname(os.path.abspath(path))
     # The temporary name keeps the file's suffix: Keras picks the format by it.
@@ -111,11 +100,7 @@ def write_file(path, write, stage=None):
 
 
 def write_text(path, text, stage=None):
-    def write(temporary):
-        with open(temporary, "w") as f:
-            f.write(text)
-
-    write_file(path, write, stage)
+    write_file(path, lambda temporary: pathlib.Path(temporary).write_text(text), stage)
 
 
 def write_csv(path, fieldnames, rows, stage=None):
@@ -132,12 +117,9 @@ def write_json(path, value, stage=None):
 
 
 def read_json(path):
-    """The JSON value in `path`, or `None` if there is no such file.
-
-    Raises:
-        ValueError: naming the file, if it does not hold valid JSON (truncated or
-            damaged by something other than this module's writes), or is a directory.
-    """
+    """The JSON value in `path`, or `None` if there is no such file; a `ValueError`
+    naming the file where it is a directory or does not hold valid JSON (truncated or
+    damaged by something other than this module's writes)."""
     if not os.path.exists(path):
         return None
     if os.path.isdir(path):
@@ -146,26 +128,25 @@ def read_json(path):
         with open(path) as f:
             return json.load(f)
     except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); it may be truncated or damaged.") from error
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); it may be truncated or damaged.") from error
+
+
+def _beside(path):
+    """`(parent, temporary, old)`: where `write_directory` writes `path` and puts the old one."""
+    parent = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(os.path.normpath(path))
+    return parent, os.path.join(parent, f".{name}.writing"), os.path.join(parent, f".{name}.old")
 
 
 def write_directory(path, write, stage=None):
-    """Writes the directory `path` whole: `write(temporary_dir)`, then renamed into place.
-
-    An existing `path` is renamed aside, the new one renamed in, the old one deleted;
-    after a kill between the renames, `recover_directory` puts the old one back.
-
-    Args:
-        path: destination directory.
-        write: callable taking the temporary directory's path and writing it whole.
-        stage: optional `fault_point` name; `<stage>` strikes once the temporary
-            directory is complete, `<stage>:replacing` after an existing `path` was
-            renamed aside.
+    """Writes the directory `path` whole: `write(temporary_dir)` writes it, then it is
+    renamed into place. An existing `path` is renamed aside first and deleted after; after
+    a kill between the renames, `recover_directory` puts it back. The `fault_point`
+    `stage`, if any, strikes once the new directory is complete, and `<stage>:replacing`
+    once the old one is aside.
     """
-    parent = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(os.path.normpath(path))
-    temporary = os.path.join(parent, f".{name}.writing")
-    old = os.path.join(parent, f".{name}.old")
+    parent, temporary, old = _beside(path)
     shutil.rmtree(temporary, ignore_errors=True)
     try:
         write(temporary)
@@ -185,15 +166,11 @@ def write_directory(path, write, stage=None):
 
 
 def recover_directory(path):
-    """Restores `path` from what an interrupted `write_directory` left; removes leftovers.
-
-    A leftover new copy is not known to be complete, so it is dropped; an old copy
-    renamed aside comes back if `path` is missing.
-    """
-    parent = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(os.path.normpath(path))
-    old = os.path.join(parent, f".{name}.old")
-    shutil.rmtree(os.path.join(parent, f".{name}.writing"), ignore_errors=True)
+    """Restores `path` from what an interrupted `write_directory` left: a leftover new
+    copy is not known to be complete, so it is dropped; an old copy renamed aside comes
+    back if `path` is missing."""
+    _, temporary, old = _beside(path)
+    shutil.rmtree(temporary, ignore_errors=True)
     if os.path.isdir(old):
         if os.path.exists(path):
             shutil.rmtree(old, ignore_errors=True)

@@ -30,15 +30,13 @@ def is_framework_log(line):
 
 @contextlib.contextmanager
 def hidden():
-    """Drops framework log lines written to fd 2 within the block; every other line passes in
-    order, fatal (severity F) ones included.
-    """
+    """Drops framework log lines written to fd 2 within the block; every other line passes,
+    in order, fatal (severity F) ones included."""
     sys.stderr.flush()
     terminal = os.dup(2)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
-
     out_fd = os.dup(terminal)  # the thread's own copy: the block's end closes `terminal`
 
     def forward():

@@ -1,15 +1,12 @@
 """A process setting for CPU training and benchmarks: keep freed host memory for reuse.
-
 The training commands and benchmarks apply it at their start; importing does not.
 """
 
 import ctypes
 import platform
 
-# mallopt(3) parameter numbers, from glibc's <malloc.h>.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
+#: `(name, mallopt(3) parameter number from glibc's <malloc.h>, value)` of each setting.
+_SETTINGS = (("M_MMAP_MAX", -4, 0), ("M_TRIM_THRESHOLD", -1, -1), ("M_ARENA_MAX", -8, 1))
 
 
 def retain_freed_memory():
@@ -19,18 +16,13 @@ def retain_freed_memory():
     and zeroes again every step; `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD=-1` and
     `M_ARENA_MAX=1` keep it, holding the peak memory until exit (docs/training.md).
     Call it before the first computation. Returns `False`, changing nothing, where
-    the C library is not glibc.
-
-    Raises:
-        OSError: glibc refused a setting.
+    the C library is not glibc; raises `OSError` where glibc refuses a setting.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    for name, parameter, value in (("M_MMAP_MAX", _M_MMAP_MAX, 0),
-                                   ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, -1),
-                                   ("M_ARENA_MAX", _M_ARENA_MAX, 1)):
+    for name, parameter, value in _SETTINGS:
         if mallopt(parameter, value) != 1:
             raise OSError(f"glibc's mallopt refused {name}={value}")
     return True

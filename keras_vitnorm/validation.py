@@ -2,6 +2,7 @@
 
 import difflib
 import math
+import os
 
 
 def did_you_mean(value, choices):
@@ -70,8 +71,6 @@ def check_bool(argument, value):
 
 def check_directory_path(path, what="output directory"):
     """`path`, or a `FileExistsError` where it or a folder above it is a file; `what` names it."""
-    import os
-
     path = os.fspath(path)
     existing = os.path.abspath(path)
     while not os.path.lexists(existing):

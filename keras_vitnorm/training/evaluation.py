@@ -22,13 +22,10 @@ def image_size(model):
 
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
              data_dir=None, manual_dir=None, verbose=1):
-    """Scores a saved model on a split of a dataset; a run's own model on its own
-    dataset gives the numbers of its `metrics.json`.
-
-    Args:
-        path: a preset directory, or a run directory (its `preset/`, with its dataset
-            and validation fraction as the defaults).
-        split: `"test"`, `"validation"` or `"train"`.
+    """Scores the saved model in `path` on the `split` ("test", "validation" or "train")
+    of a dataset: `path` is a preset directory, or a run directory (its `preset/`, with
+    its dataset and validation fraction as the defaults), and a run's own model on its
+    own dataset gives the numbers of its `metrics.json`.
 
     Returns `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
     """
@@ -38,24 +35,22 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} does not exist or is not a directory.")
     run_settings = durable.read_json(os.path.join(path, SETTINGS_FILE)) or {}
-    preset_dir = os.path.join(path, "preset") if run_settings else path
-    metrics = (durable.read_json(os.path.join(path, METRICS_FILE)) or {}) if run_settings else {}
-    if run_settings and metrics.get("status") != "completed":
+    if run_settings:
+        metrics = durable.read_json(os.path.join(path, METRICS_FILE)) or {}
         status = metrics.get("status", "unfinished (no metrics.json)")
-        last = os.path.join(path, "checkpoints", "last")
-        raise ValueError(
-            f"The run in {path!r} has not completed, so it has no final model to score: its "
-            f"status is {status}. "
-            + ("Start a new run." if status == "diverged" else
-               f"Finish it with `keras-vitnorm train --resume --output-dir {path}`.")
-            + (f" Its model at the latest epoch end is the preset {last}."
-               if os.path.exists(last) else "")
-        )
-    if not run_settings and not os.path.isfile(os.path.join(path, "config.json")):
+        if status != "completed":
+            last = os.path.join(path, "checkpoints", "last")
+            raise ValueError(
+                f"The run in {path!r} has not completed, so it has no final model to score: "
+                f"its status is {status}. "
+                + ("Start a new run." if status == "diverged" else
+                   f"Finish it with `keras-vitnorm train --resume --output-dir {path}`.")
+                + (f" Its model at the latest epoch end is the preset {last}."
+                   if os.path.exists(last) else ""))
+    elif not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(
             f"{path!r} is neither a preset directory (config.json, model.weights.npz) nor a "
-            f"run directory ({SETTINGS_FILE})."
-        )
+            f"run directory ({SETTINGS_FILE}).")
     dataset = dataset or run_settings.get("dataset")
     if dataset is None:
         raise ValueError(f"{path} is not a run directory; name the dataset to score it on.")
@@ -67,8 +62,8 @@ def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None
         skip_bad_images=bool(run_settings.get("skip_bad_images")),
         train_examples=run_settings.get("train_examples") if own else None,
         val_examples=run_settings.get("val_examples") if own else None,
-        pipeline=run_settings.get("input_pipeline") or "auto",
-    )
+        pipeline=run_settings.get("input_pipeline") or "auto")
+    preset_dir = os.path.join(path, "preset") if run_settings else path
     with dtype_policy(run_settings.get("mixed_precision") or "float32"):
         return _score(preset_dir, data, split, batch_size,
                       run_settings.get("label_smoothing") or 0.0, verbose)
@@ -81,19 +76,12 @@ def _score(preset_dir, data, split, batch_size, label_smoothing, verbose):
     if classes != data.num_classes:
         raise ValueError(
             f"The model in {preset_dir} has {classes} classes but {data.name} has "
-            f"{data.num_classes}; it was not trained on this dataset."
-        )
+            f"{data.num_classes}; it was not trained on this dataset.")
     chosen = getattr(data, split)
-    images = data_lib.eval_dataset(
-        data, chosen, image_size(model), model.get_config()["num_channels"], batch_size
-    )
+    images = data_lib.eval_dataset(data, chosen, image_size(model),
+                                   model.get_config()["num_channels"], batch_size)
     compile_classifier(model, "sgd", label_smoothing)  # the optimizer is unused: evaluate only
     result = model.evaluate(images, return_dict=True, verbose=verbose)
-    return {
-        "preset": preset_dir,
-        "dataset": data.name,
-        "split": f"{split} ({chosen.name})",
-        "examples": chosen.size,
-        "accuracy": float(result["accuracy"]),
-        "loss": float(result["loss"]),
-    }
+    return {"preset": preset_dir, "dataset": data.name, "split": f"{split} ({chosen.name})",
+            "examples": chosen.size, "accuracy": float(result["accuracy"]),
+            "loss": float(result["loss"])}

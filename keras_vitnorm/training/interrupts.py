@@ -1,12 +1,11 @@
 """SIGTERM and SIGINT end a training run at a step it resumes from.
 
-While training steps run (`StopRequest.deferred`), a signal only records the request,
-and `StopOnSignal` acts on it at the end of the step under way, with a checkpoint of
-that step: a KeyboardInterrupt inside a step is not reliable (under JAX, Keras swallows
-it; raised while XLA compiles, the process crashes as it exits). Elsewhere the signal
-raises `RunInterrupted` at once, and is sent again where Python dropped the exception
-(`keras_vitnorm.stop_signals`). A second Ctrl-C stops at once. docs/training.md,
-"Interrupted runs".
+While training steps run (`StopRequest.deferred`), a signal only records the request, and
+`StopOnSignal` acts on it at the end of the step under way, with a checkpoint of that step:
+a KeyboardInterrupt inside a step is not reliable (under JAX, Keras swallows it; raised
+while XLA compiles, the process crashes as it exits). Elsewhere the signal raises
+`RunInterrupted` at once (sent again where Python drops it: `keras_vitnorm.stop_signals`).
+A second Ctrl-C stops at once. docs/training.md, "Interrupted runs".
 """
 
 import contextlib
@@ -24,34 +23,26 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def signal_name(number):
-    """`"SIGTERM"` for `signal.SIGTERM`, ..."""
     return signal.Signals(number).name
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by a signal: a `KeyboardInterrupt`, so that `except Exception`
-    lets it through.
-
-    Attributes:
-        signal: the signal's number.
-        exit_status: `128 + signal`, the status a process ended by the signal has
-            (130 for SIGINT, 143 for SIGTERM).
-        run_dir: the run directory, or `None` if the run had not set it up.
-        resumable: whether `run_dir` holds a run that `--resume` continues.
+    """A run stopped by a signal: a `KeyboardInterrupt`, so that `except Exception` lets
+    it through. `signal` is the signal's number, `exit_status` (`128 + signal`) the status
+    of a process the signal ended, `run_dir` the run directory (`None` if the run had not
+    set it up) and `resumable` whether `--resume` continues the run there.
     """
 
-    def __init__(self, signal_number, message=None, run_dir=None, resumable=False):
+    def __init__(self, signal_number):
         self.signal = signal_number
-        self.run_dir = run_dir
-        self.resumable = resumable
-        super().__init__(message or f"Stopped by {signal_name(signal_number)}.")
+        self.run_dir, self.resumable = None, False
+        super().__init__(f"Stopped by {signal_name(signal_number)}.")
 
     @property
     def exit_status(self):
         return 128 + self.signal
 
     def describe(self, message, run_dir=None, resumable=False):
-        """Sets the message, run directory and whether it resumes; returns `self`."""
         self.args = (message,)
         self.run_dir, self.resumable = run_dir, resumable
         return self
@@ -105,9 +96,7 @@ class StopRequest:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {number: signal.getsignal(number) for number in SIGNALS}
-        for number in SIGNALS:
-            signal.signal(number, self._handle)
+        previous = {number: signal.signal(number, self._handle) for number in SIGNALS}
         try:
             with stop_signals.redelivered():
                 yield self
@@ -142,24 +131,21 @@ class StopOnSignal(keras.callbacks.Callback):
         self.checkpoint = checkpoint
         self.agree = agree
 
-    def _stop_requested(self):
+    def _stop_if_requested(self, save=True):
         requested = self.request.signal is not None
-        return self.agree(requested) if self.agree is not None else requested
-
-    def _stop(self):
-        if self.checkpoint is not None:
-            self.checkpoint.save_if_new()
-        raise RunInterrupted(self.request.signal or signal.SIGTERM)
+        if self.agree is not None:
+            requested = self.agree(requested)
+        if requested:
+            if save and self.checkpoint is not None:
+                self.checkpoint.save_if_new()
+            raise RunInterrupted(self.request.signal or signal.SIGTERM)
 
     def on_train_begin(self, logs=None):
         # Before the first step compiles: the state is the last checkpoint's (or step 0).
-        if self._stop_requested():
-            raise RunInterrupted(self.request.signal or signal.SIGTERM)
+        self._stop_if_requested(save=False)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._stop_requested():
-            self._stop()
+        self._stop_if_requested()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._stop_requested():  # the epoch's checkpoint is written already
-            self._stop()
+        self._stop_if_requested()  # the epoch's checkpoint is written already

@@ -1,9 +1,9 @@
 """The run that `--overwrite` replaces, kept aside until the new run's first checkpoint.
 
 `move_aside` moves the old run into `.replaced/`; the new run's first checkpoint deletes
-it (`drop_replaced`), a start that fails before it puts it back
-(`remove_failed_start`), and whatever a killed command left is settled by the next
-command there (`recover_replaced`). docs/training.md, "What survives a crash".
+it (`drop_replaced`), a start that fails before it puts it back (`remove_failed_start`),
+and the next command there settles what a killed one left (`recover_replaced`).
+docs/training.md, "What survives a crash".
 """
 
 import contextlib
@@ -20,10 +20,9 @@ from keras_vitnorm.training.run_layout import run_entries
 def keeps_replaced_run(output_dir):
     """Whether `output_dir` holds a run that an `--overwrite` moved (or was moving) aside
     and that the next command there puts back: the new run has no checkpoint yet."""
-    if os.path.isdir(os.path.join(output_dir, MOVING)):
-        return True
-    return (os.path.isdir(os.path.join(output_dir, REPLACED))
-            and not has_checkpoint_or_result(output_dir))
+    return os.path.isdir(os.path.join(output_dir, MOVING)) or (
+        os.path.isdir(os.path.join(output_dir, REPLACED))
+        and not has_checkpoint_or_result(output_dir))
 
 
 def move_aside(output_dir):
@@ -60,18 +59,10 @@ def _put_back(output_dir):
     os.rmdir(moving)
 
 
-def drop_replaced(output_dir, strict=False):
+def drop_replaced(output_dir):
     """Deletes the run that `move_aside` kept in `output_dir`, if any. Where that fails,
-    the error is raised with `strict`; without it the old run stays for the next
-    command there to delete, so a run in training is not stopped for it."""
-    path = os.path.join(output_dir, REPLACED)
-    if strict:
-        with run_files.storage_errors(path, "Nothing was changed in the new run.",
-                                      run_files.AGAIN):
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+    it stays for the next command there to delete: a run in training is not stopped."""
+    shutil.rmtree(os.path.join(output_dir, REPLACED), ignore_errors=True)
 
 
 def recover_replaced(output_dir):
@@ -79,12 +70,14 @@ def recover_replaced(output_dir):
     unless the new run has a checkpoint or a result, in which case the old run is
     deleted. The caller holds the lock. Returns what was done, for the user, or `None`.
     """
-    replaced = os.path.isdir(os.path.join(output_dir, REPLACED))
-    if replaced and has_checkpoint_or_result(output_dir):
-        drop_replaced(output_dir, strict=True)
+    replaced = os.path.join(output_dir, REPLACED)
+    if os.path.isdir(replaced) and has_checkpoint_or_result(output_dir):
+        with run_files.storage_errors(replaced, "Nothing was changed in the new run.",
+                                      run_files.AGAIN):
+            shutil.rmtree(replaced)
         return (f"Deleted the run that an --overwrite was replacing in {output_dir}: the new "
                 "run there has a checkpoint.")
-    if replaced:  # a new run that never reached its first checkpoint
+    if os.path.isdir(replaced):  # a new run that never reached its first checkpoint
         remove_failed_start(output_dir)
     elif os.path.isdir(os.path.join(output_dir, MOVING)):  # killed while moving: all old entries
         _put_back(output_dir)

@@ -6,7 +6,6 @@ A run killed at any moment resumes to the same final weights as an uninterrupted
 
 import contextlib
 import csv
-import io
 import os
 
 from keras_vitnorm import durable
@@ -16,16 +15,13 @@ from keras_vitnorm.training.run_layout import read_log
 
 def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True):
     """Loads the last checkpoint of the run in `directory` (a `RunDirectory`) into
-    `model` through `checkpoint` (its `RunCheckpoint`).
-
-    Returns `((epoch, batches done in it, step), values)`, the checkpoint's variable
-    values if `assign` is False (else `None`).
-    """
+    `model` through `checkpoint` (its `RunCheckpoint`). Returns `((epoch, batches done in
+    it, step), values)`, the checkpoint's variable values if `assign` is False (else
+    `None`)."""
     for path in (directory.preset, *directory.checkpoints.values()):
         durable.recover_directory(path)
     found = callbacks_lib.RunCheckpoint.latest(directory.backup)
-    epoch, batch, step = 0, 0, 0
-    values = None
+    (epoch, batch, step), values = (0, 0, 0), None
     if not found:
         _check_nothing_trained(directory, say)
     else:
@@ -34,8 +30,7 @@ def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True
         if step != epoch * plan.steps_per_epoch + batch:
             raise ValueError(
                 f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
-                f"not fit {plan.steps_per_epoch} steps per epoch."
-            )
+                f"not fit {plan.steps_per_epoch} steps per epoch.")
         values = checkpoint.restore(model, path, assign=assign)
         # A checkpoint whose state has no `train_seconds` leaves the total unknown.
         checkpoint.seconds_before = state.get("train_seconds")
@@ -81,13 +76,8 @@ def truncate_csv(path, keep):
     with open(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
-        rows = [row for row in reader if header and len(row) == len(header)]
+        rows = [dict(zip(header, row)) for row in reader if header and len(row) == len(header)]
     if header is None:
         os.remove(path)
         return
-    rows = [row for row in rows if keep(dict(zip(header, row)))]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(header)
-    writer.writerows(rows)
-    durable.write_text(path, buffer.getvalue())
+    durable.write_csv(path, header, [row for row in rows if keep(row)])

@@ -22,17 +22,12 @@ from keras_vitnorm.validation import check_directory_path
 RUNS_FOLDER = "runs"
 
 
-def _run_name(config):
+def default_output_dir(config):
+    """`runs/<preset>-<dataset>-<time>`."""
     preset = os.path.basename(os.path.normpath(config.preset))
     dataset = config.dataset.replace(":", "-").replace(os.sep, "_").strip("_")
-    return f"{preset}-{dataset}"
-
-
-def default_output_dir(config):
-    """`runs/<preset>-<dataset>-<time>` (`new_run_lock` adds `-2`, `-3`, ... to a name
-    another run took)."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join(RUNS_FOLDER, f"{_run_name(config)}-{stamp}")
+    return os.path.join(RUNS_FOLDER, f"{preset}-{dataset}-{stamp}")
 
 
 def new_run_lock(config, take_over=False):
@@ -79,36 +74,28 @@ def find_run_to_resume(config):
     """The run that `config` without an `output_dir` resumes: the latest unfinished run
     in `runs/` with the same settings or, where there is none and the latest of them
     completed, that one (a scheduler that runs `--resume` again gets its success).
-
-    Raises:
-        ValueError: there is none; it names the unfinished runs and what to pass.
+    Where there is none, the `ValueError` names the unfinished runs and what to pass.
     """
     names = sorted(os.listdir(RUNS_FOLDER)) if os.path.isdir(RUNS_FOLDER) else []
-    same, others, latest = [], [], None
+    same, others = [], []  # (path, status) of the runs there, oldest first
     for name in names:
         path = os.path.join(RUNS_FOLDER, name)
         saved, status = _settings_and_status(path)
-        if saved is None:
-            continue
-        if _changes(config, saved):
-            if status is None:
-                others.append(path)
-            continue
-        latest = (path, status)
-        if status is None:
-            same.append(path)
-    if same:
-        return same[-1]  # the names of runs of the same settings differ in their time only
-    if latest is not None and latest[1] == "completed":
-        return latest[0]
+        if saved is not None:
+            (others if _changes(config, saved) else same).append((path, status))
+    unfinished = [path for path, status in same if status is None]
+    if unfinished:
+        return unfinished[-1]  # the names of runs of the same settings differ in their time only
+    if same and same[-1][1] == "completed":
+        return same[-1][0]
+    others = [path for path, status in others if status is None]
     listed = (f" (unfinished runs of other settings there: {', '.join(others[-3:])})"
               if others else "")
     raise ValueError(
         f"--resume without --output-dir continues the latest unfinished run of these settings "
         f"in {RUNS_FOLDER}/, and there is no unfinished run of these settings in "
         f"{RUNS_FOLDER}/{listed}. Pass the run to continue: --resume --output-dir "
-        f"{RUNS_FOLDER}/<run>, with the settings it was started with."
-    )
+        f"{RUNS_FOLDER}/<run>, with the settings it was started with.")
 
 
 def check_resumable(output_dir):
@@ -120,8 +107,7 @@ def check_resumable(output_dir):
     if not _holds_run(output_dir):
         raise ValueError(
             f"Cannot resume: {output_dir} has no {SETTINGS_FILE}, so it is not a "
-            "keras-vitnorm run directory."
-        )
+            "keras-vitnorm run directory.")
 
 
 def check_output_dir(output_dir, resume, overwrite):
@@ -143,21 +129,18 @@ def _check_new_run_dir(output_dir, overwrite):
         raise FileExistsError(
             f"Output directory {output_dir} already exists and is not empty. Pass "
             "--resume to continue the run in it, --overwrite to delete it and start "
-            "again, or choose another --output-dir."
-        )
+            "again, or choose another --output-dir.")
     if not _holds_run(output_dir):
         raise FileExistsError(
             f"--overwrite deletes a run directory, but {output_dir} holds files that are "
             f"not a keras-vitnorm run (no {SETTINGS_FILE}; e.g. {sorted(entries)[0]!r}). "
-            "Choose another --output-dir."
-        )
+            "Choose another --output-dir.")
     foreign = sorted(entry for entry in entries if not written_by_run(entry))
     if foreign:
         raise FileExistsError(
             f"--overwrite replaces what a run wrote, but the run directory {output_dir} also "
             f"holds {', '.join(map(repr, foreign))}, which no run writes: nothing was "
-            "deleted. Move them out of it, or choose another --output-dir."
-        )
+            "deleted. Move them out of it, or choose another --output-dir.")
 
 
 def _holds_run(output_dir):
@@ -191,14 +174,12 @@ def prepare(config, output_dir, resume, overwrite, say=None):
         if metrics and metrics.get("status") == "diverged":
             raise ValueError(
                 f"Cannot resume: the run in {output_dir} diverged at step "
-                f"{metrics.get('diverged_at_step')}; start a new run (e.g. a lower learning rate)."
-            )
+                f"{metrics.get('diverged_at_step')}; start a new run (e.g. a lower learning rate).")
         details = _changes(config, durable.read_json(settings))
         if details:
             raise ValueError(
                 f"Cannot resume {output_dir} with different settings ({details}). "
-                "Resume with the same command, or start a new run."
-            )
+                "Resume with the same command, or start a new run.")
         return metrics if metrics and metrics.get("status") == "completed" else None
     _check_new_run_dir(output_dir, overwrite)
     replaced_run.move_aside(output_dir)

@@ -1,7 +1,6 @@
 """What keeps a run directory usable whatever moment its process is killed: `RunLock`
-(one process owns a directory at a time), `StorageError` (a refused write named in one
-message, with what is still safe) and `results_run` (the lock and final writes of a run
-that saves its results once, at its end). The atomic writes are `keras_vitnorm.durable`'s.
+(one process owns a directory at a time), `StorageError` (a refused write, with what is
+still safe) and `results_run` (for a run that saves its results once, at its end).
 """
 
 import contextlib
@@ -9,7 +8,11 @@ import errno
 import json
 import os
 import socket
+import sys
 import time
+
+from keras_vitnorm import durable
+from keras_vitnorm.validation import check_directory_path
 
 #: Errors of the storage itself, reported as a `StorageError`.
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -136,8 +139,6 @@ class RunLock:
         self._before = set()  # the directory's other entries when it was locked
 
     def _record(self):
-        import sys
-
         pid = os.getpid()
         return {
             "pid": pid,
@@ -163,6 +164,9 @@ class RunLock:
         return (f"pid {holder.get('pid')} on {holder.get('host')}, started "
                 f"{holder.get('started')}: {holder.get('command')!r}")
 
+    def _writing(self):
+        return storage_errors(self.path, "Nothing was written.", AGAIN)
+
     def _in_use(self, holder):
         return LockedError(
             f"The {self.what} {self.directory} is in use by another process "
@@ -170,10 +174,8 @@ class RunLock:
             "must not write one run.")
 
     def acquire(self):
-        from keras_vitnorm.validation import check_directory_path
-
         check_directory_path(self.directory, self.what)
-        with storage_errors(self.path, "Nothing was written.", AGAIN):
+        with self._writing():
             self._made = []
             folder = os.path.abspath(self.directory)
             while not os.path.exists(folder):
@@ -188,7 +190,7 @@ class RunLock:
                 os.makedirs(self.directory, exist_ok=True)
             self._before = set(os.listdir(self.directory)) - {os.path.basename(self.path)}
         for _ in range(3):
-            with storage_errors(self.path, "Nothing was written.", AGAIN):
+            with self._writing():
                 created = not os.path.exists(self.path)
                 descriptor = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
@@ -214,7 +216,7 @@ class RunLock:
         self._created = created
         self._file = os.fdopen(descriptor, "r+")
         try:
-            with storage_errors(self.path, "Nothing was written.", AGAIN):
+            with self._writing():
                 self._file.truncate(0)
                 json.dump(self._record(), self._file)
                 self._file.flush()
@@ -229,14 +231,13 @@ class RunLock:
         """The lock without the kernel's: a file created atomically (`O_EXCL`)."""
         for _ in range(2):
             try:
-                with storage_errors(self.path, "Nothing was written.", AGAIN):
+                with self._writing():
                     descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 self._handle_existing()
                 continue
             try:
-                with storage_errors(self.path, "Nothing was written.", AGAIN), \
-                        os.fdopen(descriptor, "w") as f:
+                with self._writing(), os.fdopen(descriptor, "w") as f:
                     json.dump(self._record(), f)
             except BaseException:  # an empty lock would refuse the next run
                 os.remove(self.path)
@@ -263,8 +264,7 @@ class RunLock:
             raise LockedError(
                 f"The {self.what} {self.directory} has {state}, and this file system keeps no "
                 "file locks that end with their process. If that process is gone, take the "
-                "directory over with --take-over-lock (Python: take_over_lock=True)."
-            )
+                "directory over with --take-over-lock (Python: take_over_lock=True).")
         os.remove(self.path)
 
     def release(self):
@@ -273,14 +273,12 @@ class RunLock:
             unused = self._held and self._created and not added
         except OSError:
             unused = False
-        if self._file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)  # while the lock is held: a process that opened it sees it go
-            self._file.close()  # the kernel lets go of the lock with the file
-            self._file = None
-        elif self._held:
+        if self._held:  # removed while still locked: a process that opened it sees it go
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
+        if self._file is not None:
+            self._file.close()  # the kernel lets go of the lock with the file
+            self._file = None
         self._held = False
         if unused:
             for folder in self._made:  # only while empty: another process may write there
@@ -294,7 +292,6 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.release()
-        return False
 
 
 METRICS_FILE = "metrics.json"
@@ -306,30 +303,23 @@ def results_run(output_dir, what, overwrite=False, take_over_lock=False):
 
     Yields `save(model, model_file, metrics)`, which writes `<output_dir>/<model_file>`
     (`model.save`) and then `metrics.json`, each atomically; with `output_dir=None`
-    nothing is locked or saved.
-
-    Raises:
-        FileExistsError: `output_dir` holds a finished run and `overwrite` is False.
-        LockedError: another process owns `output_dir`.
-        StorageError: a file could not be written.
+    nothing is locked or saved. Raises `FileExistsError` where `output_dir` holds a
+    finished run and `overwrite` is False, `LockedError` where another process owns it
+    and `StorageError` where a file could not be written.
     """
-    from keras_vitnorm import durable
 
     def save(model, model_file, metrics):
-        if output_dir is None:
-            return
         with storage_errors(output_dir, "Nothing of this run was kept.", AGAIN):
             durable.write_file(os.path.join(output_dir, model_file), model.save)
             durable.write_json(os.path.join(output_dir, METRICS_FILE), metrics)
 
     if output_dir is None:
-        yield save
+        yield lambda model, model_file, metrics: None
         return
     with RunLock(output_dir, take_over=take_over_lock):
         # Checked under the lock: a run that finished while this one waited counts.
         if os.path.exists(os.path.join(output_dir, METRICS_FILE)) and not overwrite:
             raise FileExistsError(
                 f"{output_dir!r} already holds a finished {what} ({METRICS_FILE}). Pass "
-                "overwrite=True (--overwrite) to replace it, or choose another directory."
-            )
+                "overwrite=True (--overwrite) to replace it, or choose another directory.")
         yield save

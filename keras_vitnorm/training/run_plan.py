@@ -1,8 +1,6 @@
-"""What a run trains and on which devices and processes: its `Plan`; and how the
-processes of a run agree on what the first one did.
-
-With several processes the first one owns the run directory and writes every file;
-the others learn from it what they need (`first_process_then_all`).
+"""What a run trains and on which devices and processes (its `Plan`), and how the
+processes of a run agree on what the first one did: it owns the run directory and writes
+every file, and the others learn from it what they need (`first_process_then_all`).
 """
 
 import contextlib
@@ -43,10 +41,6 @@ class Plan:
         return self.process[0] == 0
 
 
-def _largest_power_of_two(limit):
-    return 1 << (max(limit, 1).bit_length() - 1)
-
-
 #: The settings `fit_to_data` fits where the user did not give them.
 FITTED_SETTINGS = ("batch_size", "warmup_steps")
 
@@ -65,7 +59,7 @@ def fit_to_data(config, train_size):
     """
     changes, notes = {}, []
     if config.batch_size > train_size and not _given(config, "batch_size"):
-        changes["batch_size"] = _largest_power_of_two(train_size)
+        changes["batch_size"] = 1 << (max(train_size, 1).bit_length() - 1)
         notes.append(f"Note: batch size {changes['batch_size']} instead of the recipe's "
                      f"{config.batch_size}, which is more than the {train_size} training "
                      "examples (--batch-size sets it).")
@@ -86,8 +80,7 @@ def plan_run(config, data, overrides):
         raise ValueError(
             f"batch_size={config.batch_size} is more than the {data.train.size} training "
             f"examples of {data.name}: each batch would repeat examples. Pass --batch-size "
-            f"{data.train.size} or less."
-        )
+            f"{data.train.size} or less.")
     steps_per_epoch = config.steps_per_epoch or data.train.size // config.batch_size
     total_steps = config.steps or config.epochs * steps_per_epoch
     check_warmup(config.warmup_steps, total_steps)
@@ -102,8 +95,7 @@ def plan_run(config, data, overrides):
         if config.batch_size % replicas:
             raise ValueError(
                 f"batch_size={config.batch_size} does not split over {replicas} devices; "
-                f"use a multiple of {replicas}."
-            )
+                f"use a multiple of {replicas}.")
     return Plan(steps_per_epoch, total_steps, overrides, replicas, scope,
                  backend.process_share(), backend.process_index_and_count())
 

@@ -28,7 +28,8 @@ def _client():
     try:
         from mlflow.tracking import MlflowClient
     except ImportError:
-        raise ValueError("--track mlflow needs MLflow: pip install 'keras-vitnorm[track]'.") from None
+        raise ValueError(
+            "--track mlflow needs MLflow: pip install 'keras-vitnorm[track]'.") from None
     return MlflowClient()  # MLFLOW_TRACKING_URI, else MLflow's default
 
 
@@ -45,8 +46,8 @@ def _flat_params(settings, prefix=""):
         if isinstance(value, dict):
             params.update(_flat_params(value, f"{prefix}{key}."))
         else:
-            params[f"{prefix}{key}"] = json.dumps(value)[:_MAX_PARAM] if not isinstance(
-                value, str) else value[:_MAX_PARAM]
+            text = value if isinstance(value, str) else json.dumps(value)
+            params[f"{prefix}{key}"] = text[:_MAX_PARAM]
     return params
 
 
@@ -65,13 +66,12 @@ class TrackedRun:
     """
 
     def __init__(self, directory, name, params=None, parent_run_id=None):
-        self.directory, self.name, self.params = directory, name, params or {}
-        self.parent_run_id = parent_run_id
+        self.directory = directory
         self.client = _client()
         self.path = os.path.join(directory, RUN_FILE)
         self.state = durable.read_json(self.path) or {}
         if not self._exists(self.state.get("run_id")):
-            self._create()
+            self._create(name, params or {}, parent_run_id)
 
     def _exists(self, run_id):
         if not run_id:
@@ -82,12 +82,12 @@ class TrackedRun:
         except Exception:  # deleted on the server, or another tracking URI: a new run
             return False
 
-    def _create(self):
+    def _create(self, name, params, parent_run_id):
         from mlflow.entities import Param
 
-        tags = {"mlflow.parentRunId": self.parent_run_id} if self.parent_run_id else {}
-        run = self.client.create_run(_experiment_id(self.client), run_name=self.name, tags=tags)
-        params = [Param(key, value) for key, value in _flat_params(self.params).items()]
+        tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
+        run = self.client.create_run(_experiment_id(self.client), run_name=name, tags=tags)
+        params = [Param(key, value) for key, value in _flat_params(params).items()]
         for start in range(0, len(params), 100):  # MLflow takes 100 parameters a call
             self.client.log_batch(run.info.run_id, params=params[start:start + 100])
         self.state = {"run_id": run.info.run_id, "epochs_logged": 0}
@@ -116,7 +116,6 @@ class TrackedRun:
         durable.write_json(self.path, self.state)
 
     def finish(self, metrics, status="FINISHED"):
-        """Logs the final metrics and ends the MLflow run with `status`."""
         self.log_metrics({f"final_{key}": value for key, value in metrics.items()},
                          step=self.state.get("epochs_logged", 0))
         self.client.set_terminated(self.run_id, status)
@@ -130,8 +129,7 @@ class TrackedRun:
         """Logs the epochs of the run's `log.csv` not logged yet: those a killed process
         finished (and checkpointed) after its last MLflow call."""
         for row in read_log(os.path.join(self.directory, "log.csv")):
-            epoch = row.pop("epoch") + 1
-            self.log_epoch(epoch, row)
+            self.log_epoch(row.pop("epoch") + 1, row)
 
     def callback(self):
         """A Keras callback that logs each epoch's metrics as the epoch ends, after the
