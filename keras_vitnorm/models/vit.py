@@ -26,9 +26,6 @@ from keras_vitnorm.models.vit_config import validate_config
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_known_keys
 
-#: Keyword arguments passed on to `keras.Model`.
-_BASE_MODEL_KEYS = ("name", "trainable")
-
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
@@ -79,7 +76,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
                  pooling="cls", weight_standardization=False, pixel_range=MODEL_RANGE, dtype=None,
                  **kwargs):
         config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
-        check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", *_BASE_MODEL_KEYS), "ViT argument")
+        check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", "name", "trainable"), "ViT argument")
         validate_config(config)
         attn_norm, mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
         if final_norm is None:
