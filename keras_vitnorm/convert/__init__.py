@@ -63,18 +63,15 @@ def read_checkpoint(path, num_heads=None):
         return timm.convert(tensors, source=path, num_heads=num_heads)
     if huggingface.is_huggingface_state(tensors):
         config_path = os.path.join(os.path.dirname(path), "config.json")
-        hf_config = None
-        if os.path.isfile(config_path):
-            hf_config = read_json(config_path)
+        hf_config = read_json(config_path) if os.path.isfile(config_path) else None
         return huggingface.convert(tensors, hf_config, source=path, num_heads=num_heads)
-    keys = sorted(tensors)
-    first = keys[0] if keys else None
+    first = min(tensors, default=None)
+    found = (f"{first!r} with shape {tuple(np.shape(tensors[first]))}." if first
+             else "none (empty file).")
     raise ValueError(
         f"{path!r} is not a ViT checkpoint this project reads. Expected the key "
         f"'{timm.PATCH_KEY}' (timm), '...{huggingface.PATCH_KEY}' (Hugging Face) or "
-        "'embedding/kernel' (big_vision/AugReg); the first key found is "
-        + (f"{first!r} with shape {tuple(np.shape(tensors[first]))}." if first else "none (empty file).")
-    )
+        f"'embedding/kernel' (big_vision/AugReg); the first key found is {found}")
 
 
 __all__ = ["Checkpoint", "FORMATS", "is_checkpoint", "read_checkpoint"]

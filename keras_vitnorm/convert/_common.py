@@ -39,13 +39,17 @@ class Checkpoint:
 
 
 class KeyReader:
-    """Reads named tensors from `{key: array}`; errors name the format, key and expected shape."""
+    """Reads named tensors from `{key: array}`; errors name the format, key and expected shape.
+
+    `put` maps them onto `arrays` (`{variable path: array}`) and `keys` (their source keys).
+    """
 
     def __init__(self, tensors, format_name, prefix=""):
         self.tensors = tensors
         self.format_name = format_name
         self.prefix = prefix
         self.used = set()
+        self.arrays, self.keys = {}, {}
 
     def has(self, key):
         return self.prefix + key in self.tensors
@@ -65,6 +69,16 @@ class KeyReader:
                 "standard ViT.")
         self.used.add(full)
         return array
+
+    def put(self, path, key, shape=None, transform=None):
+        """Maps the tensor `key` (or those of a list of keys, joined on the last axis), each
+        `transform`ed, onto the variable `path`."""
+        names = key if isinstance(key, list) else [key]
+        parts = [self.get(name, shape) for name in names]
+        if transform is not None:
+            parts = [transform(part) for part in parts]
+        self.arrays[path] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+        self.keys[path] = ", ".join(self.prefix + name for name in names)
 
     def unused(self):
         return sorted(key for key in self.tensors if key not in self.used)

@@ -57,21 +57,22 @@ def convert(tensors, source="npz"):
                          f"'{prefix}Transformer/encoderblock_0/{norm1}/scale').")
 
     def block_key(i, key):
-        return f"Transformer/encoderblock/{key}" if scanned else f"Transformer/encoderblock_{i}/{key}"
+        block = "encoderblock" if scanned else f"encoderblock_{i}"
+        return f"Transformer/{block}/{key}"
 
     def block_get(i, key, shape):
         if scanned:
             return reader.get(block_key(i, key), (depth, *shape))[i]
         return reader.get(block_key(i, key), shape)
 
-    query = reader.get(block_key(0, f"{attention}/query/kernel"))
-    heads = query.shape[-2]
+    heads = reader.get(block_key(0, f"{attention}/query/kernel")).shape[-2]
     head_dim = width // heads
     mlp_dim = reader.get(block_key(0, f"{mlp}/Dense_0/kernel")).shape[-1]
     has_cls = reader.has("cls")
-    position_key = "Transformer/posembed_input/pos_embedding" if augreg or not reader.has("pos_embedding") else "pos_embedding"
-    positions = reader.get(position_key)
-    positions = positions.reshape(1, -1, width)
+    position_key = "pos_embedding"
+    if augreg or not reader.has(position_key):
+        position_key = "Transformer/posembed_input/pos_embedding"
+    positions = reader.get(position_key).reshape(1, -1, width)
     patches_only = has_cls and not augreg and position_key == "pos_embedding"
     side = grid_from_position_embedding(positions.shape[1], 0 if patches_only else int(has_cls),
                                         prefix + position_key)
@@ -89,34 +90,36 @@ def convert(tensors, source="npz"):
         arrays[path] = array
         keys[path] = ", ".join(prefix + key for key in source_keys)
 
+    def record_block(i, ours, key, shape, new_shape=None):
+        array = block_get(i, key, shape)
+        record(f"block_{i}/{ours}", array if new_shape is None else array.reshape(new_shape),
+               block_key(i, key))
+
     record("stem/projection/kernel", patch.reshape(-1, width), "embedding/kernel")
     record("stem/projection/bias", reader.get("embedding/bias", (width,)), "embedding/bias")
     if has_cls:
         record("stem/class_token", reader.get("cls", (1, 1, width)), "cls")
     record(POSITION_EMBEDDING, positions, position_key)
     for i in range(depth):
-        block = f"block_{i}"
         names = [f"{attention}/{p}/kernel" for p in ("query", "key", "value")]
         kernels = [block_get(i, n, (width, heads, head_dim)).reshape(width, width) for n in names]
-        record(f"{block}/attention/qkv/kernel", np.concatenate(kernels, axis=1),
+        record(f"block_{i}/attention/qkv/kernel", np.concatenate(kernels, axis=1),
                *(block_key(i, n) for n in names))
         if qkv_bias:
             names = [f"{attention}/{p}/bias" for p in ("query", "key", "value")]
             biases = [block_get(i, n, (heads, head_dim)).reshape(width) for n in names]
-            record(f"{block}/attention/qkv/bias", np.concatenate(biases), *(block_key(i, n) for n in names))
-        out = f"{attention}/out/kernel"
-        record(f"{block}/attention/out/kernel",
-               block_get(i, out, (heads, head_dim, width)).reshape(width, width), block_key(i, out))
-        out_bias = f"{attention}/out/bias"
-        record(f"{block}/attention/out/bias", block_get(i, out_bias, (width,)), block_key(i, out_bias))
-        for ours, theirs, shape in (("fc1", "Dense_0", (width, mlp_dim)), ("fc2", "Dense_1", (mlp_dim, width))):
-            for kind, kind_shape in (("kernel", shape), ("bias", shape[1:])):
-                key = f"{mlp}/{theirs}/{kind}"
-                record(f"{block}/mlp/{ours}/{kind}", block_get(i, key, kind_shape), block_key(i, key))
+            record(f"block_{i}/attention/qkv/bias", np.concatenate(biases),
+                   *(block_key(i, n) for n in names))
+        record_block(i, "attention/out/kernel", f"{attention}/out/kernel",
+                     (heads, head_dim, width), (width, width))
+        record_block(i, "attention/out/bias", f"{attention}/out/bias", (width,))
+        for ours, theirs, shape in (("fc1", "Dense_0", (width, mlp_dim)),
+                                    ("fc2", "Dense_1", (mlp_dim, width))):
+            record_block(i, f"mlp/{ours}/kernel", f"{mlp}/{theirs}/kernel", shape)
+            record_block(i, f"mlp/{ours}/bias", f"{mlp}/{theirs}/bias", shape[1:])
         for ours, theirs in (("attn_norm", norm1), ("mlp_norm", norm2)):
-            for kind, flax in (("gamma", "scale"), ("beta", "bias")):
-                key = f"{theirs}/{flax}"
-                record(f"{block}/{ours}/{kind}", block_get(i, key, (width,)), block_key(i, key))
+            record_block(i, f"{ours}/gamma", f"{theirs}/scale", (width,))
+            record_block(i, f"{ours}/beta", f"{theirs}/bias", (width,))
     for kind, flax in (("gamma", "scale"), ("beta", "bias")):
         key = f"Transformer/encoder_norm/{flax}"
         record(f"final_norm/{kind}", reader.get(key, (width,)), key)

@@ -100,7 +100,8 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
         raise ValueError(
             f"config.json says image_size={hf_config['image_size']} but {prefix + position_key} "
             f"has a {side}x{side} grid of {patch_size}-pixel patches ({side * patch_size}).")
-    heads = hf_config.get("num_attention_heads") or heads_for_width(width, num_heads, "Hugging Face")
+    heads = (hf_config.get("num_attention_heads")
+             or heads_for_width(width, num_heads, "Hugging Face"))
     if hf_config.get("hidden_act", "gelu") != "gelu":
         raise ValueError(
             f"config.json has hidden_act={hf_config['hidden_act']!r}; keras_vitnorm's MLP uses "
@@ -111,46 +112,35 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
         depth=depth, heads=heads, mlp_dim=mlp_dim, classes=classes,
         epsilon=hf_config.get("layer_norm_eps", 1e-12), qkv_bias=hf_config.get("qkv_bias", True),
         class_token=has_cls)
-    arrays, keys = {}, {}
-
-    def put(path, array, *source_keys):
-        arrays[path] = array
-        keys[path] = ", ".join(prefix + key for key in source_keys)
-
-    put("stem/projection/kernel", torch_conv_to_dense(patch), PATCH_KEY)
-    put("stem/projection/bias", reader.get(PATCH_KEY[:-6] + "bias", (width,)), PATCH_KEY[:-6] + "bias")
+    put = reader.put
+    put("stem/projection/kernel", PATCH_KEY, transform=torch_conv_to_dense)
+    put("stem/projection/bias", PATCH_KEY[:-6] + "bias", (width,))
     if has_cls:
-        put("stem/class_token", reader.get("embeddings.cls_token", (1, 1, width)), "embeddings.cls_token")
-    put(POSITION_EMBEDDING, positions, position_key)
+        put("stem/class_token", "embeddings.cls_token", (1, 1, width))
+    put(POSITION_EMBEDDING, position_key)
     for i in range(depth):
         name = {k: v[naming].format(i=i) for k, v in _BLOCK_KEYS.items()}
-        block = f"block_{i}"
-        qkv = [reader.get(name[p] + ".weight", (width, width)).T for p in ("query", "key", "value")]
-        put(f"{block}/attention/qkv/kernel", np.concatenate(qkv, axis=1),
-            *(name[p] + ".weight" for p in ("query", "key", "value")))
+        block, qkv = f"block_{i}", [name[p] for p in ("query", "key", "value")]
+        put(f"{block}/attention/qkv/kernel", [k + ".weight" for k in qkv], (width, width),
+            np.transpose)
         if config["qkv_bias"]:
-            bias = [reader.get(name[p] + ".bias", (width,)) for p in ("query", "key", "value")]
-            put(f"{block}/attention/qkv/bias", np.concatenate(bias),
-                *(name[p] + ".bias" for p in ("query", "key", "value")))
+            put(f"{block}/attention/qkv/bias", [k + ".bias" for k in qkv], (width,))
         for ours, theirs, shape in (
             ("attention/out", "out", (width, width)),
             ("mlp/fc1", "fc1", (mlp_dim, width)),
             ("mlp/fc2", "fc2", (width, mlp_dim)),
         ):
-            put(f"{block}/{ours}/kernel", reader.get(name[theirs] + ".weight", shape).T,
-                name[theirs] + ".weight")
-            put(f"{block}/{ours}/bias", reader.get(name[theirs] + ".bias", shape[:1]),
-                name[theirs] + ".bias")
+            put(f"{block}/{ours}/kernel", name[theirs] + ".weight", shape, np.transpose)
+            put(f"{block}/{ours}/bias", name[theirs] + ".bias", shape[:1])
         for ours, theirs in (("attn_norm", "norm1"), ("mlp_norm", "norm2")):
-            put(f"{block}/{ours}/gamma", reader.get(name[theirs] + ".weight", (width,)), name[theirs] + ".weight")
-            put(f"{block}/{ours}/beta", reader.get(name[theirs] + ".bias", (width,)), name[theirs] + ".bias")
-    put("final_norm/gamma", reader.get("layernorm.weight", (width,)), "layernorm.weight")
-    put("final_norm/beta", reader.get("layernorm.bias", (width,)), "layernorm.bias")
+            put(f"{block}/{ours}/gamma", name[theirs] + ".weight", (width,))
+            put(f"{block}/{ours}/beta", name[theirs] + ".bias", (width,))
+    put("final_norm/gamma", "layernorm.weight", (width,))
+    put("final_norm/beta", "layernorm.bias", (width,))
     if classes:
         reader.prefix = ""  # the classifier sits beside `vit.`, not in it
-        arrays["head/kernel"] = reader.get("classifier.weight", (classes, width)).T
-        arrays["head/bias"] = reader.get("classifier.bias", (classes,))
-        keys["head/kernel"], keys["head/bias"] = "classifier.weight", "classifier.bias"
+        put("head/kernel", "classifier.weight", (classes, width), np.transpose)
+        put("head/bias", "classifier.bias", (classes,))
     ignored = []
     for key in reader.unused():
         if "pooler." in key:
@@ -161,4 +151,4 @@ def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
             raise ValueError(
                 f"Key {key!r} of {source} has no counterpart in a standard ViT; keras_vitnorm "
                 "converts ViTModel and ViTForImageClassification checkpoints.")
-    return Checkpoint("huggingface", source, config, arrays, keys, ignored)
+    return Checkpoint("huggingface", source, config, reader.arrays, reader.keys, ignored)

@@ -41,9 +41,7 @@ def read_directory(directory):
 def convert(backbone, classifier=None, source="keras-hub model"):
     """Maps a keras-hub `ViTBackbone` (and its `ViTImageClassifier`) onto a `Checkpoint`."""
     config = backbone.get_config()
-    if not config.get("use_mha_bias", True) or not config.get("use_mlp_bias", True) or not config.get(
-        "use_patch_bias", True
-    ):
+    if not all(config.get(f"use_{part}_bias", True) for part in ("mha", "mlp", "patch")):
         raise ValueError(
             f"{source} has use_mha_bias/use_mlp_bias/use_patch_bias off; keras_vitnorm's ViT "
             "has those biases (only the qkv bias can be switched off).")
@@ -51,7 +49,8 @@ def convert(backbone, classifier=None, source="keras-hub model"):
     patch_size = config["patch_size"]
     patch_size = patch_size[0] if isinstance(patch_size, (list, tuple)) else patch_size
     if height != width_px:
-        raise ValueError(f"{source} has non-square images {config['image_shape']}; only square ones convert.")
+        raise ValueError(
+            f"{source} has non-square images {config['image_shape']}; only square ones convert.")
     width, heads = config["hidden_dim"], config["num_heads"]
     has_cls = config.get("use_class_token", True)
     if classifier is not None:
@@ -68,26 +67,28 @@ def convert(backbone, classifier=None, source="keras-hub model"):
 
     def take(path, key, transform=None):
         if key not in weights:
-            raise ValueError(f"{source} has no weight {key!r}; found: {', '.join(sorted(weights)[:4])} ...")
+            raise ValueError(
+                f"{source} has no weight {key!r}; found: {', '.join(sorted(weights)[:4])} ...")
         array = weights.pop(key)
         arrays[path] = transform(array) if transform else array
         keys[path] = key
 
     embed = "vit_patching_and_embedding"
-    take("stem/projection/kernel", f"{embed}/patch_embedding/kernel", lambda a: a.reshape(-1, width))
+    take("stem/projection/kernel", f"{embed}/patch_embedding/kernel",
+         lambda a: a.reshape(-1, width))
     take("stem/projection/bias", f"{embed}/patch_embedding/bias")
     if has_cls:
         take("stem/class_token", f"{embed}/class_token", lambda a: a.reshape(1, 1, width))
     take(POSITION_EMBEDDING, f"{embed}/position_embedding/embeddings", lambda a: a[None])
-    blocks = sorted({int(m.group(1)) for k in weights for m in [re.search(r"transformer_block_(\d+)/", k)] if m})
+    numbers = (re.search(r"transformer_block_(\d+)/", key) for key in weights)
+    blocks = sorted({int(match.group(1)) for match in numbers if match})
     for i, number in enumerate(blocks):
         theirs, ours = f"vit_encoder/transformer_block_{number}", f"block_{i}"
-        qkv = [weights.pop(f"{theirs}/mha/{p}/kernel").reshape(width, width) for p in ("query", "key", "value")]
-        arrays[f"{ours}/attention/qkv/kernel"] = np.concatenate(qkv, axis=1)
-        keys[f"{ours}/attention/qkv/kernel"] = f"{theirs}/mha/{{query,key,value}}/kernel"
-        bias = [weights.pop(f"{theirs}/mha/{p}/bias").reshape(width) for p in ("query", "key", "value")]
-        arrays[f"{ours}/attention/qkv/bias"] = np.concatenate(bias)
-        keys[f"{ours}/attention/qkv/bias"] = f"{theirs}/mha/{{query,key,value}}/bias"
+        for kind, shape in (("kernel", (width, width)), ("bias", (width,))):
+            parts = [weights.pop(f"{theirs}/mha/{p}/{kind}").reshape(shape)
+                     for p in ("query", "key", "value")]
+            arrays[f"{ours}/attention/qkv/{kind}"] = np.concatenate(parts, axis=-1)
+            keys[f"{ours}/attention/qkv/{kind}"] = f"{theirs}/mha/{{query,key,value}}/{kind}"
         take(f"{ours}/attention/out/kernel", f"{theirs}/mha/attention_output/kernel",
              lambda a: a.reshape(width, width))
         take(f"{ours}/attention/out/bias", f"{theirs}/mha/attention_output/bias")
@@ -100,7 +101,8 @@ def convert(backbone, classifier=None, source="keras-hub model"):
     take("final_norm/gamma", "vit_encoder/ln/gamma")
     take("final_norm/beta", "vit_encoder/ln/beta")
     if weights:
-        raise ValueError(f"Weight {sorted(weights)[0]!r} of {source} has no counterpart in a plain ViT.")
+        raise ValueError(
+            f"Weight {sorted(weights)[0]!r} of {source} has no counterpart in a plain ViT.")
     classes = 0
     if classifier is not None:
         dense = classifier.output_dense

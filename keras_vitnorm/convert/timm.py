@@ -89,22 +89,16 @@ def convert(state_dict, source="state dict", num_heads=None):
         image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
         depth=depth, heads=heads_for_width(width, num_heads, "timm"), mlp_dim=mlp_dim,
         classes=classes, epsilon=1e-6, qkv_bias=qkv_bias, class_token=has_cls)
-    arrays, keys = {}, {}
-
-    def put(path, key, shape, transform=None):
-        array = reader.get(key, shape)
-        arrays[path] = transform(array) if transform else array
-        keys[path] = prefix + key
-
-    arrays["stem/projection/kernel"], keys["stem/projection/kernel"] = torch_conv_to_dense(patch), prefix + PATCH_KEY
+    put, transpose = reader.put, np.transpose
+    put("stem/projection/kernel", PATCH_KEY, transform=torch_conv_to_dense)
     put("stem/projection/bias", "patch_embed.proj.bias", (width,))
     if has_cls:
         put("stem/class_token", "cls_token", (1, 1, width))
-    arrays[POSITION_EMBEDDING], keys[POSITION_EMBEDDING] = positions, prefix + "pos_embed"
-    transpose = np.transpose
+    put(POSITION_EMBEDDING, "pos_embed")
     for i in range(depth):
         block, theirs = f"block_{i}", f"blocks.{i}"
-        put(f"{block}/attention/qkv/kernel", f"{theirs}.attn.qkv.weight", (3 * width, width), transpose)
+        put(f"{block}/attention/qkv/kernel", f"{theirs}.attn.qkv.weight", (3 * width, width),
+            transpose)
         if qkv_bias:
             put(f"{block}/attention/qkv/bias", f"{theirs}.attn.qkv.bias", (3 * width,))
         for ours, key, shape in (
@@ -123,4 +117,4 @@ def convert(state_dict, source="state dict", num_heads=None):
         put("head/kernel", "head.weight", (classes, width), transpose)
         put("head/bias", "head.bias", (classes,))
     check_all_used(reader.unused(), source, f"a plain ViT of depth {depth}")
-    return Checkpoint("timm", source, config, arrays, keys)
+    return Checkpoint("timm", source, config, reader.arrays, reader.keys)

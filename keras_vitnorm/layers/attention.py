@@ -53,22 +53,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     - [Wang et al., Foundation Transformers (Sub-LN), 2022](https://arxiv.org/abs/2210.06423)
     """
 
+    #: The constructor arguments, in `get_config`'s order.
+    CONFIG_KEYS = ("num_heads", "qkv_bias", "qk_norm", "head_scale", "inner_norm", "norm_epsilon",
+                   "norm_groups", "init_scale", "dropout", "weight_standardization")
+
     def __init__(self, num_heads, qkv_bias=True, qk_norm=None, head_scale=False, inner_norm=None,
                  norm_epsilon=1e-6, norm_groups=32, init_scale=1.0, dropout=0.0,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        self.check_arguments(num_heads, qkv_bias, qk_norm, head_scale, inner_norm, norm_epsilon,
-                             norm_groups, init_scale, dropout, weight_standardization)
-        self.num_heads = num_heads
-        self.qkv_bias = qkv_bias
-        self.qk_norm = qk_norm
-        self.head_scale = head_scale
-        self.inner_norm = inner_norm
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.init_scale = init_scale
-        self.dropout = dropout
-        self.weight_standardization = weight_standardization
+        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        self.check_arguments(**arguments)
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     @staticmethod
     def check_arguments(num_heads, qkv_bias=True, qk_norm=None, head_scale=False, inner_norm=None,
@@ -115,7 +111,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         out_initializer = "glorot_uniform"
         if self.init_scale != 1.0:
             out_initializer = ScaledInitializer(out_initializer, self.init_scale)
-        self.out = FusedDense(width, kernel_initializer=out_initializer, name="out", dtype=self.dtype_policy,
+        self.out = FusedDense(width, kernel_initializer=out_initializer, name="out",
+                              dtype=self.dtype_policy,
                               weight_standardization=self.weight_standardization)
         self.out.build(input_shape)
         self.q_norm = self.k_norm = None
@@ -160,8 +157,4 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in (
-            "num_heads", "qkv_bias", "qk_norm", "head_scale", "inner_norm", "norm_epsilon",
-            "norm_groups", "init_scale", "dropout", "weight_standardization")})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.CONFIG_KEYS}}

@@ -82,9 +82,7 @@ class LayerScale(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({"init_value": self.init_value})
-        return config
+        return {**super().get_config(), "init_value": self.init_value}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -124,30 +122,20 @@ class EncoderBlock(keras.layers.Layer):
     - [Wang et al., DeepNet, 2022](https://arxiv.org/abs/2203.00555)
     """
 
+    #: The constructor arguments, in `get_config`'s order.
+    CONFIG_KEYS = ("num_heads", "mlp_dim", "num_layers", "norm", "norm_epsilon", "norm_groups",
+                   "attn_norm", "mlp_norm", "block_style", "layer_scale", "qk_norm", "qkv_bias",
+                   "drop_path_rate", "dropout", "weight_standardization")
+
     def __init__(self, num_heads, mlp_dim, num_layers, norm="layernorm", norm_epsilon=1e-6,
                  norm_groups=32, attn_norm=None, mlp_norm=None, block_style="standard",
                  layer_scale=None, qk_norm=False, qkv_bias=True, drop_path_rate=0.0, dropout=0.0,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        self.resolved_attn_norm, self.resolved_mlp_norm = self.check_arguments(
-            num_heads, mlp_dim, num_layers, norm, norm_epsilon, norm_groups, attn_norm, mlp_norm,
-            block_style, layer_scale, qk_norm, qkv_bias, drop_path_rate, dropout,
-            weight_standardization)
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.num_layers = num_layers
-        self.norm = norm
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.attn_norm = attn_norm
-        self.mlp_norm = mlp_norm
-        self.block_style = block_style
-        self.layer_scale = layer_scale
-        self.qk_norm = qk_norm
-        self.qkv_bias = qkv_bias
-        self.drop_path_rate = drop_path_rate
-        self.dropout = dropout
-        self.weight_standardization = weight_standardization
+        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        self.resolved_attn_norm, self.resolved_mlp_norm = self.check_arguments(**arguments)
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     @staticmethod
     def check_arguments(num_heads, mlp_dim, num_layers, norm, norm_epsilon, norm_groups, attn_norm,
@@ -283,9 +271,4 @@ class EncoderBlock(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in (
-            "num_heads", "mlp_dim", "num_layers", "norm", "norm_epsilon", "norm_groups",
-            "attn_norm", "mlp_norm", "block_style", "layer_scale", "qk_norm", "qkv_bias",
-            "drop_path_rate", "dropout", "weight_standardization")})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.CONFIG_KEYS}}

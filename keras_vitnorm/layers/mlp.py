@@ -31,18 +31,17 @@ class MLP(keras.layers.Layer):
     >>> y = mlp(keras.random.normal((2, 17, 32)))
     """
 
+    #: The constructor arguments, in `get_config`'s order.
+    CONFIG_KEYS = ("hidden_dim", "mid_norm", "norm_epsilon", "norm_groups", "init_scale",
+                   "dropout", "weight_standardization")
+
     def __init__(self, hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32, init_scale=1.0,
                  dropout=0.0, weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        self.check_arguments(hidden_dim, mid_norm, norm_epsilon, norm_groups, init_scale, dropout,
-                             weight_standardization)
-        self.hidden_dim = hidden_dim
-        self.mid_norm = mid_norm
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.init_scale = init_scale
-        self.dropout = dropout
-        self.weight_standardization = weight_standardization
+        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        self.check_arguments(**arguments)
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     @staticmethod
     def check_arguments(hidden_dim, mid_norm=None, norm_epsilon=1e-6, norm_groups=32,
@@ -66,6 +65,7 @@ class MLP(keras.layers.Layer):
             return ScaledInitializer(initializer, self.init_scale)
 
         def dense(units, name, shape):  # big_vision's MLP: Xavier-uniform, bias N(0, 1e-6)
+            # The bias initializer first: an unseeded one draws its seed when made.
             bias_initializer = scaled(keras.initializers.RandomNormal(stddev=1e-6))
             layer = FusedDense(units, kernel_initializer=scaled("glorot_uniform"),
                                bias_initializer=bias_initializer, name=name,
@@ -97,8 +97,4 @@ class MLP(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in (
-            "hidden_dim", "mid_norm", "norm_epsilon", "norm_groups", "init_scale", "dropout",
-            "weight_standardization")})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.CONFIG_KEYS}}

@@ -91,9 +91,7 @@ class RMSNorm(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({"epsilon": self.epsilon, "scale": self.scale})
-        return config
+        return {**super().get_config(), "epsilon": self.epsilon, "scale": self.scale}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -164,9 +162,7 @@ class DyT(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update({"alpha_init": self.alpha_init, "affine": self.affine})
-        return config
+        return {**super().get_config(), "alpha_init": self.alpha_init, "affine": self.affine}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -307,17 +303,6 @@ def check_norm_options(epsilon, groups, prefix=""):
     check_positive_int(f"{prefix}groups", groups)
 
 
-def _make_user_norm(norm, epsilon, learnable, common):
-    if not learnable:
-        raise ValueError(
-            f"norm {norm!r} is a registered norm, which is used as its class defines it: "
-            "learnable=False (stem_norm_learnable=False) takes a built-in norm.")
-    cls = user_norm_class(norm)
-    if "epsilon" in inspect.signature(cls.__init__).parameters:
-        common = {**common, "epsilon": epsilon}
-    return cls(**common)
-
-
 def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=None):
     """A new normalization layer for a `norm` string (docs/normalization.md, Norm types).
 
@@ -336,7 +321,14 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
     check_bool("learnable", learnable)
     common = {"name": name, "dtype": dtype}
     if norm not in STEM_NORM_TYPES:
-        return _make_user_norm(norm, epsilon, learnable, common)
+        if not learnable:
+            raise ValueError(
+                f"norm {norm!r} is a registered norm, which is used as its class defines it: "
+                "learnable=False (stem_norm_learnable=False) takes a built-in norm.")
+        cls = user_norm_class(norm)
+        if "epsilon" in inspect.signature(cls.__init__).parameters:
+            common["epsilon"] = epsilon
+        return cls(**common)
     if norm == "layernorm":
         return LayerNormalization(epsilon=epsilon, center=learnable, scale=learnable, **common)
     if norm == "rmsnorm":

@@ -37,7 +37,6 @@ def patchify(images, patch_size):
     return ops.reshape(x, (-1, grid_h * grid_w, patch_size * patch_size * channels))
 
 
-
 def image_shape_hint(found, expected):
     """`""`, or a hint (leading space) for `(batch, *found)` images that aren't `expected`."""
     found, expected = tuple(found), tuple(expected)
@@ -49,6 +48,7 @@ def image_shape_hint(found, expected):
         return (f" The model was built for {channels}-channel images (num_channels="
                 f"{channels}); these have {found[2]}.")
     return ""
+
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class PatchStem(keras.layers.Layer):
@@ -83,22 +83,19 @@ class PatchStem(keras.layers.Layer):
       https://arxiv.org/abs/2106.14881)
     """
 
+    #: The constructor arguments, in `get_config`'s order.
+    CONFIG_KEYS = ("patch_size", "width", "stem", "stem_norm", "stem_norm_learnable",
+                   "norm_epsilon", "norm_groups", "class_token", "position_embedding",
+                   "weight_standardization")
+
     def __init__(self, patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
                  norm_epsilon=1e-6, norm_groups=32, class_token=True, position_embedding=True,
                  weight_standardization=False, **kwargs):
         super().__init__(**kwargs)
-        self.check_arguments(patch_size, width, stem, stem_norm, stem_norm_learnable, norm_epsilon,
-                             norm_groups, class_token, position_embedding, weight_standardization)
-        self.patch_size = patch_size
-        self.width = width
-        self.stem = stem
-        self.stem_norm = stem_norm
-        self.stem_norm_learnable = stem_norm_learnable
-        self.norm_epsilon = norm_epsilon
-        self.norm_groups = norm_groups
-        self.class_token = class_token
-        self.position_embedding = position_embedding
-        self.weight_standardization = weight_standardization
+        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        self.check_arguments(**arguments)
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     @staticmethod
     def check_arguments(patch_size, width, stem="patch", stem_norm=None, stem_norm_learnable=True,
@@ -214,16 +211,13 @@ class PatchStem(keras.layers.Layer):
                 initializer=keras.initializers.RandomNormal(stddev=1.0 / math.sqrt(self.width)))
 
     def call(self, images, training=None):
-        expected = (*self.grid_size, self.num_channels)
-        found = tuple(images.shape[1:])
-        expected_pixels = (self.grid_size[0] * self.patch_size, self.grid_size[1] * self.patch_size,
-                           self.num_channels)
-        if found != expected_pixels:
+        (rows, columns), found = self.grid_size, tuple(images.shape[1:])
+        expected = (rows * self.patch_size, columns * self.patch_size, self.num_channels)
+        if found != expected:
             raise ValueError(
-                f"Expected images of shape (batch, {expected_pixels[0]}, "
-                f"{expected_pixels[1]}, {expected_pixels[2]}) (height, width, "
-                f"channels; {expected[0]}x{expected[1]} patches of {self.patch_size}), "
-                f"got {tuple(images.shape)}.{image_shape_hint(found, expected_pixels)}")
+                f"Expected images of shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
+                f"(height, width, channels; {rows}x{columns} patches of {self.patch_size}), "
+                f"got {tuple(images.shape)}.{image_shape_hint(found, expected)}")
         if self.stem == "conv":
             x = images
             for layer in self.conv_layers:
@@ -235,7 +229,7 @@ class PatchStem(keras.layers.Layer):
             if self.patch_norm is not None:
                 x = self.patch_norm(x, training=training)
             x = self.projection(x, training=training)
-            if self.stem != "post_posemb" and self.embedding_norm is not None:
+            if self.stem in _USES_POST_NORM:
                 x = self.embedding_norm(x, training=training)
         if self.cls_token is not None:
             batch = ops.shape(x)[0]
@@ -253,8 +247,4 @@ class PatchStem(keras.layers.Layer):
         return (batch, num_tokens + int(self.class_token), self.width)
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in (
-            "patch_size", "width", "stem", "stem_norm", "stem_norm_learnable", "norm_epsilon",
-            "norm_groups", "class_token", "position_embedding", "weight_standardization")})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.CONFIG_KEYS}}

@@ -18,6 +18,7 @@ from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
+from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 
@@ -59,9 +60,9 @@ def softmax_contrastive_loss(logits):
     """Mean of the image-to-text and text-to-image cross-entropies (`logits[image, caption]`)."""
     logits = ops.cast(logits, "float32")
     labels = ops.arange(ops.shape(logits)[0])
-    image_to_text = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    text_to_image = keras.losses.sparse_categorical_crossentropy(labels, ops.transpose(logits), from_logits=True)
-    return 0.5 * (ops.mean(image_to_text) + ops.mean(text_to_image))
+    cross_entropy = functools.partial(keras.losses.sparse_categorical_crossentropy, labels,
+                                      from_logits=True)
+    return 0.5 * (ops.mean(cross_entropy(logits)) + ops.mean(cross_entropy(ops.transpose(logits))))
 
 
 def sigmoid_contrastive_loss(logits):
@@ -80,30 +81,29 @@ class TextEncoder(keras.layers.Layer):
         max_length, width, depth, num_heads, mlp_dim: tokens per caption; sizes.
     """
 
-    def __init__(self, vocabulary_size, max_length, width=128, depth=2, num_heads=4, mlp_dim=512, **kwargs):
+    #: The constructor arguments, in `get_config`'s order.
+    CONFIG_KEYS = ("vocabulary_size", "max_length", "width", "depth", "num_heads", "mlp_dim")
+
+    def __init__(self, vocabulary_size, max_length, width=128, depth=2, num_heads=4, mlp_dim=512,
+                 **kwargs):
         super().__init__(**kwargs)
-        for name, value in (("vocabulary_size", vocabulary_size), ("max_length", max_length), ("width", width),
-                            ("depth", depth), ("num_heads", num_heads), ("mlp_dim", mlp_dim)):
-            check_positive_int(name, value)
-        self.vocabulary_size = vocabulary_size
-        self.max_length = max_length
-        self.width = width
-        self.depth = depth
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
+        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        for key in self.CONFIG_KEYS:
+            check_positive_int(key, arguments[key])
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     def build(self, input_shape):
         self.token_embedding = keras.layers.Embedding(
-            self.vocabulary_size, self.width, embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            self.vocabulary_size, self.width,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
             name="token_embedding", dtype=self.dtype_policy)
         self.token_embedding.build(input_shape)
         self.position_embedding = self.add_weight(
             name="position_embedding", shape=(1, self.max_length, self.width),
             initializer=keras.initializers.RandomNormal(stddev=1 / math.sqrt(self.width)))
-        self.blocks = [
-            EncoderBlock(self.num_heads, self.mlp_dim, self.depth, name=f"block_{i}", dtype=self.dtype_policy)
-            for i in range(self.depth)
-        ]
+        self.blocks = [EncoderBlock(self.num_heads, self.mlp_dim, self.depth, name=f"block_{i}",
+                                    dtype=self.dtype_policy) for i in range(self.depth)]
         shape = (input_shape[0], self.max_length, self.width)
         for block in self.blocks:
             block.build(shape)
@@ -113,7 +113,8 @@ class TextEncoder(keras.layers.Layer):
     def call(self, tokens, training=None):
         tokens = ops.convert_to_tensor(tokens, "int32")
         if tokens.shape[-1] != self.max_length:
-            raise ValueError(f"TextEncoder expects {self.max_length} tokens per caption, got shape {tokens.shape}.")
+            raise ValueError(f"TextEncoder expects {self.max_length} tokens per caption, got shape "
+                             f"{tokens.shape}.")
         x = self.token_embedding(tokens) + ops.cast(self.position_embedding, self.compute_dtype)
         for block in self.blocks:
             x = block(x, training=training)
@@ -125,11 +126,7 @@ class TextEncoder(keras.layers.Layer):
         return (input_shape[0], self.width)
 
     def get_config(self):
-        config = super().get_config()
-        config.update({"vocabulary_size": self.vocabulary_size, "max_length": self.max_length,
-                       "width": self.width, "depth": self.depth, "num_heads": self.num_heads,
-                       "mlp_dim": self.mlp_dim})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.CONFIG_KEYS}}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -151,21 +148,22 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         **kwargs: `keras.Model` arguments; `dtype` defaults to the ViT's policy.
     """
 
-    def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True, loss="softmax",
-                 text_width=128, text_depth=2, text_heads=4, text_mlp_dim=512, temperature=10.0, bias=-10.0,
-                 **kwargs):
+    def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True,
+                 loss="softmax", text_width=128, text_depth=2, text_heads=4, text_mlp_dim=512,
+                 temperature=10.0, bias=-10.0, **kwargs):
         if not isinstance(vit, ViT):
-            raise ValueError(f"LiT needs a keras_vitnorm ViT as its image tower, got {type(vit).__name__}.")
+            raise ValueError(
+                f"LiT needs a keras_vitnorm ViT as its image tower, got {type(vit).__name__}.")
         super().__init__(**{"dtype": vit.dtype_policy, **kwargs})
         check_choice("loss", loss, CONTRASTIVE_LOSSES)
         check_positive_int("embed_dim", embed_dim)
-        if not isinstance(freeze_image_tower, bool):
-            raise ValueError(f"freeze_image_tower must be True or False, got {freeze_image_tower!r}.")
+        check_bool("freeze_image_tower", freeze_image_tower)
         vocabulary = list(vocabulary)
         if len(vocabulary) < 3 or vocabulary[:2] != ["", "[UNK]"]:
             raise ValueError(
-                "vocabulary must be a TextVectorization vocabulary: '' and '[UNK]' first, then at least one "
-                f"token (got {vocabulary[:5]}...). Build it with caption_vocabulary(captions).")
+                "vocabulary must be a TextVectorization vocabulary: '' and '[UNK]' first, then at "
+                f"least one token (got {vocabulary[:5]}...). Build it with "
+                "caption_vocabulary(captions).")
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature must be a number > 0, got {temperature!r}.")
         self.vit_config = vit.get_config()
@@ -186,7 +184,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
                                         dtype=policy, **self.text_settings)
         self.text_projection = keras.layers.Dense(embed_dim, name="text_projection", dtype=policy)
         self.log_temperature = self.add_weight(
-            name="log_temperature", shape=(), initializer=keras.initializers.Constant(math.log(temperature)))
+            name="log_temperature", shape=(),
+            initializer=keras.initializers.Constant(math.log(temperature)))
         self.logit_bias = None
         if loss == "sigmoid":
             self.logit_bias = self.add_weight(name="logit_bias", shape=(),
@@ -203,7 +202,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
 
     def input_shapes(self):
         """`{"images": (height, width, channels), "tokens": (max_length,)}` that the calls take."""
-        return {"images": tuple(self.image_encoder.inputs[0].shape[1:]), "tokens": (self.max_length,)}
+        return {"images": tuple(self.image_encoder.inputs[0].shape[1:]),
+                "tokens": (self.max_length,)}
 
     @functools.cached_property
     def _tokenizer(self):
@@ -223,14 +223,14 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
 
     def encode_images(self, images, training=None):
         """Unit-length image embeddings `(batch, embed_dim)`, float32."""
-        features = self.image_encoder(images, training=training and not self.freeze_image_tower)["pooled"]
-        return _normalize(self.image_projection(features))
+        features = self.image_encoder(images, training=training and not self.freeze_image_tower)
+        return _normalize(self.image_projection(features["pooled"]))
 
     def encode_text(self, tokens, training=None):
         """Unit-length caption embeddings `(batch, embed_dim)` of token ids, float32."""
-        shape = (0,) if tokens is None else tokens.shape if hasattr(tokens, "shape") else np.shape(tokens)
-        if shape[0] == 0:  # a static size; None inside a traced graph
-            raise ValueError("encode_text got an empty batch: pass at least one caption's token ids.")
+        if tokens is None or np.shape(tokens)[0] == 0:  # a static size; None in a traced graph
+            raise ValueError(
+                "encode_text got an empty batch: pass at least one caption's token ids.")
         return _normalize(self.text_projection(self.text_encoder(tokens, training=training)))
 
     def call(self, inputs, training=None):
@@ -239,7 +239,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
             raise ValueError(f"LiT takes a dict with 'images' and 'tokens', got {keys}.")
         images = self.encode_images(inputs["images"], training=training)
         texts = self.encode_text(inputs["tokens"], training=training)
-        logits = ops.matmul(images, ops.transpose(texts)) * ops.exp(ops.cast(self.log_temperature, "float32"))
+        temperature = ops.exp(ops.cast(self.log_temperature, "float32"))
+        logits = ops.matmul(images, ops.transpose(texts)) * temperature
         if self.logit_bias is not None:
             logits = logits + ops.cast(self.logit_bias, "float32")
         return logits
@@ -247,7 +248,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         if y_pred is None:
             y_pred = self(x, training=training)
-        loss = sigmoid_contrastive_loss(y_pred) if self.loss_name == "sigmoid" else softmax_contrastive_loss(y_pred)
+        sigmoid = self.loss_name == "sigmoid"
+        loss = (sigmoid_contrastive_loss if sigmoid else softmax_contrastive_loss)(y_pred)
         return loss + ops.cast(sum(self.losses), "float32") if self.losses else loss
 
     def zero_shot_classifier(self, class_names, templates):
@@ -259,7 +261,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
             raise ValueError("zero_shot_classifier needs at least one class name and one template.")
         bad = [t for t in templates if "{}" not in t]
         if bad:
-            raise ValueError(f"Every template needs a '{{}}' for the class name; {bad[0]!r} has none.")
+            raise ValueError(
+                f"Every template needs a '{{}}' for the class name; {bad[0]!r} has none.")
         check_class_names_fit(self.max_length, class_names, templates)
         rows = []
         for name in class_names:
@@ -271,17 +274,19 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         """The class index of each image under `classifier` (`zero_shot_classifier`), int32."""
         predictions = []
         for start in range(0, len(images), batch_size):
-            embeddings = self.encode_images(images[start:start + batch_size])
-            predictions.append(ops.convert_to_numpy(ops.argmax(ops.matmul(embeddings, ops.transpose(classifier)), -1)))
+            scores = ops.matmul(self.encode_images(images[start:start + batch_size]),
+                                ops.transpose(classifier))
+            predictions.append(ops.convert_to_numpy(ops.argmax(scores, -1)))
         return np.concatenate(predictions).astype("int32")
 
     def get_config(self):
+        text = self.text_settings
         return {
             "vit": vit_config_with_quantized_layers(self, self.vit_config),
             "vocabulary": self.vocabulary, "max_length": self.max_length,
-            "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower, "loss": self.loss_name,
-            "text_width": self.text_settings["width"], "text_depth": self.text_settings["depth"],
-            "text_heads": self.text_settings["num_heads"], "text_mlp_dim": self.text_settings["mlp_dim"],
+            "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower,
+            "loss": self.loss_name, "text_width": text["width"], "text_depth": text["depth"],
+            "text_heads": text["num_heads"], "text_mlp_dim": text["mlp_dim"],
             "temperature": self.temperature_init, "bias": self.bias_init, "name": self.name,
         }
 
@@ -296,7 +301,8 @@ def caption_vocabulary(captions, max_tokens=None):
     captions = list(captions)
     if not captions:
         raise ValueError("caption_vocabulary got no captions.")
-    layer = keras.layers.TextVectorization(max_tokens=max_tokens, standardize="lower_and_strip_punctuation")
+    layer = keras.layers.TextVectorization(max_tokens=max_tokens,
+                                           standardize="lower_and_strip_punctuation")
     layer.adapt(captions)
     return [str(token) for token in layer.get_vocabulary()]
 

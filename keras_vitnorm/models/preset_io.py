@@ -30,9 +30,6 @@ WEIGHTS_FILE = "model.weights.npz"
 METADATA_FILE = "metadata.json"
 
 
-_UNSET = object()
-
-
 def weights_by_path(model):
     """Returns `{path: variable}` for every weight of `model`."""
     return {variable.path: variable for variable in model.weights}
@@ -106,7 +103,7 @@ def load_preset(cls, preset, overrides, resample="bilinear"):
     # Unless an override changes the model, the file must hold exactly its weights (a
     # damaged archive is an error, not a fresh init); `pixel_range` changes no weight.
     changes = {key: value for key, value in overrides.items()
-               if key != "pixel_range" and config.get(key, _UNSET) != value}
+               if key != "pixel_range" and (key not in config or config[key] != value)}
     try:
         model, report = weights_lib.build_from_checkpoint(checkpoint, cls, resample=resample,
                                                           strict=not changes, **overrides)

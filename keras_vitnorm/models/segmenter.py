@@ -11,6 +11,7 @@ from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
+from keras_vitnorm.validation import check_positive_int
 
 
 def segmentation_loss(ignore_class=None):
@@ -56,9 +57,9 @@ class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
 
     def __init__(self, vit, num_classes, **kwargs):
         if not isinstance(vit, ViT):
-            raise ValueError(f"Segmenter needs a keras_vitnorm ViT as its encoder, got {type(vit).__name__}.")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
+            raise ValueError(
+                f"Segmenter needs a keras_vitnorm ViT as its encoder, got {type(vit).__name__}.")
+        check_positive_int("num_classes", num_classes)
         config = vit.get_config()
         size, patch = config["image_size"], config["patch_size"]
         grid = (size // patch, size // patch)
@@ -69,10 +70,10 @@ class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
             tokens = tokens[:, 1:]
         patches = keras.layers.Reshape((*grid, config["width"]), name="patch_grid",
                                        dtype=policy)(tokens)
-        logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="segmentation_head",
-                                    dtype=policy)(patches)
+        logits = keras.layers.Dense(num_classes, kernel_initializer="zeros",
+                                    name="segmentation_head", dtype=policy)(patches)
         logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(logits)
-        logits = keras.layers.UpSampling2D(size=(size // grid[0], size // grid[1]), interpolation="bilinear",
+        logits = keras.layers.UpSampling2D(size=(patch, patch), interpolation="bilinear",
                                            name="upsample", dtype="float32")(logits)
         super().__init__(inputs=images, outputs=logits, **kwargs)
         self.dtype_policy = policy

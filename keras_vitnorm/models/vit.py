@@ -19,15 +19,12 @@ from keras_vitnorm.models.presets import list_presets
 from keras_vitnorm.models.guarded_calls import GuardedCalls
 from keras_vitnorm.models.exports import SignedExports
 from keras_vitnorm.models.vit_config import default_final_norm
-from keras_vitnorm.models.vit_config import dtype_with_quantized_layers
 from keras_vitnorm.models.vit_config import MODEL_RANGE
 from keras_vitnorm.models.vit_config import image_hw
 from keras_vitnorm.models.vit_config import pixel_range_of
 from keras_vitnorm.models.vit_config import validate_config
+from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_known_keys
-
-#: Keyword arguments passed on to `keras.Model`.
-_BASE_MODEL_KEYS = ("name", "trainable")
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -79,7 +76,7 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
                  pooling="cls", weight_standardization=False, pixel_range=MODEL_RANGE, dtype=None,
                  **kwargs):
         config = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
-        check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", *_BASE_MODEL_KEYS), "ViT argument")
+        check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", "name", "trainable"), "ViT argument")
         validate_config(config)
         attn_norm, mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
         if final_norm is None:
@@ -134,13 +131,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         for key in ("image_size", "pixel_range"):
             if isinstance(config[key], tuple):
                 config[key] = list(config[key])
-        config["name"] = self.name
-        config["trainable"] = self.trainable
-        dtype = dtype_with_quantized_layers(self, self._dtype_argument)
-        if dtype is not None and not isinstance(dtype, str):
-            dtype = keras.dtype_policies.serialize(dtype)
-        config["dtype"] = dtype
-        return config
+        config.update(name=self.name, trainable=self.trainable, dtype=self._dtype_argument)
+        return vit_config_with_quantized_layers(self, config)
 
     def pixel_ranges(self):
         return {"images": self.pixel_range}
@@ -208,12 +200,13 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         is a `ValueError`. Another grid's position embedding is resampled unless told not to.
         """
         embedding = arrays.get(POSITION_EMBEDDING)
+        found = None if embedding is None else tuple(np.shape(embedding))
         stem_embedding = self.get_layer("stem").pos_embedding
         expected = None if stem_embedding is None else tuple(stem_embedding.shape)
-        if not resample_position_embedding and embedding is not None and tuple(np.shape(embedding)) != expected:
+        if not resample_position_embedding and found not in (None, expected):
             raise ValueError(
-                f"Weight {POSITION_EMBEDDING!r} has shape {tuple(np.shape(embedding))}; the model "
-                f"expects {expected} (resample_position_embedding=False).")
-        checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(), dict(arrays),
-                                {path: path for path in arrays})
+                f"Weight {POSITION_EMBEDDING!r} has shape {found}; the model expects "
+                f"{expected} (resample_position_embedding=False).")
+        checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(),
+                                dict(arrays), {path: path for path in arrays})
         weights.transfer(self, checkpoint, resample, strict=True)

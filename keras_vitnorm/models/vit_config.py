@@ -30,13 +30,9 @@ def pixel_range_of(value):
 
 def image_hw(image_size):
     """`(height, width)` of an `image_size` value: an int or a pair of ints."""
-    if isinstance(image_size, bool):
-        image_size = None
-    if isinstance(image_size, int):
-        return image_size, image_size
-    if isinstance(image_size, (list, tuple)) and len(image_size) == 2:
-        if all(isinstance(s, int) and not isinstance(s, bool) for s in image_size):
-            return tuple(image_size)
+    pair = list(image_size) if isinstance(image_size, (list, tuple)) else [image_size] * 2
+    if len(pair) == 2 and all(isinstance(s, int) and not isinstance(s, bool) for s in pair):
+        return tuple(pair)
     raise ValueError(
         f"image_size must be an int or a pair [height, width] of ints, got {image_size!r}.")
 
@@ -135,7 +131,8 @@ def dtype_with_quantized_layers(model, dtype):
 
 
 def vit_config_with_quantized_layers(model, vit_config):
-    """`vit_config` with a `dtype` that keeps the model's quantized layers (`Segmenter`, `LiT`)."""
+    """`vit_config` (`model`'s, or its image tower's) with a serialized `dtype` that keeps
+    `model`'s quantized layers."""
     dtype = dtype_with_quantized_layers(model, vit_config["dtype"])
     if dtype is not None and not isinstance(dtype, str):
         dtype = keras.dtype_policies.serialize(dtype)

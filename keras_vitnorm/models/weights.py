@@ -34,22 +34,13 @@ def _more(items):
 
 def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_tokens,
                                 method="bilinear"):
-    """Resamples a learned `(1, prefix + h*w, D)` position embedding to a new grid.
+    """A learned position embedding `(1, num_prefix_tokens + h * w, D)` on the grid
+    `source_grid` `(h, w)`, resampled to `target_grid`: a float32 NumPy array.
 
-    The prefix (class token) embedding is kept; the `(h, w, D)` grid is resampled in
-    NumPy (same values on every backend, no SciPy needed) as big_vision does
+    The prefix (class token) rows are kept; the `(h, w, D)` grid is resampled in NumPy
+    (same values on every backend, no SciPy needed) by `method`, as big_vision does
     (`"bilinear"`: `scipy.ndimage.zoom(grid, zoom, order=1)`, corners aligned) or as
     timm does (`"bicubic"`: `F.interpolate(..., mode="bicubic", antialias=True)`).
-
-    Args:
-        embedding: array `(1, num_prefix_tokens + h * w, D)`.
-        source_grid: `(h, w)` of `embedding`.
-        target_grid: `(h', w')` wanted.
-        num_prefix_tokens: int, 1 with a class token, else 0.
-        method: str, default `"bilinear"`, one of `RESAMPLE_METHODS`.
-
-    Returns:
-        A float32 NumPy array `(1, num_prefix_tokens + h' * w', D)`.
     """
     check_choice("resample", method, RESAMPLE_METHODS)
     embedding = np.asarray(embedding, dtype="float32")
@@ -80,7 +71,7 @@ def _corner_aligned_linear_matrix(in_size, out_size):
 
 
 def _cubic(x, a=-0.5):
-    """The cubic convolution kernel (Keys) with `a = -0.5`, as PIL and PyTorch's antialiasing use."""
+    """The cubic convolution kernel (Keys) with `a = -0.5`, as PIL's and PyTorch's antialiasing."""
     x = np.abs(x)
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = (((x - 5) * x + 8) * x - 4) * a
@@ -142,7 +133,8 @@ class ConversionReport:
     dropped: list = dataclasses.field(default_factory=list)
 
     def __str__(self):
-        lines = [f"Converted {self.source} ({self.format} format): {len(self.loaded)} weights loaded"]
+        lines = [f"Converted {self.source} ({self.format} format): "
+                 f"{len(self.loaded)} weights loaded"]
         if self.resampled:
             lines.append(f"  resampled: {', '.join(self.resampled)}")
         for path, how in self.converted:
@@ -186,8 +178,7 @@ def build_from_checkpoint(checkpoint, model_class, resample="bilinear", strict=F
                 "image size, the classes and the normalization, not the architecture.")
     check_overrides(model_class, overrides)
     model = model_class.from_config({**checkpoint.config, **overrides})
-    report = transfer(model, checkpoint, resample, strict)
-    return model, report
+    return model, transfer(model, checkpoint, resample, strict)
 
 
 def _first_path_with(checkpoint, key):
@@ -227,47 +218,43 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
     norm = config["norm"]
     source_norm = checkpoint.config.get("norm", "layernorm")
     block_norms_fit = norm == source_norm
+    new_head = config["num_classes"] != checkpoint.config.get("num_classes")
     values = []
     for variable in model.weights:
-        path = variable.path
-        expected = tuple(variable.shape)
-        source = checkpoint.source_keys.get(path, path)
-        is_block_norm = _is_block_norm(path)
-        if path.startswith("head/") and config["num_classes"] != checkpoint.config.get("num_classes"):
-            report.new.append(f"{path} ({_initializer(variable)})")
+        path, expected, array = variable.path, tuple(variable.shape), None
+        if path.startswith("head/") and new_head:
             if path in arrays:
                 arrays.pop(path)
-                report.dropped.append((
-                    checkpoint.source_keys[path],
-                    f"num_classes {checkpoint.config['num_classes']} -> {config['num_classes']}: a new head",
-                ))
-            continue
-        if is_block_norm and not block_norms_fit:
-            source_path = path.rsplit("/", 1)[0] + "/gamma"
-            if (source_norm, norm) == ("layernorm", "rmsnorm") and path.endswith("/scale") \
-                    and source_path in arrays:
-                values.append((variable, arrays.pop(source_path)))
-                report.converted.append((path, f"the LayerNorm scale {checkpoint.source_keys[source_path]}"))
+                report.dropped.append((checkpoint.source_keys[path], (
+                    f"num_classes {checkpoint.config['num_classes']} -> {config['num_classes']}: "
+                    "a new head")))
+        elif _is_block_norm(path) and not block_norms_fit:
+            gamma = path.rsplit("/", 1)[0] + "/gamma"
+            if ((source_norm, norm) == ("layernorm", "rmsnorm") and path.endswith("/scale")
+                    and gamma in arrays):
+                array = arrays.pop(gamma)
+                report.converted.append(
+                    (path, f"the LayerNorm scale {checkpoint.source_keys[gamma]}"))
+        elif path in arrays:
+            array = arrays.pop(path)
+            if tuple(array.shape) == expected:
+                report.loaded.append(path)
+            elif path == POSITION_EMBEDDING:
+                side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
+                grid = model.get_layer("stem").grid_size
+                array = resample_for_model(model, array, resample)
+                report.resampled.append(
+                    f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})")
             else:
-                report.new.append(f"{path} ({_initializer(variable)})")
-            continue
-        if path not in arrays:
+                source = checkpoint.source_keys.get(path, path)
+                renamed = f" (as {path!r})" if source != path else ""
+                raise ValueError(
+                    f"Checkpoint key {source!r} of {checkpoint.source} has shape "
+                    f"{tuple(array.shape)}{renamed}; the model expects {expected}.")
+        if array is None:
             report.new.append(f"{path} ({_initializer(variable)})")
-            continue
-        array = arrays.pop(path)
-        if tuple(array.shape) == expected:
-            values.append((variable, array))
-            report.loaded.append(path)
-        elif path == POSITION_EMBEDDING:
-            side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
-            grid = model.get_layer("stem").grid_size
-            values.append((variable, resample_for_model(model, array, resample)))
-            report.resampled.append(f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})")
         else:
-            renamed = f" (as {path!r})" if source != path else ""
-            raise ValueError(
-                f"Checkpoint key {source!r} of {checkpoint.source} has shape "
-                f"{tuple(array.shape)}{renamed}; the model expects {expected}.")
+            values.append((variable, array))
     for path in arrays:
         if _is_block_norm(path) and not block_norms_fit:
             why = f"norm={norm!r} replaces the {source_norm} layers"
@@ -277,9 +264,10 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
     if strict and (report.new or report.dropped):
         parts = []
         if report.new:
-            parts.append(f"missing from the weights: {report.new[0]!r}" + _more(report.new))
+            parts.append(f"missing from the weights: {report.new[0]!r}{_more(report.new)}")
         if report.dropped:
-            parts.append(f"in the weights but not in the model: {report.dropped[0][0]!r}" + _more(report.dropped))
+            parts.append(f"in the weights but not in the model: {report.dropped[0][0]!r}"
+                         f"{_more(report.dropped)}")
         raise ValueError(
             "The weights do not fit this model's config (" + "; ".join(parts) + "). "
             "Build the model with the config the weights were saved with.")
