@@ -1,7 +1,13 @@
-"""The `keras-vitnorm` command: one module per subcommand (`add_parser`, `run`); `errors` maps
-how a command ends to its exit status. The backend is `KERAS_BACKEND`'s.
+"""The `keras-vitnorm` command; `errors` maps how a command ends to its exit status. The
+backend is `KERAS_BACKEND`'s.
+
+One module per subcommand: its `NAME`, `HELP`, `DESCRIPTION` and `EXAMPLES` (if any, the
+epilog, printed as written); `EXTRA`, the extra whose packages it needs (`None`: none);
+`INTERRUPTED` or `interrupted(args, stop)`, the advice after a signal stopped it;
+`add_arguments(parser)` and `run(args)`.
 """
 
+import argparse
 import signal
 import sys
 
@@ -36,7 +42,12 @@ def build_parser():
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
-        command.add_parser(commands)
+        examples = getattr(command, "EXAMPLES", None)
+        command.add_arguments(commands.add_parser(
+            command.NAME, allow_abbrev=False, help=command.HELP,
+            description=command.DESCRIPTION, epilog=examples,
+            formatter_class=(argparse.RawDescriptionHelpFormatter if examples
+                             else argparse.HelpFormatter)))
     return parser
 
 

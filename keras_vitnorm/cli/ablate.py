@@ -1,17 +1,20 @@
 """`keras-vitnorm ablate`: the normalization study, `keras_vitnorm.study.run_study`."""
 
-import argparse
-
 from keras_vitnorm.choices import VARIANT_GROUP_NAMES
-from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import PER_RUN_LEVELS
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import add_verbose
 from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "ablate"
 EXTRA = "study"
 INTERRUPTED = "Rerun the same command to continue."
+HELP = "run the normalization study: variant groups x seeds, tables and figures"
+DESCRIPTION = ("Train every variant of the chosen groups with every seed on top of "
+               "a base recipe, then write results.csv, a markdown table per group and figures. "
+               "Rerunning the same command skips finished runs and resumes interrupted ones.")
 
 EXAMPLES = """examples:
   keras-vitnorm ablate --groups placements stems --seeds 0 1 2 --output-dir studies/digits
@@ -28,17 +31,7 @@ otherwise; every training option of `train` applies to every run. See docs/study
 """
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="run the normalization study: variant groups x seeds, tables and figures",
-        description="Train every variant of the chosen groups with every seed on top of "
-        "a base recipe, then write results.csv, a markdown table per group and figures. "
-        "Rerunning the same command skips finished runs and resumes interrupted ones.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser):
     study = parser.add_argument_group("study")
     study.add_argument("--groups", nargs="+", default=[], **one_of(VARIANT_GROUP_NAMES),
                        help="variant groups to run")
@@ -49,9 +42,7 @@ def add_parser(commands):
                        help="run only these variants (the group's baseline is always run)")
     study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
-    study.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
-                       + LOGS_NOTE)
+    add_verbose(study, PER_RUN_LEVELS)
     study.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
     study.add_argument("--track", choices=("mlflow",),
                        help="mlflow: the study is an MLflow run (its tables and figures its "
@@ -102,8 +93,7 @@ def study_config(args):
     gradient norms every 25 steps, unless the arguments say otherwise.
     """
     preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
-    config = train_config_from_args(argparse.Namespace(**{**vars(args), "preset": preset,
-                                                          "output_dir": None}))
+    config = train_config_from_args(args, preset=preset, output_dir=None)
     if config.grad_norm_every is None:
         config.grad_norm_every = 25
     groups, sweeps = list(args.groups), {}
@@ -121,10 +111,8 @@ def study_config(args):
     for item in args.variants:
         group, _, name = item.partition(":")
         if group not in groups or not name:
-            raise ValueError(
-                f"--variants {item!r} must be GROUP:NAME with GROUP one of the study's groups "
-                f"({', '.join(groups)})."
-            )
+            raise ValueError(f"--variants {item!r} must be GROUP:NAME with GROUP one of the "
+                             f"study's groups ({', '.join(groups)}).")
         variants.setdefault(group, []).append(name)
     return config, groups, variants, sweeps
 

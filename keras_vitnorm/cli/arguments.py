@@ -36,6 +36,10 @@ MODEL_FLAGS = (
 
 #: Added to each --verbose help: the console command hides the frameworks' log lines.
 LOGS_NOTE = "; 2 also lets TensorFlow's, XLA's and Abseil's own log lines through"
+#: The --verbose levels of a command that trains one run, and of one that trains many.
+PROGRESS_LEVELS = ("0 silent, 1 progress bar (default; one line per epoch where the output is "
+                   "not a terminal), 2 one line per epoch")
+PER_RUN_LEVELS = "0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
 
 #: The help of every command's --take-over-lock (keras_vitnorm.training.run_files.RunLock).
 TAKE_OVER_LOCK_HELP = ("on a file system without file locks, take over a directory whose lock "
@@ -70,18 +74,17 @@ def one_of(choices, registered=None):
     return {"type": parse, "metavar": "{" + ",".join(choices) + (",...}" if registered else "}")}
 
 
+def add_verbose(group, levels, default=1):
+    """`--verbose` 0, 1 or 2: `levels` says what each shows."""
+    group.add_argument("--verbose", type=int, choices=(0, 1, 2), default=default,
+                       help=levels + LOGS_NOTE)
+
+
 def registered_norms():
     """The registered norm names, `KERAS_VITNORM_NORM_MODULES` imported (imports Keras)."""
     from keras_vitnorm.layers import normalization
 
     return normalization.registered_norms(import_modules=True)
-
-
-def _model_flag_help(key, choices, text):
-    if key in ("norm", "stem_norm"):
-        return (f"{text} ({', '.join(choices)}, or a name that a module of "
-                "KERAS_VITNORM_NORM_MODULES registers: docs/your-norm.md)")
-    return f"{text} ({', '.join(choices)})" if choices else text
 
 
 def parse_setting(text):
@@ -95,24 +98,32 @@ def parse_setting(text):
     return key.strip(), value
 
 
-def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None, set_flag=True):
-    """Adds `MODEL_FLAGS` not in `fixed` (`notes[key]` appended to a help), `--qk-norm`, `--set`."""
+def add_model_overrides(group, fixed=(), qk_norm=True, set_help=None, notes=None):
+    """Adds `MODEL_FLAGS` not in `fixed` (`notes[key]` appended to a help), `--qk-norm` and,
+    with `set_help`, `--set`."""
     notes = notes or {}
     for flag, key, kind, choices, text in MODEL_FLAGS:
-        if key not in fixed:
-            norms = registered_norms if key in ("norm", "stem_norm") else None
-            kinds = one_of(choices, norms) if choices else {"type": kind}
-            group.add_argument(flag, dest=f"model_{key}", **kinds,
-                               help=_model_flag_help(key, choices, text) + notes.get(key, ""))
+        if key in fixed:
+            continue
+        if key in ("norm", "stem_norm"):
+            kinds = one_of(choices, registered_norms)
+            text += (f" ({', '.join(choices)}, or a name that a module of "
+                     "KERAS_VITNORM_NORM_MODULES registers: docs/your-norm.md)")
+        else:
+            kinds = one_of(choices) if choices else {"type": kind}
+            text += f" ({', '.join(choices)})" if choices else ""
+        group.add_argument(flag, dest=f"model_{key}", **kinds, help=text + notes.get(key, ""))
     if qk_norm:
         group.add_argument("--qk-norm", dest="model_qk_norm", action="store_true", default=None,
                            help="normalize queries and keys per head")
-    if not set_flag:
-        return
+    if set_help:
+        add_set_option(group, set_help)
+
+
+def add_set_option(group, help):
+    """`--set KEY=VALUE`, repeatable: ViT config values (`model_set`, a list of pairs)."""
     group.add_argument("--set", dest="model_set", action="append", type=parse_setting,
-                       default=[], metavar="KEY=VALUE",
-                       help=set_help or "any other ViT config value, e.g. --set final_norm=false "
-                       "(JSON values); repeatable")
+                       default=[], metavar="KEY=VALUE", help=help)
 
 
 def add_training_arguments(parser):
@@ -144,12 +155,13 @@ def add_training_arguments(parser):
                       "TensorFlow); auto (default): tf.data where TensorFlow is installed")
 
     model = parser.add_argument_group("model overrides (on top of the preset)")
-    add_model_overrides(model, set_flag=False)
+    add_model_overrides(model)
     model.add_argument("--weight-standardization", dest="model_weight_standardization",
                        action="store_true", default=None,
                        help="standardize every stem and block kernel per output unit in the "
                        "forward pass (Qiao et al. 2019)")
-    add_model_overrides(model, fixed=[key for _, key, *_ in MODEL_FLAGS], qk_norm=False)
+    add_set_option(model, "any other ViT config value, e.g. --set final_norm=false (JSON "
+                   "values); repeatable")
 
     schedule = parser.add_argument_group("optimization")
     schedule.add_argument("--epochs", type=int, help="training length in epochs")
@@ -175,7 +187,6 @@ def add_training_arguments(parser):
     schedule.add_argument("--drop-path", type=float, help="stochastic depth rate of the last block")
     schedule.add_argument("--mixed-precision", **one_of(PRECISIONS), help="dtype policy")
     schedule.add_argument("--seed", type=int, help="seed of weights, data order, augmentation")
-
     schedule.add_argument("--grad-norm-every", type=int,
                           help="record per-layer gradient norms every N steps (grad_norms.csv)")
 
@@ -192,34 +203,38 @@ def add_training_arguments(parser):
     augment.add_argument("--cutmix", type=float, help="CutMix alpha, 0 = off")
 
 
-def add_seed_run_arguments(parser):
-    """The run options of the commands that train one run directory per seed."""
+def add_seed_run_arguments(parser, batch_size, warmup_steps, precision=False):
+    """The optimization and run options of the commands that train one run directory per
+    seed (`segment`, `lit`); the defaults are their configs'."""
+    schedule = parser.add_argument_group("optimization")
+    schedule.add_argument("--epochs", type=int, default=10)
+    schedule.add_argument("--batch-size", type=int, default=batch_size)
+    schedule.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, default=1e-3)
+    schedule.add_argument("--warmup-steps", type=int, default=warmup_steps)
+    schedule.add_argument("--weight-decay", type=float, default=0.05)
+    if precision:
+        schedule.add_argument("--mixed-precision", **one_of(PRECISIONS), default="float32")
+    schedule.add_argument("--seeds", nargs="+", type=int, default=[0])
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", required=True, help="one seed_<n>/ run directory per seed")
     run.add_argument("--overwrite", action="store_true",
                      help="replace finished runs (default: skip them)")
     run.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
-    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default; one line per epoch where the output "
-                     "is not a terminal), 2 one line per epoch" + LOGS_NOTE)
+    add_verbose(run, PROGRESS_LEVELS)
 
 
 def model_overrides(args):
     """`{ViT config key: value}` of the model options given (`--set` ones last)."""
     model = {key[len("model_"):]: value for key, value in vars(args).items()
              if key.startswith("model_") and key != "model_set" and value is not None}
-    for key, value in args.model_set:
-        model[key] = value
-    return model
+    return {**model, **dict(args.model_set)}
 
 
-def train_config_from_args(args):
-    """The `TrainConfig` that parsed training arguments describe, validated."""
+def train_config_from_args(args, **replaced):
+    """The `TrainConfig` that parsed training arguments describe (`replaced` instead of the
+    arguments of those names), validated."""
     from keras_vitnorm.training import TrainConfig
 
-    settings = {
-        key: value
-        for key, value in vars(args).items()
-        if key in TrainConfig.field_names() and key not in ("recipe", "model")
-    }
+    settings = {key: value for key, value in {**vars(args), **replaced}.items()
+                if key in TrainConfig.field_names() and key not in ("recipe", "model")}
     return TrainConfig.from_recipe(args.recipe, model=model_overrides(args), **settings)

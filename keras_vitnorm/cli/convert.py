@@ -1,7 +1,5 @@
 """`keras-vitnorm convert`: a standard checkpoint written as a preset; the zoo alone runs it."""
 
-import argparse
-
 from keras_vitnorm.choices import RESAMPLE_METHODS
 from keras_vitnorm.cli.arguments import add_model_overrides
 from keras_vitnorm.cli.arguments import model_overrides
@@ -10,6 +8,13 @@ from keras_vitnorm.cli.arguments import one_of
 NAME = "convert"
 EXTRA = None
 INTERRUPTED = "The destination is written whole or not at all."
+HELP = "convert a standard ViT checkpoint into a keras_vitnorm preset directory"
+DESCRIPTION = ("Read a Hugging Face model directory, a keras-hub ViT preset, a timm or "
+               "Hugging Face .safetensors/.pth file or a big_vision/AugReg .npz, and write it as a "
+               "keras_vitnorm preset (ViT.from_preset(DST)). Overrides change the image size "
+               "(position embedding resampled), the classes (new head) or the normalization "
+               "(fine-tuning a plain checkpoint into a variant); the report lists every new and "
+               "dropped weight.")
 
 EXAMPLES = """examples:
   keras-vitnorm convert ~/hf/vit-base-patch16-224 presets/b16_hf
@@ -21,20 +26,7 @@ Load the result with keras_vitnorm.ViT.from_preset(DESTINATION); see docs/checkp
 """
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="convert a standard ViT checkpoint into a keras_vitnorm preset directory",
-        description="Read a Hugging Face model directory, a keras-hub ViT preset, a timm or "
-        "Hugging Face .safetensors/.pth file or a big_vision/AugReg .npz, and write it as a "
-        "keras_vitnorm preset (ViT.from_preset(DST)). Overrides change the image size "
-        "(position embedding resampled), the classes (new head) or the normalization "
-        "(fine-tuning a plain checkpoint into a variant); the report lists every new and "
-        "dropped weight.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser):
     parser.add_argument("source", help="checkpoint file or directory")
     parser.add_argument("destination", help="preset directory to write")
     parser.add_argument("--overwrite", action="store_true",
@@ -59,7 +51,6 @@ def run(args):
     from keras_vitnorm.models import ViT
     from keras_vitnorm.models import load_checkpoint
     from keras_vitnorm.models.preset_io import CONFIG_FILE
-
     from keras_vitnorm.validation import check_directory_path
 
     overrides = model_overrides(args)
@@ -75,9 +66,8 @@ def run(args):
                              "keras_vitnorm preset, which records its head count.")
         model, report = ViT.from_preset(args.source, resample=args.resample, **overrides), None
     else:
-        model, report = load_checkpoint(
-            args.source, num_heads=num_heads, resample=args.resample, **overrides
-        )
+        model, report = load_checkpoint(args.source, num_heads=num_heads,
+                                        resample=args.resample, **overrides)
     model.save_to_preset(args.destination, overwrite=args.overwrite)
     if report is not None:
         print(report)

@@ -11,14 +11,13 @@ import threading
 
 from keras_vitnorm import stop_signals
 
-#: `(pip name, module)` of each extra's packages that every run of its commands imports;
-#: tensorflow-datasets is checked where a `tfds:` dataset is read, not here.
+#: `(pip name, module)` of each extra's packages that every run of its commands imports
+#: (an extra includes `train`'s); tensorflow-datasets is checked where a `tfds:` dataset is
+#: read, not here.
 EXTRAS = {
     "train": (("scikit-learn", "sklearn"), ("pillow", "PIL"), ("tensorboard", "tensorboard")),
     "study": (("matplotlib", "matplotlib"), ("scipy", "scipy")),
 }
-#: An extra includes the extras it builds on.
-_INCLUDES = {"train": ("train",), "study": ("train", "study")}
 
 #: `(module, class name, exit status)`, the first match deciding; a module never imported
 #: cannot have raised, so none is imported to check (`convert` runs without the lab).
@@ -77,8 +76,9 @@ def exit_status(error):
 
 
 def missing_packages(extra):
-    """The pip names of the packages of `extra` (and the extras it builds on) not installed."""
-    return [package for part in _INCLUDES[extra] for package, module in EXTRAS[part]
+    """The pip names of the packages of `extra` (and of `train`, which it builds on) not
+    installed."""
+    return [package for part in dict.fromkeys(("train", extra)) for package, module in EXTRAS[part]
             if importlib.util.find_spec(module) is None]
 
 
@@ -115,12 +115,6 @@ def signals_raise(received):
             signal.signal(number, handler)
 
 
-def describe_error(error):
-    """`TypeName: the first line of its message`, for a message of one line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-
-
 def interrupted_message(command, args, error):
     """What a command stopped by a signal prints: what stopped it and how to continue."""
     what = str(error) or "Interrupted."
@@ -131,12 +125,10 @@ def interrupted_message(command, args, error):
 
 def run_command(command, args):
     """Runs `command.run(args)` (a module of `keras_vitnorm.cli`); returns the exit status."""
-    if command.EXTRA is not None:
-        missing = missing_packages(command.EXTRA)
-        if missing:
-            return fail(command.NAME, f"this command needs the {command.EXTRA!r} extra: pip "
-                        f"install 'keras-vitnorm[{command.EXTRA}]' "
-                        f"(missing: {', '.join(missing)}).")
+    missing = command.EXTRA and missing_packages(command.EXTRA)
+    if missing:
+        return fail(command.NAME, f"this command needs the {command.EXTRA!r} extra: pip install "
+                    f"'keras-vitnorm[{command.EXTRA}]' (missing: {', '.join(missing)}).")
     received = []
     try:
         with signals_raise(received):
@@ -148,8 +140,9 @@ def run_command(command, args):
         if received:  # the stop, changed on its way out by the code it landed in (NumPy's
             # import reports one as "Importing the numpy C-extensions failed")
             stop = Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
-            stop.args = (f"{stop} (It landed in code that raised {describe_error(error)} "
-                         "instead.)",)
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            raised = type(error).__name__ + (f": {lines[0]}" if lines else "")
+            stop.args = (f"{stop} (It landed in code that raised {raised} instead.)",)
             return fail(command.NAME, interrupted_message(command, args, stop), 128 + received[0])
         status = exit_status(error)
         if status is None:

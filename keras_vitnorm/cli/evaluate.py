@@ -2,21 +2,17 @@
 
 import json
 
-from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import add_verbose
 from keras_vitnorm.cli.arguments import one_of
 
 NAME = "evaluate"
 EXTRA = "train"
 INTERRUPTED = "Nothing was written."
+HELP = "score a saved model on a dataset split"
+DESCRIPTION = "Score a preset directory (or a run directory from `train`) on a dataset."
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="score a saved model on a dataset split",
-        description="Score a preset directory (or a run directory from `train`) on a dataset.",
-    )
+def add_arguments(parser):
     parser.add_argument("path", help="preset directory, or run directory (uses its preset/)")
     parser.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> "
                         "(default: the run's dataset)")
@@ -26,8 +22,7 @@ def add_parser(commands):
     parser.add_argument("--data-dir")
     parser.add_argument("--manual-dir")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                        help="0 no progress bar, 1 progress bar (default), 2 one line" + LOGS_NOTE)
+    add_verbose(parser, "0 no progress bar, 1 progress bar (default), 2 one line")
 
 
 def run(args):

@@ -1,15 +1,19 @@
 """`keras-vitnorm fewshot`: few-shot linear transfer, `study.fewshot.write_fewshot`."""
 
-import argparse
-
 from keras_vitnorm.choices import INPUT_PIPELINES
-from keras_vitnorm.cli.arguments import LOGS_NOTE
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
+from keras_vitnorm.cli.arguments import add_verbose
 from keras_vitnorm.cli.arguments import one_of
 
 NAME = "fewshot"
 EXTRA = "study"
 INTERRUPTED = "Rerun the same command: the runs already scored are kept."
+HELP = "few-shot linear transfer of a study's trained models (big_vision's evaluator)"
+DESCRIPTION = ("Score every completed run of a study by few-shot linear transfer to a "
+               "dataset: a least-squares classifier on the model's pre-logit features, fitted on a "
+               "few training images per class, scored on the test split. Writes "
+               "<study>/<group>_fewshot.md and <study>/fewshot.csv; each run's result is kept in "
+               "its analysis.json, so a rerun computes only what it lacks.")
 
 EXAMPLES = """examples:
   keras-vitnorm fewshot studies/imagenette --dataset folder:/data/cifar10
@@ -22,19 +26,7 @@ times, and scored on the dataset's test split. See docs/study.md.
 """
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="few-shot linear transfer of a study's trained models (big_vision's evaluator)",
-        description="Score every completed run of a study by few-shot linear transfer to a "
-        "dataset: a least-squares classifier on the model's pre-logit features, fitted on a "
-        "few training images per class, scored on the test split. Writes "
-        "<study>/<group>_fewshot.md and <study>/fewshot.csv; each run's result is kept in "
-        "its analysis.json, so a rerun computes only what it lacks.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser):
     parser.add_argument("study_dir", metavar="STUDY_DIR",
                         help="a study directory (its results.csv names the runs)")
     parser.add_argument("--dataset", required=True,
@@ -52,9 +44,7 @@ def add_parser(commands):
     parser.add_argument("--input-pipeline", **one_of(INPUT_PIPELINES), default="auto",
                         help="tf.data, or python (no TensorFlow); auto (default): tf.data where "
                         "TensorFlow is installed")
-    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                        help="0 silent, 1 a line and a progress bar per run computed (default)"
-                        + LOGS_NOTE)
+    add_verbose(parser, "0 silent, 1 a line and a progress bar per run computed (default)")
     parser.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
 
 

@@ -1,11 +1,20 @@
 """One run per seed, for the commands that train several (`segment`, `lit`)."""
 
+import dataclasses
 import os
 
 
-def run_seeds(args, run, score, describe):
-    """Runs `run(seed, run_dir)` per seed in `<output_dir>/seed_<n>/` (a finished one read back
-    unless `args.overwrite`); prints `describe(metrics)` and the mean `metrics[score]`, 95% CI.
+def config_from_args(kind, args, **values):
+    """The `kind` dataclass of the parsed options named as its fields, then `values`."""
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(kind)
+             if hasattr(args, field.name)}
+    return kind(**{**given, **values})
+
+
+def run_seeds(args, train, config, score, describe, **options):
+    """Runs `train(config with the seed, run_dir, ...)` per seed in `<output_dir>/seed_<n>/` (a
+    finished one read back unless `args.overwrite`); prints `describe(metrics)` and the mean
+    `metrics[score]`, 95% CI. `options` go to `train` beside the run options of `args`.
     """
     from keras_vitnorm import durable
     from keras_vitnorm.study.stats import confidence_interval
@@ -18,7 +27,9 @@ def run_seeds(args, run, score, describe):
             if args.verbose:
                 print(f"seed {seed}: finished earlier in {run_dir}")
         else:
-            metrics = run(seed, run_dir)
+            metrics = train(dataclasses.replace(config, seed=seed), run_dir,
+                            overwrite=args.overwrite, verbose=args.verbose,
+                            take_over_lock=args.take_over_lock, **options)
         scores.append(metrics[score])
         print(f"seed {seed}: {describe(metrics)}")
     if len(scores) > 1:

@@ -1,33 +1,22 @@
 """`keras-vitnorm train`: one training run, `keras_vitnorm.training.train`."""
 
-import argparse
 import shlex
 
 from keras_vitnorm.choices import DISTRIBUTIONS
-from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import PROGRESS_LEVELS
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import add_verbose
 from keras_vitnorm.cli.arguments import one_of
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "train"
-#: The extra whose packages the command needs.
 EXTRA = "train"
-
-def interrupted(args, stop):
-    """The advice after a signal stopped the run: the command that continues it."""
-    if not getattr(stop, "resumable", False):
-        return "Nothing was trained: run the same command again."
-    argv = list(args.argv)
-    if not args.resume:
-        argv.append("--resume")
-    if not args.output_dir:
-        argv += ["--output-dir", stop.run_dir]
-    return f"Continue it with: keras-vitnorm {shlex.join(argv)}"
-
+HELP = "train a ViT (default: a small pre-LN ViT on the bundled digits)"
+DESCRIPTION = "Train a ViT preset on a dataset with model.fit."
 
 EXAMPLES = """examples:
-  keras-vitnorm train                                   # small pre-LN ViT on digits (default recipe)
+  keras-vitnorm train                                  # small pre-LN ViT on digits (default recipe)
   keras-vitnorm train --stem dual_patchnorm --norm rmsnorm   # same recipe, other norms
   keras-vitnorm train --dataset tfds:cifar10 --image-size 32 --epochs 100 --flip
   keras-vitnorm train --dataset folder:/data/flowers --preset s16_dpn --image-size 224 \\
@@ -43,15 +32,7 @@ The Keras backend comes from KERAS_BACKEND (jax, tensorflow or torch).
 """
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="train a ViT (default: a small pre-LN ViT on the bundled digits)",
-        description="Train a ViT preset on a dataset with model.fit.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser):
     add_training_arguments(parser)
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", help="run directory (default runs/<preset>-<dataset>-<time>)")
@@ -79,9 +60,19 @@ def add_parser(commands):
                      help="mlflow: log the settings, each epoch's and the final metrics to MLflow "
                      "(MLFLOW_TRACKING_URI, default ./mlruns); a resumed run continues its "
                      "MLflow run")
-    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                     help="0 silent, 1 progress bar (default; one line per epoch where the output "
-                     "is not a terminal), 2 one line per epoch" + LOGS_NOTE)
+    add_verbose(run, PROGRESS_LEVELS)
+
+
+def interrupted(args, stop):
+    """The advice after a signal stopped the run: the command that continues it."""
+    if not getattr(stop, "resumable", False):
+        return "Nothing was trained: run the same command again."
+    argv = list(args.argv)
+    if not args.resume:
+        argv.append("--resume")
+    if not args.output_dir:
+        argv += ["--output-dir", stop.run_dir]
+    return f"Continue it with: keras-vitnorm {shlex.join(argv)}"
 
 
 def run(args):

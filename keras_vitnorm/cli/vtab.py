@@ -1,16 +1,21 @@
 """`keras-vitnorm vtab`: the VTAB-1k transfer sweep, `keras_vitnorm.study.vtab.run_vtab`."""
 
-import argparse
 import dataclasses
 
-from keras_vitnorm.cli.arguments import LOGS_NOTE
+from keras_vitnorm.cli.arguments import PER_RUN_LEVELS
 from keras_vitnorm.cli.arguments import TAKE_OVER_LOCK_HELP
 from keras_vitnorm.cli.arguments import add_training_arguments
+from keras_vitnorm.cli.arguments import add_verbose
 from keras_vitnorm.cli.arguments import train_config_from_args
 
 NAME = "vtab"
 EXTRA = "study"
 INTERRUPTED = "The same command resumes the sweep."
+HELP = "VTAB-1k transfer: fine-tune presets on 1,000 examples per task, rate sweep x seeds"
+DESCRIPTION = ("Fine-tune every preset on every dataset with 800 training and 200 validation "
+               "examples (VTAB-1k), at each learning rate and seed; choose the rate on "
+               "validation and write the test accuracy table (vtab.md). Rerunning skips finished "
+               "runs.")
 
 EXAMPLES = """examples:
   keras-vitnorm vtab --presets runs/b16/preset runs/b16_dpn/preset \\
@@ -24,17 +29,7 @@ See docs/transfer.md.
 """
 
 
-def add_parser(commands):
-    parser = commands.add_parser(
-        NAME,
-        allow_abbrev=False,
-        help="VTAB-1k transfer: fine-tune presets on 1,000 examples per task, rate sweep x seeds",
-        description="Fine-tune every preset on every dataset with 800 training and 200 validation "
-        "examples (VTAB-1k), at each learning rate and seed; choose the rate on validation and "
-        "write the test accuracy table (vtab.md). Rerunning skips finished runs.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser):
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--presets", nargs="+", required=True,
                        help="trained models: preset directories or checkpoints")
@@ -45,9 +40,7 @@ def add_parser(commands):
                        help="learning rates swept (default 0.001 0.003 0.01)")
     sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     sweep.add_argument("--output-dir", dest="sweep_dir", required=True, help="sweep directory")
-    sweep.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                       help="0 silent, 1 one line per run (default), 2 also Keras' per-epoch lines"
-                       + LOGS_NOTE)
+    add_verbose(sweep, PER_RUN_LEVELS)
     sweep.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
     sweep.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                        help="do not write TensorBoard logs")
@@ -63,8 +56,7 @@ def sweep_config(args):
         if value is not None:
             raise ValueError(f"{flag} is set by the sweep: use --presets, --datasets, --lrs and "
                              "--seeds (800 + 200 examples per task are the protocol).")
-    base = train_config_from_args(argparse.Namespace(
-        **{**vars(args), "preset": args.presets[0], "dataset": args.datasets[0]}))
+    base = train_config_from_args(args, preset=args.presets[0], dataset=args.datasets[0])
     for dataset in args.datasets[1:]:
         dataclasses.replace(base, dataset=dataset).validate()
     return base

@@ -24,21 +24,26 @@ def _step(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+def _checkpoints(directory):
+    """`{step: path}` of the `step-<N>` directories in `directory`."""
+    matches = (_STEP_DIRECTORY.match(name) for name in os.listdir(directory))
+    return {int(match.group(1)): os.path.join(directory, match.group(0))
+            for match in matches if match}
+
+
 def training_variables_of(model):
     """The variables of `training_variables(model)`, without their owners."""
     return [variable for _, variable in training_variables(model)]
 
 
 def training_variables(model):
-    """Every variable whose value decides the next training step, in a fixed order.
-
-    The model's variables (weights, BatchNorm statistics and the dropout and drop-path
-    seed generators' states) then the optimizer's (step count, moments). Listed by
-    position, not by name: seed generators are named by a process-wide counter.
+    """`(owner, variable)` of every variable whose value decides the next training step:
+    the model's (weights, BatchNorm statistics, the dropout and drop-path seed generators'
+    states) then the optimizer's (step count, moments). Listed by position, not by name:
+    seed generators are named by a process-wide counter.
     """
-    return [("model", v) for v in model.variables] + [
-        ("optimizer", v) for v in model.optimizer.variables
-    ]
+    return ([("model", v) for v in model.variables]
+            + [("optimizer", v) for v in model.optimizer.variables])
 
 
 def save_training_state(model, path, random_state=None):
@@ -48,10 +53,9 @@ def save_training_state(model, path, random_state=None):
     A NumPy archive, not a `.weights.h5`: on a full disk Python's file I/O raises a
     plain `OSError`, where h5py's failed writes end in a crash.
     """
-    arrays = {}
-    for index, (owner, variable) in enumerate(training_variables(model)):
-        arrays[f"v{index}"] = keras.ops.convert_to_numpy(variable)
-    names = np.array([f"{owner}:{variable.path}" for owner, variable in training_variables(model)])
+    variables = training_variables(model)
+    arrays = {f"v{i}": keras.ops.convert_to_numpy(v) for i, (_, v) in enumerate(variables)}
+    names = np.array([f"{owner}:{variable.path}" for owner, variable in variables])
     if random_state is not None:
         arrays["torch_random_state"] = random_state
     with open(path, "wb") as f:
@@ -69,19 +73,14 @@ def read_training_state(model, path):
     names = list(arrays.pop("names"))
     random_state = arrays.pop("torch_random_state", None)
     if len(names) != len(targets):
-        raise ValueError(
-            f"{path} holds {len(names)} variables, this model and optimizer have "
-            f"{len(targets)}: it was saved by another configuration."
-        )
-    values = []
-    for index, (owner, variable) in enumerate(targets):
-        array = arrays[f"v{index}"]
+        raise ValueError(f"{path} holds {len(names)} variables, this model and optimizer have "
+                         f"{len(targets)}: it was saved by another configuration.")
+    values = [arrays[f"v{index}"] for index in range(len(targets))]
+    for index, (array, (owner, variable)) in enumerate(zip(values, targets)):
         if tuple(array.shape) != tuple(variable.shape):
             raise ValueError(
                 f"{path}: variable {index} ({names[index]}) has shape {array.shape}, but "
-                f"{owner} variable {variable.path} has shape {tuple(variable.shape)}."
-            )
-        values.append(array)
+                f"{owner} variable {variable.path} has shape {tuple(variable.shape)}.")
     return values, random_state
 
 
@@ -97,25 +96,26 @@ class RunCheckpoint(keras.callbacks.Callback):
     that dropout draws from, held from one batch's end to the next's start, so the
     masks depend only on the step.
 
-    Saves at every epoch end, and every `save_freq` batches if it is an int. `flush`
-    callables run before each save (the logs reach the checkpoint's step) and
+    Saves at every epoch end, and every `save_freq` batches if it is an int. The `flush`
+    callables run before each save (the logs reach the checkpoint's step) and the
     `after_save` callables after it.
     """
 
-    def __init__(self, directory, save_freq="epoch", flush=(), after_save=()):
+    def __init__(self, directory, save_freq="epoch"):
         super().__init__()
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
                                      or save_freq < 1):
             raise ValueError(f"save_freq must be 'epoch' or a positive int, got {save_freq!r}.")
         self.directory = directory
         self.save_freq = save_freq
-        self.flush = list(flush)
-        self.after_save = list(after_save)
+        self.flush = []
+        self.after_save = []
         self.batch_offset = 0
         self._epoch = 0
         self._batches_done = 0
         self._since_save = 0
-        self._random_state = None
+        #: PyTorch's global random state of the restored or last saved step (else None).
+        self.random_state = None
         #: Training seconds of the steps before this process's `fit` (from the restored
         #: checkpoint; `None` where that checkpoint did not record them), and the
         #: `time.perf_counter()` at which this process's training began (the trainer sets it).
@@ -136,12 +136,7 @@ class RunCheckpoint(keras.callbacks.Callback):
                 durable.recover_directory(os.path.join(directory, name[1:-len(".old")]))
         for leftover in glob.glob(os.path.join(directory, ".step-*")):
             shutil.rmtree(leftover, ignore_errors=True)
-        found = []
-        for name in os.listdir(directory):
-            match = _STEP_DIRECTORY.match(name)
-            if match:
-                found.append((int(match.group(1)), os.path.join(directory, name)))
-        for _, path in sorted(found, reverse=True):
+        for _, path in sorted(_checkpoints(directory).items(), reverse=True):
             state_path = os.path.join(path, STATE_FILE)
             if os.path.isfile(state_path) and os.path.isfile(os.path.join(path, ARRAYS_FILE)):
                 try:
@@ -151,10 +146,8 @@ class RunCheckpoint(keras.callbacks.Callback):
                     raise ValueError(
                         f"Checkpoint state {state_path} is unreadable ({error}).") from error
                 if not {"epoch", "batch", "step"} <= set(state):
-                    raise ValueError(
-                        f"{state_path} is not a keras-vitnorm checkpoint state "
-                        f"(keys {sorted(state)}); cannot resume from it."
-                    )
+                    raise ValueError(f"{state_path} is not a keras-vitnorm checkpoint state "
+                                     f"(keys {sorted(state)}); cannot resume from it.")
                 return path, state
         return None
 
@@ -163,12 +156,11 @@ class RunCheckpoint(keras.callbacks.Callback):
         with `assign=False` returns them instead, in `training_variables` order."""
         arrays = os.path.join(path, ARRAYS_FILE)
         try:
-            values, self._random_state = read_training_state(model, arrays)
+            values, self.random_state = read_training_state(model, arrays)
         except Exception as error:
             raise ValueError(
                 f"Checkpoint {arrays} cannot be loaded into this run ({error}). Delete the "
-                f"checkpoint directory {path} to resume from the one before it."
-            ) from error
+                f"checkpoint directory {path} to resume from the one before it.") from error
         if not assign:
             return values
         for variable, value in zip(training_variables_of(model), values):
@@ -182,21 +174,16 @@ class RunCheckpoint(keras.callbacks.Callback):
             return None
         return round(self.seconds_before + time.perf_counter() - self.began, 2)
 
-    @property
-    def random_state(self):
-        """PyTorch's global random state of the restored or last saved step (else None)."""
-        return self._random_state
-
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._batches_done = self.batch_offset
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._random_state is not None:
-            backend.set_global_random_state(self._random_state)
+        if self.random_state is not None:
+            backend.set_global_random_state(self.random_state)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._random_state = backend.global_random_state()
+        self.random_state = backend.global_random_state()
         self._batches_done = self.batch_offset + batch + 1
         if self.save_freq != "epoch":
             self._since_save += 1
@@ -230,7 +217,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         def write(temporary):
             os.makedirs(temporary)
             durable.fault_point("checkpoint:begin")
-            save_training_state(self.model, os.path.join(temporary, ARRAYS_FILE), self._random_state)
+            save_training_state(self.model, os.path.join(temporary, ARRAYS_FILE),
+                                self.random_state)
             durable.fault_point("checkpoint:weights")
             durable.write_json(os.path.join(temporary, STATE_FILE), state)
 
@@ -243,10 +231,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         durable.fault_point("checkpoint:renamed")
         for after_save in self.after_save:
             after_save()
-        for name in os.listdir(self.directory):
-            match = _STEP_DIRECTORY.match(name)
-            if match and int(match.group(1)) != step:
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        for old, path in _checkpoints(self.directory).items():
+            if old != step:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class PresetCheckpoint(keras.callbacks.Callback):

@@ -14,6 +14,7 @@ from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.choices import OPTIMIZERS
 from keras_vitnorm.choices import PRECISIONS
 from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.models.presets import preset_config
 from keras_vitnorm.training.data import Augmentation
 from keras_vitnorm.training.data import check_pipeline
@@ -46,9 +47,8 @@ def setting_changes(saved, current):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`.
-
-    The command-line flags of the same names are described in docs/training.md.
+    """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`; the
+    command-line flags of the same names are described in docs/training.md.
 
     Attributes:
         recipe: name of the recipe the defaults came from (recorded with the run).
@@ -69,17 +69,17 @@ class TrainConfig:
         weight_decay: AdamW decay in Keras' convention, on kernels only.
         optimizer: `"adamw"` (`None` too) or `"sgd"`; momentum: SGD's, `None` = 0.9.
         beta_1, beta_2: Adam moment decay rates.
-        grad_clip: global-norm clipping threshold; `None` or 0 = off.
         label_smoothing: float in [0, 1).
+        grad_clip: global-norm clipping threshold; `None` or 0 = off.
         drop_path: stochastic depth rate of the last block (overrides the model's).
         crop, crop_padding, zoom, flip, randaugment_ops, randaugment_factor, mixup,
             cutmix: augmentation, see `keras_vitnorm.training.data.Augmentation`.
         mixed_precision: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
-        seed: int, seeds weights, data order and augmentation.
+        seed: seeds weights, data order and augmentation.
         output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
         backup_every: steps between mid-epoch backups (`None`: end of epoch only).
-        shuffle_buffer: tf.data shuffle buffer (examples).
-        input_pipeline: `"auto"`, `"tf.data"` or `"python"` (see `load_dataset`).
+        shuffle_buffer, input_pipeline: tf.data's shuffle buffer (examples); `"auto"`,
+            `"tf.data"` or `"python"` (see `load_dataset`).
         distribute: `False`, `"data"` (or `True`) or `"fsdp"` (JAX; `training.distribution`).
         tensorboard: bool, write TensorBoard logs.
         grad_norm_every: steps between per-layer gradient-norm records; `None` = off.
@@ -146,9 +146,8 @@ class TrainConfig:
         checkpoint_model = values.pop("checkpoint_model", {})
         unknown = sorted(set(overrides) - set(cls.field_names()))
         if unknown:
-            raise ValueError(
-                f"Unknown training setting(s) {unknown}. Valid: {', '.join(cls.field_names())}."
-            )
+            raise ValueError(f"Unknown training setting(s) {unknown}. Valid: "
+                             f"{', '.join(cls.field_names())}.")
         overrides = {key: value for key, value in overrides.items() if value is not None}
         if "epochs" in overrides:
             values.pop("steps", None)
@@ -156,8 +155,8 @@ class TrainConfig:
             values.pop("epochs", None)
         preset = overrides.get("preset", values.get("preset"))
         recipe_model = values.get("model", {})
-        if names_trained_model(preset):
-            recipe_model = checkpoint_model  # a saved model or checkpoint keeps its own architecture
+        if names_trained_model(preset):  # a saved model keeps its own architecture
+            recipe_model = checkpoint_model
         model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
         config.validate()
@@ -173,10 +172,9 @@ class TrainConfig:
         """Raises a `ValueError` naming the first bad setting."""
         parse_dataset(self.dataset)
         if self.preset is None:
-            raise ValueError(
-                f"The {self.recipe!r} recipe fine-tunes a trained model: pass --preset with a "
-                "preset directory or a checkpoint (docs/checkpoints.md)."
-            )
+            raise ValueError(f"The {self.recipe!r} recipe fine-tunes a trained model: pass "
+                             "--preset with a preset directory or a checkpoint "
+                             "(docs/checkpoints.md).")
         if not names_trained_model(self.preset):
             preset_config(self.preset)  # raises, naming close matches, unless it is built in
             if get_recipe(self.recipe)["preset"] is None:
@@ -199,59 +197,47 @@ class TrainConfig:
         if self.optimizer is not None:
             check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.momentum is not None:
-            self._check_range("momentum", 0.0, 1.0, closed_high=False)
+            self._check_range("momentum", 0.0, 1.0)
             if self.optimizer != "sgd":
-                raise ValueError(f"momentum={self.momentum} applies to optimizer='sgd' only (got {self.optimizer!r}).")
+                raise ValueError(f"momentum={self.momentum} applies to optimizer='sgd' only "
+                                 f"(got {self.optimizer!r}).")
         if (self.epochs is None) == (self.steps is None):
-            raise ValueError(
-                f"Give exactly one of epochs and steps (got epochs={self.epochs!r}, "
-                f"steps={self.steps!r})."
-            )
+            raise ValueError(f"Give exactly one of epochs and steps (got epochs={self.epochs!r}, "
+                             f"steps={self.steps!r}).")
         for name in ("epochs", "steps", "steps_per_epoch", "batch_size", "backup_every",
                      "shuffle_buffer", "grad_norm_every", "train_examples", "val_examples"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
         for name in ("warmup_steps", "crop_padding", "randaugment_ops", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-        for name, low, high in (
-            ("learning_rate", 0.0, math.inf),
-            ("min_learning_rate", 0.0, math.inf),
-            ("weight_decay", 0.0, math.inf),
-            ("mixup", 0.0, math.inf),
-            ("cutmix", 0.0, math.inf),
-        ):
-            self._check_range(name, low, high, closed_high=False, open_low=name == "learning_rate")
+        for name in ("learning_rate", "min_learning_rate", "weight_decay", "mixup", "cutmix"):
+            self._check_range(name, 0.0, math.inf, "()" if name == "learning_rate" else "[)")
         for name in ("label_smoothing", "zoom", "val_fraction", "beta_1", "beta_2"):
-            self._check_range(name, 0.0, 1.0, closed_high=False, open_low=name == "val_fraction")
-        self._check_range("randaugment_factor", 0.0, 1.0, closed_high=True)
-        if self.grad_clip is not None:
-            self._check_range("grad_clip", 0.0, math.inf, closed_high=False)
-        if self.drop_path is not None:
-            self._check_range("drop_path", 0.0, 1.0, closed_high=False)
+            self._check_range(name, 0.0, 1.0, "()" if name == "val_fraction" else "[)")
+        self._check_range("randaugment_factor", 0.0, 1.0, "[]")
+        for name, high in (("grad_clip", math.inf), ("drop_path", 1.0)):
+            if getattr(self, name) is not None:
+                self._check_range(name, 0.0, high)
         if self.min_learning_rate > self.learning_rate:
-            raise ValueError(
-                f"min_learning_rate={self.min_learning_rate} is above "
-                f"learning_rate={self.learning_rate}."
-            )
+            raise ValueError(f"min_learning_rate={self.min_learning_rate} is above "
+                             f"learning_rate={self.learning_rate}.")
         if not isinstance(self.model, dict):
             raise ValueError(f"model must be a dict of ViT config overrides, got {self.model!r}.")
         if "num_classes" in self.model:
-            raise ValueError(
-                "model['num_classes'] is set from the dataset; remove it from the overrides."
-            )
+            raise ValueError("model['num_classes'] is set from the dataset; remove it from the "
+                             "overrides.")
 
-    def _check_range(self, name, low, high, closed_high, open_low=False):
+    def _check_range(self, name, low, high, brackets="[)"):
+        """Raises unless the setting `name` is a number in the interval `brackets` of `low`
+        and `high` ("(" and ")" open, "[" and "]" closed)."""
         value = getattr(self, name)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = ok and (value > low if open_low else value >= low)
-        ok = ok and (value <= high if closed_high else value < high)
-        if not ok:
-            left = "(" if open_low else "["
-            right = "]" if closed_high else ")"
-            raise ValueError(f"{name} must be a number in {left}{low}, {high}{right}, got {value!r}.")
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (value > low if brackets[0] == "(" else value >= low)
+                and (value <= high if brackets[1] == "]" else value < high)):
+            raise ValueError(f"{name} must be a number in {brackets[0]}{low}, {high}{brackets[1]}, "
+                             f"got {value!r}.")
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -24,7 +24,6 @@ from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
 MODEL_FILE = "lit.keras"
-METRICS_FILE = run_files.METRICS_FILE
 TRAIN_TEMPLATES = (
     "a photo of a {}.",
     "a picture of the {}.",
@@ -74,7 +73,8 @@ class LiTConfig:
             check_positive_int(name, getattr(self, name))
         check_positive_float("learning_rate", self.learning_rate)
         if self.batch_size < 2:
-            raise ValueError(f"batch_size must be at least 2 for a contrastive loss, got {self.batch_size}.")
+            raise ValueError("batch_size must be at least 2 for a contrastive loss, got "
+                             f"{self.batch_size}.")
         # Any class name: checked again with the dataset's names once they are read.
         check_class_names_fit(self.max_length, None, TRAIN_TEMPLATES + HELD_OUT_TEMPLATES)
 
@@ -103,8 +103,9 @@ def build_lit(config, vocabulary):
         {key: value for key, value in config.model.items() if key != "image_size"})
     vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
     return LiT(vit, vocabulary, max_length=config.max_length, embed_dim=config.embed_dim,
-               freeze_image_tower=config.freeze_image_tower, loss=config.loss, text_width=config.text_width,
-               text_depth=config.text_depth, text_heads=config.text_heads, text_mlp_dim=config.text_mlp_dim)
+               freeze_image_tower=config.freeze_image_tower, loss=config.loss,
+               text_width=config.text_width, text_depth=config.text_depth,
+               text_heads=config.text_heads, text_mlp_dim=config.text_mlp_dim)
 
 
 def zero_shot_accuracy(model, images, labels, class_names, templates):
@@ -132,13 +133,16 @@ def _train_lit(config, verbose):
     keras.utils.set_random_seed(config.seed)
     # The vocabulary holds the training templates' words and the class names only: the
     # held-out templates' other words are unknown tokens to the text tower.
-    model = build_lit(config, caption_vocabulary([t.format(n) for t in TRAIN_TEMPLATES for n in names]))
+    vocabulary = caption_vocabulary([t.format(n) for t in TRAIN_TEMPLATES for n in names])
+    model = build_lit(config, vocabulary)
     channels = model.vit_config["num_channels"]
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
-        split_arrays(data, split, config.image_size, channels) for split in ("train", "validation", "test"))
+        split_arrays(data, split, config.image_size, channels)
+        for split in ("train", "validation", "test"))
     train_captions = captions_for(y_train, names, TRAIN_TEMPLATES, config.seed)
     steps = config.epochs * max(1, len(x_train) // config.batch_size)
-    model.compile(optimizer=adamw(model, steps, config.learning_rate, warmup_steps=config.warmup_steps,
+    model.compile(optimizer=adamw(model, steps, config.learning_rate,
+                                  warmup_steps=config.warmup_steps,
                                   weight_decay=config.weight_decay))
     # Validation batches are fixed slices: shuffled once (seed 0), a batch holds a mix of
     # classes, as a training batch does (a batch of one class has no negatives to tell apart).
@@ -147,15 +151,15 @@ def _train_lit(config, verbose):
     val_captions = captions_for(y_val, names, TRAIN_TEMPLATES, config.seed + 1)
     started = time.time()
     history = model.fit(
-        {"images": x_train, "tokens": model.tokenize(train_captions)}, batch_size=config.batch_size,
-        epochs=config.epochs, shuffle=True, verbose=verbose,
-        validation_data=({"images": x_val, "tokens": model.tokenize(val_captions)},),
-    )
+        {"images": x_train, "tokens": model.tokenize(train_captions)},
+        batch_size=config.batch_size, epochs=config.epochs, shuffle=True, verbose=verbose,
+        validation_data=({"images": x_val, "tokens": model.tokenize(val_captions)},))
     metrics = {
         "status": "completed",
         "config": dataclasses.asdict(config),
         "dataset": data.describe(),
-        "zero_shot_test_accuracy": zero_shot_accuracy(model, x_test, y_test, names, HELD_OUT_TEMPLATES),
+        "zero_shot_test_accuracy": zero_shot_accuracy(model, x_test, y_test, names,
+                                                      HELD_OUT_TEMPLATES),
         "zero_shot_test_accuracy_train_templates": zero_shot_accuracy(model, x_test, y_test, names,
                                                                       TRAIN_TEMPLATES),
         "history": {key: [float(v) for v in values] for key, values in history.history.items()},

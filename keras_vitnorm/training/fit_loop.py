@@ -34,11 +34,8 @@ from keras_vitnorm.training.run_plan import first_process_then_all
 def progress_verbosity(verbose, stream=None):
     """Keras' `verbose` for `fit`: its progress bar (1) only where `stream` (default
     `sys.stdout`) is a terminal; in a file or a pipe, one line per epoch (2)."""
-    stream = sys.stdout if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if verbose == 1 and not (callable(isatty) and isatty()):
-        return 2
-    return verbose
+    isatty = getattr(sys.stdout if stream is None else stream, "isatty", None)
+    return 2 if verbose == 1 and not (callable(isatty) and isatty()) else verbose
 
 
 class TrainingDiverged(RuntimeError):
@@ -107,8 +104,7 @@ class Run:
 
     def execute(self, extra_callbacks, verbose):
         """Trains (from the start, or from the last checkpoint); returns the metrics."""
-        resume = self.resume
-        config, plan = self.config, self.plan
+        config, plan, resume = self.config, self.plan, self.resume
         self.stop.check()  # a signal during start-up whose exception was dropped
         model = ViT.from_preset(config.preset, **plan.overrides)
         model.check_datasets = False  # the pipelines give the model's range by construction
@@ -118,15 +114,12 @@ class Run:
                            config.label_smoothing)
         if plan.share[1] > 1:  # torchrun: JAX averages over its devices itself
             backend.average_gradients(model.optimizer)
-        self.say(
-            f"Model {describe_model(config)} ({model.count_params():,} parameters, "
-            f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
-            f"{plan.total_steps} steps of batch {config.batch_size}, {plan.steps_per_epoch} steps "
-            f"per epoch; output in {self.directory.path}"
-        )
-        self.checkpoint = callbacks_lib.RunCheckpoint(
-            self.directory.backup, save_freq=config.backup_every or "epoch"
-        )
+        self.say(f"Model {describe_model(config)} ({model.count_params():,} parameters, "
+                 f"{self.image_size[0]}x{self.image_size[1]}x{self.channels}); "
+                 f"{plan.total_steps} steps of batch {config.batch_size}, "
+                 f"{plan.steps_per_epoch} steps per epoch; output in {self.directory.path}")
+        self.checkpoint = callbacks_lib.RunCheckpoint(self.directory.backup,
+                                                      save_freq=config.backup_every or "epoch")
         start, restored = (0, 0, 0), None
         several = plan.process[1] > 1
         if several:
@@ -161,7 +154,6 @@ class Run:
         nan_stop = self._fit(model, start_epoch, batches_done, extra_callbacks, verbose)
         seconds = time.perf_counter() - began
         before = self.checkpoint.seconds_before
-        total = None if before is None else round(before + seconds, 2)
         record = {
             "backend": backend.name(),
             "dataset": self.data.name,
@@ -171,7 +163,7 @@ class Run:
             "resumed_from_step": start_step,
             "train_seconds_this_run": round(seconds, 2),
             # Summed over every run that trained this model's steps (None if unknown).
-            "train_seconds": total,
+            "train_seconds": None if before is None else round(before + seconds, 2),
             "replicas": plan.replicas,
             "class_names": self.data.class_names,
             "model_config": {k: v for k, v in model.get_config().items() if k in ViT.CONFIG_KEYS},
@@ -181,103 +173,74 @@ class Run:
         return self._finish(model, record, seconds)
 
     def _callbacks(self, extra_callbacks):
-        config = self.config
-        previous_best = max(
-            (row.get("val_accuracy", -1.0) for row in read_log(self.directory.log)), default=None
-        )
-        nan_stop = callbacks_lib.StopOnNaN(
-            agree=backend.any_process if self.plan.process[1] > 1 else None)
-        scale = callbacks_lib.ScaleLog("val_loss", self.loss_scale["validation"])
-        checkpoint = self.checkpoint
+        """`(callbacks of fit, their StopOnNaN)`; the first process's also write the run."""
+        config, checkpoint = self.config, self.checkpoint
+        agree = backend.any_process if self.plan.process[1] > 1 else None
+        nan_stop = callbacks_lib.StopOnNaN(agree=agree)
         recorders = []
         if config.grad_norm_every:
             images, labels = data_lib.first_eval_batch(
-                self.data, self.data.validation, self.image_size, self.channels, 64
-            )
-            recorders.append(
-                GradientNormRecorder(
-                    images, labels, every=config.grad_norm_every,
-                    # Every process computes the records (a step of JAX's processes runs
-                    # on all of them); the first one writes them.
-                    path=self.directory.grad_norms if self.plan.lead else None,
-                )
-            )
+                self.data, self.data.validation, self.image_size, self.channels, 64)
+            # Every process computes the records (a step of JAX's processes runs on all of
+            # them); the first one writes them.
+            recorders.append(GradientNormRecorder(
+                images, labels, every=config.grad_norm_every,
+                path=self.directory.grad_norms if self.plan.lead else None))
+        # Order matters: the NaN stop acts before anything saves; records and the log row
+        # of a step are written before the checkpoint of that step.
+        callbacks = [nan_stop, callbacks_lib.ScaleLog("val_loss", self.loss_scale["validation"]),
+                     *recorders]
+        if self.plan.lead:  # the first process writes the logs and checkpoints
+            checkpoint.flush = [recorder.flush for recorder in recorders]
+            # The run an --overwrite replaces is kept until this one has a checkpoint.
+            checkpoint.after_save = [lambda: drop_replaced(self.directory.path)]
+            best = max((row.get("val_accuracy", -1.0) for row in read_log(self.directory.log)),
+                       default=None)
+            callbacks += [
+                keras.callbacks.CSVLogger(self.directory.log, append=True),
+                callbacks_lib.PresetCheckpoint(
+                    self.directory.checkpoints["best"], monitor="val_accuracy",
+                    initial_best=best, stage="best"),
+                callbacks_lib.PresetCheckpoint(self.directory.checkpoints["last"], stage="last"),
+                checkpoint,
+            ]
+        callbacks += extra_callbacks
+        if self.plan.lead and config.tensorboard:
+            if importlib.util.find_spec("tensorflow") is None:
+                self.say("No TensorBoard logs: keras.callbacks.TensorBoard needs TensorFlow, "
+                         "which is not installed; log.csv has every epoch (--no-tensorboard "
+                         "drops this note).")
+            else:
+                callbacks.append(
+                    keras.callbacks.TensorBoard(self.directory.tensorboard, write_graph=False))
         # Last: a signal ends the step with every other callback's work of it done.
-        stop = interrupts.StopOnSignal(
-            self.stop, checkpoint if self.plan.lead else None,
-            agree=backend.any_process if self.plan.process[1] > 1 else None)
-        if not self.plan.lead:  # the first process writes the logs and checkpoints
-            return [nan_stop, scale, *recorders, *extra_callbacks, stop], nan_stop, checkpoint
-        log = keras.callbacks.CSVLogger(self.directory.log, append=True)
-        checkpoint.flush = [recorder.flush for recorder in recorders]
-        # The run an --overwrite replaces is kept until this one has a checkpoint.
-        checkpoint.after_save = [lambda: drop_replaced(self.directory.path)]
-        # Order matters: the NaN stop acts before anything saves; records and the log
-        # row of a step are written before the checkpoint of that step.
-        callbacks = [
-            nan_stop,
-            scale,
-            *recorders,
-            log,
-            callbacks_lib.PresetCheckpoint(
-                self.directory.checkpoints["best"],
-                monitor="val_accuracy",
-                initial_best=previous_best,
-                stage="best",
-            ),
-            callbacks_lib.PresetCheckpoint(self.directory.checkpoints["last"], stage="last"),
-            checkpoint,
-            *extra_callbacks,
-        ]
-        if config.tensorboard and importlib.util.find_spec("tensorflow") is None:
-            self.say("No TensorBoard logs: keras.callbacks.TensorBoard needs TensorFlow, which "
-                     "is not installed; log.csv has every epoch (--no-tensorboard drops this note).")
-        elif config.tensorboard:
-            callbacks.append(
-                keras.callbacks.TensorBoard(self.directory.tensorboard, write_graph=False)
-            )
-        return [*callbacks, stop], nan_stop, checkpoint
+        callbacks.append(interrupts.StopOnSignal(
+            self.stop, checkpoint if self.plan.lead else None, agree=agree))
+        return callbacks, nan_stop
 
     def _fit(self, model, start_epoch, batches_done, extra_callbacks, verbose):
-        callbacks, nan_stop, checkpoint = self._callbacks(extra_callbacks)
-        with self.stop.deferred():
-            self._fit_segments(model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
-                               verbose)
-        return nan_stop
-
-    def _fit_segments(self, model, start_epoch, batches_done, callbacks, nan_stop, checkpoint,
-                      verbose):
+        """`model.fit` over the segments of `plan_segments`; returns the `StopOnNaN`."""
         config, plan = self.config, self.plan
+        callbacks, nan_stop = self._callbacks(extra_callbacks)
         augmentation = augmentation_of(config)
-        for initial_epoch, epochs, steps, offset in plan_segments(
-            plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done
-        ):
-            stream = data_lib.train_stream(
-                self.data,
-                self.image_size,
-                self.channels,
-                config.batch_size,
-                config.seed,
-                augmentation,
-                start_step=initial_epoch * plan.steps_per_epoch + offset,
-                end_step=plan.total_steps,
-                shuffle_buffer=config.shuffle_buffer,
-                share=plan.share,
-            )
-            checkpoint.batch_offset = nan_stop.batch_offset = offset
-            try:
-                model.fit(
-                    stream,
-                    initial_epoch=initial_epoch,
-                    epochs=epochs,
-                    steps_per_epoch=steps,
-                    validation_data=self.val_data,
-                    shuffle=False,  # the stream is shuffled by pass, reproducibly
-                    callbacks=callbacks,
-                    verbose=progress_verbosity(verbose) if plan.lead else 0,
-                )
-            except callbacks_lib.LossIsNaN:
-                break
+        with self.stop.deferred():
+            for initial_epoch, epochs, steps, offset in plan_segments(
+                    plan.total_steps, plan.steps_per_epoch, start_epoch, batches_done):
+                stream = data_lib.train_stream(
+                    self.data, self.image_size, self.channels, config.batch_size, config.seed,
+                    augmentation, start_step=initial_epoch * plan.steps_per_epoch + offset,
+                    end_step=plan.total_steps, shuffle_buffer=config.shuffle_buffer,
+                    share=plan.share)
+                self.checkpoint.batch_offset = nan_stop.batch_offset = offset
+                try:
+                    model.fit(stream, initial_epoch=initial_epoch, epochs=epochs,
+                              steps_per_epoch=steps, validation_data=self.val_data,
+                              shuffle=False,  # the stream is shuffled by pass, reproducibly
+                              callbacks=callbacks,
+                              verbose=progress_verbosity(verbose) if plan.lead else 0)
+                except callbacks_lib.LossIsNaN:
+                    break
+        return nan_stop
 
     def _diverged(self, nan_stop, record):
         last = self.directory.checkpoints["last"]
@@ -289,10 +252,8 @@ class Run:
                else "No checkpoint was written before it.")
         )
         if self.plan.lead:
-            durable.write_json(
-                self.directory.metrics,
-                {"status": "diverged", "diverged_at_step": nan_stop.step, **record},
-            )
+            durable.write_json(self.directory.metrics,
+                               {"status": "diverged", "diverged_at_step": nan_stop.step, **record})
         raise TrainingDiverged(message, nan_stop.step)
 
     def _finish(self, model, record, seconds):
@@ -323,15 +284,12 @@ class Run:
         safe = f"The checkpoint in {self.directory.backup} is intact."
         with run_files.storage_errors(self.directory.preset, safe):
             durable.write_directory(self.directory.preset, model.save_to_preset, stage="preset")
-        metrics_path = self.directory.metrics
-        with run_files.storage_errors(metrics_path, safe):
-            durable.write_json(metrics_path, metrics, stage="metrics")
+        with run_files.storage_errors(self.directory.metrics, safe):
+            durable.write_json(self.directory.metrics, metrics, stage="metrics")
         durable.fault_point("final:completed")
         shutil.rmtree(self.directory.backup, ignore_errors=True)
-        self.say(
-            f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
-            f"test accuracy {metrics['test_accuracy']:.4f} ({self.data.test.size} images). "
-            f"Model saved to {self.directory.preset}."
-        )
+        self.say(f"Done in {seconds:.0f} s: validation accuracy {metrics['val_accuracy']:.4f}, "
+                 f"test accuracy {metrics['test_accuracy']:.4f} ({self.data.test.size} images). "
+                 f"Model saved to {self.directory.preset}.")
         return metrics
 

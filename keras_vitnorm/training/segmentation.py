@@ -13,19 +13,18 @@ from keras_vitnorm import backend
 from keras_vitnorm.models.segmenter import PixelAccuracy
 from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
-from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.models.segmenter import segmentation_loss
 from keras_vitnorm.models.vit import ViT
-from keras_vitnorm.training.segmentation_data import load_segmentation_data
-from keras_vitnorm.training.segmentation_data import model_inputs
+from keras_vitnorm.models.vit_config import in_model_range
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import dtype_policy
 from keras_vitnorm.training.optimizer import adamw
+from keras_vitnorm.training.segmentation_data import load_segmentation_data
+from keras_vitnorm.training.segmentation_data import model_inputs
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 
 MODEL_FILE = "segmenter.keras"
-METRICS_FILE = run_files.METRICS_FILE
 
 
 @dataclasses.dataclass
@@ -63,9 +62,8 @@ class SegmentationConfig:
             raise ValueError("scenes must be three positive integers (train, validation, test; "
                              f"--scenes), got {scenes}.")
         if self.weight_decay < 0 or self.warmup_steps < 0:
-            raise ValueError(
-                f"weight_decay and warmup_steps must be >= 0, got {self.weight_decay} and {self.warmup_steps}."
-            )
+            raise ValueError(f"weight_decay and warmup_steps must be >= 0, got "
+                             f"{self.weight_decay} and {self.warmup_steps}.")
 
 
 def build_segmenter(config, num_classes):
@@ -95,24 +93,21 @@ def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=No
 
 
 def _train_segmenter(config, verbose, data):
-    data = data or load_segmentation_data(config.dataset, config.image_size, config.num_classes, config.scenes)
+    data = data or load_segmentation_data(config.dataset, config.image_size, config.num_classes,
+                                          config.scenes)
     keras.utils.set_random_seed(config.seed)
     model = build_segmenter(config, data.num_classes)
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = data.train, data.validation, data.test
     steps = config.epochs * -(-len(x_train) // config.batch_size)
     optimizer = adamw(model, steps, config.learning_rate, warmup_steps=config.warmup_steps,
                       weight_decay=config.weight_decay)
-    model.compile(
-        optimizer=optimizer,
-        loss=segmentation_loss(data.ignore_class),
-        metrics=[mean_iou(data.num_classes, data.ignore_class),
-                 PixelAccuracy(data.ignore_class)],
-    )
+    model.compile(optimizer=optimizer, loss=segmentation_loss(data.ignore_class),
+                  metrics=[mean_iou(data.num_classes, data.ignore_class),
+                           PixelAccuracy(data.ignore_class)])
     started = time.time()
-    history = model.fit(
-        model_inputs(x_train), y_train, batch_size=config.batch_size, epochs=config.epochs,
-        validation_data=(model_inputs(x_val), y_val), verbose=verbose,
-    )
+    history = model.fit(model_inputs(x_train), y_train, batch_size=config.batch_size,
+                        epochs=config.epochs, validation_data=(model_inputs(x_val), y_val),
+                        verbose=verbose)
     train_seconds = time.time() - started
     test = model.evaluate(model_inputs(x_test), y_test, batch_size=config.batch_size, verbose=0,
                           return_dict=True)

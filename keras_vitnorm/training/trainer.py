@@ -22,12 +22,12 @@ from keras_vitnorm.training.fit_loop import Run
 from keras_vitnorm.training.fit_loop import TrainingDiverged
 from keras_vitnorm.training.fit_loop import augmentation_of
 from keras_vitnorm.training.fit_loop import describe_model
-from keras_vitnorm.training.run_plan import first_process_then_all
-from keras_vitnorm.training.run_plan import fit_to_data
 from keras_vitnorm.training.run_layout import LOCK_FILE
 from keras_vitnorm.training.run_layout import SETTINGS_FILE
 from keras_vitnorm.training.run_layout import RunDirectory
 from keras_vitnorm.training.run_layout import has_checkpoint_or_result
+from keras_vitnorm.training.run_plan import first_process_then_all
+from keras_vitnorm.training.run_plan import fit_to_data
 from keras_vitnorm.training.run_plan import plan_run
 
 __all__ = ["TrainingDiverged", "describe_model", "load_training_data", "train"]
@@ -44,9 +44,8 @@ def _model_overrides(config, data):
     overrides = in_model_range(overrides)  # the pipelines feed [-1, 1]
     unknown = sorted(set(overrides) - set(ViT.CONFIG_KEYS))
     if unknown:
-        raise ValueError(
-            f"Unknown model setting(s) {unknown}. Valid: {', '.join(ViT.CONFIG_KEYS)}."
-        )
+        raise ValueError(f"Unknown model setting(s) {unknown}. Valid: "
+                         f"{', '.join(ViT.CONFIG_KEYS)}.")
     return overrides
 
 
@@ -55,8 +54,7 @@ def load_training_data(config):
     return data_lib.load_dataset(
         config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
         config.train_examples, skip_bad_images=bool(config.skip_bad_images),
-        val_examples=config.val_examples, pipeline=config.input_pipeline,
-    )
+        val_examples=config.val_examples, pipeline=config.input_pipeline)
 
 
 def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_over_lock=False,
@@ -133,8 +131,7 @@ def _described(interrupted, directory=None, plan=None):
             f"Stopped by {name} before the new run's first checkpoint: the run it replaces in "
             f"{directory.path} is kept, and comes back with the next command there.",
             directory.path)
-    settings = directory and os.path.isfile(os.path.join(directory.path, SETTINGS_FILE))
-    if not settings:
+    if not (directory and os.path.isfile(os.path.join(directory.path, SETTINGS_FILE))):
         return interrupted.describe(
             f"Stopped by {name} before the run directory was set up: nothing was written.")
     found = callbacks_lib.RunCheckpoint.latest(directory.backup)
@@ -188,27 +185,26 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, 
             claimed.append(directory)
             return run_directory.prepare(config, directory.path, resume, overwrite, say)
 
+        def run(callbacks):
+            return _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbacks,
+                                      verbose, bool(claimed))
+
         try:
-            try:
-                completed = first_process_then_all(plan, claim_output_dir)
-                if plan.process[1] > 1:
-                    completed = backend.from_first_process(completed)
-                if completed is not None:
-                    say(f"The run in {directory.path} has already completed: nothing to "
-                        f"resume (test accuracy {completed.get('test_accuracy')}).")
-                    return completed
-                if track is None or not plan.lead:
-                    return _run_or_undo_start(config, data, directory, plan, resume, say,
-                                              stop, callbacks, verbose, bool(claimed))
-                return _tracked(track, config, directory, lambda callbacks: _run_or_undo_start(
-                    config, data, directory, plan, resume, say, stop, callbacks, verbose,
-                    bool(claimed)), callbacks)
-            except Exception as error:
-                interrupted = stop.stop_behind(error)
-                if interrupted is None:
-                    raise
-                raise interrupted from error
-        except interrupts.RunInterrupted as interrupted:
+            completed = first_process_then_all(plan, claim_output_dir)
+            if plan.process[1] > 1:
+                completed = backend.from_first_process(completed)
+            if completed is not None:
+                say(f"The run in {directory.path} has already completed: nothing to resume "
+                    f"(test accuracy {completed.get('test_accuracy')}).")
+                return completed
+            if track is None or not plan.lead:
+                return run(callbacks)
+            return _tracked(track, config, directory, run, callbacks)
+        except (Exception, interrupts.RunInterrupted) as error:
+            interrupted = (error if isinstance(error, interrupts.RunInterrupted)
+                           else stop.stop_behind(error))
+            if interrupted is None:
+                raise
             completed = claimed and run_directory.completed_metrics(claimed[0].path)
             if completed:  # the signal came after the run completed: nothing to stop
                 say(f"{interrupts.signal_name(interrupted.signal)} received after the run in "
@@ -229,9 +225,11 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
         interrupted = stop.stop_behind(error)
         if interrupted is not None:  # not a failed start: a stop, the run kept to resume
             raise interrupted from error
-        if new and has_checkpoint_or_result(directory.path):
+        if not new:
+            raise
+        if has_checkpoint_or_result(directory.path):
             replaced_run.drop_replaced(directory.path)  # e.g. a diverged run's result
-        elif new and isinstance(error, run_files.StorageError) and \
+        elif isinstance(error, run_files.StorageError) and \
                 replaced_run.keeps_replaced_run(directory.path):
             # Nothing of the new run to resume: the run it was replacing goes back, and
             # the same command (not --resume, which would continue the old run) starts
@@ -242,7 +240,7 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
                 f"{directory.path} is back in place")) from error
         # A storage error after the first checkpoint leaves a run to continue once there
         # is space.
-        elif new and not isinstance(error, (TrainingDiverged, run_files.StorageError)):
+        elif not isinstance(error, (TrainingDiverged, run_files.StorageError)):
             replaced_run.remove_failed_start(directory.path)
         raise
     if new:
@@ -262,8 +260,6 @@ def _run(config, data, directory, plan, resume, say, stop, callbacks, verbose):
             "(the python input pipeline keys them and resumes exactly).")
     # A refused write anywhere else (the CSV and TensorBoard logs) is named the same way.
     safe = f"The run's last checkpoint (in {directory.backup}), if any, is intact."
-    with (dtype_policy(config.mixed_precision), plan.scope,
-          data_lib.unreadable_images_named(data),
+    with (dtype_policy(config.mixed_precision), plan.scope, data_lib.unreadable_images_named(data),
           run_files.storage_errors(directory.path, safe)):
-        return Run(config, data, directory, plan, resume, say, stop).execute(callbacks,
-                                                                             verbose)
+        return Run(config, data, directory, plan, resume, say, stop).execute(callbacks, verbose)
