@@ -4,6 +4,8 @@
 The hub library downloads, so its cache, authentication and offline mode apply.
 """
 
+import importlib
+
 #: The prefixes of a hub handle.
 PREFIXES = ("hf://", "hf-hub:", "kaggle://")
 
@@ -24,45 +26,33 @@ def is_handle(name):
 def resolve(handle):
     """The local path of what `handle` names, downloaded into the hub's cache if needed.
 
-    Raises a `ValueError` for a malformed handle, an `ImportError` naming the package
-    to install, and an `OSError` naming the handle when the hub cannot provide it
-    (unknown repository, no network and not cached, ...).
+    Raises `ValueError` (malformed handle), `ImportError` (the hub package is missing) or
+    `OSError` (the hub cannot provide it: unknown repository, offline and not cached, ...).
     """
     if handle.startswith("kaggle://"):
-        return _kaggle(handle)
+        parts = handle[len("kaggle://"):].split("/")
+        if len(parts) not in (4, 5) or not all(parts):
+            raise ValueError(f"Hub handle {handle!r} is malformed; expected {HANDLE_FORMS}.")
+        return _download(handle, "kagglehub", "Kaggle Models",
+                         lambda kagglehub: kagglehub.model_download("/".join(parts)))
     repo = handle[len("hf://"):] if handle.startswith("hf://") else handle[len("hf-hub:"):]
-    return _huggingface(repo, handle)
-
-
-def _huggingface(repo, handle):
     repo_id, _, revision = repo.partition("@")
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts) or (revision == "" and "@" in repo):
         raise ValueError(f"Hub handle {handle!r} is malformed; expected {HANDLE_FORMS}.")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as error:
-        raise ImportError(
-            f"{handle!r} needs huggingface_hub: pip install huggingface_hub "
-            "(or keras-vitnorm[hub])."
-        ) from error
-    try:
-        return snapshot_download(repo_id, revision=revision or None, allow_patterns=list(HF_FILES))
-    except Exception as error:  # the hub library's own errors (network, not found, offline)
-        raise OSError(f"Could not get {handle!r} from the Hugging Face Hub: {error}") from error
+    return _download(handle, "huggingface_hub", "the Hugging Face Hub",
+                     lambda hub: hub.snapshot_download(repo_id, revision=revision or None,
+                                                       allow_patterns=list(HF_FILES)))
 
 
-def _kaggle(handle):
-    parts = handle[len("kaggle://"):].split("/")
-    if len(parts) not in (4, 5) or not all(parts):
-        raise ValueError(f"Hub handle {handle!r} is malformed; expected {HANDLE_FORMS}.")
+def _download(handle, package, hub, download):
+    """`download(module)` with the hub's `package` imported; its failures name `handle`."""
     try:
-        import kagglehub
+        module = importlib.import_module(package)
     except ImportError as error:
-        raise ImportError(
-            f"{handle!r} needs kagglehub: pip install kagglehub (or keras-vitnorm[hub])."
-        ) from error
+        raise ImportError(f"{handle!r} needs {package}: pip install {package} "
+                          "(or keras-vitnorm[hub]).") from error
     try:
-        return kagglehub.model_download("/".join(parts))
-    except Exception as error:  # the hub library's own errors (network, not found, credentials)
-        raise OSError(f"Could not get {handle!r} from Kaggle Models: {error}") from error
+        return download(module)
+    except Exception as error:  # the hub library's own (network, not found, offline, credentials)
+        raise OSError(f"Could not get {handle!r} from {hub}: {error}") from error

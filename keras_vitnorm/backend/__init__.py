@@ -2,9 +2,12 @@
 state, and the compiled call of the input pipeline's RandAugment (docs/backends.md).
 """
 
-import importlib
-
 import keras
+import numpy as np
+
+from keras_vitnorm.ops import backend_name as name
+from keras_vitnorm.ops import checked_native
+from keras_vitnorm.ops import import_native
 
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins",
@@ -15,26 +18,13 @@ __all__ = [
 ]
 
 
-def name():
-    """The Keras backend this process computes with (`"jax"`, `"tensorflow"`, `"torch"`)."""
-    return keras.backend.backend()
-
-
-def _import_native():
-    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(name())
-    return None if module is None else importlib.import_module(f"keras_vitnorm.backend.{module}")
-
-
 # Imported now, not at a first call: `torch.compile` cannot trace an import (nor a cache
 # around one) and would split the compiled step there.
-_NATIVE = _import_native()
+_NATIVE = import_native("keras_vitnorm.backend")
 
 
 def _native():
-    """This backend's module."""
-    if _NATIVE is None:
-        raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {name()!r}.")
-    return _NATIVE
+    return checked_native(_NATIVE)
 
 
 def value_and_gradients(model, inputs, loss_fn, training=False):
@@ -51,13 +41,11 @@ def gradients_function(model, loss_fn, training=False):
 
 
 def _as_numpy(model, loss, input_grad, grads):
-    import numpy as np
-
     to_numpy = keras.ops.convert_to_numpy
     weight_grads = {}
     for variable, grad in zip(model.trainable_variables, grads):
-        zeros = grad is None
-        weight_grads[variable.path] = np.zeros(variable.shape, "float32") if zeros else to_numpy(grad)
+        grad = np.zeros(variable.shape, "float32") if grad is None else to_numpy(grad)
+        weight_grads[variable.path] = grad
     return float(to_numpy(loss)), to_numpy(input_grad), weight_grads
 
 
@@ -65,8 +53,7 @@ def distribution_scope(kind, sharded_layout):
     """`(context manager, data-parallel replicas)` that trains over every device.
 
     `kind` `"data"` or `"fsdp"` (JAX only: also splits the variables `sharded_layout` names, a
-    `LayoutMap` over mesh axis `"batch"`). JAX: `DataParallel`/`ModelParallel`; TensorFlow:
-    `MirroredStrategy`; PyTorch: an empty scope, one `torchrun` process per device.
+    `LayoutMap` over mesh axis `"batch"`); on PyTorch, one `torchrun` process per device.
     """
     return _native().distribution_scope(kind, sharded_layout)
 
@@ -134,9 +121,8 @@ def compiled(function):
 
 
 def keeping_variables(model):
-    """A context around a Keras trainer call on `model`: where it raises, every variable it emptied
-    gets its value back (JAX; docs/backends.md, "A failed call under JAX"). Elsewhere a no-op.
-    """
+    """A context around a Keras trainer call on `model` that, where the call raises, gives every
+    variable it emptied its value back (JAX; docs/backends.md, "A failed call under JAX")."""
     return _native().keeping_variables(model)
 
 

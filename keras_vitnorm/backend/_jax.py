@@ -15,34 +15,26 @@ PROCESSES_START_EQUAL = True
 HAS_GLOBAL_RANDOM_STATE = False
 
 
-def _loss_of(model, loss_fn, training):
-    """`loss_fn` of the model's output as a function of the inputs and the weights' values."""
+def gradients_function(model, loss_fn, training, jit=True):
     def compute(x, trainable, non_trainable):
         outputs, _ = model.stateless_call(trainable, non_trainable, x, training=training)
         return loss_fn(outputs)
 
-    return jax.value_and_grad(compute, argnums=(0, 1))
-
-
-def _values(model, inputs):
-    return (jax.numpy.asarray(inputs), [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables])
-
-
-def value_and_gradients(model, inputs, loss_fn, training):
-    loss, (input_grad, grads) = _loss_of(model, loss_fn, training)(*_values(model, inputs))
-    return loss, input_grad, grads
-
-
-def gradients_function(model, loss_fn, training):
+    program = jax.value_and_grad(compute, argnums=(0, 1))
     # One compiled program: op by op, each of the pass's operations compiles on its own.
-    program = jax.jit(_loss_of(model, loss_fn, training))
+    program = jax.jit(program) if jit else program
 
     def gradients(inputs):
-        loss, (input_grad, grads) = program(*_values(model, inputs))
+        loss, (input_grad, grads) = program(
+            jax.numpy.asarray(inputs), [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables])
         return loss, input_grad, grads
 
     return gradients
+
+
+def value_and_gradients(model, inputs, loss_fn, training):
+    return gradients_function(model, loss_fn, training, jit=False)(inputs)
 
 
 def distribution_scope(kind, sharded_layout):

@@ -10,7 +10,6 @@ from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
-from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.initializers import FusedKernelInitializer
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import check_norm
@@ -34,8 +33,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qk_norm: str or None, default `None`. A norm of `QK_NORM_TYPES` (or a registered one)
             on each head's q and k, shared by all heads, before the scaling (ViT-22B).
         head_scale: bool, default `False`. NormFormer per-head gains before the out projection.
-        inner_norm: str or None, default `None`. A norm on the concatenated heads before the
-            out projection (Sub-LN).
+        inner_norm: str or None, default `None`. Sub-LN's norm before the out projection.
         norm_epsilon: float, default `1e-6`; norm_groups: int, default `32`.
         init_scale: float, default `1.0`. Multiplies the initial value and out kernels
             (DeepNorm beta, Sub-LN gamma).
@@ -88,7 +86,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
         check_positive_float("init_scale", init_scale)
         check_rate("dropout", dropout)
-        check_weight_standardization(weight_standardization)
+        check_bool("weight_standardization", weight_standardization)
 
     def _norm(self, norm, name):
         return make_norm(norm, epsilon=self.norm_epsilon, groups=self.norm_groups, name=name,

@@ -1,16 +1,10 @@
-"""`Dense` whose forward pass is `keras_vitnorm.ops.linear`, optionally weight-standardized,
-and the weight-standardized convolution."""
+"""`Dense` and `Conv2D` with an optionally weight-standardized kernel."""
 
 import keras
 
 from keras_vitnorm.validation import check_bool
 from keras_vitnorm.ops import linear
 from keras_vitnorm.ops import standardize_kernel
-
-
-def check_weight_standardization(weight_standardization):
-    """`weight_standardization` of the layers here; a `ValueError` unless True or False."""
-    return check_bool("weight_standardization", weight_standardization)
 
 
 def _refuse_quantization(layer):
@@ -38,7 +32,7 @@ class FusedDense(keras.layers.Dense):
 
     def __init__(self, *args, weight_standardization=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_standardization = check_weight_standardization(weight_standardization)
+        self.weight_standardization = check_bool("weight_standardization", weight_standardization)
 
     @property
     def forward_kernel(self):
@@ -73,7 +67,7 @@ class StandardizedConv2D(keras.layers.Conv2D):
 
     def __init__(self, *args, weight_standardization=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_standardization = check_weight_standardization(weight_standardization)
+        self.weight_standardization = check_bool("weight_standardization", weight_standardization)
 
     def convolution_op(self, inputs, kernel):
         if self.weight_standardization:

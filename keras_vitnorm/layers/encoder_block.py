@@ -98,8 +98,7 @@ class EncoderBlock(keras.layers.Layer):
         mlp_dim: int. MLP hidden width.
         num_layers: int. Encoder depth `N`, for the `deepnorm` and `sub_ln` constants.
         norm: str, default `"layernorm"`. One of `NORM_TYPES` or a `register_norm` name.
-        norm_epsilon: float, default `1e-6`.
-        norm_groups: int, default `32`, for `groupnorm`.
+        norm_epsilon: float, default `1e-6`; norm_groups: int, default `32` (`groupnorm`).
         attn_norm, mlp_norm: str or None, default `None`: the block style's placement
             (`"post"` for `deepnorm`, `"pre"` otherwise).
         block_style: str, default `"standard"`. One of `BLOCK_STYLES`.
@@ -162,11 +161,6 @@ class EncoderBlock(keras.layers.Layer):
                 "style or weight_standardization=False.")
         return placements
 
-    @property
-    def residual_alpha(self):
-        """`alpha` of the `post` placement: `(2N)^(1/4)` for DeepNorm, else 1."""
-        return deepnorm_alpha(self.num_layers) if self.block_style == "deepnorm" else 1.0
-
     def _norm(self, name, shape):
         layer = make_norm(self.norm, epsilon=self.norm_epsilon, groups=self.norm_groups,
                           name=name, dtype=self.dtype_policy)
@@ -193,24 +187,13 @@ class EncoderBlock(keras.layers.Layer):
                       init_scale=init_scale, weight_standardization=self.weight_standardization,
                       dtype=self.dtype_policy)
         self.attention = MultiHeadSelfAttention(
-            self.num_heads,
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.norm if self.qk_norm else None,
-            head_scale=normformer,
-            inner_norm=self.norm if style == "sub_ln" else None,
+            self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.norm if self.qk_norm else None,
+            head_scale=normformer, inner_norm=self.norm if style == "sub_ln" else None,
             # NormFormer's dropout comes after its attention-output norm (fairseq's order).
-            dropout=0.0 if normformer else self.dropout,
-            name="attention",
-            **shared,
-        )
+            dropout=0.0 if normformer else self.dropout, name="attention", **shared)
         self.attention.build(input_shape)
-        self.mlp = MLP(
-            self.mlp_dim,
-            mid_norm=self.norm if style in ("normformer", "sub_ln") else None,
-            dropout=self.dropout,
-            name="mlp",
-            **shared,
-        )
+        mid_norm = self.norm if style in ("normformer", "sub_ln") else None
+        self.mlp = MLP(self.mlp_dim, mid_norm=mid_norm, dropout=self.dropout, name="mlp", **shared)
         self.mlp.build(input_shape)
         self.attn_out_norm = self._norm("attn_out_norm", input_shape) if normformer else None
         self.attn_out_dropout = keras.layers.Dropout(
@@ -219,18 +202,17 @@ class EncoderBlock(keras.layers.Layer):
         self.mlp_norms = self._placement_norms("mlp", self.resolved_mlp_norm, input_shape)
         self.attn_scale = self.mlp_scale = None
         if self.layer_scale is not None:
-            self.attn_scale = LayerScale(self.layer_scale, name="attn_scale", dtype=self.dtype_policy)
+            self.attn_scale = LayerScale(self.layer_scale, name="attn_scale",
+                                         dtype=self.dtype_policy)
             self.mlp_scale = LayerScale(self.layer_scale, name="mlp_scale", dtype=self.dtype_policy)
             self.attn_scale.build(input_shape)
             self.mlp_scale.build(input_shape)
         # Stochastic depth: drop the whole residual branch per sample.
-        self.drop_path = keras.layers.Dropout(
-            self.drop_path_rate, noise_shape=(None, 1, 1), name="drop_path", dtype=self.dtype_policy
-        )
+        self.drop_path = keras.layers.Dropout(self.drop_path_rate, noise_shape=(None, 1, 1),
+                                              name="drop_path", dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        # `residual_fence` is the identity; on JAX on a CPU it also keeps XLA from fusing
-        # the residual gradient across blocks (keras_vitnorm.ops.residual_fence).
+        # `residual_fence`: the identity, a gradient fence for XLA on a CPU (keras_vitnorm.ops).
         x = residual_fence(self._residual(
             x, self._attention_sublayer, self.resolved_attn_norm, self.attn_norms,
             self.attn_scale, training))
@@ -238,8 +220,7 @@ class EncoderBlock(keras.layers.Layer):
             x, self.mlp, self.resolved_mlp_norm, self.mlp_norms, self.mlp_scale, training))
 
     def _attention_sublayer(self, h, training=None):
-        """`F` of the attention sublayer: the attention, and for NormFormer its output
-        norm and then the dropout."""
+        """The attention, and for NormFormer its output norm and then the dropout."""
         h = self.attention(h, training=training)
         if self.attn_out_norm is not None:
             h = self.attn_out_norm(h, training=training)
@@ -262,7 +243,7 @@ class EncoderBlock(keras.layers.Layer):
             h = sublayer(norm(x, training=training), training=training)
             return x + branch(post_norm(h, training=training))
         if placement == "post":
-            alpha = self.residual_alpha
+            alpha = deepnorm_alpha(self.num_layers) if self.block_style == "deepnorm" else 1.0
             residual = x if alpha == 1.0 else x * ops.cast(alpha, x.dtype)
             return norm(residual + branch(sublayer(x, training=training)), training=training)
         return x + branch(sublayer(x, training=training))  # "none"

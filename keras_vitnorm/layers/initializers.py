@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vitnorm.validation import check_positive_int
+
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class FusedKernelInitializer(keras.initializers.Initializer):
@@ -21,10 +23,8 @@ class FusedKernelInitializer(keras.initializers.Initializer):
     """
 
     def __init__(self, initializer="glorot_uniform", parts=3):
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-            raise ValueError(f"parts must be a positive integer, got {parts!r}.")
+        self.parts = check_positive_int("parts", parts)
         self.initializer = keras.initializers.get(initializer)
-        self.parts = parts
 
     def __call__(self, shape, dtype=None):
         *leading, columns = shape

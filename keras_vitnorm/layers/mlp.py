@@ -2,11 +2,11 @@
 
 import keras
 
+from keras_vitnorm.validation import check_bool
 from keras_vitnorm.validation import check_positive_float
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.validation import check_rate
 from keras_vitnorm.layers.dense import FusedDense
-from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.initializers import ScaledInitializer
 from keras_vitnorm.layers.normalization import check_norm
 from keras_vitnorm.layers.normalization import check_norm_options
@@ -53,7 +53,7 @@ class MLP(keras.layers.Layer):
         check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
         check_positive_float("init_scale", init_scale)
         check_rate("dropout", dropout)
-        check_weight_standardization(weight_standardization)
+        check_bool("weight_standardization", weight_standardization)
 
     def build(self, input_shape):
         width = input_shape[-1]

@@ -26,10 +26,6 @@ from keras_vitnorm.validation import check_positive_int
 BATCHNORM_MOMENTUM = 0.9
 
 
-def _to_compute_dtype(layer, x):
-    return ops.cast(x, layer.compute_dtype)
-
-
 def _float32(weight):
     # Weights are float16 or bfloat16 under such a variable dtype; TensorFlow does not
     # promote them to the float32 they are combined with here.
@@ -78,14 +74,13 @@ class RMSNorm(keras.layers.Layer):
     def build(self, input_shape):
         self.gamma = None
         if self.scale:
-            self.gamma = self.add_weight(
-                name="scale", shape=(input_shape[-1],), initializer="ones", autocast=False
-            )
+            self.gamma = self.add_weight(name="scale", shape=(input_shape[-1],), initializer="ones",
+                                         autocast=False)
 
     def call(self, x):
         scale = None if self.gamma is None else _float32(self.gamma)
-        y = ops.rms_normalization(ops.cast(x, "float32"), scale=scale, axis=-1, epsilon=self.epsilon)
-        return _to_compute_dtype(self, y)
+        y = ops.rms_normalization(ops.cast(x, "float32"), scale=scale, epsilon=self.epsilon)
+        return ops.cast(y, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -110,7 +105,7 @@ class BatchNorm(keras.layers.BatchNormalization):
 
     def call(self, inputs, training=None, mask=None):
         outputs = super().call(inputs, training=training, mask=mask)
-        return _to_compute_dtype(self, outputs)
+        return ops.cast(outputs, self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
@@ -139,13 +134,9 @@ class DyT(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, input_shape):
-        self.alpha = self.add_weight(
-            name="alpha",
-            shape=(),
-            initializer=keras.initializers.Constant(self.alpha_init),
-            trainable=self.affine,
-            autocast=False,
-        )
+        self.alpha = self.add_weight(name="alpha", shape=(),
+                                     initializer=keras.initializers.Constant(self.alpha_init),
+                                     trainable=self.affine, autocast=False)
         self.gamma = self.beta = None
         if self.affine:
             dim = input_shape[-1]
@@ -156,7 +147,7 @@ class DyT(keras.layers.Layer):
         y = ops.tanh(_float32(self.alpha) * ops.cast(x, "float32"))
         if self.affine:
             y = y * _float32(self.gamma) + _float32(self.beta)
-        return _to_compute_dtype(self, y)
+        return ops.cast(y, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -185,7 +176,7 @@ class Affine(keras.layers.Layer):
 
     def call(self, x):
         y = ops.cast(x, "float32") * _float32(self.gamma) + _float32(self.beta)
-        return _to_compute_dtype(self, y)
+        return ops.cast(y, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -219,7 +210,8 @@ def register_norm(name, layer_class=None):
     ...         return self.g * x / ops.maximum(ops.norm(x, axis=-1, keepdims=True), 1e-5)
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"A norm name is a string of letters, digits and underscores, got {name!r}.")
+        raise ValueError(
+            f"A norm name is a string of letters, digits and underscores, got {name!r}.")
     if name in STEM_NORM_TYPES:
         raise ValueError(f"norm {name!r} is a built-in norm; register yours under another name.")
 
@@ -241,8 +233,7 @@ _imported_entries = set()
 
 
 def import_norm_modules():
-    """Imports each module of `KERAS_VITNORM_NORM_MODULES` that this process has not
-    imported yet (the variable may list more since); a missing one is a `ValueError`."""
+    """Imports the `KERAS_VITNORM_NORM_MODULES` not imported yet; a missing one: `ValueError`."""
     entries = (entry.strip() for entry in os.environ.get(NORM_MODULES_VARIABLE, "").split(","))
     for entry in filter(None, entries):
         if entry in _imported_entries:
@@ -279,7 +270,8 @@ def registered_norms(import_modules=False):
     if import_modules:
         import_norm_modules()
     prefix = f"{USER_NORM_PACKAGE}>"
-    return sorted(key[len(prefix):] for key in keras.saving.get_custom_objects() if key.startswith(prefix))
+    return sorted(key.removeprefix(prefix) for key in keras.saving.get_custom_objects()
+                  if key.startswith(prefix))
 
 
 def check_norm(argument, value, stem=False):
@@ -337,9 +329,8 @@ def make_norm(norm, epsilon=1e-6, learnable=True, groups=32, name=None, dtype=No
         return BatchNorm(axis=-1, momentum=BATCHNORM_MOMENTUM, epsilon=epsilon,
                          center=learnable, scale=learnable, **common)
     if norm == "groupnorm":
-        return keras.layers.GroupNormalization(
-            groups=groups, axis=-1, epsilon=epsilon, center=learnable, scale=learnable, **common
-        )
+        return keras.layers.GroupNormalization(groups=groups, axis=-1, epsilon=epsilon,
+                                               center=learnable, scale=learnable, **common)
     if norm == "dyt":
         return DyT(affine=learnable, **common)
     if norm == "affine":

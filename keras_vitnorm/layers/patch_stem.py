@@ -11,7 +11,6 @@ from keras_vitnorm.validation import check_choice
 from keras_vitnorm.validation import check_positive_int
 from keras_vitnorm.layers.dense import FusedDense
 from keras_vitnorm.layers.dense import StandardizedConv2D
-from keras_vitnorm.layers.dense import check_weight_standardization
 from keras_vitnorm.layers.normalization import BATCHNORM_MOMENTUM
 from keras_vitnorm.layers.normalization import BatchNorm
 from keras_vitnorm.layers.normalization import check_norm
@@ -66,8 +65,7 @@ class PatchStem(keras.layers.Layer):
             `"layernorm"` for the patch-norm stems and `"batchnorm"` for `conv`; it must be
             `None` for `patch`.
         stem_norm_learnable: bool, default `True`. `False` standardizes only.
-        norm_epsilon: float, default `1e-6`.
-        norm_groups: int, default `32`, for `stem_norm="groupnorm"`.
+        norm_epsilon: float, default `1e-6`; norm_groups: int, default `32` (`groupnorm`).
         class_token: bool, default `True`.
         position_embedding: bool, default `True`.
         weight_standardization: bool, default `False`.
@@ -109,7 +107,7 @@ class PatchStem(keras.layers.Layer):
         check_norm_options(norm_epsilon, norm_groups, prefix="norm_")
         check_bool("class_token", class_token)
         check_bool("position_embedding", position_embedding)
-        check_weight_standardization(weight_standardization)
+        check_bool("weight_standardization", weight_standardization)
         if stem_norm is not None:
             check_norm("stem_norm", stem_norm, stem=True)
             if stem == "patch":
@@ -160,21 +158,15 @@ class PatchStem(keras.layers.Layer):
             shape = tuple(input_shape)
             for i in range(num_convs):
                 filters = max(1, self.width // 2 ** (num_convs - 1 - i))
+                # PyTorch's Conv2d default (kaiming_uniform, a=sqrt(5)), which pycls's stem
+                # keeps: U(+-1/sqrt(fan_in)).
+                initializer = keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform")
                 block = [
                     keras.layers.ZeroPadding2D(1, name=f"conv{i}_pad", dtype=self.dtype_policy),
-                    StandardizedConv2D(
-                        filters,
-                        3,
-                        strides=2,
-                        use_bias=False,
-                        # PyTorch's Conv2d default (kaiming_uniform, a=sqrt(5)), which
-                        # pycls's stem keeps: U(+-1/sqrt(fan_in)).
-                        kernel_initializer=keras.initializers.VarianceScaling(
-                            1.0 / 3.0, "fan_in", "uniform"),
-                        name=f"conv{i}",
-                        dtype=self.dtype_policy,
-                        weight_standardization=self.weight_standardization,
-                    ),
+                    StandardizedConv2D(filters, 3, strides=2, use_bias=False,
+                                       kernel_initializer=initializer, name=f"conv{i}",
+                                       dtype=self.dtype_policy,
+                                       weight_standardization=self.weight_standardization),
                     self._norm(f"conv{i}_norm"),
                     keras.layers.ReLU(name=f"conv{i}_relu", dtype=self.dtype_policy),
                 ]
@@ -182,10 +174,10 @@ class PatchStem(keras.layers.Layer):
                     layer.build(shape)
                     shape = layer.compute_output_shape(shape)
                 self.conv_layers.extend(block)
+            initializer = keras.initializers.RandomNormal(stddev=math.sqrt(2.0 / self.width))
             self.projection = StandardizedConv2D(
                 self.width, 1, weight_standardization=self.weight_standardization,
-                kernel_initializer=keras.initializers.RandomNormal(stddev=math.sqrt(2.0 / self.width)),
-                name="projection", dtype=self.dtype_policy)
+                kernel_initializer=initializer, name="projection", dtype=self.dtype_policy)
             self.projection.build(shape)
         else:
             if self.stem in _USES_PRE_NORM:
@@ -223,7 +215,7 @@ class PatchStem(keras.layers.Layer):
             for layer in self.conv_layers:
                 x = layer(x, training=training)
             x = self.projection(x, training=training)
-            x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.width))
+            x = ops.reshape(x, (-1, rows * columns, self.width))
         else:
             x = patchify(images, self.patch_size)
             if self.patch_norm is not None:

@@ -28,20 +28,26 @@ def backend_name():
     return keras.backend.backend()
 
 
-def _import_native():
+def import_native(package):
+    """This backend's module `_jax`, `_tensorflow` or `_torch` of `package`, or None."""
     module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(backend_name())
-    return None if module is None else importlib.import_module(f"keras_vitnorm.ops.{module}")
+    return None if module is None else importlib.import_module(f"{package}.{module}")
+
+
+def checked_native(module):
+    """`module` from `import_native`; a `ValueError` on a backend other than the three."""
+    if module is None:
+        raise ValueError(
+            f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
+    return module
 
 
 # Imported now, not at an op's first call: torch.compile cannot trace an import.
-_NATIVE = _import_native()
+_NATIVE = import_native("keras_vitnorm.ops")
 
 
 def _native():
-    """This backend's module of fast forms."""
-    if _NATIVE is None:
-        raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
-    return _NATIVE
+    return checked_native(_NATIVE)
 
 
 def _fast(name, *backends):
@@ -59,10 +65,8 @@ def _on_cpu():
 
 
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):
-    """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`.
-
-    `keras.ops.layer_normalization`, cast to `dtype` where given; on PyTorch the width goes to
-    `torch.nn.functional.layer_norm` as a Python int for ONNX export (docs/backends.md).
+    """LayerNorm over the last axis: `(x - mean) / sqrt(var + epsilon) * gamma + beta`, cast to
+    `dtype` where given; on PyTorch the width is a Python int, for ONNX export (docs/backends.md).
     """
     if epsilon is None:  # as Keras' op takes it
         epsilon = keras.config.epsilon()
@@ -84,11 +88,10 @@ def linear(x, kernel, bias=None):
 
 
 def standardize_kernel(kernel, epsilon=1e-10):
-    """Weight standardization: each output unit's weights at mean 0 and variance `1/fan_in`.
+    """Weight standardization: `(w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)`.
 
-    `w_hat = (w - mean(w)) / sqrt(var(w) + epsilon) / sqrt(fan_in)` over all axes but the last,
-    in float32. The `1/fan_in` (scaled WS, Brock et al. 2021) keeps the output at its input's
-    scale, as no norm follows the dense layers that feed the residual stream.
+    Over all axes but the last, in float32. The `1/fan_in` (scaled WS, Brock et al. 2021) keeps
+    the output at its input's scale, as no norm follows the layers that feed the residual stream.
     """
     dtype = keras.backend.standardize_dtype(kernel.dtype)
     w = ops.cast(kernel, "float32")
@@ -101,10 +104,8 @@ def standardize_kernel(kernel, epsilon=1e-10):
 
 
 def qkv_projection(x, kernel, bias, num_heads):
-    """q, k, v `(batch, tokens, heads, head_dim)` from a fused `(width, 3 * width)` kernel.
-
-    Columns `[q | k | v]`, each head-major; fast path `split_qkv` (TensorFlow).
-    """
+    """q, k, v `(batch, tokens, heads, head_dim)` from a fused `(width, 3 * width)` kernel, columns
+    `[q | k | v]`, each head-major; fast path `split_qkv`."""
     tokens = x.shape[1]
     head_dim = kernel.shape[-1] // (3 * num_heads)
     if _fast("split_qkv", "tensorflow"):
@@ -116,23 +117,19 @@ def qkv_projection(x, kernel, bias, num_heads):
 
 
 def split_heads(qkv, num_heads):
-    """`(batch, tokens, 3 * width)` to q, k, v `(batch, tokens, heads, head_dim)`.
-
-    `ops.unstack`: on PyTorch its gradient is one stack, not three zero-filled full tensors.
-    """
+    """`(batch, tokens, 3 * width)` to q, k, v `(batch, tokens, heads, head_dim)` by `ops.unstack`:
+    on PyTorch its gradient is one stack, not three zero-filled full tensors."""
     tokens, fused = qkv.shape[1], qkv.shape[2]
     qkv = ops.reshape(qkv, (-1, tokens, 3, num_heads, fused // (3 * num_heads)))
-    q, k, v = ops.unstack(qkv, axis=2)
-    return q, k, v
+    return tuple(ops.unstack(qkv, axis=2))
 
 
 def attention(q, k, v):
     """Softmax attention over `(batch, tokens, heads, head_dim)` q, k and v.
 
     `keras.ops.dot_product_attention`, except: float16 on TensorFlow goes heads-first (float32
-    logits; always on); fast path `attention` (docs/backends.md); and no flash attention for an
-    odd token count on JAX (cuDNN rejects it when differentiated) or under `torch.compile`
-    (Keras' FlashAttention check cannot be traced).
+    logits); fast path `attention`; no flash attention for an odd token count on JAX (cuDNN
+    rejects it when differentiated) or under `torch.compile` (Keras' check cannot be traced).
     """
     q, k, v = (ops.convert_to_tensor(t) for t in (q, k, v))
     backend = backend_name()
@@ -169,9 +166,8 @@ def heads_first_attention(q, k, v):
 
 
 def residual_fence(x):
-    """`x`; fast path `residual_fence` (JAX on a CPU): an identity whose gradient XLA cannot fuse
-    across blocks, so the backward pass does not grow with depth squared.
-    """
+    """`x`; fast path `residual_fence`: an identity whose gradient XLA cannot fuse across
+    blocks, so the backward pass does not grow with depth squared."""
     if _fast("residual_fence", "jax") and _xla_or_graph_on_cpu():
         return _native().residual_fence()(x)
     return x

@@ -22,16 +22,15 @@ def cudnn_attention_fits(q, k, v):
         major, minor = (int(part) for part in str(capability).split(".")[:2])
     except ValueError:  # not a CUDA device (no "major.minor" capability)
         return False
-    head_dim = q.shape[-1]
-    return (major, minor) >= (8, 0) and head_dim % 8 == 0 and head_dim <= (256 if major >= 9 else 128)
+    head_dim, max_head_dim = q.shape[-1], 256 if major >= 9 else 128
+    return (major, minor) >= (8, 0) and head_dim % 8 == 0 and head_dim <= max_head_dim
 
 
 def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     """Softmax attention on `(batch, tokens, heads, head_dim)` padded to a multiple of `multiple`.
 
-    JAX's cuDNN attention rejects an odd token count when differentiated; the padding is masked
-    by sequence lengths and dropped, so values and gradients are unpadded attention's. If JAX
-    still rejects the inputs, XLA's attention runs unpadded.
+    cuDNN rejects an odd token count when differentiated; the padding is masked by sequence
+    lengths and dropped. If JAX still rejects the inputs, XLA's attention runs unpadded.
     """
     tokens = q.shape[1]
     pad = -tokens % multiple
@@ -46,17 +45,11 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=8):
     return out[:, :tokens]
 
 
-def conditional_identity(probe, value):
-    """`value` through a `lax.cond` on `probe` that XLA cannot fold, ending its fusion there."""
-    keep = jnp.isfinite(probe.reshape(-1)[0])
-    return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, value)
-
-
 @functools.cache
 def residual_fence():
-    """The identity, whose reverse-mode gradient passes `conditional_identity`.
+    """The identity, whose reverse-mode gradient passes a `lax.cond` that XLA cannot fold.
 
-    XLA's CPU compiler fuses the residual gradient's chain of adds into each consumer; a
+    XLA's CPU compiler fuses the residual gradient's chain of adds into each consumer; the
     conditional ends that at each block (`optimization_barrier` does not survive to fusion).
     It sits only in the transpose, so the forward keeps nothing.
     """
@@ -65,7 +58,8 @@ def residual_fence():
         return tangent
 
     def transpose(_, cotangent):
-        return conditional_identity(cotangent, cotangent)
+        keep = jnp.isfinite(cotangent.reshape(-1)[0])
+        return jax.lax.cond(keep, lambda g: g, lambda g: g * 1, cotangent)
 
     @jax.custom_jvp
     def fence(x):

@@ -33,9 +33,7 @@ def compiling():
 
 
 def attention(q, k, v):
-    """Softmax attention by `scaled_dot_product_attention` on the strided views.
-
-    Keras' form first copies q, k and v into contiguous memory (unless flash attention fits).
-    """
+    """Softmax attention by `scaled_dot_product_attention` on the strided views (Keras' form
+    first copies q, k and v into contiguous memory unless flash attention fits)."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
