@@ -1,8 +1,5 @@
-"""Standard ViT checkpoints (Hugging Face, big_vision/AugReg, timm, keras-hub) in one form.
-
-One module per source reads its format into a `Checkpoint`; `keras_vitnorm.models.weights`
-builds the model, with any overrides (docs/checkpoints.md).
-"""
+"""Standard ViT checkpoints (Hugging Face, big_vision/AugReg, timm, keras-hub), each read by
+its module into a `Checkpoint` for `keras_vitnorm.models.weights` (docs/checkpoints.md)."""
 
 import os
 
@@ -29,16 +26,12 @@ def is_checkpoint(path):
     if os.path.isfile(path):
         return True
     config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        return False
-    return read_json(config).get("class_name") != "ViT"
+    return os.path.isfile(config) and read_json(config).get("class_name") != "ViT"
 
 
 def read_checkpoint(path, num_heads=None):
-    """Reads a checkpoint file, directory or hub handle into a `Checkpoint`, detecting its format.
-
-    `num_heads`: for state dicts of a non-standard width that do not record it.
-    """
+    """Reads a checkpoint file, directory or hub handle into a `Checkpoint`, detecting its format;
+    `num_heads` for state dicts of a non-standard width that do not record it."""
     path = os.fspath(path)
     if hub_handles.is_handle(path):
         path = hub_handles.resolve(path)

@@ -1,6 +1,5 @@
 """What every converter shares: reading tensor files, the `Checkpoint` record, and checks
-whose errors name the key in the user's file.
-"""
+whose errors name the key in the user's file."""
 
 import dataclasses
 import os
@@ -11,8 +10,6 @@ from keras_vitnorm import durable
 
 # Width -> heads of the standard ViT sizes, for state dicts without a head count (timm).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
-
-
 #: The variable path of the position embedding, which a new image size resamples.
 POSITION_EMBEDDING = "stem/position_embedding"
 
@@ -39,10 +36,8 @@ class Checkpoint:
 
 
 class KeyReader:
-    """Reads named tensors from `{key: array}`; errors name the format, key and expected shape.
-
-    `put` maps them onto `arrays` (`{variable path: array}`) and `keys` (their source keys).
-    """
+    """Reads named tensors from `{key: array}` (errors name the format, key and expected shape)
+    and `put`s them onto `arrays` (`{variable path: array}`) and `keys` (their source keys)."""
 
     def __init__(self, tensors, format_name, prefix=""):
         self.tensors = tensors
@@ -193,9 +188,8 @@ def read_tensor_file(path):
 
 
 def read_torch_tensors(path, safetensors_file=False):
-    """`{key: float32 NumPy array}` of a PyTorch file (`torch.load(weights_only=True)`: no code
-    runs), bfloat16 `.safetensors` too; a `state_dict`/`model`/`module` wrapper is unwrapped.
-    """
+    """`{key: float32 NumPy array}` of a PyTorch file (`weights_only`: no code runs) or a
+    bfloat16 `.safetensors`; a `state_dict`/`model`/`module` wrapper is unwrapped."""
     try:
         import torch
     except ImportError:

@@ -1,7 +1,5 @@
-"""big_vision / AugReg `.npz` ViT checkpoints -> ViT, in both namings, scanned blocks included.
-
-`pre_logits` layers and MAP heads are refused; see docs/checkpoints.md for the GELU note.
-"""
+"""big_vision / AugReg `.npz` ViT checkpoints -> ViT, in both namings, scanned blocks included;
+`pre_logits` layers and MAP heads are refused (the GELU note: docs/checkpoints.md)."""
 
 import numpy as np
 
@@ -60,11 +58,6 @@ def convert(tensors, source="npz"):
         block = "encoderblock" if scanned else f"encoderblock_{i}"
         return f"Transformer/{block}/{key}"
 
-    def block_get(i, key, shape):
-        if scanned:
-            return reader.get(block_key(i, key), (depth, *shape))[i]
-        return reader.get(block_key(i, key), shape)
-
     heads = reader.get(block_key(0, f"{attention}/query/kernel")).shape[-2]
     head_dim = width // heads
     mlp_dim = reader.get(block_key(0, f"{mlp}/Dense_0/kernel")).shape[-1]
@@ -84,48 +77,46 @@ def convert(tensors, source="npz"):
         image_size=side * patch_size, patch_size=patch_size, channels=channels, width=width,
         depth=depth, heads=heads, mlp_dim=mlp_dim, classes=classes, epsilon=1e-6,
         qkv_bias=qkv_bias, class_token=has_cls)
-    arrays, keys = {}, {}
 
-    def record(path, array, *source_keys):
-        arrays[path] = array
-        keys[path] = ", ".join(prefix + key for key in source_keys)
+    def put_block(i, ours, theirs, shape, new_shape=None):
+        """Puts block `i`'s tensor `theirs` (a list: joined) at `block_{i}/{ours}`."""
+        names = [block_key(i, key) for key in (theirs if isinstance(theirs, list) else [theirs])]
 
-    def record_block(i, ours, key, shape, new_shape=None):
-        array = block_get(i, key, shape)
-        record(f"block_{i}/{ours}", array if new_shape is None else array.reshape(new_shape),
-               block_key(i, key))
+        def transform(array):
+            array = array[i] if scanned else array
+            return array if new_shape is None else array.reshape(new_shape)
 
-    record("stem/projection/kernel", patch.reshape(-1, width), "embedding/kernel")
-    record("stem/projection/bias", reader.get("embedding/bias", (width,)), "embedding/bias")
+        reader.put(f"block_{i}/{ours}", names, (depth, *shape) if scanned else shape, transform)
+
+    put = reader.put
+    put("stem/projection/kernel", "embedding/kernel", transform=lambda a: a.reshape(-1, width))
+    put("stem/projection/bias", "embedding/bias", (width,))
     if has_cls:
-        record("stem/class_token", reader.get("cls", (1, 1, width)), "cls")
-    record(POSITION_EMBEDDING, positions, position_key)
+        put("stem/class_token", "cls", (1, 1, width))
+    reader.arrays[POSITION_EMBEDDING] = positions
+    reader.keys[POSITION_EMBEDDING] = prefix + position_key
+    qkv = [f"{attention}/{p}" for p in ("query", "key", "value")]
     for i in range(depth):
-        names = [f"{attention}/{p}/kernel" for p in ("query", "key", "value")]
-        kernels = [block_get(i, n, (width, heads, head_dim)).reshape(width, width) for n in names]
-        record(f"block_{i}/attention/qkv/kernel", np.concatenate(kernels, axis=1),
-               *(block_key(i, n) for n in names))
+        put_block(i, "attention/qkv/kernel", [k + "/kernel" for k in qkv],
+                  (width, heads, head_dim), (width, width))
         if qkv_bias:
-            names = [f"{attention}/{p}/bias" for p in ("query", "key", "value")]
-            biases = [block_get(i, n, (heads, head_dim)).reshape(width) for n in names]
-            record(f"block_{i}/attention/qkv/bias", np.concatenate(biases),
-                   *(block_key(i, n) for n in names))
-        record_block(i, "attention/out/kernel", f"{attention}/out/kernel",
-                     (heads, head_dim, width), (width, width))
-        record_block(i, "attention/out/bias", f"{attention}/out/bias", (width,))
+            put_block(i, "attention/qkv/bias", [k + "/bias" for k in qkv], (heads, head_dim),
+                      (width,))
+        put_block(i, "attention/out/kernel", f"{attention}/out/kernel", (heads, head_dim, width),
+                  (width, width))
+        put_block(i, "attention/out/bias", f"{attention}/out/bias", (width,))
         for ours, theirs, shape in (("fc1", "Dense_0", (width, mlp_dim)),
                                     ("fc2", "Dense_1", (mlp_dim, width))):
-            record_block(i, f"mlp/{ours}/kernel", f"{mlp}/{theirs}/kernel", shape)
-            record_block(i, f"mlp/{ours}/bias", f"{mlp}/{theirs}/bias", shape[1:])
+            put_block(i, f"mlp/{ours}/kernel", f"{mlp}/{theirs}/kernel", shape)
+            put_block(i, f"mlp/{ours}/bias", f"{mlp}/{theirs}/bias", shape[1:])
         for ours, theirs in (("attn_norm", norm1), ("mlp_norm", norm2)):
-            record_block(i, f"{ours}/gamma", f"{theirs}/scale", (width,))
-            record_block(i, f"{ours}/beta", f"{theirs}/bias", (width,))
-    for kind, flax in (("gamma", "scale"), ("beta", "bias")):
-        key = f"Transformer/encoder_norm/{flax}"
-        record(f"final_norm/{kind}", reader.get(key, (width,)), key)
+            put_block(i, f"{ours}/gamma", f"{theirs}/scale", (width,))
+            put_block(i, f"{ours}/beta", f"{theirs}/bias", (width,))
+    put("final_norm/gamma", "Transformer/encoder_norm/scale", (width,))
+    put("final_norm/beta", "Transformer/encoder_norm/bias", (width,))
     if classes:
-        record("head/kernel", reader.get("head/kernel", (width, classes)), "head/kernel")
-        record("head/bias", reader.get("head/bias", (classes,)), "head/bias")
+        put("head/kernel", "head/kernel", (width, classes))
+        put("head/bias", "head/bias", (classes,))
     # Keys outside `prefix` are optimizer state.
     check_all_used([key for key in reader.unused() if key.startswith(prefix)], source)
-    return Checkpoint("big_vision", source, config, arrays, keys)
+    return Checkpoint("big_vision", source, config, reader.arrays, reader.keys)

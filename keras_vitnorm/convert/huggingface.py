@@ -1,8 +1,5 @@
-"""Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT.
-
-A model directory, weights file or state dict, in either key naming (`encoder.layer.{i}`
-or transformers 5's `layers.{i}`); `ViTModel`'s pooler is left out and reported.
-"""
+"""Hugging Face `transformers` ViT (`ViTForImageClassification`, `ViTModel`) -> ViT, in either
+key naming (`encoder.layer.{i}` or transformers 5's `layers.{i}`); the pooler is left out."""
 
 import os
 
@@ -65,11 +62,8 @@ def read_directory(directory):
 
 
 def convert(state_dict, hf_config=None, source="state dict", num_heads=None):
-    """Maps a transformers ViT state dict onto a `Checkpoint`.
-
-    Without `hf_config` (`config.json` as a dict, or a `ViTConfig`) the head count comes from
-    the standard widths (or `num_heads`) and the epsilon is transformers' default, 1e-12.
-    """
+    """Maps a transformers ViT state dict onto a `Checkpoint`. Without `hf_config` (a dict or
+    `ViTConfig`) the head count comes from the standard widths or `num_heads`, epsilon 1e-12."""
     tensors = {key: to_numpy(value) for key, value in state_dict.items()}
     if hasattr(hf_config, "to_dict"):
         hf_config = hf_config.to_dict()

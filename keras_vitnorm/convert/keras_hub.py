@@ -13,9 +13,7 @@ from keras_vitnorm.convert._common import vit_config
 
 def is_keras_hub_directory(directory):
     path = os.path.join(directory, "config.json")
-    if not os.path.isfile(path):
-        return False
-    return str(read_json(path).get("module", "")).startswith("keras_hub")
+    return os.path.isfile(path) and str(read_json(path).get("module", "")).startswith("keras_hub")
 
 
 def read_directory(directory):

@@ -1,7 +1,5 @@
-"""timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm.
-
-Variants a plain ViT lacks parts of are refused with the key that shows it.
-"""
+"""timm `VisionTransformer` state dicts (`vit_*_patch{16,32}_*`) -> ViT, without timm; a
+variant with parts a plain ViT lacks is refused with the key that shows it."""
 
 import os
 
@@ -30,8 +28,6 @@ _UNSUPPORTED = {
     "attn_pool.": "attention pooling",
     "norm_pre.": "a pre-encoder norm",
 }
-
-
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 

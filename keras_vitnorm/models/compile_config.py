@@ -18,19 +18,12 @@ def _public_optimizer_names(value):
     return value
 
 
-def _auto_jit_compile(model):
-    """What `jit_compile="auto"` gives for `model` here (a private Keras method), or None."""
-    resolve = getattr(model, "_resolve_auto_jit_compile", None)
-    return resolve() if callable(resolve) else None
-
-
 class PortableCompileConfig:
     """Saves a `keras.Model`'s compile config without the backend it was compiled under.
 
-    The optimizer is named by its public class (Keras names PyTorch's subclass, which
-    fails under another backend), and a `jit_compile` equal to what `"auto"` resolves
-    to is saved as `"auto"`, so the loading backend resolves it again (docs/backends.md).
-    A mixin, placed before `keras.Model` in the bases.
+    A mixin before `keras.Model`: the optimizer is named by its public class (not PyTorch's
+    subclass), and a `jit_compile` that `"auto"` resolves to here is saved as `"auto"`, for
+    the loading backend to resolve again (docs/backends.md).
     """
 
     def get_compile_config(self):
@@ -38,6 +31,7 @@ class PortableCompileConfig:
         if config is None:
             return None
         config = _public_optimizer_names(config)
-        if config.get("jit_compile") == _auto_jit_compile(self):
+        resolve = getattr(self, "_resolve_auto_jit_compile", None)  # private in Keras
+        if config.get("jit_compile") == (resolve() if callable(resolve) else None):
             config["jit_compile"] = "auto"
         return config

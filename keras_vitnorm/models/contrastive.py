@@ -1,8 +1,5 @@
-"""Contrastive image-text models in the LiT setup: a ViT image tower, a text tower.
-
-The tokenizer's vocabulary lives in the config, so a saved model encodes new prompts after
-reload on any backend (docs/contrastive.md).
-"""
+"""Contrastive image-text models in the LiT setup: a ViT image tower, a text tower
+(docs/contrastive.md)."""
 
 import functools
 import math
@@ -33,11 +30,8 @@ def caption_words(text):
 
 
 def check_class_names_fit(max_length, class_names, templates):
-    """A `ValueError` where `max_length` tokens cut a class name out of a caption.
-
-    Cut captions would be the same for every class, and training would learn nothing.
-    `class_names=None` checks for any one-word name.
-    """
+    """A `ValueError` where `max_length` tokens cut a class name out of a caption (then every
+    class has the same captions); `class_names=None` checks for any one-word name."""
     names = ["{}"] if class_names is None else list(class_names)
     needed, caption = 0, None
     for template in templates:
@@ -81,17 +75,15 @@ class TextEncoder(keras.layers.Layer):
         max_length, width, depth, num_heads, mlp_dim: tokens per caption; sizes.
     """
 
-    #: The constructor arguments, in `get_config`'s order.
     CONFIG_KEYS = ("vocabulary_size", "max_length", "width", "depth", "num_heads", "mlp_dim")
 
     def __init__(self, vocabulary_size, max_length, width=128, depth=2, num_heads=4, mlp_dim=512,
                  **kwargs):
         super().__init__(**kwargs)
-        arguments = {key: value for key, value in locals().items() if key in self.CONFIG_KEYS}
+        arguments = locals()
         for key in self.CONFIG_KEYS:
             check_positive_int(key, arguments[key])
-        for key, value in arguments.items():
-            setattr(self, key, value)
+            setattr(self, key, arguments[key])
 
     def build(self, input_shape):
         self.token_embedding = keras.layers.Embedding(
@@ -146,6 +138,15 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         text_width, text_depth, text_heads, text_mlp_dim: the text tower's size.
         temperature, bias: initial `t` (learned as `log t`) and sigmoid-loss bias.
         **kwargs: `keras.Model` arguments; `dtype` defaults to the ViT's policy.
+
+    Example:
+    >>> lit = LiT(ViT.from_preset("runs/plain/preset"), caption_vocabulary(captions))
+    >>> lit.compile(optimizer="adam")
+    >>> lit.fit({"images": images, "tokens": lit.tokenize(captions)}, batch_size=128)
+
+    Reference:
+    - [Zhai et al., LiT: Zero-Shot Transfer with Locked-image text Tuning, 2022](
+      https://arxiv.org/abs/2111.07991)
     """
 
     def __init__(self, vit, vocabulary, max_length=16, embed_dim=128, freeze_image_tower=True,
@@ -174,14 +175,12 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         self.loss_name = loss
         self.temperature_init = float(temperature)
         self.bias_init = float(bias)
-        self.text_settings = {"width": text_width, "depth": text_depth, "num_heads": text_heads,
-                              "mlp_dim": text_mlp_dim}
         self.image_encoder = vit.backbone()
         self.image_encoder.trainable = not freeze_image_tower
         policy = self.dtype_policy
         self.image_projection = keras.layers.Dense(embed_dim, name="image_projection", dtype=policy)
-        self.text_encoder = TextEncoder(len(vocabulary), max_length, name="text_encoder",
-                                        dtype=policy, **self.text_settings)
+        self.text_encoder = TextEncoder(len(vocabulary), max_length, text_width, text_depth,
+                                        text_heads, text_mlp_dim, name="text_encoder", dtype=policy)
         self.text_projection = keras.layers.Dense(embed_dim, name="text_projection", dtype=policy)
         self.log_temperature = self.add_weight(
             name="log_temperature", shape=(),
@@ -197,8 +196,7 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         self.built = True
 
     def build(self, input_shape=None):
-        """Nothing left to build: every variable is made in the constructor."""
-        self.built = True
+        self.built = True  # every variable is made in the constructor
 
     def input_shapes(self):
         """`{"images": (height, width, channels), "tokens": (max_length,)}` that the calls take."""
@@ -253,10 +251,8 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         return loss + ops.cast(sum(self.losses), "float32") if self.losses else loss
 
     def zero_shot_classifier(self, class_names, templates):
-        """`(classes, embed_dim)`: each class's prompt embeddings averaged and renormalized.
-
-        `templates`: str with a `{}` for the class name (`"a photo of a {}."`).
-        """
+        """`(classes, embed_dim)`: each class's prompt embeddings averaged and renormalized;
+        each of `templates` has a `{}` for the class name (`"a photo of a {}."`)."""
         if not class_names or not templates:
             raise ValueError("zero_shot_classifier needs at least one class name and one template.")
         bad = [t for t in templates if "{}" not in t]
@@ -280,13 +276,13 @@ class LiT(GuardedCalls, PortableCompileConfig, keras.Model):
         return np.concatenate(predictions).astype("int32")
 
     def get_config(self):
-        text = self.text_settings
+        text = self.text_encoder
         return {
             "vit": vit_config_with_quantized_layers(self, self.vit_config),
             "vocabulary": self.vocabulary, "max_length": self.max_length,
             "embed_dim": self.embed_dim, "freeze_image_tower": self.freeze_image_tower,
-            "loss": self.loss_name, "text_width": text["width"], "text_depth": text["depth"],
-            "text_heads": text["num_heads"], "text_mlp_dim": text["mlp_dim"],
+            "loss": self.loss_name, "text_width": text.width, "text_depth": text.depth,
+            "text_heads": text.num_heads, "text_mlp_dim": text.mlp_dim,
             "temperature": self.temperature_init, "bias": self.bias_init, "name": self.name,
         }
 

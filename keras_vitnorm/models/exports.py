@@ -4,11 +4,8 @@ import keras
 
 
 class SignedExports:
-    """`export` as Keras' `Model.export`, the ONNX format's input signature filled in.
-
-    Without one, Keras' ONNX export refuses a model not yet called as `model(x)`; the
-    signature comes from the model's input, batch size open. A mixin before
-    `keras.Model`, for single-input functional models (docs/deploy.md).
+    """Mixin before `keras.Model`: `export` fills in the ONNX input signature from the model's
+    single input, batch size open, which Keras needs for a model never called (docs/deploy.md).
     """
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,

@@ -37,20 +37,17 @@ def _part(data, name, named_only):
 RANGE_SAMPLE = 64
 
 
-def _first_images(data, name, named_only):
-    """Up to `RANGE_SAMPLE` images of input `name` from arrays or tensors, as NumPy, else `None`."""
+def _sample_range(data, name, named_only):
+    """`(min, max)` of the finite values in up to `RANGE_SAMPLE` images of input `name` (arrays
+    or eager tensors), or `None`."""
     part = _part(data, name, named_only)
     if part is None or not len(getattr(part, "shape", ())):
         return None
     try:
         sample = part[:RANGE_SAMPLE]
-        return np.asarray(sample.numpy() if hasattr(sample, "numpy") else sample)
+        images = np.asarray(sample.numpy() if hasattr(sample, "numpy") else sample)
     except Exception:  # noqa: BLE001 (a symbolic tensor, a device tensor)
         return None
-
-
-def _finite_range(images):
-    """`(min, max)` of the finite values of the NumPy `images`, or `None` where none is."""
     if not np.issubdtype(images.dtype, np.number):
         return None
     finite = images[np.isfinite(images)] if np.issubdtype(images.dtype, np.floating) else images
@@ -62,8 +59,8 @@ class GuardedCalls:
 
     - Input shapes known without reading the data are checked first (a `ValueError`).
     - Under JAX a call that raises leaves the weights of its last finished step.
-    - Images far outside `pixel_ranges()` get a warning once per model (arrays: the first
-      `RANGE_SAMPLE` images of the first call; a `tf.data.Dataset` as it is read).
+    - Images far outside `pixel_ranges()` get a warning once per model (arrays: a sample of
+      the first call; a `tf.data.Dataset` as it is read).
     """
 
     #: Range-check a `tf.data.Dataset`'s batches (the library's trainers turn it off).
@@ -107,8 +104,7 @@ class GuardedCalls:
         if getattr(self, "_pixel_range_checked", False):
             return x
         for name in ranges:
-            images = _first_images(x, name, named_only)
-            found = None if images is None else _finite_range(images)
+            found = _sample_range(x, name, named_only)
             if found is not None:
                 self._pixel_range_checked = True
                 self._warn_outside_range(name, found, method)

@@ -1,8 +1,5 @@
-"""Saving and loading preset directories.
-
-Weights are a NumPy archive keyed by variable path: readable under every backend, and
-loaded through the same transfer engine as a foreign checkpoint.
-"""
+"""Preset directories: the config, and the weights as a NumPy archive keyed by variable path
+that every backend reads, loaded by the same transfer engine as a foreign checkpoint."""
 
 import datetime
 import os
@@ -30,11 +27,6 @@ WEIGHTS_FILE = "model.weights.npz"
 METADATA_FILE = "metadata.json"
 
 
-def weights_by_path(model):
-    """Returns `{path: variable}` for every weight of `model`."""
-    return {variable.path: variable for variable in model.weights}
-
-
 def save_preset(model, directory, overwrite=False):
     """Writes `model`'s config, weights and metadata to `directory`."""
     directory = check_directory_path(directory, "preset directory")
@@ -45,7 +37,7 @@ def save_preset(model, directory, overwrite=False):
     os.makedirs(directory, exist_ok=True)
 
     # Weights first, config last: a directory with a config.json always has its weights.
-    arrays = {path: ops.convert_to_numpy(v) for path, v in weights_by_path(model).items()}
+    arrays = {path: ops.convert_to_numpy(v) for path, v in model.weights_by_path().items()}
     durable.write_file(os.path.join(directory, WEIGHTS_FILE), lambda path: np.savez(path, **arrays))
     durable.write_json(os.path.join(directory, CONFIG_FILE),
                        {"class_name": type(model).__name__, "config": model.get_config()})
@@ -56,10 +48,8 @@ def save_preset(model, directory, overwrite=False):
 
 
 def read_preset_directory(directory):
-    """Returns `(config, {path: array})` of a preset directory.
-
-    A missing, truncated or corrupt file is a `ValueError` naming it.
-    """
+    """`(config, {path: array})` of a preset directory; a missing or damaged file is a
+    `ValueError` naming it."""
     config_path = os.path.join(directory, CONFIG_FILE)
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     for path in (config_path, weights_path):

@@ -1,8 +1,4 @@
-"""Semantic segmentation with a linear head on a ViT's patch tokens (docs/segmentation.md).
-
-The Dual PatchNorm paper's setup (Strudel et al. 2021's linear decoder): per-patch logits
-upsampled bilinearly, so the encoder's features decide the result.
-"""
+"""Semantic segmentation with a linear head on a ViT's patch tokens (docs/segmentation.md)."""
 
 import keras
 from keras import ops
@@ -47,12 +43,19 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
     """A ViT encoder (`vit.backbone()`) with a zero-initialized linear per-patch head, upsampled.
 
-    Outputs float32 logits `(batch, height, width, num_classes)`, for `segmentation_loss` and
-    `mean_iou`.
+    The Dual PatchNorm paper's setup: per-patch logits upsampled bilinearly, so the encoder's
+    features decide the result. Outputs float32 logits `(batch, height, width, num_classes)`.
 
     Args:
         vit: a `ViT`; its class token and classifier head are unused.
         num_classes: int, the number of pixel classes (the ignore label not counted).
+
+    Example:
+    >>> model = Segmenter(ViT.from_preset("s16_dpn", image_size=64), num_classes=21)
+    >>> model.compile("adam", segmentation_loss(ignore_class=255), metrics=[mean_iou(21, 255)])
+
+    Reference:
+    - [Strudel et al., Segmenter, 2021](https://arxiv.org/abs/2105.05633)
     """
 
     def __init__(self, vit, num_classes, **kwargs):

@@ -29,12 +29,9 @@ from keras_vitnorm.validation import check_known_keys
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
-    """Vision Transformer whose normalization is part of its config.
+    """Vision Transformer whose normalization is part of its JSON-safe config.
 
-    A Keras functional model configured by JSON-safe values, so a norm ablation is a one-line
-    config change: `config["norm"] = "rmsnorm"; ViT.from_config(config)`.
-
-    Inputs are `(batch, height, width, channels)` images; outputs are float32 logits
+    Takes `(batch, height, width, channels)` images; returns float32 logits
     `(batch, num_classes)`, or pooled features `(batch, width)` when `num_classes=0`.
 
     Args (values, formulas and defaults in docs/normalization.md):
@@ -49,9 +46,13 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         layer_scale, qk_norm, qkv_bias, drop_path_rate, dropout, pooling,
             weight_standardization: the switches of docs/normalization.md.
         pixel_range: [low, high] of the input images, mapped onto [-1, 1] by a weightless
-            `Rescaling`, so one set of weights serves every range (docs/deploy.md).
+            `Rescaling` (docs/deploy.md).
         dtype: dtype policy of the model, its layers and models built on it.
         **kwargs: `name`, `trainable`.
+
+    Example:
+    >>> config = ViT.from_preset("s16").get_config()
+    >>> rms = ViT.from_config({**config, "norm": "rmsnorm"})
 
     Reference:
     - [Dosovitskiy et al., An Image is Worth 16x16 Words, 2021](
@@ -142,11 +143,9 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
                 "as a from_preset override)")
 
     def backbone(self):
-        """The encoder as a model sharing this ViT's layers and weights.
-
-        It maps the images to `{"tokens": (batch, tokens, width), "pooled": (batch, width)}`: the
-        tokens after the final norm (class token first with `pooling="cls"`), and the head's input.
-        """
+        """The encoder sharing this ViT's weights: images to `{"tokens": (batch, tokens, width),
+        "pooled": (batch, width)}`, the final norm's tokens (class token first) and the head's
+        input."""
         pool = self.get_layer("cls_pool" if self.pooling == "cls" else "gap_pool")
         # Not kept as an attribute: Keras would track it as a sublayer of this model.
         outputs = {"tokens": pool.input, "pooled": pool.output}
@@ -175,30 +174,26 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
 
     @classmethod
     def from_preset(cls, preset, resample="bilinear", **overrides):
-        """Builds a ViT from a built-in preset name, a preset directory, hub handle or checkpoint.
+        """Builds a ViT from a built-in preset name (`ViT.presets()`, fresh weights), a preset
+        directory, hub handle or checkpoint (Hugging Face, keras-hub, timm, big_vision/AugReg).
 
-        A built-in name (`ViT.presets()`) is freshly initialized; the others give saved weights
-        (Hugging Face, keras-hub, timm, big_vision/AugReg). A new `image_size` resamples the
-        position embedding (`resample`: `"bilinear"` or `"bicubic"`), a new `num_classes` gives a
-        fresh head; any other weight that no longer fits is a `ValueError` naming it
+        `overrides` replace config values: a new `image_size` resamples the position embedding
+        (`resample`: `"bilinear"` or `"bicubic"`), a new `num_classes` gives a fresh head
         (docs/presets.md, docs/checkpoints.md).
         """
         return preset_io.load_preset(cls, preset, overrides, resample)
 
     def save_to_preset(self, directory, overwrite=False):
-        """Writes a preset directory that `ViT.from_preset` loads under any backend; an existing
-        preset is replaced only with `overwrite=True`.
-        """
+        """Writes a preset directory for `ViT.from_preset`, replacing one only if `overwrite`."""
         preset_io.save_preset(self, directory, overwrite=overwrite)
 
     def weights_by_path(self):
         """Returns `{path: variable}` for every weight, in a backend-neutral naming."""
-        return preset_io.weights_by_path(self)
+        return {variable.path: variable for variable in self.weights}
 
     def load_weights_by_path(self, arrays, resample_position_embedding=True, resample="bilinear"):
-        """Loads `{path: array}` weights as `weights_by_path` names them; a missing or misfit one
-        is a `ValueError`. Another grid's position embedding is resampled unless told not to.
-        """
+        """Loads `{path: array}` weights (`weights_by_path`'s names); a missing or misfit one is a
+        `ValueError`. Another grid's position embedding is resampled unless told not to."""
         embedding = arrays.get(POSITION_EMBEDDING)
         found = None if embedding is None else tuple(np.shape(embedding))
         stem_embedding = self.get_layer("stem").pos_embedding

@@ -38,9 +38,7 @@ def image_hw(image_size):
 
 
 def in_model_range(overrides):
-    """`overrides` with `pixel_range` at [-1, 1], what the library's pipelines feed; another
-    range asked for is a `ValueError`.
-    """
+    """`overrides` with `pixel_range` at [-1, 1], what the library's pipelines feed."""
     if pixel_range_of(overrides.get("pixel_range", MODEL_RANGE)) != MODEL_RANGE:
         raise ValueError(
             f"pixel_range={overrides['pixel_range']!r}: the library's input pipelines feed "
@@ -115,10 +113,8 @@ def sublayers(model):
 
 
 def dtype_with_quantized_layers(model, dtype):
-    """The `dtype` argument that rebuilds `model`'s layers as they are, quantized included.
-
-    With a quantized layer: a `DTypePolicyMap`, `dtype` its default (as keras-hub records it).
-    """
+    """The `dtype` argument that rebuilds `model`'s layers as they are: with a quantized layer,
+    a `DTypePolicyMap` with `dtype` as its default (as keras-hub records it)."""
     if isinstance(dtype, dict):
         dtype = keras.dtype_policies.deserialize(dtype)
     if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):

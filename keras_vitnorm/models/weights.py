@@ -1,9 +1,5 @@
-"""The one weight-transfer engine: named arrays into a built `ViT`.
-
-`transfer` assigns a `keras_vitnorm.convert.Checkpoint` (a config and `{variable path:
-array}`) to a model whose image size, classes or normalization may differ, and reports
-what it did with every weight (docs/checkpoints.md).
-"""
+"""The one weight-transfer engine: a `Checkpoint`'s named arrays into a built `ViT` whose
+image size, classes or normalization may differ, with a report (docs/checkpoints.md)."""
 
 import dataclasses
 
@@ -23,8 +19,7 @@ ARCHITECTURE_KEYS = (
 
 
 def check_overrides(model_class, overrides, what="override"):
-    """Raises a `ValueError` naming a key of `overrides` (a dict of config values, each
-    called `what` in the message) that is not a config key of `model_class`."""
+    """A `ValueError` naming a key of `overrides` (a `what`) not in `model_class`'s config."""
     check_known_keys(overrides, (*model_class.CONFIG_KEYS, "name", "dtype", "trainable"), what)
 
 
@@ -34,13 +29,11 @@ def _more(items):
 
 def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_tokens,
                                 method="bilinear"):
-    """A learned position embedding `(1, num_prefix_tokens + h * w, D)` on the grid
-    `source_grid` `(h, w)`, resampled to `target_grid`: a float32 NumPy array.
+    """`embedding` `(1, num_prefix_tokens + h * w, D)` on `source_grid` `(h, w)` resampled
+    to `target_grid`, the prefix rows kept: a float32 NumPy array.
 
-    The prefix (class token) rows are kept; the `(h, w, D)` grid is resampled in NumPy
-    (same values on every backend, no SciPy needed) by `method`, as big_vision does
-    (`"bilinear"`: `scipy.ndimage.zoom(grid, zoom, order=1)`, corners aligned) or as
-    timm does (`"bicubic"`: `F.interpolate(..., mode="bicubic", antialias=True)`).
+    NumPy gives the same values on every backend: `"bilinear"` as big_vision (corner-aligned
+    `scipy.ndimage.zoom`, order 1), `"bicubic"` as timm (antialiased `F.interpolate`).
     """
     check_choice("resample", method, RESAMPLE_METHODS)
     embedding = np.asarray(embedding, dtype="float32")
@@ -56,8 +49,7 @@ def resample_position_embedding(embedding, source_grid, target_grid, num_prefix_
 
 
 def _corner_aligned_linear_matrix(in_size, out_size):
-    """`(out_size, in_size)` weights of corner-aligned linear interpolation along one
-    axis, as in `scipy.ndimage.zoom(..., order=1)`."""
+    """`(out_size, in_size)` weights of `scipy.ndimage.zoom(..., order=1)` along one axis."""
     step = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
     positions = np.arange(out_size) * step
     low = np.clip(np.floor(positions).astype(int), 0, in_size - 1)
@@ -79,8 +71,7 @@ def _cubic(x, a=-0.5):
 
 
 def _antialiased_bicubic_matrix(in_size, out_size):
-    """`(out_size, in_size)` weights of antialiased bicubic resampling along one axis:
-    half-pixel centers, the kernel widened by the downscaling factor, rows summing to 1."""
+    """`(out_size, in_size)` weights of antialiased bicubic resampling along one axis."""
     scale = in_size / out_size
     support = 2.0 * max(scale, 1.0)
     inverse_scale = 1.0 / scale if scale >= 1.0 else 1.0
@@ -93,20 +84,6 @@ def _antialiased_bicubic_matrix(in_size, out_size):
         weights = _cubic((taps - center + 0.5) * inverse_scale)
         matrix[i, first:last] = weights / weights.sum()
     return matrix
-
-
-def resample_for_model(model, array, method="bilinear"):
-    """`array`, a square-grid position embedding, resampled to `model`'s grid by `method`."""
-    num_prefix = 1 if model.pooling == "cls" else 0
-    stem = model.get_layer("stem")
-    target = tuple(stem.pos_embedding.shape)
-    source_tokens = array.shape[1] - num_prefix
-    side = int(round(source_tokens**0.5))
-    if array.ndim != 3 or array.shape[-1] != target[-1] or side * side != source_tokens:
-        raise ValueError(
-            f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be resampled to "
-            f"{target}: only a square grid of the same width can be.")
-    return resample_position_embedding(array, (side, side), stem.grid_size, num_prefix, method)
 
 
 @dataclasses.dataclass
@@ -148,8 +125,7 @@ class ConversionReport:
 
 def read_and_build(path, model_class, verbose=False, num_heads=None, resample="bilinear",
                    **overrides):
-    """`(model, ConversionReport)`: the checkpoint at `path` read (format detected) and
-    transferred into a `model_class` built with `overrides` (`load_checkpoint`)."""
+    """Implements `load_checkpoint`: `(model, ConversionReport)` of the checkpoint at `path`."""
     checkpoint = read_checkpoint(path, num_heads=num_heads)
     if num_heads is not None and num_heads != checkpoint.config["num_heads"]:
         raise ValueError(
@@ -163,8 +139,7 @@ def read_and_build(path, model_class, verbose=False, num_heads=None, resample="b
 
 def build_from_checkpoint(checkpoint, model_class, resample="bilinear", strict=False,
                           **overrides):
-    """`(model, ConversionReport)` from a `Checkpoint` and config overrides: a
-    `model_class` (`ViT` or a subclass) built from the checkpoint's config with
+    """`(model, ConversionReport)`: a `model_class` built from `checkpoint`'s config and
     `overrides`, its weights transferred (`strict`: see `transfer`)."""
     defaults = {"qkv_bias": True, "pooling": "cls", "num_channels": 3}
     for key in ARCHITECTURE_KEYS:
@@ -199,17 +174,16 @@ def _first_path_with(checkpoint, key):
 def transfer(model, checkpoint, resample="bilinear", strict=False):
     """Fills `model` from `checkpoint`; returns the `ConversionReport`.
 
-    A position embedding of another grid is resampled; a new `num_classes` gives a
-    fresh head; a new block norm keeps what carries over (a LayerNorm scale as an
-    RMSNorm scale) and starts the rest fresh. The checkpoint is complete for its own
-    config (the converters check), so a weight it lacks is one the overrides added.
+    Another grid's position embedding is resampled, a new `num_classes` gives a fresh head,
+    a new block norm keeps what carries over (docs/checkpoints.md). The converters check
+    that a checkpoint is complete, so a weight it lacks is one the overrides added.
 
     Args:
         model: a built `ViT`.
-        checkpoint: a `keras_vitnorm.convert.Checkpoint` (config and named arrays).
-        resample: `"bilinear"` or `"bicubic"`.
-        strict: bool. Raise a `ValueError` instead of reporting a model weight the
-            checkpoint lacks or a checkpoint weight the model lacks.
+        checkpoint: a `keras_vitnorm.convert.Checkpoint`.
+        resample: str, `"bilinear"` (default) or `"bicubic"`.
+        strict: bool, default `False`. Raise a `ValueError` for a weight on one side only
+            instead of reporting it.
     """
     check_choice("resample", resample, RESAMPLE_METHODS)
     report = ConversionReport(checkpoint.format, checkpoint.source)
@@ -240,9 +214,16 @@ def transfer(model, checkpoint, resample="bilinear", strict=False):
             if tuple(array.shape) == expected:
                 report.loaded.append(path)
             elif path == POSITION_EMBEDDING:
-                side = int(round((array.shape[1] - int(config["pooling"] == "cls")) ** 0.5))
+                num_prefix = int(config["pooling"] == "cls")
+                tokens = array.shape[1] - num_prefix
+                side = int(round(tokens**0.5))
+                if array.ndim != 3 or array.shape[-1] != expected[-1] or side * side != tokens:
+                    raise ValueError(
+                        f"Weight {POSITION_EMBEDDING!r} of shape {array.shape} cannot be "
+                        f"resampled to {expected}: only a square grid of the same width can be.")
                 grid = model.get_layer("stem").grid_size
-                array = resample_for_model(model, array, resample)
+                array = resample_position_embedding(array, (side, side), grid, num_prefix,
+                                                    resample)
                 report.resampled.append(
                     f"{path} ({side}x{side} -> {grid[0]}x{grid[1]} grid, {resample})")
             else:
