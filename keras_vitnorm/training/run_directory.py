@@ -139,8 +139,8 @@ def _check_new_run_dir(output_dir, overwrite):
 
 
 def _holds_run(output_dir):
-    """Whether `output_dir` holds a run: its settings, or a run that a killed
-    `--overwrite` moved aside (checked once `prepare` has put it back)."""
+    """Whether `output_dir` holds a run: its settings, or one a killed `--overwrite` moved
+    aside (checked once `prepare` has put it back)."""
     return (os.path.isfile(os.path.join(output_dir, SETTINGS_FILE))
             or replaced_run.keeps_replaced_run(output_dir))
 
