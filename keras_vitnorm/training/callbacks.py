@@ -37,22 +37,15 @@ def training_variables_of(model):
 
 
 def training_variables(model):
-    """`(owner, variable)` of every variable whose value decides the next training step:
-    the model's (weights, BatchNorm statistics, the dropout and drop-path seed generators'
-    states) then the optimizer's (step count, moments). Listed by position, not by name:
-    seed generators are named by a process-wide counter.
-    """
+    """`(owner, variable)` of every variable that decides the next training step, the
+    model's then the optimizer's; by position, as seed generators' names vary by process."""
     return ([("model", v) for v in model.variables]
             + [("optimizer", v) for v in model.optimizer.variables])
 
 
 def save_training_state(model, path, random_state=None):
-    """Writes `training_variables(model)` to the NumPy archive `path` (`v<i>` keys),
-    and `random_state` (`keras_vitnorm.backend.global_random_state`) if given.
-
-    A NumPy archive, not a `.weights.h5`: on a full disk Python's file I/O raises a
-    plain `OSError`, where h5py's failed writes end in a crash.
-    """
+    """Writes `training_variables(model)` (and `random_state`, if given) to the NumPy
+    archive `path`, not a `.weights.h5`: on a full disk Python raises where h5py crashes."""
     variables = training_variables(model)
     arrays = {f"v{i}": keras.ops.convert_to_numpy(v) for i, (_, v) in enumerate(variables)}
     names = np.array([f"{owner}:{variable.path}" for owner, variable in variables])
@@ -63,9 +56,8 @@ def save_training_state(model, path, random_state=None):
 
 
 def read_training_state(model, path):
-    """`(values, PyTorch random state or None)` of the archive written by
-    `save_training_state`, checked against a compiled `model`'s
-    `training_variables` (whose optimizer it builds); nothing is assigned."""
+    """`(values, PyTorch random state or None)` of a `save_training_state` archive,
+    checked against a compiled `model`'s `training_variables`; nothing is assigned."""
     model.optimizer.build(model.trainable_variables)
     targets = training_variables(model)
     with np.load(path, allow_pickle=False) as archive:
@@ -87,18 +79,13 @@ def read_training_state(model, path):
 class RunCheckpoint(keras.callbacks.Callback):
     """Saves the whole training state as one unit: `<directory>/step-<N>/`.
 
-    Keras' `BackupAndRestore` restores the epoch only, writes weights and metadata as
-    two files (a kill between them pairs weights with the wrong step) and restores
-    inside `fit`. Here each checkpoint is one directory, renamed into place whole:
-    `state.npz` (every variable that decides the next step, `save_training_state`)
-    and `state.json` (epoch, batches done in it, global step, `train_seconds` summed
-    over the runs that trained them). On PyTorch it also carries the global generator
-    that dropout draws from, held from one batch's end to the next's start, so the
-    masks depend only on the step.
-
-    Saves at every epoch end, and every `save_freq` batches if it is an int. The `flush`
-    callables run before each save (the logs reach the checkpoint's step) and the
-    `after_save` callables after it.
+    Keras' `BackupAndRestore` restores the epoch only, restores inside `fit` and writes
+    weights and metadata as two files (a kill between them pairs weights with the wrong
+    step). Here a checkpoint is one directory renamed into place whole: `state.npz`
+    (`save_training_state`) and `state.json` (epoch, batch, step, `train_seconds`). On
+    PyTorch it carries the global generator dropout draws from, so masks depend on the
+    step only. Saves at every epoch end and every `save_freq` batches (an int); `flush`
+    callables run before each save, `after_save` ones after it.
     """
 
     def __init__(self, directory, save_freq="epoch"):
@@ -114,14 +101,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         self._epoch = 0
         self._batches_done = 0
         self._since_save = 0
-        #: PyTorch's global random state of the restored or last saved step (else None).
-        self.random_state = None
-        #: Training seconds of the steps before this process's `fit` (from the restored
-        #: checkpoint; `None` where that checkpoint did not record them), and the
-        #: `time.perf_counter()` at which this process's training began (the trainer sets it).
-        self.seconds_before = 0.0
-        self.began = None
-        #: The step of the checkpoint this callback wrote last (`None` before its first).
+        self.random_state = None  # PyTorch's, of the restored or last saved step
+        self.seconds_before = 0.0  # of earlier runs; None where a checkpoint lacks them
+        self.began = None  # `time.perf_counter()` as this process's training began
         self.saved_step = None
 
     @staticmethod
@@ -224,8 +206,7 @@ class RunCheckpoint(keras.callbacks.Callback):
 
         with run_files.storage_errors(final, safe):
             os.makedirs(self.directory, exist_ok=True)
-            # A checkpoint of the same step (an epoch end right after a backup) is
-            # replaced as a whole too: a kill in between leaves one of the two in place.
+            # One of the same step (an epoch end after a backup) is replaced whole too.
             durable.write_directory(final, write, stage="checkpoint:state")
         self.saved_step = step
         durable.fault_point("checkpoint:renamed")
@@ -278,13 +259,9 @@ class LossIsNaN(RuntimeError):
 
 
 class StopOnNaN(keras.callbacks.Callback):
-    """Stops training at the first non-finite loss, raising `LossIsNaN` at once so that
-    nothing is saved after it (Keras' `TerminateOnNaN` lets the epoch end, and its
-    checkpoints save the NaN weights). Records `step`, `epoch` and `batch` (1-based).
-
-    With `agree` (called by every process each step, True where any process's flag
-    is), the processes of a distributed run stop together.
-    """
+    """Raises `LossIsNaN` at the first non-finite loss, so nothing saves after it (Keras'
+    `TerminateOnNaN` ends the epoch, whose checkpoints save NaN weights); records `step`,
+    `epoch` and `batch` (1-based). `agree(flag)` makes all processes stop together."""
 
     def __init__(self, agree=None):
         super().__init__()

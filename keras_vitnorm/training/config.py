@@ -47,8 +47,8 @@ def setting_changes(saved, current):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Settings of one training run. Start from a recipe: `TrainConfig.from_recipe`; the
-    command-line flags of the same names are described in docs/training.md.
+    """Settings of one training run; start from `TrainConfig.from_recipe`. The flags of
+    the same names: docs/training.md.
 
     Attributes:
         recipe: name of the recipe the defaults came from (recorded with the run).
@@ -58,8 +58,8 @@ class TrainConfig:
         dataset: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
         val_fraction: share of the training data held out when there is no validation split.
         train_examples: a class-stratified subset of this size, the same for every seed.
-        val_examples: validate on this many training examples held apart from the
-            `train_examples` (VTAB-1k's 800 + 200); `None` = the validation split.
+        val_examples: validate on this many training examples apart from the
+            `train_examples` (VTAB-1k's 800 + 200); `None`: the validation split.
         skip_bad_images: folder datasets leave out (and list) files that are not images.
         data_dir, manual_dir: tensorflow-datasets data and manual-download folders.
         epochs, steps: training length; give one (`steps` is kept exactly).
@@ -78,8 +78,8 @@ class TrainConfig:
         seed: seeds weights, data order and augmentation.
         output_dir: run directory; default `runs/<preset>-<dataset>-<time>`.
         backup_every: steps between mid-epoch backups (`None`: end of epoch only).
-        shuffle_buffer, input_pipeline: tf.data's shuffle buffer (examples); `"auto"`,
-            `"tf.data"` or `"python"` (see `load_dataset`).
+        shuffle_buffer: tf.data's shuffle buffer (examples).
+        input_pipeline: `"auto"`, `"tf.data"` or `"python"` (see `load_dataset`).
         distribute: `False`, `"data"` (or `True`) or `"fsdp"` (JAX; `training.distribution`).
         tensorboard: bool, write TensorBoard logs.
         grad_norm_every: steps between per-layer gradient-norm records; `None` = off.
@@ -137,10 +137,8 @@ class TrainConfig:
     def from_recipe(cls, recipe="small", **overrides):
         """The recipe's settings, then `overrides` (a `None` override is ignored).
 
-        `model` overrides are merged into the recipe's, except that a saved preset or
-        checkpoint takes the recipe's `checkpoint_model` overrides (such as a fine-tuning
-        resolution) instead of its cut-down architecture. Giving `epochs` clears the
-        recipe's `steps` and the other way round.
+        `model` overrides merge into the recipe's, or into its `checkpoint_model` for a
+        saved preset or checkpoint; `epochs` clears the recipe's `steps` and vice versa.
         """
         values = {"recipe": recipe, **get_recipe(recipe)}
         checkpoint_model = values.pop("checkpoint_model", {})
@@ -155,7 +153,7 @@ class TrainConfig:
             values.pop("epochs", None)
         preset = overrides.get("preset", values.get("preset"))
         recipe_model = values.get("model", {})
-        if names_trained_model(preset):  # a saved model keeps its own architecture
+        if names_trained_model(preset):
             recipe_model = checkpoint_model
         model = {**recipe_model, **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
@@ -163,9 +161,8 @@ class TrainConfig:
         config.given = frozenset(overrides)
         return config
 
-    #: The settings given to `from_recipe`; the others are the recipe's defaults, which
-    #: a run fits to a dataset too small for them (`run_plan.fit_to_data`). A config
-    #: made otherwise counts every setting as given.
+    #: The settings given to `from_recipe` (`None`: all); a run fits the recipe's other
+    #: settings to a dataset too small for them (`run_plan.fit_to_data`).
     given = None
 
     def validate(self):
@@ -230,8 +227,7 @@ class TrainConfig:
                              "overrides.")
 
     def _check_range(self, name, low, high, brackets="[)"):
-        """Raises unless the setting `name` is a number in the interval `brackets` of `low`
-        and `high` ("(" and ")" open, "[" and "]" closed)."""
+        """Raises unless the setting `name` is in the interval `brackets` of `low`, `high`."""
         value = getattr(self, name)
         if not (isinstance(value, (int, float)) and not isinstance(value, bool)
                 and (value > low if brackets[0] == "(" else value >= low)

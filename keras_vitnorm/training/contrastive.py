@@ -1,9 +1,7 @@
-"""LiT training through `model.fit`: `keras-vitnorm lit` and its API.
+"""LiT training through `model.fit`: `keras-vitnorm lit` and its API (docs/contrastive.md).
 
-A classification dataset becomes image-caption pairs: each training image gets a
-caption from `TRAIN_TEMPLATES` with its class name, and zero-shot accuracy is scored on
-the test split with `HELD_OUT_TEMPLATES`, prompts the text tower never saw. A run
-writes `lit.keras` and `metrics.json`, each atomically (docs/contrastive.md).
+Training images are captioned from `TRAIN_TEMPLATES` with their class names; zero-shot
+accuracy is scored on the test split with `HELD_OUT_TEMPLATES`, unseen in training.
 """
 import dataclasses
 import time
@@ -44,8 +42,8 @@ DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 class LiTConfig:
     """What `train_lit` trains; `keras_vitnorm.models.contrastive.LiT` has the model's arguments.
 
-    `preset` is the image tower (a preset directory or checkpoint for LiT's setup);
-    `image_size` resizes the images and resamples the tower's position embedding.
+    `preset` is the image tower; `image_size` resizes the images and resamples its
+    position embedding.
     """
 
     dataset: str = "digits"
@@ -92,14 +90,9 @@ def captions_for(labels, class_names, templates, seed):
     return [templates[t].format(class_names[int(label)]) for t, label in zip(choice, labels)]
 
 
-def split_arrays(data, split, image_size, channels):
-    """`(images float32 in [-1, 1], labels int)` of a split, in order."""
-    return data_lib.eval_arrays(data, getattr(data, split), (image_size, image_size), channels, 256)
-
-
 def build_lit(config, vocabulary):
     """The `LiT` model of `config`: the image tower from its preset, a fresh text tower."""
-    overrides = in_model_range(  # `split_arrays` feeds [-1, 1]
+    overrides = in_model_range(  # `eval_arrays` feeds [-1, 1]
         {key: value for key, value in config.model.items() if key != "image_size"})
     vit = ViT.from_preset(config.preset, image_size=config.image_size, **overrides)
     return LiT(vit, vocabulary, max_length=config.max_length, embed_dim=config.embed_dim,
@@ -117,8 +110,7 @@ def zero_shot_accuracy(model, images, labels, class_names, templates):
 def train_lit(config, output_dir=None, overwrite=False, verbose=1, take_over_lock=False):
     """Trains the text tower (and the image tower if not frozen); returns the metrics dict.
 
-    `output_dir` (None: nothing saved), `overwrite` and `take_over_lock` are as in
-    `keras_vitnorm.training.segmentation.train_segmenter`.
+    `output_dir`, `overwrite` and `take_over_lock` are as in `train_segmenter`.
     """
     with run_files.results_run(output_dir, "LiT run", overwrite, take_over_lock) as save:
         metrics, model = _train_lit(config, verbose)
@@ -136,16 +128,16 @@ def _train_lit(config, verbose):
     vocabulary = caption_vocabulary([t.format(n) for t in TRAIN_TEMPLATES for n in names])
     model = build_lit(config, vocabulary)
     channels = model.vit_config["num_channels"]
+    size = (config.image_size, config.image_size)
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
-        split_arrays(data, split, config.image_size, channels)
-        for split in ("train", "validation", "test"))
+        data_lib.eval_arrays(data, split, size, channels, 256)
+        for split in (data.train, data.validation, data.test))
     train_captions = captions_for(y_train, names, TRAIN_TEMPLATES, config.seed)
     steps = config.epochs * max(1, len(x_train) // config.batch_size)
     model.compile(optimizer=adamw(model, steps, config.learning_rate,
                                   warmup_steps=config.warmup_steps,
                                   weight_decay=config.weight_decay))
-    # Validation batches are fixed slices: shuffled once (seed 0), a batch holds a mix of
-    # classes, as a training batch does (a batch of one class has no negatives to tell apart).
+    # Shuffled once (seed 0): a fixed validation batch of one class holds no negatives.
     order = np.random.default_rng(0).permutation(len(x_val))
     x_val, y_val = x_val[order], y_val[order]
     val_captions = captions_for(y_val, names, TRAIN_TEMPLATES, config.seed + 1)

@@ -1,18 +1,16 @@
 """Training on several devices: the layouts `TrainConfig.distribute` names.
 
-`"data"` is data-parallel; `"fsdp"` (JAX) also splits every block kernel, the head's
-and their AdamW state over the devices (`FSDP_LAYOUT`). How each backend does it is in
-`keras_vitnorm.backend`; commands and memory: docs/training.md, "Scaling out".
+`"data"` is data-parallel; `"fsdp"` (JAX) also shards the kernels of `FSDP_LAYOUT` and
+their AdamW state. Backends: `keras_vitnorm.backend`; docs/training.md, "Scaling out".
 """
 
 from keras_vitnorm import backend
 from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.validation import check_choice
 
-#: Variable path pattern -> sharded axes, for `"fsdp"`. The kernels' first dimension is
-#: the width or the MLP size, which the device counts in use divide. The stem, the
-#: position embedding, the norms and the biases stay replicated (well under 2% of a
-#: ViT-B's parameters).
+#: Variable path pattern -> sharded axes, for `"fsdp"`: a kernel's first dimension (width
+#: or MLP size) divides by the device counts in use. The rest (under 2% of a ViT-B's
+#: parameters) stays replicated.
 FSDP_LAYOUT = {
     r"block_\d+/attention/(qkv|out)/kernel": ("batch", None),
     r"block_\d+/mlp/(fc1|fc2)/kernel": ("batch", None),

@@ -23,9 +23,8 @@ def image_size(model):
 def evaluate(path, dataset=None, split="test", batch_size=256, val_fraction=None,
              data_dir=None, manual_dir=None, verbose=1):
     """Scores the saved model in `path` on the `split` ("test", "validation" or "train")
-    of a dataset: `path` is a preset directory, or a run directory (its `preset/`, with
-    its dataset and validation fraction as the defaults), and a run's own model on its
-    own dataset gives the numbers of its `metrics.json`.
+    of a dataset. `path` is a preset directory or a run directory (its `preset/`, scored
+    by default as the run's final evaluation scored it).
 
     Returns `{"dataset", "split", "examples", "accuracy", "loss", "preset"}`.
     """

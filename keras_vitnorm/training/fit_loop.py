@@ -1,7 +1,6 @@
-"""The fit loop of a training run: `model.fit` over the planned steps from where the run
-starts, with the callbacks that log, checkpoint and stop on a NaN; then the final
-evaluation and results, written in an order that a kill at any moment leaves a run
-`--resume` finishes (docs/training.md, "What survives a crash").
+"""The fit loop of a training run: `model.fit` from where the run starts, with the
+callbacks that log, checkpoint and stop, then the final evaluation and results, in an
+order `--resume` finishes after a kill anywhere (docs/training.md, "What survives a crash").
 """
 
 import dataclasses
@@ -49,9 +48,8 @@ class TrainingDiverged(RuntimeError):
 def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
     """Splits the remaining training into `fit` calls of whole epochs.
 
-    Returns `[(initial_epoch, epochs, steps_per_epoch, batch_offset), ...]`: the rest
-    of an interrupted epoch (if `batches_done`), the full epochs, then a shorter last
-    epoch if `total_steps` is not a multiple of `steps_per_epoch`.
+    Returns `[(initial_epoch, epochs, steps_per_epoch, batch_offset), ...]`: the rest of
+    an interrupted epoch, the full epochs, then a shorter last epoch if there is one.
     """
     epochs = math.ceil(total_steps / steps_per_epoch)
     last = total_steps - (epochs - 1) * steps_per_epoch
@@ -74,8 +72,7 @@ def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
 
 
 def describe_model(config):
-    """The preset and the model settings the run changes in it (the recipe's and the
-    given ones), as the line that opens a run names them: `"s16_dpn with depth=6, ..."`."""
+    """The preset and the model settings the run changes: `"s16_dpn with depth=6, ..."`."""
     changes = ", ".join(f"{key}={value}" for key, value in sorted(config.model.items()))
     return f"{config.preset} with {changes}" if changes else str(config.preset)
 
@@ -87,15 +84,12 @@ def augmentation_of(config):
 
 
 class Run:
-    """One training run in its locked directory: where it starts, `fit`, the results.
+    """One training run in its locked, prepared `RunDirectory`: where it starts, `fit`,
+    the results; `stop` is the `interrupts.StopRequest` its signals set."""
 
-    `directory` is its `RunDirectory`, locked and prepared; `stop` the
-    `interrupts.StopRequest` its signals set (`None`: signals keep their own handlers).
-    """
-
-    def __init__(self, config, data, directory, plan, resume, say, stop=None):
+    def __init__(self, config, data, directory, plan, resume, say, stop):
         self.config = config
-        self.stop = stop or interrupts.StopRequest()
+        self.stop = stop
         self.data = data
         self.directory = directory
         self.plan = plan
@@ -123,8 +117,7 @@ class Run:
         start, restored = (0, 0, 0), None
         several = plan.process[1] > 1
         if several:
-            # With several processes, every one creates and assigns variables at once
-            # (on JAX each is a step of all processes): the optimizer's first.
+            # All processes create variables together (on JAX, a step of all): optimizer's first.
             model.optimizer.build(model.trainable_variables)
         if resume:
             start, restored = first_process_then_all(plan, lambda: restore_last_checkpoint(
@@ -132,13 +125,11 @@ class Run:
             ) or (start, restored)
         if several:  # every process starts where the first one restored
             start = backend.from_first_process(start)
-            # A fresh start where every process seeded the same (set_random_seed above)
-            # and so created its variables equal (JAX) needs nothing.
+            # A fresh start whose processes seeded equal variables (JAX) needs nothing.
             if resume or not backend.processes_start_equal():
                 backend.share_variables(callbacks_lib.training_variables_of(model), restored)
             if resume:
-                # Every process draws its dropout masks from the global generator (PyTorch's),
-                # whose state is the same on all of them at every step: the restored one.
+                # PyTorch's dropout generator: the same restored state on every process.
                 backend.share_global_random_state(self.checkpoint.random_state, plan.lead)
         start_epoch, batches_done, start_step = start
         eval_batch = max(config.batch_size, 256 // plan.replicas * plan.replicas)
@@ -162,7 +153,6 @@ class Run:
             "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
             "resumed_from_step": start_step,
             "train_seconds_this_run": round(seconds, 2),
-            # Summed over every run that trained this model's steps (None if unknown).
             "train_seconds": None if before is None else round(before + seconds, 2),
             "replicas": plan.replicas,
             "class_names": self.data.class_names,
@@ -181,8 +171,7 @@ class Run:
         if config.grad_norm_every:
             images, labels = data_lib.first_eval_batch(
                 self.data, self.data.validation, self.image_size, self.channels, 64)
-            # Every process computes the records (a step of JAX's processes runs on all of
-            # them); the first one writes them.
+            # Every process computes them (a JAX step runs on all); the first writes them.
             recorders.append(GradientNormRecorder(
                 images, labels, every=config.grad_norm_every,
                 path=self.directory.grad_norms if self.plan.lead else None))

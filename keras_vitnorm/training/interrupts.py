@@ -1,11 +1,9 @@
 """SIGTERM and SIGINT end a training run at a step it resumes from.
 
-While training steps run (`StopRequest.deferred`), a signal only records the request, and
-`StopOnSignal` acts on it at the end of the step under way, with a checkpoint of that step:
-a KeyboardInterrupt inside a step is not reliable (under JAX, Keras swallows it; raised
-while XLA compiles, the process crashes as it exits). Elsewhere the signal raises
-`RunInterrupted` at once (sent again where Python drops it: `keras_vitnorm.stop_signals`).
-A second Ctrl-C stops at once. docs/training.md, "Interrupted runs".
+While steps run (`StopRequest.deferred`), a signal is recorded and `StopOnSignal` acts
+at the step's end, with a checkpoint: a KeyboardInterrupt inside a step is unreliable
+(JAX's Keras swallows it; during XLA compilation the process crashes on exit).
+Elsewhere it raises `RunInterrupted` at once. docs/training.md, "Interrupted runs".
 """
 
 import contextlib
@@ -27,11 +25,9 @@ def signal_name(number):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by a signal: a `KeyboardInterrupt`, so that `except Exception` lets
-    it through. `signal` is the signal's number, `exit_status` (`128 + signal`) the status
-    of a process the signal ended, `run_dir` the run directory (`None` if the run had not
-    set it up) and `resumable` whether `--resume` continues the run there.
-    """
+    """A run stopped by a signal: a `KeyboardInterrupt`, so `except Exception` lets it
+    through. Has `signal`, `exit_status` (`128 + signal`), `run_dir` (`None` before the
+    run set it up) and `resumable` (whether `--resume` continues it)."""
 
     def __init__(self, signal_number):
         self.signal = signal_number
@@ -76,16 +72,14 @@ class StopRequest:
 
     def stop_behind(self, error):
         """The `RunInterrupted` that `error` stands for, or `None`: once the handler has
-        raised, an error in its place is the stop, changed by the code it landed in
-        (e.g. NumPy's import failing)."""
+        raised, an error in its place is the stop, changed by the code it landed in."""
         if self._raised and not isinstance(error, RunInterrupted):
             stop_signals.acted_on()
             return RunInterrupted(self.signal)
         return None
 
     def check(self):
-        """A safe point: raises `RunInterrupted` if a signal came (whether or not its
-        handler's exception got through)."""
+        """A safe point: raises `RunInterrupted` if a signal came (even one dropped)."""
         if self.signal is not None:
             stop_signals.acted_on()
             raise RunInterrupted(self.signal)
@@ -106,9 +100,8 @@ class StopRequest:
 
     @contextlib.contextmanager
     def deferred(self):
-        """While training steps run: a signal waits for the step's end (`StopOnSignal`).
-        A request made before the block raises as it begins, one still pending as it
-        ends."""
+        """While training steps run: a signal waits for the step's end (`StopOnSignal`);
+        a pending request raises as the block begins or ends."""
         self.check()
         self._deferred = True
         try:
@@ -119,11 +112,9 @@ class StopRequest:
 
 
 class StopOnSignal(keras.callbacks.Callback):
-    """Ends `fit` at the end of a step once `request` holds a signal: writes the
-    checkpoint of that step (`checkpoint`, or `None` on a process that writes none) and
-    raises `RunInterrupted`. Last in the callback list, so the step's other callbacks
-    have run; with `agree` (as `StopOnNaN`'s) the processes stop at the same step.
-    """
+    """Ends `fit` at a step's end once `request` holds a signal: saves `checkpoint` (if
+    any) and raises `RunInterrupted`. Last of the callbacks, so the step's others have
+    run; with `agree` (as `StopOnNaN`'s) the processes stop at the same step."""
 
     def __init__(self, request, checkpoint=None, agree=None):
         super().__init__()

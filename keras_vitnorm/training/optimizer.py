@@ -6,8 +6,7 @@ import keras
 
 
 def decayed_variables(model):
-    """The variables AdamW decays: kernels only, as big_vision's `.*/kernel$`
-    (docs/training.md, "The recipe's pieces")."""
+    """The variables AdamW decays: kernels only, as big_vision's `.*/kernel$`."""
     return [v for v in model.trainable_variables if v.name == "kernel"]
 
 

@@ -1,9 +1,6 @@
-"""The run that `--overwrite` replaces, kept aside until the new run's first checkpoint.
-
-`move_aside` moves the old run into `.replaced/`; the new run's first checkpoint deletes
-it (`drop_replaced`), a start that fails before it puts it back (`remove_failed_start`),
-and the next command there settles what a killed one left (`recover_replaced`).
-docs/training.md, "What survives a crash".
+"""The run that `--overwrite` replaces, kept aside until the new run's first checkpoint
+(docs/training.md, "What a run writes"): `move_aside`, then `drop_replaced`, or
+`remove_failed_start`, or, after a kill, `recover_replaced`.
 """
 
 import contextlib
@@ -41,9 +38,8 @@ def move_aside(output_dir):
 
 
 def _put_back(output_dir):
-    """Moves the entries of the run that `move_aside` moved aside back into `output_dir`,
-    which holds no run entries of its own by then. `REPLACED` is renamed `MOVING` first:
-    a kill part way leaves `MOVING`, as a kill in `move_aside` does."""
+    """Moves the run that `move_aside` kept back into `output_dir`, through `MOVING` so
+    that a kill part way leaves what a kill in `move_aside` leaves."""
     replaced, moving = (os.path.join(output_dir, name) for name in (REPLACED, MOVING))
     if os.path.isdir(replaced):
         os.rename(replaced, moving)
@@ -60,16 +56,15 @@ def _put_back(output_dir):
 
 
 def drop_replaced(output_dir):
-    """Deletes the run that `move_aside` kept in `output_dir`, if any. Where that fails,
-    it stays for the next command there to delete: a run in training is not stopped."""
+    """Deletes the run that `move_aside` kept, if any; a failure leaves it for the next
+    command there, not stopping a run in training."""
     shutil.rmtree(os.path.join(output_dir, REPLACED), ignore_errors=True)
 
 
 def recover_replaced(output_dir):
-    """Settles what a killed `--overwrite` left in `output_dir`: the old run is put back
-    unless the new run has a checkpoint or a result, in which case the old run is
-    deleted. The caller holds the lock. Returns what was done, for the user, or `None`.
-    """
+    """Settles what a killed `--overwrite` left in the locked `output_dir`: the old run is
+    put back unless the new one has a checkpoint or a result (then it is deleted).
+    Returns what was done, for the user, or `None`."""
     replaced = os.path.join(output_dir, REPLACED)
     if os.path.isdir(replaced) and has_checkpoint_or_result(output_dir):
         with run_files.storage_errors(replaced, "Nothing was changed in the new run.",
@@ -89,9 +84,8 @@ def recover_replaced(output_dir):
 
 
 def remove_failed_start(output_dir):
-    """Removes what a new run that failed before its first checkpoint wrote in
-    `output_dir` (its run entries but the lock; anything else stays) and puts back the
-    run it was replacing, so that the same command runs once the cause is fixed."""
+    """Removes the run entries (not the lock) of a new run that failed before its first
+    checkpoint and puts back the run it was replacing."""
     for entry in run_entries(output_dir):
         path = os.path.join(output_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):

@@ -1,8 +1,5 @@
-"""Where a resumed run starts: its last checkpoint restored, its logs cut back to it.
-
-A run killed at any moment resumes to the same final weights as an uninterrupted run
-(docs/training.md, "What survives a crash").
-"""
+"""Where a resumed run starts: its last checkpoint restored, its logs cut back to it
+(docs/training.md, "What survives a crash")."""
 
 import contextlib
 import csv
@@ -14,10 +11,9 @@ from keras_vitnorm.training.run_layout import read_log
 
 
 def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True):
-    """Loads the last checkpoint of the run in `directory` (a `RunDirectory`) into
-    `model` through `checkpoint` (its `RunCheckpoint`). Returns `((epoch, batches done in
-    it, step), values)`, the checkpoint's variable values if `assign` is False (else
-    `None`)."""
+    """Loads the last checkpoint of the `RunDirectory` into `model` through its
+    `RunCheckpoint`. Returns `((epoch, batches done in it, step), values)`, `values`
+    being the variables' values where `assign` is False (else `None`)."""
     for path in (directory.preset, *directory.checkpoints.values()):
         durable.recover_directory(path)
     found = callbacks_lib.RunCheckpoint.latest(directory.backup)
@@ -32,7 +28,6 @@ def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True
                 f"The checkpoint {path} (epoch {epoch}, batch {batch}, step {step}) does "
                 f"not fit {plan.steps_per_epoch} steps per epoch.")
         values = checkpoint.restore(model, path, assign=assign)
-        # A checkpoint whose state has no `train_seconds` leaves the total unknown.
         checkpoint.seconds_before = state.get("train_seconds")
         if batch >= plan.steps_per_epoch:
             epoch, batch = epoch + 1, 0
@@ -50,8 +45,8 @@ def restore_last_checkpoint(directory, checkpoint, model, plan, say, assign=True
 
 
 def _check_nothing_trained(directory, say):
-    """Raises unless the run, which has no checkpoint, trained nothing yet: resuming it
-    from step 0 would train it again and replace what it has."""
+    """Raises unless the run without a checkpoint trained nothing yet (resuming from step
+    0 would replace what it has)."""
     where = f"Cannot resume {directory.path}: it has no checkpoint to resume from"
     if os.path.exists(directory.preset):
         raise ValueError(
@@ -69,8 +64,8 @@ def _check_nothing_trained(directory, say):
 
 
 def truncate_csv(path, keep):
-    """Rewrites the CSV `path` (atomically) with the rows for which `keep(row)` holds;
-    a last row cut short by a kill (too few fields) is dropped."""
+    """Rewrites the CSV `path` atomically with the rows `keep(row)` accepts; a row cut
+    short by a kill is dropped."""
     if not os.path.exists(path):
         return
     with open(path, newline="") as f:

@@ -1,6 +1,5 @@
-"""Setting up a training run's directory: a new run's name and lock, the run that
-`--resume` continues, the checks that refuse a directory before anything is written, and
-`prepare`, which settles what a killed `--overwrite` left and writes the settings.
+"""Setting up a training run's directory: a new run's name and lock, the run `--resume`
+continues, the checks that refuse a directory before anything is written, and `prepare`.
 """
 
 import datetime
@@ -31,9 +30,8 @@ def default_output_dir(config):
 
 
 def new_run_lock(config, take_over=False):
-    """The acquired lock of a new directory for a run without an `output_dir`:
-    `default_output_dir`, or where another run took that name, the same with `-2`, `-3`,
-    ..., each made atomically (`RunLock(new=True)`), so two runs never share one."""
+    """The acquired lock of a new `default_output_dir` (or, where another run took it,
+    that with `-2`, `-3`, ...), made atomically so that two runs never share one."""
     base = default_output_dir(config)
     for number in itertools.count(1):
         path = base if number == 1 else f"{base}-{number}"
@@ -48,8 +46,8 @@ def new_run_lock(config, take_over=False):
 
 
 def _settings_and_status(path):
-    """`(settings, status)` of the run in `path`: its `status` is `None` while it is
-    unfinished; `(None, None)` where `path` holds no readable run."""
+    """`(settings, status)` of the run in `path` (status `None`: unfinished); `(None,
+    None)` where `path` holds no readable run."""
     try:
         settings = durable.read_json(os.path.join(path, SETTINGS_FILE))
         metrics = durable.read_json(os.path.join(path, METRICS_FILE))
@@ -72,10 +70,8 @@ def completed_metrics(path):
 
 def find_run_to_resume(config):
     """The run that `config` without an `output_dir` resumes: the latest unfinished run
-    in `runs/` with the same settings or, where there is none and the latest of them
-    completed, that one (a scheduler that runs `--resume` again gets its success).
-    Where there is none, the `ValueError` names the unfinished runs and what to pass.
-    """
+    in `runs/` of the same settings, else the latest of them if it completed (a requeued
+    `--resume` succeeds); else a `ValueError` naming the unfinished runs."""
     names = sorted(os.listdir(RUNS_FOLDER)) if os.path.isdir(RUNS_FOLDER) else []
     same, others = [], []  # (path, status) of the runs there, oldest first
     for name in names:
@@ -112,8 +108,7 @@ def check_resumable(output_dir):
 
 def check_output_dir(output_dir, resume, overwrite):
     """Raises the error of `prepare` for `output_dir` before anything is loaded, locked
-    or created there: a file in its place, no run to resume, or a directory a new run
-    may not use (not empty without `overwrite`, or holding what no run writes)."""
+    or created there."""
     if resume:
         check_resumable(output_dir)
     else:
@@ -144,8 +139,8 @@ def _check_new_run_dir(output_dir, overwrite):
 
 
 def _holds_run(output_dir):
-    """Whether `output_dir` holds a run: its settings, or a run that a killed
-    `--overwrite` moved aside (checked once `prepare` has put it back)."""
+    """Whether `output_dir` holds a run: its settings, or one a killed `--overwrite` moved
+    aside (checked once `prepare` has put it back)."""
     return (os.path.isfile(os.path.join(output_dir, SETTINGS_FILE))
             or replaced_run.keeps_replaced_run(output_dir))
 
@@ -157,11 +152,9 @@ def _changes(config, saved):
 
 def prepare(config, output_dir, resume, overwrite, say=None):
     """Checks the locked run directory for `resume` (same settings required) or, for a
-    new run, moves the old run aside (`overwrite`) and writes the settings. What a
-    killed `--overwrite` left is settled first, and `say` (e.g. `print`) tells of it.
-
-    Returns the run's `metrics.json` where `resume` finds it completed, else `None`.
-    """
+    new run, moves the old run aside (`overwrite`) and writes the settings; first settles
+    what a killed `--overwrite` left, telling `say`. Returns the run's `metrics.json`
+    where `resume` finds it completed, else `None`."""
     if resume and overwrite:
         raise ValueError("Give at most one of resume and overwrite.")
     settled = replaced_run.recover_replaced(output_dir)

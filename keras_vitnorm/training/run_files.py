@@ -1,6 +1,5 @@
-"""What keeps a run directory usable whatever moment its process is killed: `RunLock`
-(one process owns a directory at a time), `StorageError` (a refused write, with what is
-still safe) and `results_run` (for a run that saves its results once, at its end).
+"""What keeps a run directory usable whatever moment its process is killed: `RunLock`,
+`StorageError` (a refused write, with what is still safe) and `results_run`.
 """
 
 import contextlib
@@ -12,6 +11,7 @@ import sys
 import time
 
 from keras_vitnorm import durable
+from keras_vitnorm.training.run_layout import METRICS_FILE
 from keras_vitnorm.validation import check_directory_path
 
 #: Errors of the storage itself, reported as a `StorageError`.
@@ -49,12 +49,9 @@ AGAIN = "run the same command again"
 
 @contextlib.contextmanager
 def storage_errors(path, safe, then="continue with --resume"):
-    """Turns a storage failure while writing `path` into a `StorageError`.
-
-    The message names the error's own file (else `path`), what is still intact
-    (`safe`, e.g. the last good checkpoint) and what to do once the write can succeed
-    (`then`; `AGAIN` where nothing is there to resume).
-    """
+    """Turns a storage failure while writing `path` into a `StorageError` whose message
+    names the file, what is still intact (`safe`) and what to do once the write can
+    succeed (`then`; `AGAIN` where there is nothing to resume)."""
     try:
         yield
     except StorageError:
@@ -70,9 +67,6 @@ def storage_errors(path, safe, then="continue with --resume"):
             f"Could not write {where}: {reason}. {safe} Free space (or fix the permissions), "
             f"then {then}.",
         ) from error
-
-
-# ----------------------------------------------------------------------------- the lock
 
 
 def _process_start(pid):
@@ -98,8 +92,7 @@ def _process_alive(pid, start):
 
 
 def _is_file_at(descriptor, path):
-    """Whether the open file `descriptor` is still the file at `path` (a lock file its
-    holder removed is not)."""
+    """Whether the open file `descriptor` is still the file at `path`."""
     try:
         return os.path.samestat(os.fstat(descriptor), os.stat(path))
     except OSError:
@@ -117,12 +110,10 @@ _NO_FILE_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 class RunLock:
     """An exclusive lock on a run or study directory: `<directory>/<name>`.
 
-    The kernel's (`flock` on the lock file), so it ends with its process however that
-    ends, and the lock file's record (pid, host, start time, command) names a live
-    holder. Where the file system keeps no locks, the file itself is the lock, and
-    `take_over=True` replaces one whose holder is gone. A lock released with nothing
-    added to its directory removes what it made; with `new=True` the directory must
-    not exist yet (`FileExistsError`). What users see: docs/training.md.
+    `flock` on the lock file, so it ends with its process however that ends; the file
+    records the holder. Where the file system keeps no locks the file is the lock, and
+    `take_over=True` replaces one whose holder is gone. Released with nothing added, it
+    removes what it made; `new=True` requires a new directory. docs/training.md.
     """
 
     def __init__(self, directory, name="run.lock", take_over=False, what="run directory",
@@ -294,18 +285,12 @@ class RunLock:
         self.release()
 
 
-METRICS_FILE = "metrics.json"
-
-
 @contextlib.contextmanager
 def results_run(output_dir, what, overwrite=False, take_over_lock=False):
-    """Owns `output_dir` for a run that writes its model and metrics once, at its end.
-
-    Yields `save(model, model_file, metrics)`, which writes `<output_dir>/<model_file>`
-    (`model.save`) and then `metrics.json`, each atomically; with `output_dir=None`
-    nothing is locked or saved. Raises `FileExistsError` where `output_dir` holds a
-    finished run and `overwrite` is False, `LockedError` where another process owns it
-    and `StorageError` where a file could not be written.
+    """Owns `output_dir` (`None`: nothing locked or saved) for a run that writes its
+    model and metrics once, at its end. Yields `save(model, model_file, metrics)`, which
+    writes each atomically. Raises `FileExistsError` on a finished run without
+    `overwrite`, `LockedError` and `StorageError`.
     """
 
     def save(model, model_file, metrics):

@@ -1,9 +1,7 @@
 """What a training run's directory holds: its entries' names and paths.
 
-docs/training.md, "What a run writes", describes each entry; besides them a run
-writes `analysis.json`, `mlflow_run.json` and `.replaced/` (`.replaced.moving/` while
-it moves). These (`RUN_ENTRIES`) and the temporary names of their atomic writes are all
-a run directory holds: `--overwrite` refuses a directory that holds anything else.
+`RUN_ENTRIES` (docs/training.md, "What a run writes", and a few more) and their atomic
+writes' temporary names are all it holds: `--overwrite` refuses anything else.
 """
 import csv
 import dataclasses
@@ -23,8 +21,7 @@ RUN_ENTRIES = (LOCK_FILE, SETTINGS_FILE, "log.csv", "grad_norms.csv", "tensorboa
 
 
 def written_by_run(entry):
-    """Whether the directory entry `entry` is one a run writes: one of `RUN_ENTRIES`,
-    or the temporary name of an atomic write of one (`keras_vitnorm.durable`)."""
+    """Whether `entry` is one of `RUN_ENTRIES` or an atomic write's temporary name of one."""
     for prefix, suffix in (("", ""), (".writing.", ""), (".", ".writing"), (".", ".old")):
         if (entry.startswith(prefix) and entry.endswith(suffix)
                 and entry[len(prefix):len(entry) - len(suffix)] in RUN_ENTRIES):
@@ -63,8 +60,7 @@ def run_entries(output_dir):
 
 
 def has_checkpoint_or_result(output_dir):
-    """Whether the run in `output_dir` has a checkpoint (`backup/step-<N>/`, renamed into
-    place whole) or a result (`preset/`, `metrics.json`): what a start that failed lacks."""
+    """Whether the run in `output_dir` has a checkpoint or a result: what a failed start lacks."""
     backup = os.path.join(output_dir, "backup")
     steps = os.listdir(backup) if os.path.isdir(backup) else []
     results = (os.path.join(output_dir, name) for name in (METRICS_FILE, "preset"))
@@ -82,5 +78,5 @@ def read_log(path):
                 rows.append({key: float(value) if key != "epoch" else int(value)
                              for key, value in row.items() if value not in ("", None)})
             except (TypeError, ValueError):
-                break  # a row cut short by a kill: it and anything after are dropped
+                break
     return rows

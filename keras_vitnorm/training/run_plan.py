@@ -1,6 +1,5 @@
-"""What a run trains and on which devices and processes (its `Plan`), and how the
-processes of a run agree on what the first one did: it owns the run directory and writes
-every file, and the others learn from it what they need (`first_process_then_all`).
+"""What a run trains and on which devices and processes (its `Plan`); the first process
+owns the run directory and the others learn from it (`first_process_then_all`).
 """
 
 import contextlib
@@ -31,8 +30,8 @@ class Plan:
 
     @property
     def processes_split_batches(self):
-        """Whether the backend splits each batch among several processes (JAX's), so
-        that every batch, evaluation ones too, must be full."""
+        """Whether the backend splits each batch among processes (JAX), so that every
+        batch, evaluation ones too, must be full."""
         return self.process[1] > 1 and self.share[1] == 1
 
     @property
@@ -50,13 +49,9 @@ def _given(config, name):
 
 
 def fit_to_data(config, train_size):
-    """`(config, notes)`: `config` with the recipe's defaults that `train_size` training
-    examples cannot take fitted to them, and a note on each.
-
-    A batch larger than the training split becomes the largest power of two it holds,
-    and a warm-up as long as the run a tenth of it. A setting the user gave is kept:
-    `plan_run` refuses it, naming a value that works.
-    """
+    """`(config, notes)`: `config` with the recipe's defaults that `train_size` examples
+    cannot take fitted to them, a note on each (docs/training.md, "Recipes"); a setting
+    the user gave is kept for `plan_run` to refuse."""
     changes, notes = {}, []
     if config.batch_size > train_size and not _given(config, "batch_size"):
         changes["batch_size"] = 1 << (max(train_size, 1).bit_length() - 1)
@@ -101,9 +96,8 @@ def plan_run(config, data, overrides):
 
 
 def first_process_then_all(plan, work):
-    """Runs `work()` on the first process and returns its result there (`None` on the
-    others); its error, if any, is raised on every process, so that none of them waits
-    for a first process that has stopped."""
+    """Runs `work()` on the first process, returning its result there (`None` on the
+    others); its error is raised on every process, so none waits for a stopped one."""
     if plan.process[1] == 1:
         return work()
     result = error = None

@@ -1,8 +1,5 @@
-"""Training a `Segmenter` through `model.fit`: `keras-vitnorm segment` and its API.
-
-The optimizer is the classification trainer's AdamW schedule; a run writes
-`segmenter.keras` and `metrics.json`, each atomically (docs/segmentation.md).
-"""
+"""Training a `Segmenter` through `model.fit` with the classification trainer's AdamW
+schedule: `keras-vitnorm segment` and its API (docs/segmentation.md)."""
 
 import dataclasses
 import time
@@ -80,9 +77,9 @@ def train_segmenter(config, output_dir=None, overwrite=False, verbose=1, data=No
     """Trains, evaluates on the test split and saves a segmenter; returns the metrics dict.
 
     Args:
-        output_dir: where `segmenter.keras` and `metrics.json` go (None: nothing saved),
-            locked while the run trains.
-        overwrite: replace a finished run in `output_dir`; without it that is an error.
+        output_dir: where `segmenter.keras` and `metrics.json` go, locked while the run
+            trains (None: nothing saved).
+        overwrite: replace a finished run in `output_dir` (else an error).
         data: an already loaded `SegmentationData` (the seeds of one sweep share it).
         take_over_lock: take over `output_dir` from a process that no longer runs.
     """

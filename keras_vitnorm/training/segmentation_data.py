@@ -1,9 +1,5 @@
-"""Segmentation datasets: images with a class label per pixel, held in memory.
-
-Three sources: `"digit_scenes"` (composed offline from scikit-learn's digits),
-`"tfds:<name>"` and `"folder:<path>"` (docs/segmentation.md, "Datasets"). Every mask
-is checked against its image and `num_classes`.
-"""
+"""Segmentation datasets in memory: `"digit_scenes"` (from scikit-learn's digits),
+`"tfds:<name>"` and `"folder:<path>"` (docs/segmentation.md, "Datasets")."""
 
 import dataclasses
 import os
@@ -80,8 +76,7 @@ def load_segmentation_data(name, image_size, num_classes=None, scenes=(2000, 400
 
 
 def check_labels(masks, num_classes, source, ignore_class=IGNORE_CLASS):
-    """Raises a `ValueError` naming `source` if a label is outside `[0, num_classes)` and not
-    ignored."""
+    """Raises a `ValueError` naming `source` for a label outside `[0, num_classes)`."""
     values = np.unique(masks)
     bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_class)]
     if bad.size:
@@ -91,8 +86,8 @@ def check_labels(masks, num_classes, source, ignore_class=IGNORE_CLASS):
 
 
 def digit_scenes(count, image_size=32, split="train"):
-    """`count` scenes of scikit-learn digits with per-pixel labels (docs/segmentation.md); the
-    splits draw from disjoint digit images (60/20/20%), each with its own fixed seed."""
+    """`count` scenes of scikit-learn digits with per-pixel labels; the splits draw from
+    disjoint digit images (60/20/20%), each with its own fixed seed."""
     from sklearn.datasets import load_digits
 
     if image_size < 16:

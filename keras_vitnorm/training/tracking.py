@@ -1,10 +1,9 @@
-"""`--track mlflow`: a run's settings, per-epoch metrics and final metrics in MLflow.
+"""`--track mlflow`: a run's settings, per-epoch and final metrics in MLflow
+(docs/your-norm.md, "Tracking in MLflow").
 
-Each run directory gets one MLflow run, whose id it keeps in `mlflow_run.json`, so a
-resumed run continues it; a study is a parent MLflow run of its runs. Server and
-experiment: docs/your-norm.md, "Tracking in MLflow". Written against
-`mlflow.tracking.MlflowClient`, which takes a run id explicitly, so runs of one process
-(a study) never share MLflow's global active run.
+A run directory keeps its MLflow run's id in `mlflow_run.json`, so a resumed run
+continues it. `MlflowClient` takes run ids explicitly: a study's runs never share
+MLflow's global active run.
 """
 
 import json
@@ -59,11 +58,8 @@ def study_outputs(study_dir):
 
 
 class TrackedRun:
-    """The MLflow run of one run (or study) directory, created the first time it is used.
-
-    `directory` keeps `mlflow_run.json`; `params` are logged when the MLflow run is
-    created; `parent_run_id` is the study's MLflow run, for a run of a study.
-    """
+    """The MLflow run of a run (or study) `directory`, created with `params` on first use;
+    `parent_run_id` is the study's MLflow run, for a run of a study."""
 
     def __init__(self, directory, name, params=None, parent_run_id=None):
         self.directory = directory
@@ -126,14 +122,12 @@ class TrackedRun:
                 self.client.log_artifact(self.run_id, path)
 
     def log_earlier_epochs(self):
-        """Logs the epochs of the run's `log.csv` not logged yet: those a killed process
-        finished (and checkpointed) after its last MLflow call."""
+        """Logs the epochs of `log.csv` that a killed process did not log."""
         for row in read_log(os.path.join(self.directory, "log.csv")):
             self.log_epoch(row.pop("epoch") + 1, row)
 
     def callback(self):
-        """A Keras callback that logs each epoch's metrics as the epoch ends, after the
-        earlier epochs of a resumed run."""
+        """A Keras callback that logs each epoch's metrics (a resumed run's earlier first)."""
         return keras.callbacks.LambdaCallback(
             on_train_begin=lambda logs: self.log_earlier_epochs(),
             on_epoch_end=lambda epoch, logs: self.log_epoch(epoch + 1, logs))

@@ -35,9 +35,7 @@ __all__ = ["TrainingDiverged", "describe_model", "load_training_data", "train"]
 
 def _model_overrides(config, data):
     overrides = {"num_classes": data.num_classes, **config.model}
-    if not names_trained_model(config.preset):
-        # A built-in preset takes the dataset's channels; a saved model keeps its own
-        # (the pipeline converts grayscale and RGB to what the model expects).
+    if not names_trained_model(config.preset):  # a saved model keeps its own channels
         overrides.setdefault("num_channels", data.channels)
     if config.drop_path is not None:
         overrides["drop_path_rate"] = config.drop_path
@@ -61,17 +59,15 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
           track=None):
     """Trains a ViT as `config` (a `TrainConfig`) says and returns its metrics.
 
-    The run directory is locked while this runs and every file in it is written
-    atomically, so a run killed at any moment resumes (`resume=True`) to the same final
-    weights as an uninterrupted one (docs/training.md, "What survives a crash").
+    The run directory is locked and written atomically: a run killed at any moment
+    resumes to an uninterrupted run's final weights (docs/training.md, "What survives a crash").
 
     Args:
         config: `TrainConfig`.
         resume: bool. Continue the run in `config.output_dir` (same settings
             required); a completed run only returns its metrics.
-        overwrite: bool. Replace the run in `config.output_dir`; the old run is put
-            back if the new one fails before its first checkpoint. Without `resume`
-            or `overwrite`, an existing run directory is an error.
+        overwrite: bool. Replace the run in `config.output_dir` (it comes back if the new
+            one fails before its first checkpoint). Without either, an existing run is an error.
         callbacks: extra Keras callbacks for `fit`.
         verbose: 0 (silent), 1 (progress bar) or 2 (one line per epoch).
         take_over_lock: bool. Take over a lock left by a process that no longer runs.
@@ -84,10 +80,9 @@ def train(config, resume=False, overwrite=False, callbacks=(), verbose=1, take_o
     Raises:
         TrainingDiverged: the loss became NaN or infinite (`status: "diverged"`).
         run_files.LockedError: another process owns the run directory.
-        run_files.StorageError: a run file could not be written; the last checkpoint
-            is intact.
-        RunInterrupted: SIGTERM or SIGINT stopped the run at the end of a step, with
-            its checkpoint.
+        run_files.StorageError: a run file could not be written (the last checkpoint is
+            intact).
+        RunInterrupted: SIGTERM or SIGINT stopped the run at a step's end, checkpointed.
     """
     config.validate()
     stop = interrupts.StopRequest()
@@ -215,9 +210,8 @@ def _train(config, resume, overwrite, callbacks, verbose, take_over_lock, stop, 
 
 def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbacks, verbose,
                        claimed):
-    """`_run`; where a new run in a directory this process `claimed` fails before its
-    first checkpoint, what it wrote is removed and the run it replaced put back, so the
-    same command runs once the cause is fixed (`replaced_run`)."""
+    """`_run`; a new run in a directory this process `claimed` that fails before its first
+    checkpoint removes what it wrote and puts back the run it replaced (`replaced_run`)."""
     new = claimed and not resume
     try:
         metrics = _run(config, data, directory, plan, resume, say, stop, callbacks, verbose)
@@ -231,15 +225,13 @@ def _run_or_undo_start(config, data, directory, plan, resume, say, stop, callbac
             replaced_run.drop_replaced(directory.path)  # e.g. a diverged run's result
         elif isinstance(error, run_files.StorageError) and \
                 replaced_run.keeps_replaced_run(directory.path):
-            # Nothing of the new run to resume: the run it was replacing goes back, and
-            # the same command (not --resume, which would continue the old run) starts
-            # the new one again once there is space.
+            # Nothing to resume: the old run goes back, and the same command (not --resume,
+            # which would continue the old run) starts the new one once there is space.
             replaced_run.remove_failed_start(directory.path)
             raise run_files.StorageError(error.errno, str(error).replace(
                 "continue with --resume", f"{run_files.AGAIN}: the run it was replacing in "
                 f"{directory.path} is back in place")) from error
-        # A storage error after the first checkpoint leaves a run to continue once there
-        # is space.
+        # A storage error after the first checkpoint leaves a run to continue.
         elif not isinstance(error, (TrainingDiverged, run_files.StorageError)):
             replaced_run.remove_failed_start(directory.path)
         raise

@@ -1,11 +1,5 @@
-"""Named training recipes: each module holds one `RECIPE` dict of `TrainConfig` fields.
-
-- `small` (the default): a small pre-LN ViT that trains on a CPU.
-- `augreg_i1k`: ImageNet-1k as in the Dual PatchNorm paper (AugReg / big_vision).
-- `finetune_384`: a trained model fine-tuned at 384x384, as big_vision transfers.
-- `vtab_1k`: a trained model fine-tuned on 800 + 200 examples of a task (VTAB-1k).
-
-Each module's docstring gives the command that runs it and where its numbers come from.
+"""Named training recipes (docs/training.md, "Recipes"): each module holds one `RECIPE`
+dict of `TrainConfig` fields, and its docstring gives its command and sources.
 """
 
 import importlib

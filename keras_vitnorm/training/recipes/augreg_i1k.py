@@ -1,12 +1,10 @@
 """ImageNet-1k from scratch as the Dual PatchNorm paper trained its baselines.
 
-Kumar et al. (2023) train their ViTs on ImageNet-1k with the AugReg setup of Steiner et
-al. (2021), as coded in big_vision's `configs/vit_i1k.py`: batch 4096, 300 epochs of
-`train[:99%]` (about 93k steps), Adam (beta2 0.999) at peak learning rate 1e-3 with 10k
-linear warm-up steps then cosine decay to zero, decoupled weight decay 1e-4 on kernels
-only, global-norm gradient clipping at 1.0, Inception crop and horizontal flip,
-RandAugment(2, 15) and MixUp(0.5) (the "medium2" setting of B/16), class-token pooling,
-selection on `train[99%:]` ("minival") and test on `validation`.
+Kumar et al. (2023) use the AugReg setup of Steiner et al. (2021), big_vision's
+`configs/vit_i1k.py`: batch 4096, 300 epochs of `train[:99%]` (about 93k steps), Adam
+(beta2 0.999) at 1e-3 with 10k warm-up steps then cosine to zero, decoupled weight
+decay 1e-4 on kernels, clipping at 1.0, Inception crop, flip, RandAugment(2, 15) and
+MixUp(0.5) ("medium2"), selection on `train[99%:]`, test on `validation`.
 
 How the figures map onto Keras:
 - Weight decay: Keras AdamW adds `learning_rate * weight_decay * w`, big_vision

@@ -1,16 +1,10 @@
 """High-resolution fine-tuning: a trained model at 384x384, as big_vision transfers.
 
-The Dual PatchNorm paper reports its ImageNet models fine-tuned at 384x384 (Table 1),
-with big_vision's transfer setup (`configs/transfer.py`): the trained weights with the
-learned position embedding resampled to the new grid (`scipy.ndimage.zoom`, order 1:
-`ViT.from_preset`'s default `resample="bilinear"`), a fresh zero head when the classes
-change, SGD with momentum 0.9, no weight decay, global-norm clipping at 1.0, batch
-512, 500 linear warm-up steps then cosine decay to zero, 20,000 steps on ImageNet,
-random crops and flips, no MixUp, RandAugment or label smoothing. big_vision sweeps
-the learning rate over {0.003, 0.01, 0.03}; 0.01 is its default and this recipe's.
-
-Where this differs: big_vision's Inception crop becomes `crop="zoom"` up to 75% of
-each side (as in `augreg_i1k`), and the momentum is kept in float32, not bfloat16.
+The Dual PatchNorm paper's 384x384 fine-tuning (Table 1) with big_vision's
+`configs/transfer.py`: SGD with momentum 0.9, no weight decay, 20,000 steps of batch
+512, learning rate 0.01 (big_vision's default of its {0.003, 0.01, 0.03} sweep). It
+differs in `crop="zoom"` for the Inception crop and float32 momentum; the setting by
+setting comparison: docs/transfer.md.
 
     keras-vitnorm train --recipe finetune_384 --preset runs/b16_dpn/preset \\
         --dataset tfds:imagenet2012 --manual-dir ~/imagenet_archives --distribute

@@ -1,10 +1,8 @@
 """The default recipe: a small pre-LN ViT that trains on a CPU.
 
-The `ti16` preset (pre-LN, plain patch stem: docs/normalization-guide.md's choice for
-short training) cut down to width 96, MLP 384 and 6 blocks, on 32x32 images in 8x8
-patches (16 tokens), trained with AdamW, linear warm-up then cosine decay, label
-smoothing and pad-and-crop augmentation. On scikit-learn's digits (upsampled from
-8x8) it reaches about 98% test accuracy (README.md gives the measured figure).
+The `ti16` preset (pre-LN, plain stem: docs/normalization-guide.md's choice for short
+training), cut down, on 32x32 images in 8x8 patches. On scikit-learn's digits it
+reaches about 98% test accuracy (README.md gives the measured figure).
 
     keras-vitnorm train          # the same as --recipe small --dataset digits
 """

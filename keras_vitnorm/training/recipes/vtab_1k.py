@@ -1,10 +1,8 @@
 """VTAB-1k transfer: a trained model fine-tuned on 1,000 examples of a task.
 
-VTAB-1k (Zhai et al. 2019) gives each task 800 training and 200 validation examples
-from its training split and scores on its test split. This recipe is one run of the
-Dual PatchNorm paper's sweep (three rates, three seeds, chosen on validation) with the
-transfer setup of the ViT papers (SGD, no weight decay, no augmentation, the model at
-its own resolution); `keras-vitnorm vtab` runs the whole sweep (docs/transfer.md).
+VTAB-1k (Zhai et al. 2019): 800 training and 200 validation examples of each task's
+training split, scored on its test split. One run of the Dual PatchNorm paper's sweep,
+with the ViT papers' transfer setup; `keras-vitnorm vtab` runs the sweep (docs/transfer.md).
 
     keras-vitnorm vtab --presets runs/b16/preset runs/b16_dpn/preset \\
         --datasets tfds:cifar100 tfds:caltech101 tfds:dtd --output-dir runs/vtab
