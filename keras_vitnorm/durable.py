@@ -48,10 +48,8 @@ _together = None
 
 @contextlib.contextmanager
 def written_together(*folders):
-    """Files written (by `write_file`) directly in `folders` while the block runs are
-    renamed into place together as it ends, or, where it raises, none is. For outputs
-    that must agree (a study's tables and figures). A nested block joins the outer one.
-    """
+    """Files written (by `write_file`) directly in `folders` within the block are renamed
+    into place together as it ends, or none is where it raises; a nested block joins it."""
     global _together
     if _together is not None:
         yield
@@ -75,9 +73,8 @@ def written_together(*folders):
 
 def write_file(path, write, stage=None):
     """Writes `path` atomically: `write(temporary_path)` writes the whole file, which is
-    fsynced and renamed into place (in a `written_together` block for its folder: as the
-    block ends). The `fault_point` `stage`, if any, strikes once the temporary file is whole.
-    """
+    fsynced and renamed into place (in a `written_together` block: as it ends). The
+    `fault_point` `stage`, if any, strikes once the temporary file is whole."""
     directory = os.path.dirname(os.path.abspath(path))
     # The temporary name keeps the file's suffix: Keras picks the format by it.
     temporary = os.path.join(directory, f".writing.{os.path.basename(path)}")
@@ -117,9 +114,7 @@ def write_json(path, value, stage=None):
 
 
 def read_json(path):
-    """The JSON value in `path`, or `None` if there is no such file; a `ValueError`
-    naming the file where it is a directory or does not hold valid JSON (truncated or
-    damaged by something other than this module's writes)."""
+    """The JSON in `path`, or `None` if missing; a `ValueError` naming a directory or bad JSON."""
     if not os.path.exists(path):
         return None
     if os.path.isdir(path):
@@ -140,12 +135,10 @@ def _beside(path):
 
 
 def write_directory(path, write, stage=None):
-    """Writes the directory `path` whole: `write(temporary_dir)` writes it, then it is
-    renamed into place. An existing `path` is renamed aside first and deleted after; after
-    a kill between the renames, `recover_directory` puts it back. The `fault_point`
-    `stage`, if any, strikes once the new directory is complete, and `<stage>:replacing`
-    once the old one is aside.
-    """
+    """Writes the directory `path` whole: `write(temporary_dir)`, then a rename; an existing
+    `path` is renamed aside first (`recover_directory` puts it back after a kill) and
+    deleted after. The `fault_point` `stage` strikes once the new directory is complete,
+    `<stage>:replacing` once the old one is aside."""
     parent, temporary, old = _beside(path)
     shutil.rmtree(temporary, ignore_errors=True)
     try:
@@ -166,9 +159,8 @@ def write_directory(path, write, stage=None):
 
 
 def recover_directory(path):
-    """Restores `path` from what an interrupted `write_directory` left: a leftover new
-    copy is not known to be complete, so it is dropped; an old copy renamed aside comes
-    back if `path` is missing."""
+    """Restores `path` after an interrupted `write_directory`: a leftover new copy may be
+    incomplete and is dropped; the old copy comes back if `path` is missing."""
     _, temporary, old = _beside(path)
     shutil.rmtree(temporary, ignore_errors=True)
     if os.path.isdir(old):

@@ -1,6 +1,4 @@
-"""A process setting for CPU training and benchmarks: keep freed host memory for reuse.
-The training commands and benchmarks apply it at their start; importing does not.
-"""
+"""A process setting for CPU training and benchmarks: keep freed host memory for reuse."""
 
 import ctypes
 import platform
@@ -10,13 +8,10 @@ _SETTINGS = (("M_MMAP_MAX", -4, 0), ("M_TRIM_THRESHOLD", -1, -1), ("M_ARENA_MAX"
 
 
 def retain_freed_memory():
-    """Makes glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
+    """Makes glibc keep freed memory for reuse, holding the peak until exit (docs/training.md).
 
-    XLA on CPU allocates each step's gigabyte-sized buffer afresh, which glibc maps
-    and zeroes again every step; `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD=-1` and
-    `M_ARENA_MAX=1` keep it, holding the peak memory until exit (docs/training.md).
-    Call it before the first computation. Returns `False`, changing nothing, where
-    the C library is not glibc; raises `OSError` where glibc refuses a setting.
+    Call it before the first computation. Returns `False`, changing nothing, where the C
+    library is not glibc; raises `OSError` where glibc refuses a setting.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -1,11 +1,5 @@
-"""A stop signal whose exception Python drops is sent again.
-
-A stop exception raised by a signal handler inside a garbage-collection callback (JAX
-installs one), a `__del__` or a weakref callback is printed as "Exception ignored" and
-lost, so the command would go on. While `redelivered()` holds, a helper thread sends
-the signal to the main thread again a moment later, until its exception lands where
-it stops the command; a safe point that stops the run cancels it (`acted_on`).
-"""
+"""A stop signal whose exception Python drops (in a gc callback, which JAX installs, a
+`__del__` or a weakref callback) is sent again until it lands (`redelivered`)."""
 
 import _thread
 import contextlib
@@ -15,7 +9,7 @@ import sys
 import threading
 
 #: Seconds after a dropped stop exception before its signal comes again: time for the
-#: main thread to leave the code it landed in (where it is dropped again, it comes again).
+#: main thread to leave the code it landed in.
 AGAIN_AFTER = 0.01
 
 #: The open `redelivered()` blocks, innermost last.
@@ -59,8 +53,7 @@ class _Block:
 
 
 def acted_on():
-    """Cancels the signals still to be sent again: the stop they stand for has been
-    raised where it stops the command (a safe point)."""
+    """Cancels the signals still to be sent again: a safe point has raised their stop."""
     for block in _BLOCKS:
         block.cancel()
 
@@ -68,9 +61,7 @@ def acted_on():
 @contextlib.contextmanager
 def redelivered():
     """Within the block, a `KeyboardInterrupt` that Python drops in the main thread has
-    its signal sent again (`sys.unraisablehook`); everything else Python drops is
-    reported as before. In another thread (where no signal handler runs) it does
-    nothing."""
+    its signal sent again (`sys.unraisablehook`); outside the main thread it does nothing."""
     if not _in_main_thread():
         yield
         return

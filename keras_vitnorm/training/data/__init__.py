@@ -1,11 +1,7 @@
 """Datasets and their input pipelines for `keras-vitnorm train` and `evaluate`.
 
-Three sources, named by a string (`sources`): `"digits"` (scikit-learn's 8x8 digits,
-no download), `"tfds:<name>"` and `"folder:<path>"` (class-per-folder images). Two
-input pipelines give the same batches in the same form: tf.data (`tf_pipeline`) and
-Keras' `PyDataset` without TensorFlow (`python_pipeline`; digits and folders);
-`load_dataset` chooses one once and the dataset it returns carries it. Images enter
-the model as float32 in [-1, 1]. Splits and pipelines: docs/training.md, "Datasets".
+Sources (`sources`) read by tf.data (`tf_pipeline`) or without TensorFlow
+(`python_pipeline`), as `load_dataset` chooses once (docs/training.md, "Datasets").
 """
 
 import numpy as np
@@ -39,13 +35,11 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
 
     Args:
         spec: `"digits"`, `"tfds:<name>"` or `"folder:<path>"`.
-        val_fraction: float in (0, 1), held out for validation when the source has
-            no validation split.
+        val_fraction: float in (0, 1), held out for validation where the source has none.
         data_dir, manual_dir: tfds data directory; manually downloaded archives.
         train_examples: int or None. Train on a subset of this many examples:
             class-stratified with seed 0 (tfds: the first ones).
-        skip_bad_images: bool. For folders, unreadable files are left out and listed
-            instead of being an error naming them.
+        skip_bad_images: bool. Leave a folder's unreadable files out instead of raising.
         val_examples: int or None. Validate on this many training examples, taken
             apart from the `train_examples` (VTAB-1k's `train800` and `val200`; tfds:
             the next ones), instead of the source's validation split.
@@ -87,10 +81,8 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
 
 
 def check_pipeline(pipeline, spec):
-    """The input pipeline, `"tf.data"` or `"python"`, that `pipeline` (one of
-    `INPUT_PIPELINES`) names for the dataset `spec` (see `load_dataset`); raises a
-    `ValueError` naming the value if it is not one, or cannot read the dataset.
-    `TrainConfig.validate` and `load_dataset` check with it; nothing is imported."""
+    """The input pipeline, `"tf.data"` or `"python"`, that `pipeline` names for `spec`;
+    a `ValueError` if it is not one of `INPUT_PIPELINES` or cannot read the dataset."""
     check_choice("input_pipeline", pipeline, INPUT_PIPELINES)
     tfds = parse_dataset(spec)[0] == "tfds"
     if pipeline == "auto":
@@ -104,29 +96,21 @@ def check_pipeline(pipeline, spec):
 
 
 def eval_dataset(data, split, image_size, channels, batch_size, pad=False):
-    """Batched `(images, one-hot labels)` of a split, in order, no augmentation, from
-    the dataset's pipeline.
-
-    With `pad`, the split is padded with blank examples to whole batches (which JAX's
-    processes need to split each batch) and batches are `(images, labels, weights)`,
-    weight 0 for the blanks: a loss averaged over batches is the split's times
-    `padded_size(...) / size`.
-    """
+    """Batched `(images, one-hot labels)` of a split, in order, no augmentation; with `pad`,
+    `(images, labels, weights)`, weight-0 blanks filling the last batch for JAX's processes."""
     return data.pipeline.eval_batches(data, split, image_size, channels, batch_size, pad)
 
 
 def first_eval_batch(data, split, image_size, channels, count):
-    """`(images, one-hot labels)` of the split's first `count` examples as NumPy arrays:
-    the first batch of `eval_dataset`, built without its cache, since a cache read only
-    in part is discarded (by tf.data, with a warning)."""
+    """`(images, one-hot labels)` of the split's first `count` examples as NumPy arrays,
+    without the cache (tf.data discards a partly read one with a warning)."""
     batches = data.pipeline.eval_batches(data, split, image_size, channels, count, cache=False)
     images, labels = next(iter(batches))
     return np.asarray(images), np.asarray(labels)
 
 
 def eval_arrays(data, split, image_size, channels, batch_size=500):
-    """`(images, labels)` of a split as NumPy arrays, in order: the images of
-    `eval_dataset` (float32, in [-1, 1]) and integer labels."""
+    """`(images, integer labels)` of a split as NumPy arrays, in order (`eval_dataset`)."""
     images, labels = [], []
     for x, y in eval_dataset(data, split, image_size, channels, batch_size):
         images.append(np.asarray(x))
@@ -141,24 +125,17 @@ def padded_size(size, batch_size):
 
 def train_stream(data, image_size, channels, batch_size, seed, augmentation, start_step=0,
                  end_step=None, shuffle_buffer=50_000, share=(0, 1)):
-    """Augmented training batches for steps `start_step` up to `end_step`, from the
-    dataset's pipeline.
+    """Augmented training batches for steps `start_step` up to `end_step`.
 
-    With `share=(index, count)`, the batches hold only this process's share of each
-    global batch of `batch_size`: its `index`-th slice of `batch_size // count`
-    examples, augmented as in the whole batch (MixUp and CutMix mix within the share).
-
-    Pass `p` is shuffled by a seed made of `seed` and `p`, so the batches are the same sequence
-    whatever step the stream starts from: a resumed run continues with the examples it
-    would have seen next (`resumes_exactly` says when the augmentation is the same too).
-    A batch may span the end of one pass and the start of the next.
-    """
+    With `share=(index, count)`, the batches hold this process's `index`-th slice of
+    `batch_size // count` examples of each global batch (MixUp and CutMix mix within it).
+    Pass `p` is shuffled by a seed of `seed` and `p`, so a resumed run continues with the
+    examples it would have seen next (`resumes_exactly`: whether the draws are the same)."""
     end_step = end_step if end_step is not None else start_step + 1_000_000
     return data.pipeline.train_batches(data, image_size, channels, batch_size, seed, augmentation,
                                        start_step, end_step, shuffle_buffer, share)
 
 
 def unreadable_images_named(data):
-    """A context in which the pipeline's decode error of a damaged image file becomes
-    a `ValueError` naming the files that do not decode."""
+    """A context turning a damaged image's decode error into a `ValueError` naming files."""
     return data.pipeline.errors_named(data)

@@ -1,9 +1,4 @@
-"""Training-time augmentation: what to draw, and whether a resumed run draws the same.
-
-Both input pipelines apply the same `Augmentation`: crops and flips keyed by each
-example's position in the stream (each pipeline draws them its own way), then Keras'
-RandAugment (on each image), MixUp and CutMix layers (on the batch).
-"""
+"""Training-time augmentation: what to draw, and whether a resumed run draws the same."""
 
 import dataclasses
 
@@ -19,12 +14,10 @@ class Augmentation:
 
     Attributes:
         crop: `"none"`, `"pad"` (zero-pad by `crop_padding` pixels, random crop back)
-            or `"zoom"` (random zoom-in up to `zoom` per side, an approximation of
-            Inception-style crops).
+            or `"zoom"` (random zoom-in up to `zoom` per side).
         flip: bool, random horizontal flips.
         randaugment_ops, randaugment_factor: operations per image (0 = off), strength.
-        mixup, cutmix: Beta concentrations (0 = off); with both, each batch gets one,
-            chosen with probability 1/2 (as timm does).
+        mixup, cutmix: Beta concentrations (0 = off); with both, each batch gets one.
     """
 
     crop: str = "none"
@@ -38,19 +31,14 @@ class Augmentation:
 
 
 def resumes_exactly(augmentation, pipeline):
-    """Whether a stream started at any step gives the batches the full run gives there.
-
-    Crops and flips are keyed by position in both pipelines, RandAugment, MixUp and
-    CutMix only in the `python` one (`seed_states`); under tf.data they draw from a
-    stateful generator, so a resumed run sees other (equally distributed) draws.
-    """
+    """Whether a stream started at any step gives the batches the full run gives there:
+    under tf.data RandAugment, MixUp and CutMix draw from a stateful generator."""
     return pipeline == "python" or not (
         augmentation.randaugment_ops or augmentation.mixup or augmentation.cutmix)
 
 
-#: The dtype of the augmentation layers, whatever the global policy: images are
-#: augmented in [0, 255] before the model casts them, and Keras' MixUp and CutMix under
-#: a mixed policy multiply the policy's bfloat16 images by a float32 draw.
+#: The augmentation layers' dtype, whatever the global policy: Keras' MixUp and CutMix
+#: under a mixed policy multiply bfloat16 images by a float32 draw.
 AUGMENTATION_DTYPE = "float32"
 
 
@@ -64,8 +52,7 @@ def batch_mixing(augmentation, seed):
 
 
 def check_randaugment(randaugment_ops, channels):
-    """Raises a `ValueError` where RandAugment is asked for (`randaugment_ops`) on
-    images of `channels` other than 3: Keras' RandAugment takes RGB images only."""
+    """Raises a `ValueError` where RandAugment is asked for on non-RGB images (Keras' takes RGB)."""
     if randaugment_ops and channels != 3:
         raise ValueError(
             f"RandAugment needs RGB images; this dataset/model has {channels} channel(s), "
@@ -84,17 +71,10 @@ def randaugment(augmentation, channels, seed):
 
 
 def count_histograms_with_bincount(equalization, counts=None):
-    """Makes a Keras `Equalization` layer (or `None`) count its histogram with a
-    `bincount`; returns whether it could.
-
-    Under JAX, Keras 3.15's `Equalization` counts its 256-bin histogram with a Python
-    loop over the bins, chosen by the global backend, not the one it computes with:
-    far slower inside tf.data or per image (docs/performance.md, "RandAugment under
-    JAX"). The layer's private `_custom_histogram_fixed_width` then counts with
-    `counts[name]` (`{backend name: count(bins, nbins)}`, e.g. TensorFlow's for a layer
-    that tf.data runs) for the backend `name` it computes with, or with
-    `keras_vitnorm.backend.count_bins` for the global one, else as Keras does.
-    """
+    """Makes a Keras `Equalization` layer (or `None`) count its histogram with a `bincount`
+    (docs/performance.md, "RandAugment under JAX"); returns whether it could. It counts with
+    `counts[name]` (`{backend name: count(bins, nbins)}`) for the backend it computes with,
+    with `backend.count_bins` for the global one, else as Keras does."""
     keras_histogram = getattr(equalization, "_custom_histogram_fixed_width", None)
     if keras_histogram is None:
         return False
@@ -118,13 +98,9 @@ RANDAUGMENT, BATCH_MIXING = 0, 1
 
 
 def seed_states(seed, purpose, indices, dtype):
-    """Seed-generator states `[k, index]` for each of `indices` (stream positions or
-    steps), with `k` a hash of `(seed, purpose)`: a Keras layer whose generator state
-    is set to an index's row before it draws makes the same draws for that index in
-    any run, whatever was drawn before (a resumed stream, another process's share).
-
-    Both words stay below 2**31, so the states fit every backend's seed `dtype`.
-    """
+    """Seed-generator states `[k, index]` for `indices` (stream positions or steps), `k` a
+    hash of `(seed, purpose)`: the same draws for an index in any run. Both words stay
+    below 2**31, fitting every backend's seed `dtype`."""
     indices = np.asarray(indices, np.int64)
     if indices.size and (indices.min() < 0 or indices.max() >= 2**31):
         raise ValueError(f"Stream positions and steps must lie in [0, 2**31); got {indices.max()}.")

@@ -1,6 +1,5 @@
-"""Bilinear sampling in NumPy as TensorFlow's image ops compute it, for the `python`
-input pipeline: resizing (`tf.image.resize`) and sampling at a grid
-(`tf.image.crop_and_resize`)."""
+"""Bilinear sampling in NumPy as `tf.image.resize` and `tf.image.crop_and_resize` compute
+it, for the `python` input pipeline."""
 
 import numpy as np
 
@@ -35,8 +34,7 @@ def sample_bilinear(image, ys, xs):
 
 
 def _taps(x, size):
-    """What sampling an axis of `size` pixels at the points `x` reads: each point's two
-    neighbouring indices, the second one's weight, and whether the point lies inside."""
+    """Each point's two neighbouring indices, the second's weight, and whether it is inside."""
     low = np.floor(x).astype(np.int32)
     weight = (x - low).astype(np.float32)
     inside = (x >= 0) & (x <= size - 1)

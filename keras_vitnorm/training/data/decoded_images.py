@@ -1,11 +1,5 @@
 """The images of a split as the `python` input pipeline reads them: decoded by Pillow,
-resized as TensorFlow resizes, and kept in memory while they fit.
-
-Pillow's bilinear filter smooths when it shrinks and TensorFlow's does not, so the
-resize is `tf.image.resize`'s, written out (`bilinear_sampling`): the images are the
-tf.data pipeline's to float32 rounding, except where the decoders differ
-(docs/training.md, "Datasets").
-"""
+resized as `tf.image.resize` does (Pillow's filter smooths) and kept while they fit."""
 
 import math
 
@@ -16,15 +10,13 @@ from keras_vitnorm.training.data.image_files import unreadable_file_error
 
 
 def load_image(path, channels):
-    """The image file at `path` as uint8 `(height, width, channels)`, decoded by Pillow;
-    a 16-bit image becomes its values' high bytes, as TensorFlow's decoders make it. A
-    file Pillow cannot decode is a `ValueError` naming it."""
+    """The image file at `path` as uint8 `(height, width, channels)` (16-bit: the high
+    bytes, as TensorFlow's decoders make it); a `ValueError` naming it if it does not decode."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
-            if image.mode.startswith("I"):  # 16-bit grayscale ("I;16", "I"): its high byte
-                # (Pillow's own conversion saturates every value above 255 to white)
+            if image.mode.startswith("I"):  # 16-bit: Pillow's convert would saturate at 255
                 high = np.right_shift(np.clip(np.asarray(image), 0, 65535).astype(np.uint16), 8)
                 image = Image.fromarray(high.astype(np.uint8), "L")
             image = image.convert("L" if channels == 1 else "RGB")
@@ -35,19 +27,14 @@ def load_image(path, channels):
     return array.reshape(*array.shape[:2], channels)
 
 
-#: Decoded training images are kept in memory up to this many bytes (a split's
-#: evaluation batches, float32, when they take less): room for Imagenette's training
-#: images at 224 px as uint8.
+#: Decoded training images (and evaluation batches, when they would take less) are kept
+#: in memory up to this many bytes.
 KEEP_DECODED_BYTES = 2 * 2**30
 
 
 class DecodedImages:
-    """Reads example `i` of a split as a float32 model-size image in [0, 255].
-
-    A split's decoded images are kept (as tf.data's `cache()` would) up to
-    `KEEP_DECODED_BYTES`, uint8 where the file is at the model's size already; the
-    rest are decoded at every read (docs/performance.md, "Input pipeline").
-    """
+    """Reads example `i` of a split as a float32 model-size image in [0, 255], keeping
+    decoded images up to `KEEP_DECODED_BYTES` (uint8 where already at the model's size)."""
 
     def __init__(self, data, split, image_size, channels, keep_decoded=True):
         self.raws, self.labels = split.arrays

@@ -1,5 +1,4 @@
-"""Whether the files of an image folder are whole images, and the error that names them
-(both input pipelines)."""
+"""Whether the files of an image folder are whole images, and the error that names them."""
 
 import os
 
@@ -8,9 +7,8 @@ import os
 _SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
                (b"GIF89a", "GIF"), (b"BM", "BMP"))
 
-#: Image formats that neither input pipeline reads (TensorFlow's decoders read JPEG, PNG,
-#: GIF and BMP alone), by file extension: a folder's files of these are named, not left
-#: out without a word.
+#: Image formats that neither input pipeline reads, by file extension: a folder's files
+#: of these are named, not left out without a word.
 OTHER_IMAGE_FORMATS = {
     ".tif": "TIFF", ".tiff": "TIFF", ".webp": "WebP", ".jp2": "JPEG 2000", ".heic": "HEIF",
     ".heif": "HEIF", ".avif": "AVIF", ".ppm": "PPM", ".pgm": "PGM", ".pbm": "PBM",
@@ -19,12 +17,8 @@ OTHER_IMAGE_FORMATS = {
 
 
 def check_image_file(path):
-    """Why the file at `path` is not a whole image, or `None` if it looks whole.
-
-    A structural check that reads a few bytes at each end instead of decoding: a JPEG,
-    PNG, GIF or BMP signature and that format's ending, which catches truncated files
-    and other files named like images.
-    """
+    """Why the file at `path` is not a whole image, or `None` if it looks whole: its
+    format's signature and ending, read without decoding (catches truncated files)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:

@@ -1,6 +1,5 @@
-"""The crops and flips of the `python` input pipeline, drawn per example from a
-generator seeded by its position in the stream: the transformations of
-`keras_vitnorm.training.data.tf_pipeline._keyed_augmentation`, applied with NumPy."""
+"""The crops and flips of the `python` input pipeline, with NumPy: those of
+`tf_pipeline._keyed_augmentation`, drawn from a generator seeded by stream position."""
 
 import numpy as np
 
@@ -8,11 +7,7 @@ from keras_vitnorm.training.data.bilinear_sampling import sample_bilinear
 
 
 def keyed_crop_and_flip(image, augmentation, image_size, rng):
-    """The crop and flip of one example, drawn from `rng` (seeded by its position).
-
-    `"pad"` crops a window of the zero-padded image, `"zoom"` samples the image
-    bilinearly on `tf.image.crop_and_resize`'s grid.
-    """
+    """The crop and flip of one example, drawn from `rng` (seeded by its position)."""
     height, width = image_size
     draws, flip_draw = rng.random(2), rng.random()
     if augmentation.crop == "pad":
@@ -30,8 +25,8 @@ def keyed_crop_and_flip(image, augmentation, image_size, rng):
 
 
 def _window_of_padded(image, pad, top, left, height, width):
-    """`np.pad(image, pad)[top:top + height, left:left + width]` (zero padding), without
-    building the padded image (a copy of every example, the costly part of a batch)."""
+    """`np.pad(image, pad)[top:top + height, left:left + width]` without building the
+    padded image (a copy of every example, the costly part of a batch)."""
     y, x = top - pad, left - pad  # the window's corner in the unpadded image
     rows = slice(max(y, 0), min(y + height, image.shape[0]))
     cols = slice(max(x, 0), min(x + width, image.shape[1]))

@@ -17,15 +17,8 @@ from keras_vitnorm.training.data.augmentation import seed_states
 
 
 class PerImageRandAugment:
-    """Keras' RandAugment on each image of a batch on its own, its draws keyed by the
-    image's position in the stream.
-
-    Keras' layer, called on a batch, draws one pair of operations and one histogram
-    for the whole batch; RandAugment draws per image. The layer's seed generator is set
-    to the image's key (`seed_states`), so the output depends on the image and its
-    position only, and a resumed stream sees the same. Only the chosen operations run
-    (`apply_chosen`; docs/training.md, "The recipe's pieces").
-    """
+    """Keras' RandAugment on each image of a batch on its own (Keras' layer draws once
+    per batch), its draws keyed by the image's stream position (`seed_states`)."""
 
     def __init__(self, augmentation, channels, seed, image_size):
         [self.layer] = randaugment(augmentation, channels, seed)
@@ -34,15 +27,11 @@ class PerImageRandAugment:
             count_histograms_with_bincount(getattr(self.layer, "equalization", None))
         self.seed = seed
         self.generator = self.layer.generator
-        self._keyed = None  # `keyed` as `__call__` runs it
+        self._keyed = backend.compiled(self.keyed) or self.keyed
 
     def __call__(self, images, positions):
-        """`images` (float32 `(n, height, width, channels)` in [0, 255]) augmented, the
-        `i`-th keyed by the stream position `positions[i]`, one image at a time: under
-        JAX one compiled program for each image size (`backend.compiled`), since run
-        eagerly each image's switch is compiled anew, its draws constants there."""
-        if self._keyed is None:
-            self._keyed = backend.compiled(self.keyed) or self.keyed
+        """float32 `images` in [0, 255] augmented, the `i`-th keyed by `positions[i]`;
+        compiled under JAX (`backend.compiled`), where eagerly each switch compiles anew."""
         keys = seed_states(self.seed, RANDAUGMENT, positions, self.generator.state.dtype)
         out = np.empty_like(images)
         for i, (image, key) in enumerate(zip(images, keys)):
@@ -50,19 +39,14 @@ class PerImageRandAugment:
         return out
 
     def keyed(self, image, key):
-        """One image augmented with the generator at `key` (its state is `key` for the
-        call, not a variable, so this also runs compiled): the layer's draws for it
-        (`get_random_transformation`), applied by `apply_chosen`."""
+        """One image augmented at the generator state `key` (a value: this runs compiled)."""
         with keras.StatelessScope(state_mapping=[(self.generator.state, key)]):
             draws = self.layer.get_random_transformation(image, training=True)
         return self.apply_chosen(image, draws)
 
     def apply_chosen(self, image, draws):
-        """`image` through the operation each slot chose, as Keras' layer computes it
-        but with a switch in place of its `where` over all eleven operations: only
-        the chosen operation's transform runs. Each gets a copy of the image, since Keras'
-        RandomBrightness adds to its input in place under PyTorch (Keras' layer, which
-        runs every operation, brightens every image there)."""
+        """`image` through the operation each slot chose, a switch in place of Keras' `where`
+        over all eleven. Each gets a copy: Keras' RandomBrightness adds in place under PyTorch."""
         layer = self.layer
         images = keras.ops.cast(keras.ops.expand_dims(image, 0), layer.compute_dtype)
         branches = [functools.partial(self._operation, name, transform)
@@ -85,9 +69,8 @@ class BatchMixing:
         self.mixup, self.cutmix = batch_mixing(augmentation, seed)
 
     def __call__(self, images, labels, step):
-        """NumPy `images` and `labels` of the batch of `step`, mixed (or as they are
-        where neither layer is on); with both, each batch gets one of them, with
-        probability 1/2 (as timm does)."""
+        """NumPy `images` and `labels` of the batch of `step`, mixed by one of the layers
+        (with both, either, with probability 1/2), or as they are."""
         layer = self.mixup or self.cutmix
         if self.mixup and self.cutmix:
             draw = np.random.default_rng([self.seed, 1, step]).random()

@@ -1,11 +1,7 @@
-"""The range images enter the model in: float32 in [-1, 1] (big_vision's
-`value_range(-1, 1)`), from decoded images in [0, 255]."""
+"""The range images enter the model in: float32 in [-1, 1] (big_vision's `value_range`)."""
 
 
 def to_model_range(images):
-    """float32 `images` in [0, 255] as the model takes them: `images / 127.5 - 1`, in [-1, 1].
-
-    Plain arithmetic with Python numbers, so it computes in the images' own float32,
-    NumPy array or tf.data tensor (NumPy takes uint8 to float64: cast to float32 first).
-    """
+    """float32 `images` in [0, 255], NumPy or tf.data, as `images / 127.5 - 1` in [-1, 1];
+    cast uint8 NumPy images to float32 first (NumPy would compute in float64)."""
     return images / 127.5 - 1.0

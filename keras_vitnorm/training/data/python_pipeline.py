@@ -1,9 +1,5 @@
-"""The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`.
-
-The functions are those of `tf_pipeline`; evaluation batches equal tf.data's to float32
-rounding, and training batches are keyed by position and step, so a resumed stream is
-exact, though a seed draws other batches than under tf.data. Read in the training loop,
-one process, no worker threads (docs/performance.md, "Input pipeline").
+"""The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`,
+with the functions of `tf_pipeline` (docs/training.md, "Datasets").
 """
 
 import contextlib
@@ -23,23 +19,19 @@ NAME = "python"
 
 def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
                   shuffle_buffer, share):
-    """`TrainBatches` of the training split (`keras_vitnorm.training.data.train_stream`);
-    each pass is shuffled whole, so `shuffle_buffer` does not apply."""
+    """`TrainBatches` (`data.train_stream`); each pass is shuffled whole, without a buffer."""
     return TrainBatches(data, image_size, channels, batch_size, seed, augmentation, start_step,
                         end_step, share)
 
 
 def errors_named(data):
-    """Nothing to translate: Pillow's errors name their file already
-    (`decoded_images.load_image`)."""
+    """Nothing to translate: Pillow's errors name their file already (`load_image`)."""
     return contextlib.nullcontext()
 
 
 class EvalBatches(keras.utils.PyDataset):
-    """Batched `(images, one-hot labels[, weights])` of a split, in order
-    (`keras_vitnorm.training.data.eval_dataset`). With `cache`, the batches, not the
-    decoded images, are kept in memory when the split's decoded images would be
-    (`DecodedImages`)."""
+    """Batched `(images, one-hot labels[, weights])` of a split (`data.eval_dataset`); with
+    `cache`, the batches are kept where the decoded images would fit (`DecodedImages`)."""
 
     def __init__(self, data, split, image_size, channels, batch_size, pad=False, cache=True):
         super().__init__()
@@ -57,7 +49,7 @@ class EvalBatches(keras.utils.PyDataset):
         indices = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.size))
         images = to_model_range(np.stack([self.read(i) for i in indices]))
         batch = (images, self.read.one_hot(indices, self.num_classes))
-        if self.pad:  # whole batches of blanks with weight 0 (data.eval_dataset)
+        if self.pad:
             blanks = self.batch_size - len(indices)
             weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
             batch = tuple(np.concatenate([part, np.zeros((blanks, *part.shape[1:]), part.dtype)])
@@ -71,12 +63,8 @@ eval_batches = EvalBatches
 
 
 class TrainBatches(keras.utils.PyDataset):
-    """Augmented training batches of steps `start_step` up to `end_step`
-    (`data.train_stream`).
-
-    Crops and flips (`keyed_crop_and_flip`) and RandAugment (`PerImageRandAugment`) are
-    keyed by each example's position, MixUp or CutMix (`BatchMixing`) by the step.
-    """
+    """Augmented training batches of steps `start_step` up to `end_step` (`data.train_stream`):
+    crops, flips and RandAugment keyed by each example's position, MixUp or CutMix by step."""
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
                  start_step, end_step, share=(0, 1)):
@@ -106,8 +94,7 @@ class TrainBatches(keras.utils.PyDataset):
         return self.orders[pass_index]
 
     def example(self, position):
-        """The cropped and flipped image (NumPy) and the example index at `position` in
-        the stream; the crop and flip are drawn from a generator seeded by the position."""
+        """The cropped and flipped image and the example index at stream `position`."""
         pass_index, offset = divmod(int(position), self.size)
         index = self._order(pass_index)[offset]
         rng = np.random.default_rng([self.seed, int(position)])

@@ -1,9 +1,5 @@
-"""Dataset sources: digits, image folders and tfds, each read into three splits.
-
-Every source gives train, validation and test splits that never share an example; a
-missing split is carved off the training split with seed 0, the same for every run
-(docs/training.md, "Datasets"). A source says what its examples are, not how to
-decode them; each input pipeline decodes them its own way.
+"""Dataset sources: digits, image folders and tfds, each read into three disjoint splits,
+a missing one carved off the training split with seed 0 (docs/training.md, "Datasets").
 """
 
 import dataclasses
@@ -23,12 +19,8 @@ TEST_FRACTION = 0.2
 
 
 class Split:
-    """One split: its `(raw, label)` pairs and its size.
-
-    `raw` is a uint8 image (digits), an image file's path (folders) or encoded image
-    bytes (tfds). A tfds split is a tf.data dataset (`source`); a digits or folder split
-    holds NumPy arrays `arrays = (raws, labels)`.
-    """
+    """One split: its `(raw, label)` pairs, as a tf.data `source` (tfds: encoded images) or
+    NumPy `arrays = (raws, labels)` (uint8 images of digits, a folder's file paths)."""
 
     def __init__(self, name, source=None, size=None, arrays=None):
         if (source is None) == (arrays is None):
@@ -39,11 +31,8 @@ class Split:
 
 @dataclasses.dataclass
 class Dataset:
-    """The three splits of a dataset and what the model needs to know about it.
-
-    `kind` (`"digits"`, `"folder"` or `"tfds"`) says how an example's raw form decodes;
-    `pipeline` is the input pipeline `load_dataset` chose to read it.
-    """
+    """The three splits of a dataset and what the model needs to know about it; `kind`
+    (`"digits"`, `"folder"` or `"tfds"`) says how a raw example decodes."""
 
     name: str
     kind: str
@@ -104,9 +93,8 @@ def split_off(split, count, stratified):
 
 
 def subset(split, count, name):
-    """At most `count` examples of `split`: a class-stratified draw with seed 0 where
-    the split holds arrays (digits, folders), its first `count` otherwise (tfds); the
-    split itself where it has no more. `name` (the dataset) is for error messages."""
+    """At most `count` examples of `split`: a class-stratified draw with seed 0 (digits,
+    folders) or its first `count` (tfds). `name` (the dataset) is for error messages."""
     if count >= split.size:
         return split
     return train_subset(split, count, stratified=split.arrays is not None, name=name)
@@ -150,10 +138,8 @@ def _stratified_split(labels, fraction, seed=0):
 
 
 def _split_each_class(labels, fraction, seed=0):
-    """Indices `(kept, held_out)`: `fraction` of each class held out (rounded; a class
-    keeps at least one example), and at least one example overall where a class has
-    two. For classes too small for scikit-learn's stratified split, which needs two
-    examples of every class."""
+    """Indices `(kept, held_out)` for classes too small for scikit-learn: `fraction` of
+    each held out (a class keeps one), and one overall where a class has two."""
     rng = np.random.default_rng(seed)
     groups = [rng.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
     counts = [min(round(len(group) * fraction), len(group) - 1) for group in groups]
@@ -165,8 +151,7 @@ def _split_each_class(labels, fraction, seed=0):
 
 
 def _hold_out(split, fraction, held_out_name, kept_name=None):
-    """`(kept, held_out)` of a split `(raws, labels, name)` with `fraction` of every class
-    held out (`_stratified_split`); the kept part is `kept_name` or `name`."""
+    """`(kept, held_out)` of a split `(raws, labels, name)`, `fraction` of every class held out."""
     raws, labels, name = split
     kept, held = _stratified_split(labels, fraction)
     return ((raws[kept], labels[kept], kept_name or name),
@@ -195,7 +180,7 @@ def _list_images(directory, classes=None):
     # Hidden entries (".ipynb_checkpoints", ".DS_Store", ...) are neither classes nor images.
     found = sorted(entry for entry in os.listdir(directory)
                    if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry)))
-    training = classes is None  # else a validation or test folder of the training classes
+    training = classes is None
     if training:
         classes = found
     else:

@@ -1,9 +1,5 @@
-"""The tf.data input pipeline: every source, on every backend.
-
-Images are decoded and resized by TensorFlow; crops and flips are keyed by each
-example's position in the stream (`_keyed_augmentation`), so a resumed run is exact;
-RandAugment, MixUp and CutMix are Keras' layers run with TensorFlow's ops. Its
-functions are those of `python_pipeline`.
+"""The tf.data input pipeline: every source, on every backend, with the functions of
+`python_pipeline`; RandAugment, MixUp and CutMix run with TensorFlow's ops.
 """
 
 import contextlib
@@ -42,12 +38,8 @@ def available():
 
 @contextlib.contextmanager
 def errors_named(data):
-    """Turns TensorFlow's decode error inside the pipeline into an error naming the files.
-
-    The up-front check (`check_image_file`) reads only each file's ends; a file damaged
-    in the middle fails when TensorFlow decodes it, with a message that names no file.
-    Then every file of a folder dataset is decoded here to find the ones that fail.
-    """
+    """Turns TensorFlow's decode error inside the pipeline, which names no file, into an
+    error naming the files that fail to decode (damaged past `check_image_file`)."""
     try:
         yield
     except Exception as error:
@@ -73,8 +65,7 @@ def _source(split):
 
 
 def _reader(data, image_size, channels):
-    """`raw -> float32 (*image_size, channels)` image in [0, 255], of any source: digits
-    hold uint8 images, folders file paths, tfds encoded images."""
+    """`raw -> float32 (*image_size, channels)` image in [0, 255], of any source."""
     tf = import_tensorflow()
 
     def read(raw):
@@ -97,13 +88,8 @@ def _reader(data, image_size, channels):
 
 
 def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache=True):
-    """Batched `(images, one-hot labels)` of a split, in order, no augmentation; `pad` as
-    in `keras_vitnorm.training.data.eval_dataset`.
-
-    With `cache` (and a split under 1 GiB as float32), the batches are kept in memory
-    after the first full pass. A reader that stops early (`first_eval_batch`) passes
-    `cache=False`: tf.data discards a partly read cache and logs a warning about it.
-    """
+    """Batched `(images, one-hot labels)` of a split (`data.eval_dataset`); with `cache`,
+    the batches of a split under 1 GiB as float32 are kept after the first full pass."""
     tf = import_tensorflow()
     image_size = tuple(image_size)
     read = _reader(data, image_size, channels)
@@ -126,11 +112,7 @@ def eval_batches(data, split, image_size, channels, batch_size, pad=False, cache
 def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
                   shuffle_buffer, share):
     """Augmented training batches for steps `start_step` up to `end_step`
-    (`keras_vitnorm.training.data.train_stream`).
-
-    Pass `p` over the training split is shuffled with the seed `seed + p` within a
-    buffer of `shuffle_buffer` examples.
-    """
+    (`data.train_stream`); pass `p` is shuffled with the seed `seed + p`."""
     tf = import_tensorflow()
     image_size = tuple(image_size)
     size = data.train.size
@@ -163,9 +145,8 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
         return keyed(read(raw), position), tf.one_hot(label, data.num_classes)
 
     stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    # Keras' RandAugment draws from a stateful seed generator: in a parallel map the
-    # order of the draws (so which image gets which operations) would depend on thread
-    # timing. Run it in order, so a seed gives the same augmented stream every time.
+    # RandAugment draws from a stateful generator: in order, so that thread timing does
+    # not choose which image gets which draws.
     if stateful:
         [randaugment_layer] = stateful
         stream = stream.map(lambda image, label: (randaugment_layer(image), label))
@@ -178,13 +159,8 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
 
 
 def _keyed_augmentation(augmentation, image_size, channels, seed):
-    """`f(image, position)`: the crop and flip of the example at `position` in the stream.
-
-    Keras' `RandomCrop`, `RandomZoom` and `RandomFlip` draw from a stateful generator
-    that cannot be seeded per call, so a resumed run would get other crops. Here every
-    draw is TensorFlow's stateless op with the seed `(seed, position)`; the
-    transformations are the Keras layers' (`zoom`: a factor in `[1 - zoom, 1]` per axis).
-    """
+    """`f(image, position)`: the crop and flip of the example at `position` in the stream,
+    as Keras' layers make them but drawn statelessly from `(seed, position)`."""
     tf = import_tensorflow()
     height, width = image_size
 
@@ -207,9 +183,8 @@ def _keyed_augmentation(augmentation, image_size, channels, seed):
 
 
 def _stateful_augmentation(augmentation, channels, seed):
-    """Keras' RandAugment, if asked for, counting its histograms with `bincount` while
-    the fast path `bincount_histogram` is on (`count_histograms_with_bincount`): with
-    TensorFlow's where it computes in the tf.data stream."""
+    """`[Keras' RandAugment]` if asked for, counting histograms with TensorFlow's
+    `bincount` while the fast path `bincount_histogram` is on."""
     layers = randaugment(augmentation, channels, seed)
     if layers and fast_path_enabled("bincount_histogram"):
         count_histograms_with_bincount(getattr(layers[0], "equalization", None),
@@ -234,9 +209,7 @@ def _batch_augmentation(augmentation, seed):
     def augment(step, batch):
         images, labels = batch
         if mixup and cutmix:
-            # One of the two per batch, drawn statelessly from (seed, -1 - step) as the
-            # crops are from (seed, position): a seed gives the same choice at each step
-            # every time, and no key is an example's (positions are >= 0).
+            # Drawn statelessly; the key is no example's (positions are >= 0).
             key = tf.stack([tf.constant(seed, "int64"), -1 - step])
             images, labels = tf.cond(tf.random.stateless_uniform([], key) < 0.5,
                                      lambda: apply(mixup, images, labels),
@@ -249,8 +222,8 @@ def _batch_augmentation(augmentation, seed):
 
 
 def resize_images_and_masks(images, masks, image_size):
-    """uint8 images resized bilinearly (antialiased) and integer masks by nearest
-    neighbour to `image_size` squares, as NumPy arrays (the segmentation data)."""
+    """uint8 images (bilinear, antialiased) and integer masks (nearest) resized to
+    `image_size` squares, as NumPy arrays."""
     tf = import_tensorflow()
     images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
     masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]

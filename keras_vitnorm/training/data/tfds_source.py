@@ -1,8 +1,5 @@
-"""tensorflow-datasets sources: `"tfds:<name>"`, read through tf.data.
-
-tfds prepares a dataset once in its data directory and reads it as tf.data datasets
-of encoded images, so only the tf.data pipeline reads these sources.
-"""
+"""tensorflow-datasets sources, `"tfds:<name>"`: tf.data datasets of encoded images, so
+only the tf.data pipeline reads them."""
 
 import numpy as np
 
@@ -22,9 +19,8 @@ from keras_vitnorm.training.data.tf_pipeline import resize_images_and_masks
 
 
 def prepared_tfds_builder(name, features, task, data_dir=None, manual_dir=None):
-    """`(builder, split names)` of the tensorflow-datasets dataset `name`, prepared; it
-    must have the `features` (e.g. `("image", "label")`) that `task` (for the error
-    message, e.g. "classification") needs."""
+    """`(builder, split names)` of the tfds dataset `name`, prepared; a `ValueError` where
+    it lacks the `features` (e.g. `("image", "label")`) that `task` needs."""
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # tfds raises DatasetNotFoundError with its own list
@@ -42,14 +38,11 @@ def prepared_tfds_builder(name, features, task, data_dir=None, manual_dir=None):
 
 
 def classification(name, val_fraction, data_dir=None, manual_dir=None):
-    """The `Dataset` of the tfds image-classification dataset `name`: its own
-    validation split where it has one, else the last `val_fraction` of train; its
-    test split, or its validation split where it has no test split (ImageNet)."""
+    """The `Dataset` of a tfds classification dataset (splits: docs/training.md, "Datasets")."""
     builder, available = prepared_tfds_builder(name, ("image", "label"), "classification",
                                                data_dir, manual_dir)
     features = builder.info.features
-    # Without a test split (e.g. imagenet2012): score on validation, select on a slice
-    # of train (minival).
+    # Without a test split (imagenet2012): test on validation, validate on a slice of train.
     test_split = "test" if "test" in available else "validation"
     if test_split == "test" and "validation" in available:
         train_split, val_split = "train", "validation"
