@@ -1,7 +1,5 @@
-"""`python -m keras_vitnorm.study JOB_FILE`: the child that `ablate --parallel` starts
-for each run (`keras_vitnorm.study.workers.main`). The package's entry point, not
-`workers`', so that `workers` is not executed a second time as `__main__`.
-"""
+"""`python -m keras_vitnorm.study JOB_FILE`: the child `ablate --parallel` starts per run
+(`workers.main`), here so that `workers` is not executed a second time as `__main__`."""
 
 import sys
 

@@ -1,5 +1,4 @@
-"""Copying a study's results, without weights, to another directory (one kept under
-version control, for example)."""
+"""Copying a study's results, without weights, to another directory (docs/study.md)."""
 
 import os
 import shutil
@@ -10,11 +9,10 @@ from keras_vitnorm.study.one_run import read_metrics
 
 
 def export_study(study_dir, destination):
-    """Copies a study's results, without weights, into `destination`: its settings,
-    result files, tables and figures, and the `RUN_RESULT_FILES` of every finished run
-    (unfinished runs could not resume without their checkpoints, so they are left out).
-    A destination that holds another study, or lies inside this one, is refused.
-    Returns the number of runs copied.
+    """Copies a study's settings, result files, tables, figures and the `RUN_RESULT_FILES`
+    of every finished run into `destination`; returns the number of runs copied.
+
+    Unfinished runs are left out: they could not resume without their checkpoints.
     """
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")

@@ -1,8 +1,5 @@
 """Tables of the factor groups: Dual PatchNorm against the plain stem per factor level,
-training stability by depth, and how flat each variant's validation curve is at the end.
-They read the rows `run_study` returns (or `results.csv`) and each variant's factor
-levels (`keras_vitnorm.study.variants.variant_factors`).
-"""
+training stability by depth, and how flat each variant's validation curve is at the end."""
 
 import math
 import os
@@ -14,17 +11,15 @@ from keras_vitnorm import durable
 from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.stats import difference_interval
-from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import difference_row
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.stats import p_value_table
 from keras_vitnorm.study.stats import table_text
-from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import LEVEL_COLUMNS
 from keras_vitnorm.study.variants import variant_factors
 
-#: A completed run whose test accuracy stays below this is counted as stalled
-#: (chance is 1 / classes: 0.1 on CIFAR-10).
+#: A completed run whose test accuracy stays below this has stalled (chance: 0.1 on CIFAR-10).
 STALL_ACCURACY = 0.2
 
 
@@ -35,18 +30,8 @@ def _accuracies(rows, group, **levels):
             and levels.items() <= variant_factors(group, row["variant"]).items()]
 
 
-def _compared(cells, treated, control):
-    """A `stats.p_value_table` row: `cells`, then `treated` minus `control` in points
-    (Welch 95% CI) with its Welch p-value; `n/a` and NaN without both sides."""
-    if not treated or not control:
-        return cells + ["n/a"], math.nan
-    return (cells + [difference_text(*difference_interval(treated, control))],
-            welch_p_value(treated, control))
-
-
 def _stem_levels(rows, group):
-    """The levels (`{factor: value}`, every factor but the stem) of `group`'s stem
-    variants that have a row, sorted."""
+    """The levels (every factor but the stem) of `group`'s variants with a row, sorted."""
     levels = {
         tuple((key, f[key]) for key, *_ in LEVEL_COLUMNS if key in f)
         for f in (variant_factors(group, r["variant"]) for r in rows if r["group"] == group)
@@ -66,8 +51,7 @@ def _level_header(levels):
 
 
 def _against_plain(rows, group):
-    """`(level, stem, treated, plain)` test accuracies for every level and stem
-    variant with a completed run (`plain` may be empty)."""
+    """`(level, stem, treated, plain)` of every stem variant with a completed run."""
     for level in _stem_levels(rows, group):
         plain = _accuracies(rows, group, stem="patch", **level)
         for stem in ("dpn", *DPN_ABLATIONS):
@@ -78,9 +62,8 @@ def _against_plain(rows, group):
 
 def stem_differences(rows, group="dpn_factors"):
     """Per factor level, each stem variant against the plain stem: dicts of the level's
-    factors (`patch_size`, `train_examples`, `steps`), `stem`, the test-accuracy
-    `difference` (treated minus plain), its Welch 95% CI half-width `ci` (NaN with fewer
-    than 2 runs on a side), `runs` and `plain_runs`; levels missing a side are left out."""
+    factors, `stem`, the test-accuracy `difference`, its Welch 95% CI half-width `ci` (NaN
+    with one run on a side), `runs` and `plain_runs`; levels missing a side are left out."""
     found = []
     for level, stem, treated, plain in _against_plain(rows, group):
         if plain:
@@ -91,21 +74,19 @@ def stem_differences(rows, group="dpn_factors"):
 
 
 def dpn_factor_table(rows, group="dpn_factors"):
-    """Markdown: per factor level, the plain stem, a stem variant and their difference
-    (Welch 95% CI; `*` where it excludes 0) with its p-values (`stats.p_value_table`)."""
+    """Markdown: per factor level, each stem variant against the plain stem, with p-values."""
     header = _level_header(_stem_levels(rows, group)) + [
         "stem", "runs", "test accuracy (%), mean ± 95% CI", "plain stem (%)",
         "difference, points (Welch 95% CI)"]
-    cells = [_compared(_level_cells(level) + [stem, str(len(treated)), mean_ci_text(treated),
-                                              mean_ci_text(plain)], treated, plain)
+    cells = [difference_row(_level_cells(level) + [stem, str(len(treated)),
+                                                   mean_ci_text(treated), mean_ci_text(plain)],
+                            treated, plain)
              for level, stem, treated, plain in _against_plain(rows, group)]
     return p_value_table(header, cells)
 
 
 def against_dpn_table(rows, group="dpn_factors"):
-    """Markdown in the paper's Table 6 format: at each level where Dual PatchNorm ran,
-    every other stem's test accuracy minus DPN's, in points (Welch 95% CI; `*` where it
-    excludes 0), with its p-values (`stats.p_value_table`). Negative: worse than DPN."""
+    """Markdown in the paper's Table 6 format: every other stem against DPN, per level."""
     levels = _stem_levels(rows, group)
     header = _level_header(levels) + ["stem", "runs", "change against DPN, points (Welch 95% CI)"]
     cells = []
@@ -116,7 +97,8 @@ def against_dpn_table(rows, group="dpn_factors"):
         for stem in (*DPN_ABLATIONS, "patch"):
             other = _accuracies(rows, group, stem=stem, **level)
             if other:
-                cells.append(_compared(_level_cells(level) + [stem, str(len(other))], other, dpn))
+                cells.append(difference_row(_level_cells(level) + [stem, str(len(other))],
+                                            other, dpn))
     return p_value_table(header, cells)
 
 
@@ -124,16 +106,11 @@ _BLOCK = re.compile(r"block_(\d+)/")
 
 
 def first_to_last_block_gradient(grad_norms_csv):
-    """Median over the records of a run's `grad_norms.csv` (step 0 left out) of the
-    first block's gradient norm over the last block's.
-
-    A block's norm is the root sum of squares of its recorded layers' norms. Far below
-    1, the gradient vanishes on its way down to the input; above 1, it grows. `nan`
-    for a file with no record of two or more blocks.
-    """
+    """Median over a run's `grad_norms.csv` records of the first block's gradient norm over
+    the last block's (far below 1: it vanishes on the way to the input); `nan` without."""
     ratios = []
     for layers in read_grad_norms(grad_norms_csv).values():
-        blocks = {}  # block index -> sum of its layers' squared norms
+        blocks = {}
         for layer, norm in layers.items():
             match = _BLOCK.match(layer)
             if match:
@@ -159,9 +136,7 @@ def _gradient_ratio_cell(runs):
 
 
 def peak_step(run_dir):
-    """The training step at the end of the epoch of a run's best validation accuracy
-    (where a stalled run stopped learning), or `None` when the run records no best
-    epoch or no fixed epoch length."""
+    """The step ending the epoch of a run's best validation accuracy, or `None`."""
     metrics = read_metrics(run_dir) or {}
     config = durable.read_json(os.path.join(run_dir, "train_config.json")) or {}
     if not metrics.get("best_epoch") or not config.get("steps_per_epoch"):
@@ -170,26 +145,20 @@ def peak_step(run_dir):
 
 
 def _stalled_cell(stalled):
-    """How many runs stalled and, where known, the step each one's validation accuracy
-    peaked at."""
+    """How many runs stalled and, where known, each one's `peak_step`."""
     steps = [peak_step(r["run_dir"]) for r in stalled if r.get("run_dir")]
     steps = [str(s) for s in steps if s is not None]
     return f"{len(stalled)} ({', '.join(steps)})" if steps else str(len(stalled))
 
 
 def depth_table(rows, group="depth_stability"):
-    """Markdown: per placement, depth and warm-up, how many runs trained, diverged (at
-    which steps) or stalled (test accuracy below `STALL_ACCURACY`, with `peak_step`), the
-    accuracy of those that trained, and `first_to_last_block_gradient` (geometric mean
-    and range over the completed runs that recorded gradient norms).
-
-    Rows ran at more than one peak learning rate get a row and a column per rate.
-    `""` for a group without placement, depth and warm-up (`variant_factors`)."""
+    """Markdown: per placement, depth and warm-up (and rate), the runs that trained, diverged
+    or stalled (docs/study.md, "Output"); `""` for a group without these factors."""
     group_rows = [r for r in rows if r["group"] == group
                   and {"placement", "depth", "warmup"} <= variant_factors(group, r["variant"]).keys()]
     rates = {float(r["learning_rate"]) for r in group_rows if r.get("learning_rate") not in (None, "")}
     by_rate = len(rates) > 1
-    cells = {}  # (placement, depth, warm-up, peak rate or None) -> runs
+    cells = {}  # (placement, depth, warm-up, rate or None) -> runs
     for row in group_rows:
         factors = variant_factors(group, row["variant"])
         rate = float(row["learning_rate"]) if by_rate else None
@@ -216,11 +185,8 @@ def depth_table(rows, group="depth_stability"):
 
 
 def residual_stream_table(streams):
-    """Markdown: per model, over its runs (mean ± 95% CI), the residual stream's RMS
-    after the stem, the middle block and the last block, and the mean consecutive-block
-    cosine similarity over all blocks and over the last three (near 1, blocks stop
-    changing the representation: collapse). `streams`: `{label: [residual_stream
-    result per run]}` (`keras_vitnorm.analysis`)."""
+    """Markdown: per model of `streams` (`{label: [residual_stream result per run]}`), the
+    residual stream's RMS and consecutive-block similarity (near 1: collapse)."""
     header = ["model", "runs", "RMS after stem", "RMS at middle block", "RMS after last block",
               "consecutive-block similarity, mean", "last 3 blocks, mean"]
     table = []
@@ -239,11 +205,7 @@ def residual_stream_table(streams):
 
 
 def convergence_table(rows):
-    """Markdown: per variant, the mean validation accuracy at the half mark (the last
-    epoch ending at or before 1/2 of training), the late mark (3/4) and the end, what
-    training added after the late mark, and the last epoch's training accuracy: how
-    flat each curve is when training stops. `""` when no variant logged four or more
-    epochs."""
+    """Markdown: how flat each variant's curve is when training stops; `""` under 4 epochs."""
     from keras_vitnorm.study.figures import validation_curves
 
     header = ["variant", "runs", "epochs", "half and late mark (epoch)",

@@ -1,15 +1,9 @@
-"""Few-shot linear transfer of a study's trained models, as big_vision evaluates it.
-
-Each finished run's pooled features of a transfer dataset's images are fitted by
-`keras_vitnorm.study.fewshot_lsr` on `shots` images per class (draw `d` with seed `d`,
-the same images for every model) and scored on its test split. Each run's accuracies
-are kept in its `analysis.json` (key `fewshot`, one entry per request), so a rerun
-reads them. docs/study.md describes `<group>_fewshot.md` and `fewshot.csv`.
-"""
+"""Few-shot linear transfer of a study's trained models, as big_vision evaluates it
+(docs/study.md, "Few-shot linear transfer"). Each run's accuracies are kept in its
+`analysis.json` (key `fewshot`, one entry per request), so a rerun reads them."""
 
 import csv
 import json
-import math
 import os
 
 import numpy as np
@@ -19,11 +13,9 @@ from keras_vitnorm.study.fewshot_lsr import L2_REGULARIZATION
 from keras_vitnorm.study.fewshot_lsr import few_shot_draws
 from keras_vitnorm.study.fewshot_lsr import fit_least_squares
 from keras_vitnorm.study.one_run import ANALYSIS_FILE
-from keras_vitnorm.study.stats import difference_interval
-from keras_vitnorm.study.stats import difference_text
+from keras_vitnorm.study.stats import difference_row
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.stats import p_value_table
-from keras_vitnorm.study.stats import welch_p_value
 
 #: Training images per class of each fit (big_vision's configs use 1, 5, 10 and 25).
 SHOTS = (10, 25)
@@ -53,9 +45,7 @@ def check_request(shots, draws, test_examples, batch_size):
 
 
 def check_dataset(dataset, pipeline="auto"):
-    """The input pipeline (`"tf.data"` or `"python"`) that reads `dataset`; a
-    `ValueError` for a dataset form other than digits and folders, or a pipeline that
-    cannot read it. Nothing is loaded."""
+    """The input pipeline that reads `dataset` (digits or a folder); nothing is loaded."""
     from keras_vitnorm.training import data as data_lib
 
     if data_lib.parse_dataset(dataset)[0] == "tfds":  # parse_dataset names unknown forms
@@ -66,10 +56,8 @@ def check_dataset(dataset, pipeline="auto"):
 
 
 class TransferData:
-    """A transfer dataset as one few-shot request reads it (digits or a folder, whose
-    labels are known before any image is read): every non-test image for training,
-    only those some draw uses read; `test_examples` a stratified subset of the test
-    split, the same for every model."""
+    """A transfer dataset as one few-shot request reads it: of the non-test images only
+    those some draw uses, and the test split (or a stratified subset of it)."""
 
     def __init__(self, dataset, shots=SHOTS, draws=DRAWS, test_examples=None,
                  l2_regularization=L2_REGULARIZATION, pipeline="auto", batch_size=256):
@@ -103,9 +91,7 @@ class TransferData:
         self._batches = {}
 
     def batches(self, split, image_shape):
-        """The evaluation batches of `split` (`"train"`: the images the draws use, or
-        `"test"`) at `image_shape` (height, width, channels), made once: a pipeline that
-        keeps a small split's batches decodes it once for every model."""
+        """The evaluation batches of `split` at `image_shape`, made once for every model."""
         from keras_vitnorm.training.data import eval_dataset
 
         key = (split, tuple(image_shape))
@@ -116,8 +102,7 @@ class TransferData:
         return self._batches[key]
 
     def scores(self, train_features, test_features):
-        """`{str(shots): [test accuracy of each draw]}` of fits on `train_features`
-        (the images of `self.train`)."""
+        """`{str(shots): [test accuracy of each draw]}` of fits on `train_features`."""
         train_labels, test_labels = self.train.arrays[1], self.test.arrays[1]
 
         def accuracy(chosen):
@@ -131,9 +116,7 @@ class TransferData:
 
 
 def pooled_features(model, batches, progress=None):
-    """`(images, width)` float32 pre-logit features of the images of `batches`, in
-    order: the pooled features of `model.backbone()`, which its classifier head reads.
-    `progress`, a `keras.utils.Progbar`, counts the images."""
+    """`(images, width)` float32 pooled features (what the head reads) of `batches`."""
     backbone = model.backbone()
     features = []
     for batch in batches:
@@ -144,22 +127,17 @@ def pooled_features(model, batches, progress=None):
     return np.concatenate(features)
 
 
-def _complete(result, transfer):
-    return (isinstance(result, dict) and result.get("request") == transfer.request
-            and all(len(result.get("accuracy", {}).get(str(s), ())) == transfer.draws
-                    for s in transfer.shots))
-
-
 def run_fewshot(run_dir, transfer, verbose=0, say=None):
-    """A finished run's result, `{"request": ..., "accuracy": {shots: [per draw]},
-    "test_images": n}`: read from the run's `analysis.json` when it holds this request's
-    result, else computed from `<run_dir>/preset` and added to it; `None` for a run with
-    neither. `say` reports a result computed, `verbose` adds a progress bar."""
+    """A finished run's `{"request", "accuracy", "test_images"}` from its `analysis.json`, else
+    computed from `<run_dir>/preset` and added to it; `None` for a run with neither."""
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
     entries = analysis.get(KEY) or {}
-    if _complete(entries.get(transfer.key), transfer):
-        return entries[transfer.key]
+    cached = entries.get(transfer.key)
+    if (isinstance(cached, dict) and cached.get("request") == transfer.request
+            and all(len(cached.get("accuracy", {}).get(str(s), ())) == transfer.draws
+                    for s in transfer.shots)):
+        return cached
     preset = os.path.join(run_dir, "preset")
     if not os.path.isdir(preset):
         return None
@@ -190,14 +168,8 @@ def run_mean(result, shots):
 
 
 def fewshot_table(results, shots):
-    """Markdown, a table per shot count: each variant's few-shot accuracy over its runs
-    (each run's mean over the draws) against the baseline (the first variant), as
-    `keras_vitnorm.study.tables.difference_table` writes it.
-
-    Args:
-        results: `{variant: [run_fewshot result per run]}`, baseline first.
-        shots: the shot counts, one table each.
-    """
+    """Markdown, a table per shot count: each variant's accuracy against the baseline.
+    `results`: `{variant: [run_fewshot result per run]}`, baseline first."""
     if not any(results.values()):
         return ""
     baseline = next(iter(results))
@@ -208,13 +180,8 @@ def fewshot_table(results, shots):
         rows = []
         for name, own in values.items():
             cells = [name, str(len(own)), mean_ci_text(own), mean_ci_text(base)]
-            if name == baseline:
-                rows.append((cells + ["baseline"], None))
-            elif own and base:
-                rows.append((cells + [difference_text(*difference_interval(own, base))],
-                             welch_p_value(own, base)))
-            else:
-                rows.append((cells + ["n/a"], math.nan))
+            rows.append((cells + ["baseline"], None) if name == baseline
+                        else difference_row(cells, own, base))
         header = ["variant", "runs", f"{count}-shot accuracy (%), mean ± 95% CI",
                   f"{baseline} (%)", "difference, points (Welch 95% CI)"]
         sections.append(f"{count} training images per class\n\n" + p_value_table(header, rows))
@@ -243,19 +210,15 @@ def write_fewshot(study_dir, dataset, shots=SHOTS, draws=DRAWS, test_examples=No
                   verbose=1, take_over_lock=False):
     """Scores every completed run of a study by few-shot linear transfer to `dataset`.
 
-    Writes `<study_dir>/<group>_fewshot.md` (`fewshot_table`) for each group with a
-    result and `<study_dir>/fewshot.csv`, while holding the study's lock (no `ablate`
-    writes the runs' `analysis.json` meanwhile); returns `{group: table}`.
+    Writes `<group>_fewshot.md` per group with a result and `fewshot.csv` under the
+    study's lock; returns `{group: table}`.
 
     Args:
-        study_dir: a study directory (its `results.csv` names the runs; a learning-rate
-            sweep's runs at their chosen rates).
-        dataset: `"digits"` or `"folder:<path>"` (`TransferData`).
-        shots, draws: training images per class of each fit; fits per shot count, draw
-            `d` with seed `d`.
+        study_dir: a study directory (its `results.csv` names the runs).
+        dataset: `"digits"` or `"folder:<path>"`.
+        shots, draws: training images per class of each fit; fits per shot count.
         test_examples: a stratified subset of the test split (`None`: all of it).
-        batch_size, pipeline: images per forward pass; the input pipeline, `"auto"`,
-            `"tf.data"` or `"python"`.
+        batch_size, pipeline: images per forward pass; `"auto"`, `"tf.data"` or `"python"`.
         l2_regularization: the ridge penalty (big_vision's `2.0 ** 10`).
         verbose: 0 silent, 1 a line and a progress bar per run computed.
         take_over_lock: as for `run_study`.

@@ -1,7 +1,6 @@
 """The few-shot linear classifier of big_vision's `big_vision/evaluators/fewshot_lsr.py`:
 ridge regression of ±1 targets on whitened features, in closed form, and its draws of
-the training images (`keras_vitnorm.study.fewshot` applies them to a study's models).
-"""
+the training images (`keras_vitnorm.study.fewshot` applies them to a study's models)."""
 
 import numpy as np
 
@@ -14,9 +13,7 @@ WHITENING_EPSILON = 1e-5
 
 
 class LeastSquaresClassifier:
-    """A linear classifier fitted by `fit_least_squares`: the training features' mean
-    and standard deviation that whiten a feature vector, and `(features + 1, classes)`
-    weights whose last row multiplies the constant bias feature."""
+    """A linear classifier fitted by `fit_least_squares`: whitening and ridge weights."""
 
     def __init__(self, mean, std, weights):
         self.mean, self.std, self.weights = mean, std, weights
@@ -36,14 +33,8 @@ def _design(features, mean, std):
 
 def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULARIZATION):
     """A `LeastSquaresClassifier` of `features` `(images, width)` and `labels` `(images,)`
-    in `[0, num_classes)`: big_vision's ridge regression onto ±1 targets
-    (https://github.com/google-research/big_vision, `big_vision/evaluators/fewshot_lsr.py`
-    and `big_vision/configs/common_fewshot.py`).
-
-    Features are whitened by their mean and standard deviation, a constant feature
-    carries the bias, and the weights are the closed-form ridge solution
-    `(X^T X + l2 I)^-1 X^T Y`, in float64.
-    """
+    in `[0, num_classes)`: big_vision's closed-form ridge regression onto ±1 targets on
+    whitened features, in float64 (docs/study.md, "Few-shot linear transfer")."""
     from scipy import linalg
 
     features, labels = np.asarray(features, "float64"), np.asarray(labels)
@@ -70,10 +61,8 @@ def fit_least_squares(features, labels, num_classes, l2_regularization=L2_REGULA
 
 
 def few_shot_draws(labels, num_classes, shots, draws, class_names=None):
-    """`(draws, num_classes, shots)` indices into `labels`: in draw `d`, the first
-    `shots` images of each class in the order of a permutation drawn with seed `d`
-    (big_vision's draw), so a fit on fewer shots takes the first of them. A `ValueError`
-    names the classes with fewer than `shots` images."""
+    """`(draws, num_classes, shots)` indices into `labels`: draw `d` takes each class's first
+    `shots` images permuted with seed `d`; a `ValueError` names classes with too few."""
     labels = np.asarray(labels)
     members = [np.flatnonzero(labels == label) for label in range(num_classes)]
     short = [(class_names[label] if class_names else str(label), len(indices))

@@ -1,7 +1,5 @@
 """Matplotlib figures of a study's results, saved as PNG: gains over the baseline,
-loss and accuracy curves, the learning-rate sweep. Figures of what is inside the
-trained models are in `keras_vitnorm.study.model_figures`.
-"""
+loss and accuracy curves, the learning-rate sweep (docs/study.md, "Output")."""
 
 import os
 
@@ -33,9 +31,8 @@ def save(figure, path):
 
 
 def _signed_bars(names, values, errors, width=7):
-    """Horizontal bars in points, green at or above 0 and red below, with error bars,
-    the first name on top and a line at 0: `(figure, axes)` for the caller to label.
-    An error of NaN (no interval: one run) draws no bar, where 0 would draw a tight one."""
+    """Horizontal bars, green at or above 0 and red below, the first name on top:
+    `(figure, axes)`. A NaN error (one run) draws no error bar, where 0 would draw one."""
     figure, axes = pyplot().subplots(figsize=(width, 0.45 * len(names) + 1.5))
     colors = ["tab:green" if v >= 0 else "tab:red" for v in values]
     axes.barh(names, values, xerr=errors, color=colors, capsize=3)
@@ -45,8 +42,7 @@ def _signed_bars(names, values, errors, width=7):
 
 
 def plot_gains(summary, title, path):
-    """Horizontal bars: gain (points of accuracy) over the baseline, with the gain's
-    Welch 95% CI (`summarize`'s `gain_ci`: the baseline's spread counts too)."""
+    """Horizontal bars: gain over the baseline in points, with its Welch 95% CI."""
     entries = summary[1:]
     gains = [100 * e["gain"] if e["gain"] is not None else 0.0 for e in entries]
     errors = [np.nan if e["gain_ci"] is None else 100 * e["gain_ci"] for e in entries]
@@ -62,9 +58,7 @@ def plot_gains(summary, title, path):
 
 
 def plot_stem_differences(differences, title, path):
-    """Horizontal bars: each stem's test accuracy minus the plain stem's at the same
-    factor level (points), with Welch 95% CIs (`factors.stem_differences`); a level
-    with one run on a side has no interval and gets no error bar."""
+    """Horizontal bars of `factors.stem_differences`, in points, with Welch 95% CIs."""
     names = [f"{d['stem']}, {level_text(d)} ({d['runs']} vs {d['plain_runs']} runs)"
              for d in differences]
     values = [100 * d["difference"] for d in differences]
@@ -78,8 +72,7 @@ def plot_stem_differences(differences, title, path):
 
 
 def legend(axes, **kwargs):
-    """The legend, or where no curve was drawn (no run of the variants logged an
-    epoch: all diverged or none finished), a note saying so instead of an empty plot."""
+    """The legend, or a note where no curve was drawn (no run logged an epoch)."""
     if axes.get_legend_handles_labels()[0]:
         axes.legend(**kwargs)
     else:
@@ -127,9 +120,7 @@ def _curves_by_seed(rows, variant, column="val_accuracy"):
 
 
 def validation_curves(rows, variant, column="val_accuracy"):
-    """Validation accuracy (or another `log.csv` column) per epoch of each finished run
-    of `variant`, cut to the shortest run's length: an `(runs, epochs)` array (empty
-    when none has a log)."""
+    """`(runs, epochs)`: a `log.csv` column of the finished runs of `variant`, cut even."""
     curves = list(_curves_by_seed(rows, variant, column).values())
     if not curves:
         return np.zeros((0, 0))
@@ -138,9 +129,7 @@ def validation_curves(rows, variant, column="val_accuracy"):
 
 
 def gain_curves(rows, variant, baseline):
-    """Validation accuracy of `variant` minus `baseline`'s per epoch, seed by seed: an
-    `(seeds, epochs)` array over the seeds both finished, in seed order, cut to the
-    shortest curve (empty when no seed pairs)."""
+    """`(seeds, epochs)`: `variant`'s validation accuracy minus `baseline`'s, by seed."""
     ours, theirs = _curves_by_seed(rows, variant), _curves_by_seed(rows, baseline)
     seeds = sorted(set(ours) & set(theirs))
     if not seeds:
@@ -170,9 +159,7 @@ _SHADED = {("95% CI",): "95% CI", ("range",): "the range of the two seeds",
 
 
 def _plot_bands(series, noun, mean_text, ylabel, title, path, zero_line=False):
-    """The mean of each `(color index, variant, curves)` of `series` (`curves`: `(runs,
-    epochs)`, empty to skip) against epochs 1, 2, ..., labelled with its count of
-    `noun`s, with `curve_band` shaded and the bands named under `title`."""
+    """The mean per epoch of each `(color index, variant, curves)`, `curve_band` shaded."""
     figure, axes = pyplot().subplots(figsize=(7, 4.5))
     if zero_line:
         axes.axhline(0, color="black", linewidth=0.8)
@@ -196,10 +183,7 @@ def _plot_bands(series, noun, mean_text, ylabel, title, path, zero_line=False):
 
 
 def plot_gain_curves(rows, title, path):
-    """Each variant's validation accuracy gain over the baseline (the first variant)
-    per epoch, paired by seed: the mean, with `curve_band` shaded where two or more
-    seeds pair, and the band named under `title`. Shows when a variant pulls ahead and
-    whether it stays there, which the final gain alone does not."""
+    """Each variant's validation accuracy gain over the baseline per epoch, paired by seed."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     series = [(index, variant, 100 * gain_curves(rows, variant, variants[0]))
               for index, variant in enumerate(variants[1:], start=1)]
@@ -209,20 +193,14 @@ def plot_gain_curves(rows, title, path):
 
 
 def plot_accuracy_curves(rows, title, path):
-    """Validation accuracy per epoch of each variant: mean over seeds, with
-    `curve_band` shaded where there are two or more seeds, and the band named under
-    `title`."""
+    """Validation accuracy per epoch of each variant, mean over seeds."""
     series = [(index, variant, 100 * validation_curves(rows, variant))
               for index, variant in enumerate(dict.fromkeys(r["variant"] for r in rows))]
     return _plot_bands(series, "run", "mean over seeds", "validation accuracy (%)", title, path)
 
 
 def plot_lr_sweep(selection, rates, title, path):
-    """Mean final validation accuracy (%) against the peak learning rate (log scale),
-    one line per variant with its 95% CI as error bars where two or more seeds ran;
-    the chosen rate is a filled marker. `selection`: `{variant: choice}` as
-    `keras_vitnorm.study.lr_sweep.select` gives. Rates without a completed run, or
-    with a diverged one, are left off the line."""
+    """Mean final validation accuracy by peak rate per variant of `selection`, choice filled."""
     figure, axes = pyplot().subplots(figsize=(7, 4.5))
     for name, choice in selection.items():
         scores = choice["scores"]  # the variant's own grid (an extended sweep's may be wider)

@@ -1,10 +1,5 @@
 """Each variant at its own learning rate: a sweep of peak rates and the choice on
-validation (`ablate --lr-sweep`).
-
-Norms move with the learning rate, so a comparison at one variant's rate can measure
-the rate, not the norm. The rules of the choice: docs/study.md, "Each variant at its
-own learning rate".
-"""
+validation (`ablate --lr-sweep`; docs/study.md, "Each variant at its own learning rate")."""
 
 import math
 import os
@@ -20,8 +15,7 @@ from keras_vitnorm.validation import check_distinct
 
 
 def check_rates(rates):
-    """The grid as a sorted list of distinct positive floats; a `ValueError` naming a bad
-    value otherwise."""
+    """The grid as a sorted list of distinct positive floats; a `ValueError` otherwise."""
     checked = []
     for rate in rates:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
@@ -38,9 +32,8 @@ EXTEND_LIMIT = 3
 
 
 def sweep_of(plan, seeds, rates, own, sweep_seeds, extend, base_rate):
-    """`(grids, sweep seeds)` of a study of `plan` with `seeds` (`run_study`'s
-    arguments): `grids_of`, or `(None, None)` without a sweep. Raises a `ValueError`
-    for sweep settings without a sweep, or sweep seeds that are empty or repeated."""
+    """`(grids_of, sweep seeds)` of a study (`run_study`'s arguments), or `(None, None)`
+    without a sweep; a `ValueError` for sweep settings without a sweep or bad seeds."""
     if rates is None and not own:
         if sweep_seeds is not None or extend:
             flag = "sweep_seeds (--sweep-seeds) are the seeds" if sweep_seeds is not None else \
@@ -57,9 +50,7 @@ def sweep_of(plan, seeds, rates, own, sweep_seeds, extend, base_rate):
 
 def grids_of(plan, rates=None, own=None, base_rate=None):
     """`{(group, variant): rates}` of every variant of `plan`: its own grid in `own`
-    (`{(group, variant): rates}`, a variants file's `lr_sweep`), else `rates` (every
-    variant's grid), else the one rate it trains at (its `learning_rate` setting, else
-    `base_rate`). A key of `own` that names no variant of `plan`'s groups is refused."""
+    (a variants file's), else `rates`, else its one rate (its own or `base_rate`)."""
     rates = None if rates is None else check_rates(rates)
     own = {key: check_rates(grid) for key, grid in (own or {}).items()}
     defined = [(group, name) for group, _ in plan for name in get_variants(group)] if own else []
@@ -73,11 +64,9 @@ def grids_of(plan, rates=None, own=None, base_rate=None):
 
 
 def extend(grids, selection, base, limit=EXTEND_LIMIT):
-    """`grids` with the next rate beyond the end of a variant's grid where its chosen
-    rate is that end, at the grid's ratio there (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets
-    4e-3), while fewer than `limit` rates lie beyond that end of its base grid (`base`:
-    a list, or each variant's own as `{(group, variant): rates}`). A variant with no
-    choice yet, or trained at one rate, keeps its grid."""
+    """`grids` with the next rate, at the grid's ratio, beyond the end of a variant's grid
+    where its choice is that end (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets 4e-3), while fewer
+    than `limit` rates lie beyond that end of its `base` grid (a list, or a dict)."""
     wider = {}
     for key, grid in grids.items():
         grid, rate = list(grid), selection[key]["rate"]
@@ -107,21 +96,18 @@ def rate_folder(rate):
 
 
 def at_rates(variants, grids, group):
-    """`[(variant, (model, settings))]` of each variant of `group` at each rate of its
-    grid in `grids` (`{(group, variant): rates}`: `grids_of`, `extend`)."""
+    """`[(variant, (model, settings))]` of each variant of `group` at each of its rates."""
     return [(name, (model, {**settings, "learning_rate": rate}))
             for name, (model, settings) in variants for rate in grids[(group, name)]]
 
 
 def select(rows, plan, rates, seeds):
-    """The choice of each variant of `plan` from the sweep's result `rows`, over
-    `rates` (a list, or each variant's own grid as `{(group, variant): rates}`).
+    """The choice of each variant of `plan` from the sweep's `rows` over `rates` (a list,
+    or a `{(group, variant): rates}` dict).
 
     Returns:
-        `{(group, variant): {"rate": the chosen rate or None, "reason": why none,
-        "scores": {rate: {"values": final validation accuracies of the completed
-        runs, "diverged": count, "missing": count of the sweep seeds not finished}}}}`;
-        no rate while a sweep run is unfinished or where every rate has a diverged run.
+        `{(group, variant): {"rate": chosen or None, "reason": why none, "scores": {rate:
+        {"values": final validation accuracies, "diverged": count, "missing": count}}}}`.
     """
     grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}
@@ -152,8 +138,7 @@ def select(rows, plan, rates, seeds):
 
 
 def at_chosen_rates(plan, selection, say=None):
-    """`plan` with each variant at its chosen rate; a variant without one is left out
-    (and named through `say`)."""
+    """`plan` with each variant at its chosen rate; one without is left out (and named)."""
     chosen = []
     for group, variants in plan:
         kept = []
@@ -169,9 +154,7 @@ def at_chosen_rates(plan, selection, say=None):
 
 
 def tie_margin(values, level=0.95):
-    """How far apart two runs' final validation accuracies fall by seed alone:
-    `t(n - 1) * s * sqrt(2)`, `s` the standard deviation of `values` (one variant's
-    runs at one rate). `None` with fewer than two."""
+    """How far apart two runs' final accuracies fall by seed alone (`None` under two values)."""
     if len(values) < 2:
         return None
     from scipy import stats
@@ -181,9 +164,8 @@ def tie_margin(values, level=0.95):
 
 
 def selection_table(selection, rates, group, final_rows=()):
-    """Markdown: per variant of `group`, the mean final validation accuracy at each rate
-    of its grid, the rate chosen, and the rates within `tie_margin` of it (the margin
-    from the variant's `final_rows` at its chosen rate)."""
+    """Markdown: per variant of `group`, its accuracy at each rate, the rate chosen and
+    the rates within `tie_margin` of it (from `final_rows` at the chosen rate)."""
     lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
              + " | chosen rate | tied within the seed noise |",
              "|---|" + "---|" * (len(rates) + 2)]
@@ -234,10 +216,8 @@ def _score_text(score):
 
 
 def write_selection(rows, selection, rates, output_dir):
-    """Writes `lr_sweep.csv`, and per group `<group>_lr_selection.md`,
-    `figures/<group>_lr_sweep.png` and, where the group is over placement, depth and
-    warm-up, `<group>_lr_sweep_summary.md` (`factors.depth_table` of its sweep runs by
-    rate). Returns the paths written."""
+    """Writes `lr_sweep.csv` and each group's selection table, figure and summary; returns
+    the paths written."""
     from keras_vitnorm.study import figures
 
     paths = [write_rows(rows, output_dir, "lr_sweep.csv")]
@@ -256,8 +236,7 @@ def write_selection(rows, selection, rates, output_dir):
 
 
 def write_selection_tables(selection, rates, output_dir, final_rows=()):
-    """Writes `<group>_lr_selection.md` per group of `selection` (`selection_table`,
-    with the seed noise of `final_rows`); returns the paths written."""
+    """Writes `<group>_lr_selection.md` per group of `selection`; returns the paths."""
     paths = []
     for group in dict.fromkeys(group for group, _ in selection):
         path = os.path.join(output_dir, f"{group}_lr_selection.md")

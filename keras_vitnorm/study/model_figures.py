@@ -1,6 +1,5 @@
 """Matplotlib figures of what is inside a study's trained models, saved as PNG:
-accuracy and gradient norms by depth, the stem's learned scale, the residual stream.
-"""
+accuracy and gradient norms by depth, the stem's learned scale, the residual stream."""
 
 import csv
 import math
@@ -24,8 +23,7 @@ def _depth_order(name):
 
 
 def accuracy_by_depth(rows, group="depth_stability"):
-    """`{(placement, warm-up): [(depth, mean, ci, runs), ...]}` of a depth group's test
-    accuracy (completed runs; a stalled run counts at its accuracy), by depth."""
+    """`{(placement, warm-up): [(depth, mean, ci, runs), ...]}` of a depth group's accuracy."""
     accuracies = {}
     for row in rows:
         if row["group"] == group and row["status"] == "completed":
@@ -37,8 +35,7 @@ def accuracy_by_depth(rows, group="depth_stability"):
 
 
 def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
-    """Test accuracy against depth, a line per placement (solid: with warm-up, dashed:
-    without), with 95% CIs over seeds."""
+    """Test accuracy against depth, a line per placement and warm-up, with 95% CIs."""
     figure, axes = pyplot().subplots(figsize=(7, 4.5))
     colors, series = {}, accuracy_by_depth(rows, group)
     axes.set_xscale("log", base=2)
@@ -60,12 +57,9 @@ def plot_accuracy_by_depth(rows, title, path, group="depth_stability"):
 
 
 def depth_profile(grad_norms_csv):
-    """`(groups, norms)`: gradient norm per depth group, averaged over the records.
-
-    Groups are ordered patch embedding, stem, block_0 ... and head, each a root sum of
-    squares of its layers' norms. The step-0 record is left out when later ones exist
-    (the zero head leaves every other gradient zero there).
-    """
+    """`(groups, norms)`: gradient norm per depth group, in depth order, averaged over
+    the records; step 0 (where the zero head leaves every other gradient zero) is left
+    out when later records exist."""
     per_step = {}
     with open(grad_norms_csv, newline="") as f:
         for row in csv.DictReader(f):
@@ -80,10 +74,8 @@ def depth_profile(grad_norms_csv):
 
 
 def aligned_depth_profiles(runs):
-    """`(groups, {label: norms})`: `depth_profile` of each of `runs` (labels to
-    grad_norms.csv paths) on the union of their groups, `nan` where a run has no such
-    group (a post-LN model has no final norm), so that every position is the same
-    layer for every run."""
+    """`(groups, {label: norms})`: `depth_profile` of each of `runs` (label: path) on the
+    union of their groups, `nan` where a run lacks one (post-LN has no final norm)."""
     profiles = {label: dict(zip(*depth_profile(path))) for label, path in runs.items()}
     groups = sorted({g for profile in profiles.values() for g in profile}, key=_depth_order)
     return groups, {label: [profile.get(g, math.nan) for g in groups]
@@ -122,9 +114,8 @@ def plot_stem_scales(scale, title, path):
 
 
 def split_by_depth(streams):
-    """`streams` (`{label: [keras_vitnorm.analysis.residual_stream result per run]}`)
-    with each label whose runs are models of different depths split into one label per
-    depth, `"<label> (<N> blocks)"`: a mean over runs is a mean over the same stages."""
+    """`streams` (`{label: [residual_stream result per run]}`) with a label whose runs
+    differ in depth split per depth, `"<label> (<N> blocks)"`."""
     split = {}
     for label, runs in streams.items():
         depths = {}
@@ -139,13 +130,7 @@ def split_by_depth(streams):
 
 
 def plot_residual_stream(streams, title, path):
-    """Residual-stream RMS and consecutive-stage cosine similarity by depth, each the
-    mean over a model's runs.
-
-    `streams` maps labels to lists of `keras_vitnorm.analysis.residual_stream` results
-    (one per run); models of different depths share the axes, stage by stage, and a
-    label's runs of different depths are drawn apart (`split_by_depth`).
-    """
+    """Residual-stream RMS and consecutive-stage similarity by depth, mean over runs."""
     streams = split_by_depth(streams)
     figure, (rms_axes, similarity_axes) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     names = []

@@ -1,6 +1,5 @@
 """One run of a study: train it, resume it or skip it, and keep what its trained
-model gives the study's figures (`run_one`, in the study's process or a worker's).
-"""
+model gives the study's figures (`run_one`, in the study's process or a worker's)."""
 
 import csv
 import json
@@ -17,9 +16,8 @@ def read_metrics(run_dir):
 
 
 def resolved_model(preset, model):
-    """The model config that `model` overrides make of a built-in `preset` (so that
-    `{"stem": "patch"}` on a plain preset equals no override at all); `model` as it is
-    for a saved model, whose config is its own."""
+    """The model config `model` makes of a built-in `preset` (so that an override equal
+    to the default equals none); `model` as it is for a saved model."""
     from keras_vitnorm.models import PRESETS
     from keras_vitnorm.models import ViT
     from keras_vitnorm.models.presets import preset_config
@@ -30,11 +28,10 @@ def resolved_model(preset, model):
 
 
 def recorded_differences(config, run_dir):
-    """How the settings the run in `run_dir` recorded differ from `config`, the ones its
-    study planned: `"learning_rate: planned 0.002, recorded 0.02; ..."`, `""` where
-    they are the same, `None` where the run recorded none. The run directory is not
-    compared (a study may move), and models are compared as their presets resolve them.
-    """
+    """How the settings recorded in `run_dir` differ from the planned `config`:
+    `"learning_rate: planned 0.002, recorded 0.02; ..."`, `""` where they are the same,
+    `None` where the run recorded none. The run directory is not compared (a study may
+    move)."""
     recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
     if not isinstance(recorded, dict):
         return None
@@ -52,9 +49,8 @@ def recorded_differences(config, run_dir):
 
 
 def read_grad_norms(grad_norms_csv):
-    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, leaving out the records while
-    the zero-initialized head is still zero (step 0, and the steps of a warm-up at rate 0),
-    where every gradient but the head's is zero."""
+    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, without the records where
+    the zero-initialized head leaves every other gradient zero."""
     steps = {}
     with open(grad_norms_csv, newline="") as f:
         for row in csv.DictReader(f):
@@ -65,10 +61,7 @@ def read_grad_norms(grad_norms_csv):
 
 def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_images=None,
             analyze=True, track=None):
-    """Trains (or resumes, or skips if finished) one run; returns its results row.
-
-    `analyze` computes a finished run's `analysis.json` (the study's figures read it).
-    """
+    """Trains (or resumes, or skips if finished) one run; returns its results row."""
     metrics = read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in ("completed", "diverged"):
         config.validate()
@@ -95,8 +88,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
 
 def probe_images(config, count=64):
     """The first `count` validation images of `config`'s dataset in model format, on
-    which `analysis.json` measures the residual stream (the same for every run of a
-    study); `None` where the config leaves the image size to its preset."""
+    which `analysis.json` measures the residual stream; `None` without an image size."""
     from keras_vitnorm.training import data as data_lib
 
     size = config.model.get("image_size")
@@ -111,9 +103,7 @@ def probe_images(config, count=64):
 
 
 def whole_train_seconds(metrics):
-    """A run's training time over all its steps, summed across resumes; `None` where
-    unknown (a run resumed from a checkpoint that did not record it). Runs that never
-    resumed give their one run's time, also where `metrics.json` predates the total."""
+    """A run's training time summed across resumes; `None` where unknown."""
     if "train_seconds" in metrics:
         return metrics["train_seconds"]
     return None if metrics.get("resumed_from_step") else metrics.get("train_seconds_this_run")
@@ -125,13 +115,8 @@ RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.
 
 
 def run_analysis(run_dir, probe_images=None):
-    """What the study's figures read of a finished run's trained model, kept in
-    `<run_dir>/analysis.json` so they can be redrawn without the weights.
-
-    Returns `{"stem_scale", "residual_stream", "probe_images"}` (each `None` where it
-    does not apply) from the file, else computed from `<run_dir>/preset` and added to
-    it; `None` for a run with neither.
-    """
+    """`{"stem_scale", "residual_stream", "probe_images"}` of a run's model from its
+    `analysis.json`, else computed from `<run_dir>/preset` and added to it, or `None`."""
     path = os.path.join(run_dir, ANALYSIS_FILE)
     cached = durable.read_json(path)
     if (cached is not None and "stem_scale" in cached

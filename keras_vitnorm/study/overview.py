@@ -1,10 +1,5 @@
 """One table per group that puts each variant's accuracy, fit and cost side by side:
-`<study>/<group>_overview.md` (docs/study.md, "Output", lists its columns).
-
-Seconds are steps times a step time: `<study>/step_times.json` (measured alone,
-`tools/step_times.py`) where the study has one, else each variant's mean
-`train_seconds / steps`, which counts whatever shared the device with its runs.
-"""
+`<study>/<group>_overview.md` (docs/study.md, "Output", lists its columns)."""
 
 import math
 import numbers
@@ -29,10 +24,8 @@ STEP_TIMES_FILE = "step_times.json"
 
 
 def read_step_times(output_dir, variants):
-    """The `{variant: seconds per training step}` of `<output_dir>/step_times.json`, which
-    must give each of `variants` a positive number (it may hold other groups' variants
-    too); `None` without the file. A `ValueError` names the file and the entry that is
-    malformed or missing."""
+    """The `{variant: seconds per training step}` of `<output_dir>/step_times.json`;
+    `None` without it, a `ValueError` for an entry malformed or missing of `variants`."""
     path = os.path.join(output_dir, STEP_TIMES_FILE)
     step_times = durable.read_json(path)
     if step_times is None:
@@ -62,9 +55,8 @@ def _seed_accuracies(completed):
 
 
 def train_validation_gap(row):
-    """The run's accuracy on its own training images as they are
-    (`patch_statistics`' result in its `analysis.json`) minus its final validation
-    accuracy; `None` where either is unknown."""
+    """The run's accuracy on its own training images (`patch_statistics`) minus its
+    final validation accuracy; `None` where either is unknown."""
     analysis = durable.read_json(os.path.join(row["run_dir"], ANALYSIS_FILE)) or {}
     result = analysis.get(patch_statistics.KEY)
     train = (result or {}).get("train", {}).get("clean")
@@ -74,9 +66,8 @@ def train_validation_gap(row):
 
 
 def validation_loss_trend(run_dir):
-    """`(pass, passes, rise)` from the run's `log.csv`: the evaluation (1-based) of the
-    lowest `val_loss`, how many there were, and how far the final one lies above that
-    lowest, as a fraction of it; `None` without a validation loss."""
+    """`(pass, passes, rise)`: the evaluation (1-based) of the lowest `val_loss`, their
+    count, and the final one's rise above the lowest, as a fraction; `None` without."""
     losses = [r["val_loss"] for r in read_log(os.path.join(run_dir, "log.csv")) if "val_loss" in r]
     if not losses or min(losses) <= 0:
         return None
@@ -108,12 +99,8 @@ def _measured_step_time(runs):
 
 
 def overview_table(rows, summary, step_times=None):
-    """Markdown: the overview of one group's result `rows` (`run_study`'s, or
-    `results.csv`'s), one row per variant, baseline first. `summary`
-    (`keras_vitnorm.study.tables.summarize(rows)`) gives the differences and p-values, so
-    they are those of `<group>_differences.md`; `step_times` the seconds per training
-    step measured alone (`read_step_times`), else (`None`) each variant's mean
-    `train_seconds / steps`."""
+    """Markdown: the overview of one group's `rows`, with `summary` (`tables.summarize(rows)`)
+    and `step_times` (`read_step_times`; `None`: each variant's measured step time)."""
     base = summary[0]["variant"]
     p_values = [math.nan if e["p_value"] is None else e["p_value"] for e in summary[1:]]
     adjusted = dict(zip((e["variant"] for e in summary[1:]), holm_adjusted(p_values)))

@@ -1,11 +1,6 @@
 """What each trained model's predictions rest on: what Dual PatchNorm's first norm
 removes (each patch's mean and standard deviation) or what it keeps (its pattern).
-
-Each finished run of a stem group classifies training and test images as they are and
-with either part swapped for another class's
-(`keras_vitnorm.analysis.patch_norm.patch_statistics_reliance`); the result is kept in
-its `analysis.json`. docs/study.md, "Output", describes the table.
-"""
+Each run's result is kept in its `analysis.json` (the table: docs/study.md, "Output")."""
 
 import os
 
@@ -33,9 +28,8 @@ _SURPLUS_HEADER = ["variant", "runs", "training minus test (points)",
 
 
 def labelled_images(run_config, image_shape, count=IMAGES):
-    """`{"train": (images, labels), "test": (images, labels)}`: at most `count` images
-    of the run's own training split and of the test split (`data.subset`), in model
-    format."""
+    """`{"train": (images, labels), "test": (images, labels)}`: at most `count` images of
+    the run's own training split and of the test split, in model format."""
     from keras_vitnorm.training import TrainConfig
     from keras_vitnorm.training import data as data_lib
 
@@ -49,23 +43,15 @@ def labelled_images(run_config, image_shape, count=IMAGES):
             for name, split in (("train", data.train), ("test", data.test))}
 
 
-def _complete(result, count):
-    return (result is not None and result.get("requested") == count
-            and all(key in result.get(split, {}) for split in ("train", "test") for key in RELIANCE_KEYS))
-
-
 def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
-    """A finished run's result: `{"requested": count, "train": ..., "test": ...}`, each
-    split a `patch_statistics_reliance` dict.
-
-    Read from the run's `analysis.json` when it holds a result for `count` images, else
-    computed from `<run_dir>/preset` and added to it; `None` for a run with neither (so
-    a table never mixes image counts). `say` (e.g. `print`) reports a computation.
-    """
+    """A finished run's `{"requested": count, "train", "test"}` from its `analysis.json`, else
+    computed from `<run_dir>/preset` and added to it; `None` for a run with neither."""
     path = os.path.join(run_dir, ANALYSIS_FILE)
     analysis = durable.read_json(path) or {}
     cached = analysis.get(KEY)
-    if _complete(cached, count):
+    if (cached is not None and cached.get("requested") == count
+            and all(key in cached.get(split, {}) for split in ("train", "test")
+                    for key in RELIANCE_KEYS)):
         return cached
     preset = os.path.join(run_dir, "preset")
     if not os.path.isdir(preset):
@@ -75,7 +61,6 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
 
     if say:
         say(f"patch statistics of {run_dir}")
-
     model = ViT.from_preset(preset)
     run_config = durable.read_json(os.path.join(run_dir, "train_config.json"))
     images = images_for(run_config, tuple(model.input_shape[1:]), count)
@@ -87,12 +72,8 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
 
 
 def patch_statistics_table(results):
-    """Markdown, two tables, per variant over its runs (mean ± 95% CI, percent or
-    points): the accuracy on training and test images as they are, with their patch
-    statistics swapped and with their patterns swapped; then the training-minus-test
-    gap of each, and how often each swap's images are given the donor's class.
-    `results`: `{variant: [run_patch_statistics result per run]}`.
-    """
+    """Markdown, two tables over each variant's runs (docs/study.md, "Output"); `results`:
+    `{variant: [run_patch_statistics result per run]}`."""
     accuracy, surplus = [], []
     for variant, runs in results.items():
         if not runs:
@@ -121,12 +102,7 @@ def patch_statistics_table(results):
 
 
 def write_tables(rows, output_dir, groups, count=IMAGES, say=None):
-    """Writes `<output_dir>/<group>_patch_statistics.md` for each of `groups` with
-    finished runs whose result is known or can be computed; returns the paths.
-
-    Runs that share a dataset setting and image shape share one set of images. `say`
-    (e.g. `print`) reports each run whose result is computed.
-    """
+    """Writes `<group>_patch_statistics.md` per group of `groups` with a result."""
     loaded = {}
 
     def images_for(run_config, image_shape, count):

@@ -1,10 +1,5 @@
-"""A study as one command per run, for any scheduler, and the command that trains one run.
-
-`ablate --plan` writes a job file for every run that can train now and
-`commands.txt`, one `keras-vitnorm ablate-job <job file>` a line, to run in any order,
-any number of times. Job files name run directories relative to the study, so a study
-moves with its plan (docs/study.md, "A study on a scheduler: plan and collect").
-"""
+"""A study as one command per run, for any scheduler, and the command that trains one run
+(docs/study.md, "A study on a scheduler: plan and collect")."""
 
 import os
 import shlex
@@ -18,14 +13,12 @@ JOB_SUFFIX = ".job.json"
 
 
 def job_file_stem(run_dir, study_dir):
-    """The file name stem of a run's job, e.g. `converged-dyt-lr_0.001-seed_0`: its run
-    directory relative to the study, one name."""
+    """The file name stem of a run's job: its run directory relative to the study."""
     return os.path.relpath(run_dir, study_dir).replace(os.sep, "-")
 
 
 def job(group, name, config, run_dir, study_dir, take_over_lock=False, track=None):
-    """What a job file holds: the run's group, variant, seed and settings, its run
-    directory relative to the study directory, and its MLflow `track` (or None)."""
+    """What a job file holds: the run's group, variant, seed, settings, run_dir and track."""
     relative = os.path.relpath(run_dir, study_dir)
     return {"group": group, "name": name, "seed": config.seed, "run_dir": relative,
             "config": {**config.to_dict(), "output_dir": relative},
@@ -33,9 +26,7 @@ def job(group, name, config, run_dir, study_dir, take_over_lock=False, track=Non
 
 
 def write_plan(jobs, study_dir, say=None, track=None):
-    """Writes the job file of each of `jobs` (`(group, variant, config, run directory)`,
-    unfinished runs, each once) and `commands.txt`; job files of runs no longer in the
-    plan are removed. Returns the commands, in the plan's order."""
+    """Writes each of `jobs`' job file and `commands.txt`, removing stale ones; returns them."""
     folder = os.path.join(study_dir, PLAN_FOLDER)
     os.makedirs(folder, exist_ok=True)
     backend_name = backend.name()
@@ -62,9 +53,8 @@ def write_plan(jobs, study_dir, say=None, track=None):
 
 
 def read_job(path):
-    """A job file's content, with its `run_dir` and settings' `output_dir` resolved
-    against its study directory; a `ValueError` naming the file if it is missing,
-    unreadable or not a job file."""
+    """A job file's content, its run directory resolved against its study directory; a
+    `ValueError` naming the file if it is missing, unreadable or not a job file."""
     content = durable.read_json(path)  # names the file if it is not JSON
     if content is None:
         raise ValueError(f"No job file at {path}: `ablate --plan` writes them in "
@@ -79,9 +69,8 @@ def read_job(path):
 
 
 def run_job(path, verbose=None):
-    """Trains, resumes or skips (if finished) the run of the job file at `path`, then
-    writes its `analysis.json` where it completed (so that `--tables-only` only reads
-    files); returns its result row (`keras_vitnorm.study.one_run.run_one`)."""
+    """Trains, resumes or skips the run of the job file at `path` and writes its
+    `analysis.json` (so `--tables-only` only reads files); returns its result row."""
     from keras_vitnorm.study.one_run import probe_images
     from keras_vitnorm.study.one_run import run_analysis
     from keras_vitnorm.study.one_run import run_one

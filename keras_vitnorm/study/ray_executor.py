@@ -1,13 +1,5 @@
-"""`ablate --executor ray`: a study's runs as Ray tasks.
-
-The study is planned as `--plan` plans it (`keras_vitnorm.study.plan`), each job file is
-one Ray task that trains it in a child process as `ablate --parallel` does (its output
-in `<study>/logs/`), and the finished runs are collected as `--tables-only` collects
-them; with a learning-rate sweep, the plan is made again for the runs at the chosen
-rates. Ray retries a task whose worker dies (a node lost); a task cancelled or failed
-is submitted again by running the same command, each run resuming from its last
-checkpoint. The study directory must be on a file system every node shares.
-"""
+"""`ablate --executor ray`: a study's runs as Ray tasks, each job file of the plan one
+task that trains it in a child process (docs/your-norm.md, "Running on Ray")."""
 
 import contextlib
 import os
@@ -23,14 +15,11 @@ PASSED_ENVIRONMENT = ("KERAS_BACKEND", "KERAS_VITNORM_NORM_MODULES", "MLFLOW_TRA
 
 
 def run_job_file(job, threads):
-    """Trains the job file `job["file"]` in a child process, as `ablate --parallel` starts
-    one (`workers.start_child`: `threads` compute threads, the output in `job["log"]`);
-    returns `(job file, exit status)`.
+    """Trains the job file `job["file"]` in a child process (`workers.start_child`);
+    returns `(job file, exit status)`. Imports nothing of this package (`task`).
 
-    The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt` raised
-    between two Python steps) reaches the task while the run trains; the child is then
-    stopped with SIGTERM, which checkpoints the run. Ray kills a dead worker's children.
-    It imports nothing of this package (`task`)."""
+    The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt`) reaches
+    the task; the child is then stopped with SIGTERM, which checkpoints the run."""
     process = start_child(job, threads)
     try:
         while True:
@@ -43,9 +32,8 @@ def run_job_file(job, threads):
 
 
 def task(ray, cpus_per_run, gpus_per_run):
-    """`run_job_file` as a Ray task asking for these resources, retried 3 times where its
-    worker dies. It goes to the workers by value, with `workers.start_child`: by
-    reference, each worker would import this package, and Keras, before its first run."""
+    """`run_job_file` as a Ray task, retried 3 times where its worker dies; sent by value,
+    as by reference each worker would import this package, and Keras."""
     for module in (__name__, start_child.__module__):
         ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     return ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(run_job_file)
@@ -57,16 +45,14 @@ def run_plan_on_ray(plan_study, study_dir, address=None, cpus_per_run=1, gpus_pe
     nothing left to train.
 
     Args:
-        plan_study: callable writing the plan (`run_study` in mode `"plan"`); returns the
-            list of commands it wrote.
-        study_dir: the study directory (its `plan/` holds the job files).
+        plan_study: callable writing the plan; returns the commands it wrote.
+        study_dir: the study directory.
         address: a running Ray cluster's address, or None to start a local Ray.
         cpus_per_run, gpus_per_run: the resources each run's task asks Ray for.
         say: where progress lines go.
 
     Raises:
-        keras_vitnorm.study.workers.RunsFailed: naming the runs whose tasks failed, with
-            their logs, once every other task has ended.
+        workers.RunsFailed: naming the failed runs, once every other task has ended.
     """
     from keras_vitnorm.study.plan import JOB_SUFFIX
     from keras_vitnorm.study.plan import PLAN_FOLDER

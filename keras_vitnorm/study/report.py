@@ -15,9 +15,8 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 
 
 def make_figures(rows, figure_dir, probe_images=None):
-    """Writes every figure the results allow (docs/study.md, "Output", lists them) and,
-    with `probe_images`, each group's `<group>_residual_stream.md` beside them; returns
-    the paths written."""
+    """Writes every figure the results allow (docs/study.md, "Output") and, with
+    `probe_images`, each group's `<group>_residual_stream.md`; returns the paths."""
     from keras_vitnorm.study import figures
     from keras_vitnorm.study import model_figures
 
@@ -27,8 +26,7 @@ def make_figures(rows, figure_dir, probe_images=None):
         summary = summarize(group_rows)
         differences = factors.stem_differences(rows, group)
         if differences:
-            # A factorial group compares each stem with the plain stem at its own level,
-            # not every variant with the first one.
+            # a factorial group compares each stem with the plain stem at its own level
             paths.append(figures.plot_stem_differences(
                 differences, f"{group}: each stem against the plain stem\n(mean, Welch 95% CI)",
                 os.path.join(figure_dir, f"{group}_differences.png")))
@@ -63,8 +61,7 @@ def make_figures(rows, figure_dir, probe_images=None):
 
 
 def _grad_norm_runs(finished, variants):
-    """`{"<variant> (seed <s>)": its grad_norms.csv}` of the first of the `finished` runs
-    of each of `variants`, where that run recorded gradient norms."""
+    """`{"<variant> (seed <s>)": grad_norms.csv}` of each of `variants`' first run."""
     found = {}
     for variant in variants:
         run = next((r for r in finished if r["variant"] == variant), None)
@@ -113,10 +110,7 @@ def _residual_stream_outputs(group, rows, images, figure_dir):
 
 
 def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=10000):
-    """Writes `dpn_mechanism.md`: what DPN's first norm removes, measured on the data
-    per patch size (`keras_vitnorm.analysis.patch_norm`; docs/study.md). Probes train
-    on `train_count` images of a stratified subset of the training split and are
-    scored on the validation split."""
+    """Writes `dpn_mechanism.md`: what DPN's first norm removes from the data (docs/study.md)."""
     from keras_vitnorm.analysis.patch_norm import VARIANCE_FLOOR
     from keras_vitnorm.analysis.patch_norm import patch_norm_probe
     from keras_vitnorm.training import data as data_lib

@@ -1,9 +1,5 @@
-"""The ablation runner: trains every (variant, seed) of a study, then tabulates and plots.
-
-A finished run is not trained again when the study restarts, an interrupted one resumes,
-and a variant whose settings equal an earlier run's shares it. The study directory's
-layout and the modes are described in docs/study.md.
-"""
+"""The ablation runner: trains every (variant, seed) of a study, then tabulates and plots
+(docs/study.md). Finished runs are kept, interrupted ones resume, identical ones are shared."""
 
 import contextlib
 import dataclasses
@@ -41,39 +37,26 @@ MODES = ("train", "tables", "plan")
 def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_over_lock=False,
               parallel=1, threads_per_run=None, mode="train", lr_sweep=None, sweep_seeds=None,
               extend_sweep=False, track=False, variant_sweeps=None):
-    """Trains each variant of each group with each seed; returns the result rows.
+    """Trains each variant of each group with each seed; returns the result rows of the
+    runs at the chosen settings (mode `"plan"`: the commands written).
 
     Args:
-        base: `TrainConfig` every run starts from (its `output_dir`, `seed` and the
-            variant's settings are replaced per run).
+        base: `TrainConfig` every run starts from.
         groups: list of variant-group names (`keras_vitnorm.study.VARIANT_GROUPS`).
         seeds: list of ints.
         output_dir: the study directory (locked as `study.lock` while this runs).
         variants: optional `{group: [variant names]}` to run a subset.
         verbose: 0, 1 or 2, passed to `train` (1 also prints one line per run).
-        take_over_lock: bool. Take over the study directory (and its runs) if their
-            locks were left by a process that no longer runs.
+        take_over_lock: bool. Take over locks left by a process that no longer runs.
         parallel: int, runs trained at once, each in its own process (`workers`).
-        threads_per_run: compute threads of each parallel run; default the CPU
-            cores shared out over `parallel`.
-        mode: `"train"` trains the unfinished runs, then writes the tables and figures;
-            `"tables"` writes them from the finished runs; `"plan"` writes one command
-            per run that can train now (`plan`). In every mode a finished run whose
-            recorded settings are not the plan's is named and left out (docs/study.md).
-        lr_sweep: optional list of peak learning rates: each variant first trains at
-            every rate with `sweep_seeds`, then with `seeds` at the rate of the best
-            mean validation accuracy (`lr_sweep`).
-        variant_sweeps: optional `{(group, variant): rates}`, a variant's own grid in
-            place of `lr_sweep` (a variants file's); the others train at their one rate.
+        threads_per_run: compute threads of each parallel run (default: cores / parallel).
+        mode: `"train"` trains, then writes the tables and figures; `"tables"` only
+            writes them; `"plan"` writes one command per run that can train now.
+        lr_sweep: optional peak learning rates, each variant's chosen on validation.
+        variant_sweeps: optional `{(group, variant): rates}`, a variant's own grid.
         sweep_seeds: seeds of the sweep runs; default the first of `seeds`.
-        extend_sweep: bool. A variant whose chosen rate is at an end of its grid also
-            trains the next rate beyond it (`lr_sweep.extend`).
-        track: bool. The study is an MLflow run and each of its runs a child run
-            (`keras_vitnorm.training.tracking`); a plan's job files track theirs.
-
-    Returns:
-        The result rows of the runs at the chosen settings (mode `"plan"`: the
-        commands written).
+        extend_sweep: bool. Widen a grid whose choice is at its end (`lr_sweep.extend`).
+        track: bool. The study is an MLflow run and each of its runs a child run.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
@@ -122,9 +105,7 @@ class _Study:
         self.base, self.output_dir, self.verbose = base, output_dir, verbose
         self.take_over_lock, self.parallel, self.threads, self.mode = (
             take_over_lock, parallel, threads, mode)
-        # effective settings -> (run directory, the (group, variant) that made it): runs
-        # with identical settings are shared
-        self.trained = {}
+        self.trained = {}  # settings -> (run directory, its (group, variant)): shared runs
         self.planned = []  # the jobs of mode "plan", every phase's
         self.probe_images = None
         self.selection = None  # (the sweep's choices, every rate swept) with a sweep
@@ -161,8 +142,7 @@ class _Study:
         return rows
 
     def tracked(self, plan, seeds, grids, sweep_seeds, extend_sweep):
-        """`run`, with the study an MLflow run whose children are its runs and whose
-        artifacts are its tables and figures (`keras_vitnorm.training.tracking`)."""
+        """`run`, with the study an MLflow run whose children are its runs."""
         from keras_vitnorm.training import tracking
 
         self.parent = tracking.TrackedRun(
@@ -175,8 +155,7 @@ class _Study:
         return rows
 
     def track_of(self, run_dir):
-        """The `track` argument of a run of the study: its MLflow run, a child of the
-        study's, named after the run's job (None without tracking)."""
+        """The `track` argument of a run: a child of the study's MLflow run, or None."""
         if self.parent is None:
             return None
         return {"parent_run_id": self.parent.run_id,
@@ -197,10 +176,7 @@ class _Study:
             dpn_mechanism(self.base, self.output_dir)
 
     def sweep(self, plan, base_grids, seeds, extend):
-        """Trains (or, outside mode `"train"`, reads) the sweep of `plan` on each variant's
-        grid of `base_grids` with `seeds`, widening a grid beyond the end its choice lies
-        on while `extend` (`lr_sweep.extend`); writes the selection; returns `plan` at the
-        chosen rates."""
+        """Trains (or reads) the sweep of `plan`; returns `plan` at the chosen rates."""
         grids = base_grids
         while True:
             sweep = [(group, lr_sweep_lib.at_rates(variants, grids, group))
@@ -222,8 +198,7 @@ class _Study:
         return lr_sweep_lib.at_chosen_rates(plan, selection, say=self.say)
 
     def jobs(self, plan, seeds, rate_dirs=False):
-        """`(group, variant, config, run directory)` of every run of `plan`, in its order;
-        a run whose settings equal an earlier one's shares its directory."""
+        """`(group, variant, config, run directory)` of the runs of `plan`; equal ones share."""
         jobs = []
         for group, group_variants in plan:
             for name, (model, settings) in group_variants:
@@ -249,9 +224,8 @@ class _Study:
         return jobs
 
     def fitted(self, config):
-        """`config` with the recipe's defaults that its data cannot take fitted to it as
-        `train` fits them (`run_plan.fit_to_data`), each change noted once: a run
-        trains, and records, the settings its job says."""
+        """`config` with the recipe's defaults that its data cannot take fitted as `train`
+        fits them, each change noted once: a run records the settings its job says."""
         if config.given is None or set(FITTED_SETTINGS) <= config.given:
             return config
         data_settings = (config.dataset, config.val_fraction, config.data_dir, config.manual_dir,
@@ -270,8 +244,7 @@ class _Study:
             self.say(text)
 
     def left_out(self, job):
-        """Whether the finished run of `job` is left out of the tables, its recorded
-        settings not being the plan's (named once, with what differs)."""
+        """Whether `job`'s finished run is left out, its recorded settings not the plan's."""
         group, name, config, run_dir = job
         if run_dir not in self.differences:
             self.differences[run_dir] = recorded_differences(config, run_dir)
@@ -288,9 +261,7 @@ class _Study:
 
     def rows(self, jobs, seeds, required=True, sweep=False):
         """The result rows of `jobs` after training them (mode `"train"`), or of those
-        that have finished (mode `"plan"` also notes the others). `required`: with no
-        finished run in mode `"tables"`, raise. Rows are written as they come, to
-        `results.csv` and the tables, or for a `sweep` to `lr_sweep.csv` alone."""
+        that have finished, written as they come (`required`: raise without one)."""
         # Every variant's first seed trains before any variant's second, so a long study
         # that is stopped part-way already compares all its variants.
         order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
@@ -366,8 +337,7 @@ def _check_study_config(base, output_dir):
 
 
 def _settings_key(config):
-    """What makes two runs the same: every setting, with the model config as its preset
-    resolves it (`one_run.resolved_model`)."""
+    """What makes two runs the same: every setting, the model as its preset resolves it."""
     settings = config.to_dict()
     settings["model"] = resolved_model(config.preset, config.model)
     return json.dumps(settings, sort_keys=True, default=str)

@@ -7,8 +7,7 @@ import numpy as np
 
 
 def confidence_interval(values, level=0.95):
-    """Mean and half-width of the Student-t confidence interval of the mean (`nan` for one
-    value: no spread to estimate)."""
+    """Mean and half-width of the Student-t CI of the mean (`nan` for one value)."""
     from scipy import stats
 
     values = np.asarray(values, "float64")
@@ -20,8 +19,7 @@ def confidence_interval(values, level=0.95):
 
 
 def _welch(treated, control):
-    """Mean difference, its standard error and the Welch-Satterthwaite degrees of
-    freedom; `None` for the last two with fewer than two values on a side."""
+    """Mean difference, its standard error and the Welch-Satterthwaite degrees of freedom."""
     treated, control = np.asarray(treated, "float64"), np.asarray(control, "float64")
     difference = float(np.mean(treated) - np.mean(control))
     if len(treated) < 2 or len(control) < 2:
@@ -35,9 +33,7 @@ def _welch(treated, control):
 
 
 def difference_interval(treated, control, level=0.95):
-    """Mean of `treated` minus mean of `control`, and the half-width of its Welch
-    (Welch-Satterthwaite: no equal variances assumed) CI; `nan` with fewer than two
-    values on a side."""
+    """Mean of `treated` minus mean of `control`, and its Welch CI half-width (`nan`: n < 2)."""
     from scipy import stats
 
     difference, se, df = _welch(treated, control)
@@ -49,11 +45,8 @@ def difference_interval(treated, control, level=0.95):
 
 
 def welch_p_value(treated, control):
-    """Two-sided p-value of Welch's t-test that `treated` and `control` have the same
-    mean (`scipy.stats.ttest_ind(..., equal_var=False)`): below 0.05 exactly where
-    `difference_interval`'s 95% interval excludes 0. NaN with fewer than two values on
-    a side; with no spread on either side, 0 if the means differ, else 1.
-    """
+    """Two-sided p-value of Welch's t-test that `treated` and `control` share a mean; NaN
+    with fewer than two values on a side; with no spread, 0 if the means differ, else 1."""
     from scipy import stats
 
     difference, se, df = _welch(treated, control)
@@ -65,12 +58,7 @@ def welch_p_value(treated, control):
 
 
 def holm_adjusted(p_values):
-    """Holm's step-down adjustment of the p-values of one family of comparisons.
-
-    The i-th smallest of the m p-values is multiplied by `m - i + 1`, raised to the
-    largest adjusted value before it and capped at 1 (Holm 1979); NaN entries stay NaN
-    and are not counted in m. Returns the adjusted p-values in the order given.
-    """
+    """Holm's step-down adjustment of one family's p-values; NaN entries stay NaN."""
     p_values = [float(p) for p in p_values]
     tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
     adjusted, running = list(p_values), 0.0
@@ -81,11 +69,8 @@ def holm_adjusted(p_values):
 
 
 def kaplan_meier_median(times, observed):
-    """Kaplan-Meier estimate of the median time to an event from right-censored times:
-    `times[i]` is when item i had the event (`observed[i]` true) or was last seen
-    without it. The median is the first time the survival function (`scipy.stats.ecdf`)
-    falls to 0.5 or below, as lifelines reports it; `None` where it stays above.
-    """
+    """Kaplan-Meier median of right-censored `times` (`observed[i]` false: censored), as
+    lifelines reports it; `None` where the survival function stays above 0.5."""
     from scipy import stats
 
     times, observed = np.asarray(times, "float64"), np.asarray(observed, bool)
@@ -112,8 +97,7 @@ def p_value_header(count):
 
 
 def table_text(header, rows):
-    """A markdown table of the `header` cells and `rows` (lists of cells); `""` without
-    rows."""
+    """A markdown table of the `header` cells and `rows`; `""` without rows."""
     if not rows:
         return ""
     lines = ["| " + " | ".join(cells) + " |" for cells in (header, *rows)]
@@ -121,10 +105,8 @@ def table_text(header, rows):
 
 
 def p_value_table(header, rows):
-    """A markdown table from its header cells and its rows, each `(cells, p)`: every row
-    gains its Welch p-value `p` (NaN: not tested) and `p` adjusted by Holm's method over
-    the table's rows; a row whose `p` is `None` (the reference) gains two blank cells.
-    `""` without rows."""
+    """A markdown table of `rows`, each `(cells, p)`, with `p` and its Holm adjustment
+    over the table appended (blank where `p` is `None`); `""` without rows."""
     if not rows:
         return ""
     p_values = [math.nan if p is None else p for _, p in rows]
@@ -137,6 +119,15 @@ def p_value_table(header, rows):
     return "\n".join(lines) + "\n"
 
 
+def difference_row(cells, treated, control):
+    """A `p_value_table` row: `cells` and `treated` minus `control` in points (Welch 95%
+    CI) with its Welch p-value; `n/a` and NaN without both sides."""
+    if not treated or not control:
+        return cells + ["n/a"], math.nan
+    return (cells + [difference_text(*difference_interval(treated, control))],
+            welch_p_value(treated, control))
+
+
 def difference_text(difference, ci, scale=100, digits=2):
     """A difference and its CI half-width (fractions) as table text in points:
     `+d ± ci`, with `*` where the interval excludes 0; no interval where `ci` is NaN."""
@@ -147,8 +138,7 @@ def difference_text(difference, ci, scale=100, digits=2):
 
 
 def mean_ci_text(values, scale=100, digits=2):
-    """`mean ± 95% CI` of `values` times `scale` (percent by default), for the tables;
-    the mean alone for one value, `n/a` for none."""
+    """`mean ± 95% CI` of `values` times `scale`; the mean alone for one value, `n/a` for none."""
     if len(values) == 0:
         return "n/a"
     mean, ci = confidence_interval(values)

@@ -1,8 +1,5 @@
-"""The study's tables, from the result rows `run_study` returns (one per run):
-`results.csv`, one table per group in the paper's format, each variant against the
-group's baseline (Welch interval, Holm-adjusted p-value), and the gradient-norm table
-of the stem groups. The factor groups' own tables are in `keras_vitnorm.study.factors`.
-"""
+"""The study's tables from the result rows `run_study` returns (one per run): `results.csv`
+and the tables of docs/study.md, "Output" (the factor groups' are in `factors`)."""
 
 import math
 import os
@@ -25,24 +22,16 @@ from keras_vitnorm.study.stats import welch_p_value
 from keras_vitnorm.study.time_to_accuracy import time_to_accuracy_table
 from keras_vitnorm.study.variants import STEM_PAIRS
 
-RESULT_FIELDS = (
-    "group", "variant", "seed", "learning_rate", "status", "test_accuracy", "val_accuracy",
-    "diverged_at_step", "steps", "train_seconds", "run_dir",
-)
-
+RESULT_FIELDS = ("group", "variant", "seed", "learning_rate", "status", "test_accuracy",
+                 "val_accuracy", "diverged_at_step", "steps", "train_seconds", "run_dir")
 
 PATCH_EMBEDDING_LAYER = "stem/projection"
 _BLOCK_LAYER = re.compile(r"block_\d+/(attention/(qkv|out)|mlp/(fc1|fc2))")
 
 
 def patch_embedding_gradient_ratio(grad_norms_csv):
-    """How the patch embedding's gradient norm compares with the blocks' dense layers
-    (the step-0 record left out: the zero head leaves every other gradient zero there).
-
-    Returns a dict of means over records: `ratio_to_max` and `ratio_to_median` (the
-    patch embedding's norm over the largest and the median block layer's), `largest`
-    (share of records where it is the largest), `patch_norm` and `largest_block_norm`.
-    """
+    """Means over records of the patch embedding's gradient norm against the blocks' dense
+    layers: `ratio_to_max`, `ratio_to_median`, `largest`, `patch_norm`, `largest_block_norm`."""
     records = []
     for layers in read_grad_norms(grad_norms_csv).values():
         blocks = [v for k, v in layers.items() if _BLOCK_LAYER.fullmatch(k)]
@@ -59,11 +48,7 @@ def patch_embedding_gradient_ratio(grad_norms_csv):
 
 
 def gradient_norm_table(rows):
-    """Markdown table of `patch_embedding_gradient_ratio` per stem variant, over seeds
-    (mean ± 95% CI), for every group of `STEM_PAIRS` that recorded gradient norms: the
-    ratios, the share of records in which the patch embedding is largest, and the
-    norms themselves (in absolute terms and relative to the blocks, as a reader of
-    the paper's Figure 2 asks)."""
+    """Markdown: `patch_embedding_gradient_ratio` per stem variant of `STEM_PAIRS`' groups."""
     header = ["group", "stem", "runs", "patch embedding / largest block layer",
               "patch embedding / median block layer",
               "records where the patch embedding is largest", "patch embedding's gradient norm",
@@ -88,8 +73,7 @@ def gradient_norm_table(rows):
 
 
 def write_rows(rows, output_dir, name):
-    """Writes result rows as `<output_dir>/<name>`, a CSV of `RESULT_FIELDS` with run
-    directories relative to `output_dir`; returns its path."""
+    """Writes `rows` as the CSV `<output_dir>/<name>`; returns its path."""
     os.makedirs(output_dir, exist_ok=True)
     records = [{**{key: row.get(key) for key in RESULT_FIELDS},
                 "run_dir": os.path.relpath(row["run_dir"], output_dir)} for row in rows]
@@ -99,10 +83,7 @@ def write_rows(rows, output_dir, name):
 
 
 def write_results(rows, output_dir):
-    """Writes `results.csv` and every table the rows allow: per group its paper-style
-    table and, where the groups ran, its convergence, differences, time-to-accuracy,
-    overview and summary tables, `gradient_norms.md` and `dpn_factors_against_dpn.md`
-    (docs/study.md, "Output", describes each)."""
+    """Writes `results.csv` and every table the rows allow (docs/study.md, "Output")."""
     write_rows(rows, output_dir, "results.csv")
     for group in dict.fromkeys(row["group"] for row in rows):
         group_rows = [r for r in rows if r["group"] == group]
@@ -133,12 +114,10 @@ def write_results(rows, output_dir):
 def summarize(rows, metric="test_accuracy"):
     """Per-variant summary of one group, baseline (first variant) first.
 
-    Returns a list of dicts: variant, runs, diverged, mean, ci (95% half-width),
-    gain (mean minus the baseline's mean), gain_ci (the half-width of the gain's Welch
-    95% CI, which counts the baseline's spread too; `None` for the baseline and where
-    either side has no finished run, NaN with one run on a side), p_value (Welch's
-    test of the gain, two-sided; `None` and NaN as gain_ci), and the diverged
-    steps. A variant whose runs all diverged has mean `None`.
+    Returns a list of dicts: variant, runs, diverged, diverged_steps, mean (`None` where
+    all runs diverged), ci (95% half-width), gain over the baseline's mean, gain_ci (its
+    Welch 95% CI half-width) and p_value (Welch's test); the last two `None` for the
+    baseline and where either side has no finished run, NaN with one run on a side.
     """
     summary = []
     baseline = None
@@ -151,12 +130,8 @@ def summarize(rows, metric="test_accuracy"):
             baseline = finished
         compared = bool(summary) and bool(finished) and bool(baseline)
         summary.append({
-            "variant": name,
-            "runs": len(runs),
-            "diverged": len(diverged),
-            "diverged_steps": [r["diverged_at_step"] for r in diverged],
-            "mean": mean,
-            "ci": ci,
+            "variant": name, "runs": len(runs), "diverged": len(diverged),
+            "diverged_steps": [r["diverged_at_step"] for r in diverged], "mean": mean, "ci": ci,
             "gain": None if mean is None or not baseline else mean - float(np.mean(baseline)),
             "gain_ci": difference_interval(finished, baseline)[1] if compared else None,
             "p_value": welch_p_value(finished, baseline) if compared else None,
@@ -165,10 +140,7 @@ def summarize(rows, metric="test_accuracy"):
 
 
 def difference_table(summary):
-    """Markdown from a `summarize` summary: each variant against the baseline (the first
-    entry), its gain in points with the gain's Welch 95% CI (`*` where it excludes 0),
-    the Welch test's p-value and the p-value adjusted by Holm's method over the
-    table's comparisons (`*` below 0.05). Empty for a group of one variant."""
+    """Markdown: each variant of a `summarize` summary against the baseline, with p-values."""
     if len(summary) < 2:
         return ""
     baseline = summary[0]
@@ -183,8 +155,7 @@ def difference_table(summary):
 
 
 def _mean_ci(entry):
-    """`mean ± 95% CI` of a `summarize` entry in percent, the mean alone without an
-    interval, `n/a` without a finished run (as `stats.mean_ci_text`)."""
+    """`mean ± 95% CI` of a `summarize` entry, as `stats.mean_ci_text` writes it."""
     if entry["mean"] is None:
         return "n/a"
     ci = "" if math.isnan(entry["ci"]) else f" ± {100 * entry['ci']:.2f}"

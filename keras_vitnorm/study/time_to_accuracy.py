@@ -1,12 +1,7 @@
 """Time to accuracy: the training steps and seconds each variant takes to reach the
-validation accuracy its group's baseline ends on.
-
-Steps are read from each run's `log.csv` (the first evaluation at or above the
-target). A run that never arrives is right-censored at its last step, not dropped
-(dropping it would credit a variant with the pace of its lucky runs), so a variant's
-time is the Kaplan-Meier median over its runs (`stats.kaplan_meier_median`).
-docs/study.md, "Output", describes the table.
-"""
+validation accuracy its group's baseline ends on (docs/study.md, "Output"). A run that
+never arrives is right-censored at its last step, not dropped, which would credit a
+variant with the pace of its lucky runs."""
 
 import math
 import os
@@ -23,9 +18,8 @@ from keras_vitnorm.training.run_layout import read_log
 
 
 class Arrival(NamedTuple):
-    """One run's way to the target: `steps` to it or, where it never arrived (`reached`
-    false), the steps it trained, at which it is right-censored; `rate`: the run's
-    average seconds per training step (`None` where unknown)."""
+    """One run's `steps` to the target, or where not `reached` the steps it trained
+    (censored); `rate`: its seconds per training step (`None` where unknown)."""
 
     steps: int
     reached: bool
@@ -38,9 +32,7 @@ class Arrival(NamedTuple):
 
 
 def evaluation_steps(run_dir):
-    """`(steps, validation accuracies)` at each evaluation of a finished run: the
-    training step each `log.csv` row was logged at, and its `val_accuracy`. `None`
-    without a log or settings."""
+    """`(steps, validation accuracies)` of a finished run's evaluations, or `None`."""
     settings = durable.read_json(os.path.join(run_dir, "train_config.json"))
     metrics = read_metrics(run_dir)
     if settings is None or metrics is None:
@@ -71,10 +63,8 @@ def steps_to_reach(run_dir, target):
 
 
 def runs_to_target(rows):
-    """`(target, {variant: [Arrival per completed run with a log]})` of one group's rows,
-    in their order, the target being the first variant's final validation accuracy (mean
-    over its completed runs); `(None, {})` when the baseline has no final accuracy or
-    none of its runs a log."""
+    """`(target, {variant: [Arrival per completed run with a log]})`, the target the baseline's
+    mean final validation accuracy; `(None, {})` without one or without a log."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     completed = {v: [r for r in rows if r["variant"] == v and r["status"] == "completed"]
                  for v in variants}
@@ -88,10 +78,8 @@ def runs_to_target(rows):
 
 
 def median_to_target(arrivals, seconds_per_step=1.0):
-    """The Kaplan-Meier median of the arrivals' steps times `seconds_per_step` (one
-    number, or one per arrival; 1: steps): `(median, True)`; `(longest, False)` where the
-    median is not reached (it lies beyond the longest run's time); `(None, False)`
-    without arrivals."""
+    """`(median, True)`: the Kaplan-Meier median of the arrivals' steps times `seconds_per_step`;
+    `(longest, False)` where it is not reached; `(None, False)` without arrivals."""
     times = np.multiply([a.steps for a in arrivals], seconds_per_step, dtype="float64")
     if len(times) == 0:
         return None, False
@@ -105,8 +93,7 @@ def time_text(value, reached):
 
 
 def median_seconds(arrivals, step_time=None):
-    """`median_to_target` in seconds: steps times `step_time` where given, else each
-    run's own rate; `(None, False)` where a run's rate is unknown."""
+    """`median_to_target` in seconds at `step_time`, else at each run's own rate."""
     per_step = [a.rate for a in arrivals] if step_time is None else step_time
     if step_time is None and None in per_step:
         return None, False
@@ -114,10 +101,7 @@ def median_seconds(arrivals, step_time=None):
 
 
 def time_to_accuracy_table(rows, step_times=None):
-    """Markdown for one group's result rows: per variant, its runs' steps to the
-    baseline's final validation accuracy (`runs_to_target`), their Kaplan-Meier median
-    against the baseline's, and the median seconds (steps times the variant's
-    `step_times` entry where given, else each run's own rate). `""` without logs."""
+    """Markdown: per variant, its runs' steps and seconds to the baseline's final accuracy."""
     target, runs = runs_to_target(rows)
     if target is None:
         return ""

@@ -1,9 +1,5 @@
-"""Named variant groups of the normalization study.
-
-Each group maps variant names to `(model overrides, training overrides)`; the first is
-its baseline. Groups over a grid of factors also record each variant's factor levels
-(`variant_factors`) for the factor and depth tables.
-"""
+"""Named variant groups of the normalization study (docs/study.md, "Variant groups"):
+variant names to `(model overrides, training overrides)`, the first the baseline."""
 
 from keras_vitnorm.validation import check_choice
 
@@ -47,12 +43,7 @@ _DPN_STEMS = {"patch": {"stem": "patch"}, "dpn": {"stem": "dual_patchnorm"}}
 
 
 def _dpn_factors():
-    """Plain stem against Dual PatchNorm over training-set size and patch size.
-
-    At the base level (patch 4, 10,000 examples) the paper's stem ablations
-    (`DPN_ABLATIONS`) run too: which of DPN's norms, and which part of a norm
-    (standardizing or the learned scale and shift), makes the difference.
-    """
+    """Plain stem against Dual PatchNorm by training-set and patch size, with `DPN_ABLATIONS`."""
     variants, factors = {}, {}
 
     def add(stem, model, patch, size):
@@ -72,19 +63,13 @@ def _dpn_factors():
 
 
 #: Schedule lengths (training steps) of the `dpn_schedule` group; the shortest is
-#: `dpn_factors`'s, whose runs at the same level it shares. The longest is what a CPU
-#: study affords (docs/normalization-guide.md, "By schedule length"); longer schedules
-#: are the converged comparison's.
+#: `dpn_factors`'s, whose runs at the same level it shares.
 DPN_SCHEDULE_STEPS = (3000, 12000)
 
 
 def _dpn_schedule():
     """Plain stem against Dual PatchNorm by schedule length, at `dpn_factors`'s base
-    level (patch 4, 10,000 training images).
-
-    Only the number of training steps changes (each schedule decays over its run's
-    length): whether DPN's deficit on short schedules closes as training goes on.
-    """
+    level: whether DPN's deficit on short schedules closes as training goes on."""
     variants, factors = {}, {}
     for steps in DPN_SCHEDULE_STEPS:
         for stem, model in _DPN_STEMS.items():
@@ -133,9 +118,8 @@ def _depth_stability():
 
 
 def _deep(depth=12):
-    """Pre-LN, post-LN and DeepNorm at `depth`, with the base's warm-up: post-LN at depth
-    given its best chance (a long warm-up from the base, its own rate from
-    `ablate --lr-sweep`) against the two that train at depth."""
+    """Pre-LN, post-LN and DeepNorm at `depth`, with the base's warm-up: post-LN given its
+    best chance against the two that train at depth."""
     variants, factors = {}, {}
     for placement, model in _DEPTH_PLACEMENTS.items():
         variants[placement] = ({"depth": depth, **model}, {})
@@ -144,11 +128,8 @@ def _deep(depth=12):
 
 
 def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
-    """The deepest models with and without stochastic depth (representation collapse).
-
-    The runs without it leave `drop_path` unset, as `depth_stability`'s do, so a study
-    running both groups trains them once.
-    """
+    """The deepest models with and without stochastic depth; those without leave
+    `drop_path` unset, so they share `depth_stability`'s runs."""
     variants, factors = {}, {}
     for placement, model in _DEPTH_PLACEMENTS.items():
         for drop_path in (0.0, rate):
@@ -162,6 +143,19 @@ def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
 #: group name -> (variants, factor levels) of the groups built over factors
 _FACTOR_GROUPS = {"deep": _deep(), "dpn_factors": _dpn_factors(), "dpn_schedule": _dpn_schedule(),
                   "depth_stability": _depth_stability(), "depth_drop_path": _depth_drop_path()}
+
+#: The converged CIFAR-10 comparison: one change each against pre-LN LayerNorm.
+_CONVERGED = {
+    "pre_ln": ({}, {}),
+    "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
+    "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+    # post-LN made trainable at depth (alpha-weighted residual, beta-scaled init)
+    "deepnorm": ({"block_style": "deepnorm"}, {}),
+    "conv_stem": ({"stem": "conv"}, {}),
+    "rmsnorm": ({"norm": "rmsnorm"}, {}),
+    "dyt": ({"norm": "dyt"}, {}),
+    "batchnorm": ({"norm": "batchnorm"}, {}),
+}
 
 #: group name -> {variant name: (model overrides, training overrides)}
 VARIANT_GROUPS = {
@@ -189,32 +183,13 @@ VARIANT_GROUPS = {
         "conv": ({"stem": "conv"}, {}),
     },
     "depth": _depths(),
-    # The converged CIFAR-10 comparison: one change each against pre-LN LayerNorm.
-    "converged": {
-        "pre_ln": ({}, {}),
-        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
-        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
-        # post-LN made trainable at depth (alpha-weighted residual, beta-scaled init)
-        "deepnorm": ({"block_style": "deepnorm"}, {}),
-        "conv_stem": ({"stem": "conv"}, {}),
-        "rmsnorm": ({"norm": "rmsnorm"}, {}),
-        "dyt": ({"norm": "dyt"}, {}),
-        "batchnorm": ({"norm": "batchnorm"}, {}),
-    },
+    "converged": _CONVERGED,
     # The CPU Imagenette study's nine (recipes/imagenette_study.sh, `cpu`): the converged
-    # group's eight and Peri-LN (a norm before and after each sublayer, the identity
-    # path untouched: Sandwich-LN, Peri-LN), each one change against pre-LN LayerNorm.
-    "core": {
-        "pre_ln": ({}, {}),
-        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
-        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
-        "peri_ln": ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {}),
-        "deepnorm": ({"block_style": "deepnorm"}, {}),
-        "conv_stem": ({"stem": "conv"}, {}),
-        "rmsnorm": ({"norm": "rmsnorm"}, {}),
-        "dyt": ({"norm": "dyt"}, {}),
-        "batchnorm": ({"norm": "batchnorm"}, {}),
-    },
+    # group's eight and, after post-LN, Peri-LN (a norm before and after each sublayer,
+    # the identity path untouched: Sandwich-LN, Peri-LN).
+    "core": dict([*list(_CONVERGED.items())[:3],
+                  ("peri_ln", ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {})),
+                  *list(_CONVERGED.items())[3:]]),
     **{group: variants for group, (variants, _) in _FACTOR_GROUPS.items()},
 }
 
@@ -243,8 +218,7 @@ FILE_GROUPS = {}
 
 
 def add_variant_group(name, variants):
-    """Makes `variants` (`{variant: (model overrides, training overrides)}`, the baseline
-    first) the group `name`, as a variants file defines one; a built-in name is refused."""
+    """Makes `variants` the group `name`, as a variants file defines one."""
     if name in VARIANT_GROUPS:
         raise ValueError(f"A variants file's group cannot be named {name!r}: that is a built-in "
                          "group. Set another [study] name.")
@@ -252,11 +226,8 @@ def add_variant_group(name, variants):
 
 
 def get_variants(group, names=None):
-    """`{variant: (model overrides, training overrides)}` of a group, optionally a subset.
-
-    `group` is a key of `VARIANT_GROUPS` or of a variants file (`add_variant_group`);
-    of `names` (order kept), the group's baseline is added first if missing.
-    """
+    """`{variant: (model overrides, training overrides)}` of a group, or of its `names`
+    (order kept) with the baseline first."""
     groups = {**VARIANT_GROUPS, **FILE_GROUPS}
     check_choice("variant group", group, tuple(groups))
     variants = groups[group]

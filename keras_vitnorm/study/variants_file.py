@@ -1,10 +1,5 @@
-"""`ablate --variants-file study.toml`: a study's variants written as data.
-
-The file (`[study]` with `name` and `baseline`, then one `[variants.<name>]` table of
-`model`, `train` and `lr_sweep` per variant) becomes one variant group, with the plan,
-resume, tables and figures of a built-in group, checked whole before anything trains
-(docs/your-norm.md, "The variants file").
-"""
+"""`ablate --variants-file study.toml`: a study's variants written as data, one variant
+group checked whole before anything trains (docs/your-norm.md, "The variants file")."""
 
 import dataclasses
 import os
@@ -19,12 +14,10 @@ STUDY_SETTINGS = ("model", "output_dir", "seed", "recipe", "preset", "dataset")
 
 def read_variants_file(path, base):
     """`(group name, {variant: (model overrides, training overrides)}, {variant: its
-    lr_sweep})`, the baseline first, each variant's settings checked on top of `base`,
-    the study's `TrainConfig`.
+    lr_sweep})`, the baseline first, each variant checked on top of `base`.
 
     Raises:
-        ValueError: naming the file, the variant and the key, for a file that is missing,
-            not TOML, or holds an unknown key or a value the model or trainer refuses.
+        ValueError: naming the file, variant and key that is missing, unknown or refused.
     """
     try:
         with open(path, "rb") as file:
@@ -83,8 +76,7 @@ def _variant(path, variant, table, base):
                         else [table["lr_sweep"]])
         config = dataclasses.replace(base, model={**base.model, **model}, **train)
         config.validate()
-        # the whole ViT config, where the base is a built-in preset (a saved model's
-        # config is known only once it is read, when the run starts)
+        # a saved model's config is known only once the run reads it
         if config.preset in PRESETS:
             validate_config({**ViT.default_config(), **preset_config(config.preset),
                              **config.model})

@@ -1,11 +1,6 @@
-"""The VTAB-1k transfer protocol: few-shot fine-tuning over a list of datasets.
-
-Every preset is fine-tuned on every task (800 training and 200 validation examples)
-at each learning rate and seed; per task and preset the rate with the best mean
-validation accuracy is chosen and its test accuracy reported with a 95% interval over
-the seeds, as the Dual PatchNorm paper does. Writes `vtab_results.csv` and `vtab.md`
-(docs/transfer.md).
-"""
+"""The VTAB-1k transfer protocol: few-shot fine-tuning over a list of datasets, the rate
+chosen on validation per task and preset, as the Dual PatchNorm paper does. Writes
+`vtab_results.csv` and `vtab.md` (docs/transfer.md, "VTAB-1k")."""
 
 import dataclasses
 import itertools
@@ -79,14 +74,13 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
                          "status": row["status"], "val_accuracy": row["val_accuracy"],
                          "test_accuracy": row["test_accuracy"],
                          "run_dir": os.path.relpath(run_dir, output_dir)})
-            _write(rows, output_dir)
+            durable.write_csv(os.path.join(output_dir, "vtab_results.csv"), RESULT_FIELDS, rows)
+            durable.write_text(os.path.join(output_dir, "vtab.md"), vtab_table(rows))
         return rows
 
 
 def _check_finished_run(config, run_dir):
-    """Raises a `ValueError` where `run_dir` holds a finished run of other settings than
-    `config` (a sweep of another schedule in the same directory): the table would mix
-    the two sweeps."""
+    """Refuses a finished run in `run_dir` of other settings than `config`: tables would mix."""
     metrics = durable.read_json(os.path.join(run_dir, "metrics.json"))
     if not metrics or metrics.get("status") not in ("completed", "diverged"):
         return  # an unfinished run of other settings is refused when it resumes
@@ -97,16 +91,8 @@ def _check_finished_run(config, run_dir):
                          "--output-dir for a different sweep, or move the run aside.")
 
 
-def _write(rows, output_dir):
-    durable.write_csv(os.path.join(output_dir, "vtab_results.csv"), RESULT_FIELDS, rows)
-    durable.write_text(os.path.join(output_dir, "vtab.md"), vtab_table(rows))
-
-
 def select(rows):
-    """`{(dataset, preset): (rate, [test accuracies at it])}`, the rate chosen by mean validation accuracy.
-
-    Only completed runs count; a rate whose runs all diverged is never chosen.
-    """
+    """`{(dataset, preset): (rate, [test accuracies at it])}`, by mean validation accuracy."""
     completed = {}  # (dataset, preset) -> {rate: runs}
     for r in rows:
         if r["status"] == "completed":
@@ -121,7 +107,7 @@ def select(rows):
 
 
 def vtab_table(rows):
-    """Markdown: a row per task, a column per preset: test accuracy (%) mean +- 95% CI at the chosen rate."""
+    """Markdown: a row per task, a column per preset: test accuracy at the chosen rate."""
     chosen = select(rows)
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))

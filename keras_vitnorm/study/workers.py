@@ -1,12 +1,5 @@
-"""Training a study's runs in several processes at once (`ablate --parallel N`).
-
-Each run trains in a child process (`child_command`) whose thread pools are sized by
-environment variables (`thread_environment`): a small ViT's matrices are too small to
-keep several threads busy, so N one-thread runs finish more per hour than one with N
-threads (docs/performance.md, "Several runs at once"). A failed child stops new
-launches; a SIGTERM or SIGINT to the parent is passed on to the children, each of
-which stops with a checkpoint. docs/study.md, "Several runs at once".
-"""
+"""Training a study's runs in several processes at once (`ablate --parallel N`), each in
+a child process with its own thread count (docs/study.md, "Several runs at once")."""
 
 import os
 import subprocess
@@ -18,8 +11,7 @@ STORAGE_EXIT_CODE = 4
 
 
 class RunsFailed(RuntimeError):
-    """One or more runs of a parallel study ended with an error; `.failures` lists
-    `(job, exit status)`."""
+    """Runs of a parallel study ended with an error; `.failures` lists `(job, exit status)`."""
 
     def __init__(self, failures):
         self.failures = failures
@@ -40,20 +32,13 @@ def _last_line(path):
 
 
 def thread_environment(threads, environ=None):
-    """A copy of `environ` (default `os.environ`) in which PyTorch, TensorFlow and JAX
-    each use `threads` compute threads.
-
-    PyTorch's and oneDNN's pools follow `OMP_NUM_THREADS`; TensorFlow's follow
-    `TF_NUM_INTRAOP_THREADS` (one inter-op thread: a training step is one graph);
-    XLA's CPU backend (JAX, and TensorFlow's XLA-compiled steps) follows its
-    `intra_op_parallelism_threads` flag, with its Eigen thread pool off for one thread.
-    """
+    """A copy of `environ` (default `os.environ`) in which PyTorch, TensorFlow and JAX each
+    use `threads` compute threads (TensorFlow one inter-op thread: a step is one graph)."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads per run must be a positive integer, got {threads!r}.")
     env = dict(os.environ if environ is None else environ)
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["TF_NUM_INTRAOP_THREADS"] = str(threads)
-    env["TF_NUM_INTEROP_THREADS"] = "1"
+    env.update(OMP_NUM_THREADS=str(threads), TF_NUM_INTRAOP_THREADS=str(threads),
+               TF_NUM_INTEROP_THREADS="1")
     xla = (f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
            f"intra_op_parallelism_threads={threads}")
     env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {xla}" if env.get("XLA_FLAGS") else xla
@@ -90,10 +75,9 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
         say: where progress lines go (`None`: nowhere).
 
     Raises:
-        RunsFailed: after the running children have finished, if any child failed.
-            No child is started once one has failed.
-        RunInterrupted: SIGTERM or SIGINT reached this process; the running children
-            were stopped (each with a checkpoint) before it is raised.
+        RunsFailed: once the running children have finished, if any failed (no child
+            starts after a failure).
+        RunInterrupted: SIGTERM or SIGINT, after the children stopped with a checkpoint.
     """
     from keras_vitnorm.training.interrupts import RunInterrupted
     from keras_vitnorm.training.interrupts import StopRequest
@@ -145,9 +129,7 @@ def train_in_workers(jobs, parallel, start, on_finish=None, poll_seconds=1.0, sa
 
 def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, say=None,
                track=None):
-    """Trains `jobs` (`(group, variant, config, run directory)`: unfinished runs, each
-    once) in worker processes, each described by a job file in `<study>/logs/` beside
-    its log (`train_in_workers`)."""
+    """Trains `jobs` in worker processes, each with a job file beside its log in `logs/`."""
     from keras_vitnorm import durable
     from keras_vitnorm.study import plan as plan_lib
 
@@ -168,11 +150,7 @@ def train_jobs(jobs, study_dir, parallel, threads, take_over_lock, on_finish, sa
 
 
 def main(argv=None):
-    """Child entry point: trains the run a job file describes; returns the exit status.
-
-    It trains as its parent, the `ablate` command, does: with freed host memory kept
-    for reuse (`keras_vitnorm.host_memory.retain_freed_memory`), set before the first
-    computation."""
+    """Child entry point: trains the run a job file describes; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m keras_vitnorm.study JOB_FILE", file=sys.stderr)
