@@ -1,8 +1,7 @@
 """keras_vitnorm: Vision Transformers where the normalization is a config choice.
 
-The names below load on first use, so `import keras_vitnorm` alone does not import
-Keras; where Keras is already imported they load at once, registering the model
-classes for `keras.saving.load_model`.
+The names load on first use, so `import keras_vitnorm` alone does not import Keras; where
+Keras is imported already they load at once, registering the models for `load_model`.
 """
 
 import importlib
@@ -10,9 +9,7 @@ import sys
 
 from keras_vitnorm.version import __version__
 
-#: name -> the module that defines it.
-_EXPORTS = dict.fromkeys(
-    ("ViT", "LiT", "Segmenter", "PRESETS", "list_presets", "load_checkpoint"), "keras_vitnorm.models")
+_EXPORTS = ("ViT", "LiT", "Segmenter", "PRESETS", "list_presets", "load_checkpoint")
 _SUBPACKAGES = ("analysis", "convert", "layers", "models", "study", "training")
 
 __all__ = ["__version__", *_EXPORTS, *_SUBPACKAGES]
@@ -20,7 +17,7 @@ __all__ = ["__version__", *_EXPORTS, *_SUBPACKAGES]
 
 def __getattr__(name):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return getattr(importlib.import_module("keras_vitnorm.models"), name)
     if name in _SUBPACKAGES:
         return importlib.import_module(f"keras_vitnorm.{name}")
     raise AttributeError(f"module 'keras_vitnorm' has no attribute {name!r}")

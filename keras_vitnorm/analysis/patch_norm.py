@@ -1,9 +1,7 @@
-"""What Dual PatchNorm's first norm removes from the patches it sees.
+"""What Dual PatchNorm's first norm, `LN_0`, removes: each patch's mean and standard deviation.
 
-`LN_0` takes each patch's mean (brightness) and standard deviation (contrast), which
-its shared scale and shift cannot put back. These functions measure how much of an
-image and of its class those two numbers per patch carry, and how much a trained
-model's predictions rest on them (`patch_statistics_reliance`).
+How much of an image and of its class those two numbers carry, and how much a trained model
+rests on them; docs/normalization-guide.md has the measurements.
 """
 
 import numpy as np
@@ -26,15 +24,13 @@ def standardize_patches(patches, epsilon=1e-6):
     return (patches - mean) / np.sqrt(variance + epsilon)
 
 
-#: A variance floor for `standardize_patches`: patches whose standard deviation is
-#: below about 0.1 (pixels in [-1, 1]) are scaled up less than to unit variance, so
-#: near-flat patches do not turn into their noise stretched to full contrast.
+#: A variance floor for `standardize_patches`: near-flat patches (std below about 0.1, pixels
+#: in [-1, 1]) are not stretched to full contrast.
 VARIANCE_FLOOR = 1e-2
 
 
 def low_contrast_share(patches, std=0.1):
-    """Share of patch vectors whose standard deviation is below `std`: the patches that
-    `LN_0` scales up the most (10x and more at 0.1, for pixels in [-1, 1])."""
+    """Share of patch vectors whose std is below `std`: those that `LN_0` scales up the most."""
     return float(np.mean(patches.std(axis=-1) < std))
 
 
@@ -49,15 +45,13 @@ def energy_in_patch_means(patches):
     return float(np.sum(dim * patches.mean(axis=-1) ** 2) / np.sum(patches**2))
 
 
-#: Iteration limit of the linear probes' L-BFGS solver (scikit-learn's 100 is too few
-#: for 3,072 features); a probe that reaches it is an error.
+#: Iteration limit of the linear probes' L-BFGS solver (scikit-learn's 100 is too few).
 PROBE_MAX_ITER = 5000
 
 
 def linear_probe_accuracy(train_features, train_labels, test_features, test_labels, seed=0):
-    """Test accuracy of a multinomial logistic regression on standardized features,
-    trained to convergence (`RuntimeError` if L-BFGS reaches `PROBE_MAX_ITER` first:
-    an unconverged probe's accuracy depends on where it stopped)."""
+    """Test accuracy of a logistic regression on standardized features, trained to convergence
+    (`RuntimeError` if L-BFGS reaches `PROBE_MAX_ITER` first)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -83,35 +77,24 @@ def linear_probe_accuracy(train_features, train_labels, test_features, test_labe
 
 
 def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch_size):
-    """Linear-probe accuracies on three views of the same images, and the energy share.
+    """Linear-probe accuracies on views of the same images, and their patch statistics.
 
-    Returns a dict:
-        `pixels`: the images as they are (what the plain stem's embedding sees);
-        `standardized_patches`: every patch after `LN_0` (what DPN's embedding sees);
-        `patch_mean_and_std`: only the two numbers per patch that `LN_0` removes;
-        `floored_patches`: every patch standardized with `VARIANCE_FLOOR` as epsilon
-            (near-flat patches not stretched to full contrast);
-        `energy_in_means`: `energy_in_patch_means` of the training images;
-        `low_contrast`: `low_contrast_share` of the training images' patches;
-        `removed_dims`, `patch_dim`: 2 of `P*P*C` dimensions per patch.
+    Returns a dict: the accuracies on `pixels` (the images as they are),
+    `standardized_patches` (after `LN_0`), `patch_mean_and_std` (only what `LN_0` removes) and
+    `floored_patches` (standardized with `VARIANCE_FLOOR`); `energy_in_means` and
+    `low_contrast` of the training patches; `removed_dims` (2) of `patch_dim`.
     """
     train = patch_vectors(train_images, patch_size)
     test = patch_vectors(test_images, patch_size)
-    return {
-        "pixels": linear_probe_accuracy(train, train_labels, test, test_labels),
-        "standardized_patches": linear_probe_accuracy(
-            standardize_patches(train), train_labels, standardize_patches(test), test_labels),
-        "patch_mean_and_std": linear_probe_accuracy(
-            np.stack(removed_statistics(train), -1), train_labels,
-            np.stack(removed_statistics(test), -1), test_labels),
-        "floored_patches": linear_probe_accuracy(
-            standardize_patches(train, VARIANCE_FLOOR), train_labels,
-            standardize_patches(test, VARIANCE_FLOOR), test_labels),
-        "energy_in_means": energy_in_patch_means(train),
-        "low_contrast": low_contrast_share(train),
-        "removed_dims": 2,
-        "patch_dim": train.shape[-1],
-    }
+    views = {"pixels": lambda patches: patches,
+             "standardized_patches": standardize_patches,
+             "patch_mean_and_std": lambda patches: np.stack(removed_statistics(patches), -1),
+             "floored_patches": lambda patches: standardize_patches(patches, VARIANCE_FLOOR)}
+    accuracies = {name: linear_probe_accuracy(view(train), train_labels, view(test), test_labels)
+                  for name, view in views.items()}
+    return {**accuracies, "energy_in_means": energy_in_patch_means(train),
+            "low_contrast": low_contrast_share(train), "removed_dims": 2,
+            "patch_dim": train.shape[-1]}
 
 
 def images_from_patches(patches, image_shape, patch_size):
@@ -136,9 +119,8 @@ def other_class_donors(labels, seed=0):
 
 
 def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
-    """Images whose patches have the pattern of `patterns_from` and the mean and standard
-    deviation of `statistics_from`'s: `(x - mean(x)) / sqrt(var(x) + epsilon) * std(s) +
-    mean(s)`, not clipped, so `LN_0` still sees `x`'s pattern exactly."""
+    """Images with the patch patterns of `patterns_from` and the patch means and standard
+    deviations of `statistics_from`: `standardize_patches(x) * std(s) + mean(s)`, not clipped."""
     patterns_from = np.asarray(patterns_from, "float64")
     statistics_from = np.asarray(statistics_from, "float64")
     if patterns_from.ndim != 4 or patterns_from.shape != statistics_from.shape:
@@ -148,9 +130,7 @@ def combine_patches(patterns_from, statistics_from, patch_size, epsilon=1e-6):
     height, width = patterns_from.shape[1:3]
     if patch_size < 1 or height % patch_size or width % patch_size:
         raise ValueError(f"Images of {height}x{width} are not whole patches of {patch_size}.")
-    patches = patch_vectors(patterns_from, patch_size)
-    mean, std = removed_statistics(patches)
-    pattern = (patches - mean[..., None]) / np.sqrt(std[..., None] ** 2 + epsilon)
+    pattern = standardize_patches(patch_vectors(patterns_from, patch_size), epsilon)
     donor_mean, donor_std = removed_statistics(patch_vectors(statistics_from, patch_size))
     combined = pattern * donor_std[..., None] + donor_mean[..., None]
     return images_from_patches(combined, patterns_from.shape, patch_size)
@@ -162,16 +142,12 @@ RELIANCE_KEYS = ("clean", "statistics_swapped", "statistics_swapped_to_donor",
 
 
 def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
-    """What a trained model's predictions rest on: each patch's mean and standard
-    deviation, or its pattern.
+    """What a trained model's predictions rest on: each patch's statistics, or its pattern.
 
-    Every image is classified as it is, with a donor of another class's patch
-    statistics, and with the donor's patterns; what survives each swap tells which part
-    the model reads.
-
-    Returns a dict: `clean`, `statistics_swapped` and `patterns_swapped` (accuracy
-    against the images' own labels), `statistics_swapped_to_donor` and
-    `patterns_swapped_to_donor` (share classified as the donor's class) and `images`.
+    Each image is classified as it is, with the patch statistics and with the patterns of a
+    donor of another class (docs/normalization-guide.md). Returns a dict: `clean`,
+    `statistics_swapped`, `patterns_swapped` (accuracies), `*_to_donor` (share classified as
+    the donor's class) and `images`.
     """
     images, labels = np.asarray(images), np.asarray(labels)
     if images.ndim != 4 or len(labels) != len(images):
@@ -190,7 +166,8 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
             predicted.append(np.argmax(model.predict(x, batch_size=batch_size, verbose=0), axis=-1))
         return np.concatenate(predicted)
 
-    result = {"clean": float(np.mean(predictions(lambda i: images[i]) == labels)), "images": int(len(labels))}
+    result = {"clean": float(np.mean(predictions(lambda i: images[i]) == labels)),
+              "images": int(len(labels))}
     for name, combine in (
         ("statistics_swapped", lambda i: combine_patches(images[i], images[donors[i]], patch_size)),
         ("patterns_swapped", lambda i: combine_patches(images[donors[i]], images[i], patch_size)),

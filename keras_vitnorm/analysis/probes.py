@@ -1,8 +1,5 @@
-"""Probes of a ViT's training dynamics, for the normalization study.
-
-Per-layer gradient norms (every k steps during `fit`), the residual stream's
-activation RMS and block-to-block similarity, and the first stem norm's learned scale
-as a patch (the Dual PatchNorm paper's Figures 2 and 3). Runs on all three backends.
+"""Probes of a ViT's training dynamics: per-layer gradient norms, the residual stream, and the
+first stem norm's learned scale (the Dual PatchNorm paper's Figures 2 and 3).
 """
 
 import csv
@@ -14,26 +11,24 @@ import numpy as np
 
 from keras_vitnorm.backend import gradients_function
 
-#: Variable-path prefixes of the stem's patch embedding (Dense or conv stem layers).
+#: Variable-path prefix of the stem's patch embedding.
 PATCH_EMBEDDING = "stem/projection"
 
 
 def layer_of(path):
-    """The layer a variable belongs to: `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`."""
+    """The layer of a variable: `"block_3/attention/qkv/kernel"` -> `"block_3/attention/qkv"`."""
     return path.rsplit("/", 1)[0]
 
 
 def depth_group(path):
-    """Coarse group for depth plots: `"patch_embedding"`, `"block_<i>"`, `"stem"`,
-    `"head"` or the top-level layer name."""
+    """Coarse group for depth plots: `"patch_embedding"`, else the top-level layer name."""
     if path.startswith(PATCH_EMBEDDING + "/") or re.match(r"stem/conv\d+/", path):
         return "patch_embedding"
     return path.split("/", 1)[0]
 
 
 def group_norms(gradients, group=layer_of):
-    """L2 norm (`sqrt(sum of squares)`) of the `{variable path: gradient}` `gradients` in
-    each group, a variable's group being `group(path)`."""
+    """`{group(path): L2 norm}` of the `{variable path: gradient}` `gradients`."""
     squares = {}
     for path, gradient in gradients.items():
         name = group(path)
@@ -41,28 +36,18 @@ def group_norms(gradients, group=layer_of):
     return {name: float(np.sqrt(total)) for name, total in squares.items()}
 
 
-def _loss_fn(labels):
-    labels = keras.ops.convert_to_tensor(np.asarray(labels, "float32"))
-
-    def loss(logits):
-        return keras.ops.mean(keras.losses.categorical_crossentropy(labels, logits, from_logits=True))
-
-    return loss
-
-
 class GradientNormRecorder(keras.callbacks.Callback):
     """Records per-layer gradient norms on a fixed probe batch every `every` steps.
 
-    Gradients of the unregularized cross-entropy in inference mode, after the step, so
-    records of different variants are comparable.
+    Gradients of the unregularized cross-entropy in inference mode, after the step, so that
+    the records of different variants compare.
 
     Args:
         images, labels: the probe batch (NumPy; labels one-hot).
-        every: int, record at global steps `every, 2*every, ...` (step 0, before
-            training, is recorded too).
-        path: optional CSV file; rows `step, group, norm` are appended by `flush`
-            and at the end of training, so a resumed run keeps its earlier rows.
-        group: `layer_of` or `depth_group`.
+        every: int, default 50: record at global steps 0, `every`, `2*every`, ...
+        path: optional CSV file that `flush` and the end of training append
+            `step, group, norm` rows to (a resumed run keeps its earlier rows).
+        group: `layer_of` (default) or `depth_group`.
 
     Attributes:
         records: `{step: {group: norm}}`.
@@ -76,7 +61,7 @@ class GradientNormRecorder(keras.callbacks.Callback):
         self.every, self.path, self.group = every, path, group
         self.records = {}
         self._written = set()
-        self._gradients = None  # the model's probe loss and gradients, made at the first record
+        self._gradients = None  # (model, its gradients function), made at the first record
 
     def _step(self):
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
@@ -85,7 +70,13 @@ class GradientNormRecorder(keras.callbacks.Callback):
         step = self._step()
         if step not in self.records:
             if self._gradients is None or self._gradients[0] is not self.model:
-                self._gradients = self.model, gradients_function(self.model, _loss_fn(self.labels))
+                labels = keras.ops.convert_to_tensor(np.asarray(self.labels, "float32"))
+
+                def loss(logits):
+                    return keras.ops.mean(
+                        keras.losses.categorical_crossentropy(labels, logits, from_logits=True))
+
+                self._gradients = self.model, gradients_function(self.model, loss)
             _, _, gradients = self._gradients[1](self.images)
             self.records[step] = group_norms(gradients, self.group)
 
@@ -119,10 +110,8 @@ class GradientNormRecorder(keras.callbacks.Callback):
 
 
 def residual_stream(model, images):
-    """Activation RMS and consecutive-block similarity of a ViT's token stream on
-    `images` (NumPy): `{"names": ["stem", "block_0", ...], "rms": [...], "similarity":
-    [...]}`, the tokens' `sqrt(mean(x**2))` after each stage, and the mean cosine
-    similarity of each token between consecutive stages (one shorter)."""
+    """The tokens' RMS after each stage (`"stem"`, `"block_0"`, ...) on `images`, and their mean
+    cosine similarity between consecutive stages: `{"names", "rms", "similarity"}` lists."""
     names = ["stem"] + sorted(
         (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
         key=lambda name: int(name.split("_")[1]),
@@ -139,11 +128,8 @@ def residual_stream(model, images):
 
 
 def stem_scale_map(model):
-    """The learned scale of the stem's first norm (DPN's LN_0) as a `(P, P, C)` array.
-
-    Patches are flattened in `(row, column, channel)` order, so the scale reshapes
-    directly. Raises a `ValueError` when the stem has no learnable first norm.
-    """
+    """The learned scale of the stem's first norm (DPN's LN_0) as a `(P, P, C)` array;
+    `ValueError` when the stem has no learnable first norm."""
     stem = model.get_layer("stem")
     norm = getattr(stem, "patch_norm", None)
     config = model.get_config()

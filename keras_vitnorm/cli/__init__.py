@@ -1,10 +1,9 @@
-"""The `keras-vitnorm` command; `errors` maps how a command ends to its exit status. The
-backend is `KERAS_BACKEND`'s.
+"""The `keras-vitnorm` command (backend: `KERAS_BACKEND`); `errors` maps how a command ends to
+its exit status.
 
-One module per subcommand: its `NAME`, `HELP`, `DESCRIPTION` and `EXAMPLES` (if any, the
-epilog, printed as written); `EXTRA`, the extra whose packages it needs (`None`: none);
-`INTERRUPTED` or `interrupted(args, stop)`, the advice after a signal stopped it;
-`add_arguments(parser)` and `run(args)`.
+One module per subcommand: `NAME`, `HELP`, `DESCRIPTION`, `EXAMPLES` (if any: the epilog, as
+written); `EXTRA`, the extra it needs (`None`: none); `INTERRUPTED` or `interrupted(args, stop)`,
+the advice after a signal stopped it; `add_arguments(parser)` and `run(args)`.
 """
 
 import argparse
@@ -34,12 +33,8 @@ TRAINING_COMMANDS = ("train", "ablate", "ablate-job", "segment", "vtab", "lit")
 
 
 def build_parser():
-    parser = Parser(
-        prog="keras-vitnorm",
-        allow_abbrev=False,
-        description="Train and evaluate Vision Transformers whose normalization is a config "
-        "choice.",
-    )
+    parser = Parser(prog="keras-vitnorm", allow_abbrev=False, description="Train and evaluate "
+                    "Vision Transformers whose normalization is a config choice.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         examples = getattr(command, "EXAMPLES", None)
@@ -52,9 +47,8 @@ def build_parser():
 
 
 def main(argv=None, hide_framework_logs=False):
-    """Runs the command line; returns the exit status. `hide_framework_logs` keeps the frameworks'
-    log lines off stderr unless `--verbose 2`.
-    """
+    """Runs the command line; returns the exit status. `hide_framework_logs` keeps the
+    frameworks' log lines off stderr unless `--verbose 2`."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # what the advice after an interrupt repeats
@@ -68,9 +62,8 @@ def main(argv=None, hide_framework_logs=False):
 
 
 def console(argv=None):
-    """Console-script entry point: runs `argv` and exits with its status; a training command first
-    keeps freed memory (`host_memory.retain_freed_memory`).
-    """
+    """Console-script entry point: runs `argv` and exits with its status; a training command
+    first keeps freed memory (`host_memory.retain_freed_memory`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
         from keras_vitnorm.host_memory import retain_freed_memory

@@ -89,9 +89,8 @@ def add_arguments(parser):
 
 def study_config(args):
     """`(base TrainConfig, groups, {group: [variants]}, {(group, variant): rates})` of the parsed
-    arguments, a `--variants-file` added as a group. The base is the small recipe on plain ti16,
-    gradient norms every 25 steps, unless the arguments say otherwise.
-    """
+    arguments, a `--variants-file` added as a group; the base records gradient norms every 25
+    steps and is the small recipe on plain ti16 unless the arguments say otherwise."""
     preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
     config = train_config_from_args(args, preset=preset, output_dir=None)
     if config.grad_norm_every is None:

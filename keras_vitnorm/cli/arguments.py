@@ -60,10 +60,8 @@ def one_of(choices, registered=None):
     `registered` returns names allowed beside `choices` (a user's norms), asked only as needed.
     """
     def parse(text):
-        if text in choices:
-            return text
-        names = registered() if registered else []
-        if text in names:
+        names = [] if text in choices or not registered else registered()
+        if text in choices or text in names:
             return text
         extra = (f", or a name registered by a module of KERAS_VITNORM_NORM_MODULES "
                  f"({', '.join(names) or 'none registered'})") if registered else ""
@@ -204,8 +202,7 @@ def add_training_arguments(parser):
 
 
 def add_seed_run_arguments(parser, batch_size, warmup_steps, precision=False):
-    """The optimization and run options of the commands that train one run directory per
-    seed (`segment`, `lit`); the defaults are their configs'."""
+    """The optimization and run options of `segment` and `lit` (a run directory per seed)."""
     schedule = parser.add_argument_group("optimization")
     schedule.add_argument("--epochs", type=int, default=10)
     schedule.add_argument("--batch-size", type=int, default=batch_size)
@@ -231,8 +228,7 @@ def model_overrides(args):
 
 
 def train_config_from_args(args, **replaced):
-    """The `TrainConfig` that parsed training arguments describe (`replaced` instead of the
-    arguments of those names), validated."""
+    """The validated `TrainConfig` of parsed training arguments, `replaced` overriding them."""
     from keras_vitnorm.training import TrainConfig
 
     settings = {key: value for key, value in {**vars(args), **replaced}.items()

@@ -1,6 +1,5 @@
-"""How a command ends: the one mapping from an error to its exit status and message (the
-statuses are listed in docs/training.md), and the check that a command's extra is installed.
-"""
+"""How a command ends: the one mapping from an error to its exit status (docs/training.md) and
+message, and the check that a command's extra is installed."""
 
 import contextlib
 import importlib.util
@@ -11,9 +10,8 @@ import threading
 
 from keras_vitnorm import stop_signals
 
-#: `(pip name, module)` of each extra's packages that every run of its commands imports
-#: (an extra includes `train`'s); tensorflow-datasets is checked where a `tfds:` dataset is
-#: read, not here.
+#: `(pip name, module)` of the packages every run of an extra's commands imports (an extra
+#: includes `train`'s); tensorflow-datasets is checked where a `tfds:` dataset is read.
 EXTRAS = {
     "train": (("scikit-learn", "sklearn"), ("pillow", "PIL"), ("tensorboard", "tensorboard")),
     "study": (("matplotlib", "matplotlib"), ("scipy", "scipy")),
@@ -38,10 +36,8 @@ BACKENDS = ("jax", "tensorflow", "torch")
 
 def missing_backend(error):
     """The message for `error` if it is Keras' backend that is not installed, else `None`."""
-    if not isinstance(error, ModuleNotFoundError):
-        return None
-    name = (error.name or "").split(".")[0]
-    if name not in BACKENDS:
+    name = (getattr(error, "name", None) or "").split(".")[0]
+    if not isinstance(error, ModuleNotFoundError) or name not in BACKENDS:
         return None
     chosen = os.environ.get("KERAS_BACKEND")
     keras = sys.modules.get("keras")  # absent where importing it failed on its backend
@@ -76,8 +72,7 @@ def exit_status(error):
 
 
 def missing_packages(extra):
-    """The pip names of the packages of `extra` (and of `train`, which it builds on) not
-    installed."""
+    """The pip names of the packages of `extra` (and of `train`) not installed."""
     return [package for part in dict.fromkeys(("train", extra)) for package, module in EXTRAS[part]
             if importlib.util.find_spec(module) is None]
 
@@ -94,10 +89,9 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_raise(received):
-    """SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt`, each appended to `received`
-    first, so a stopped command ends with its message; one Python dropped in a GC callback is
-    raised again (`keras_vitnorm.stop_signals`), one the command caught stays in `received`.
-    """
+    """SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt`, each number appended to
+    `received` first, so that a stop the command caught is still known; one that Python dropped
+    in a GC callback is raised again (`keras_vitnorm.stop_signals`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
