@@ -2,12 +2,10 @@
 state, and the compiled call of the input pipeline's RandAugment (docs/backends.md).
 """
 
+import importlib
+
 import keras
 import numpy as np
-
-from keras_vitnorm.ops import backend_name as name
-from keras_vitnorm.ops import checked_native
-from keras_vitnorm.ops import import_native
 
 __all__ = [
     "any_process", "average_gradients", "compiled", "count_bins",
@@ -18,13 +16,25 @@ __all__ = [
 ]
 
 
+def name():
+    """The Keras backend this process computes with (`"jax"`, `"tensorflow"`, `"torch"`)."""
+    return keras.backend.backend()
+
+
+def _import_native():
+    module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(name())
+    return None if module is None else importlib.import_module(f"keras_vitnorm.backend.{module}")
+
+
 # Imported now, not at a first call: `torch.compile` cannot trace an import (nor a cache
 # around one) and would split the compiled step there.
-_NATIVE = import_native("keras_vitnorm.backend")
+_NATIVE = _import_native()
 
 
 def _native():
-    return checked_native(_NATIVE)
+    if _NATIVE is None:
+        raise ValueError(f"keras_vitnorm runs on jax, tensorflow and torch, not {name()!r}.")
+    return _NATIVE
 
 
 def value_and_gradients(model, inputs, loss_fn, training=False):

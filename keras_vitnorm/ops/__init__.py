@@ -28,26 +28,20 @@ def backend_name():
     return keras.backend.backend()
 
 
-def import_native(package):
-    """This backend's module `_jax`, `_tensorflow` or `_torch` of `package`, or None."""
+def _import_native():
     module = {"jax": "_jax", "tensorflow": "_tensorflow", "torch": "_torch"}.get(backend_name())
-    return None if module is None else importlib.import_module(f"{package}.{module}")
-
-
-def checked_native(module):
-    """`module` from `import_native`; a `ValueError` on a backend other than the three."""
-    if module is None:
-        raise ValueError(
-            f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
-    return module
+    return None if module is None else importlib.import_module(f"keras_vitnorm.ops.{module}")
 
 
 # Imported now, not at an op's first call: torch.compile cannot trace an import.
-_NATIVE = import_native("keras_vitnorm.ops")
+_NATIVE = _import_native()
 
 
 def _native():
-    return checked_native(_NATIVE)
+    if _NATIVE is None:
+        raise ValueError(
+            f"keras_vitnorm runs on jax, tensorflow and torch, not {backend_name()!r}.")
+    return _NATIVE
 
 
 def _fast(name, *backends):
