@@ -92,18 +92,10 @@ def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoi
         task = ray_executor.task(ray, 1, 0).options(max_retries=0)
         tasks = [task.remote({"file": job, "log": str(tmp_path / f"{i}.log")}, 1)
                  for i, job in enumerate(jobs)]
-        # Each task is cancelled as soon as its own run has a checkpoint, whichever run
-        # gets there first: on a loaded host one task can start much later than the other.
-        waiting = dict(zip(runs, zip(tasks, (False, True))))
-
-        def cancel_those_with_a_checkpoint():
-            for run_dir in list(waiting):
-                if glob.glob(os.path.join(run_dir, "backup", "step-*", "state.json")):
-                    ref, force = waiting.pop(run_dir)
-                    ray.cancel(ref, force=force)
-            return not waiting
-
-        _wait_for(cancel_those_with_a_checkpoint, "a checkpoint in each run")
+        for run_dir, ref, force in zip(runs, tasks, (False, True)):
+            _wait_for(lambda: glob.glob(os.path.join(run_dir, "backup", "step-*", "state.json")),
+                      f"checkpoint in {run_dir}")
+            ray.cancel(ref, force=force)
         for ref in tasks:  # waited for after both cancels, so neither run ends meanwhile
             with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
                 ray.get(ref, timeout=120)
