@@ -144,19 +144,6 @@ def _depth_drop_path(depth=DEPTHS[-1], rate=0.1):
 _FACTOR_GROUPS = {"deep": _deep(), "dpn_factors": _dpn_factors(), "dpn_schedule": _dpn_schedule(),
                   "depth_stability": _depth_stability(), "depth_drop_path": _depth_drop_path()}
 
-#: The converged CIFAR-10 comparison: one change each against pre-LN LayerNorm.
-_CONVERGED = {
-    "pre_ln": ({}, {}),
-    "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
-    "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
-    # post-LN made trainable at depth (alpha-weighted residual, beta-scaled init)
-    "deepnorm": ({"block_style": "deepnorm"}, {}),
-    "conv_stem": ({"stem": "conv"}, {}),
-    "rmsnorm": ({"norm": "rmsnorm"}, {}),
-    "dyt": ({"norm": "dyt"}, {}),
-    "batchnorm": ({"norm": "batchnorm"}, {}),
-}
-
 #: group name -> {variant name: (model overrides, training overrides)}
 VARIANT_GROUPS = {
     "placements": _placements(),
@@ -183,13 +170,32 @@ VARIANT_GROUPS = {
         "conv": ({"stem": "conv"}, {}),
     },
     "depth": _depths(),
-    "converged": _CONVERGED,
+    # The converged CIFAR-10 comparison: one change each against pre-LN LayerNorm.
+    "converged": {
+        "pre_ln": ({}, {}),
+        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
+        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+        # post-LN made trainable at depth (alpha-weighted residual, beta-scaled init)
+        "deepnorm": ({"block_style": "deepnorm"}, {}),
+        "conv_stem": ({"stem": "conv"}, {}),
+        "rmsnorm": ({"norm": "rmsnorm"}, {}),
+        "dyt": ({"norm": "dyt"}, {}),
+        "batchnorm": ({"norm": "batchnorm"}, {}),
+    },
     # The CPU Imagenette study's nine (recipes/imagenette_study.sh, `cpu`): the converged
     # group's eight and, after post-LN, Peri-LN (a norm before and after each sublayer,
     # the identity path untouched: Sandwich-LN, Peri-LN).
-    "core": dict([*list(_CONVERGED.items())[:3],
-                  ("peri_ln", ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {})),
-                  *list(_CONVERGED.items())[3:]]),
+    "core": {
+        "pre_ln": ({}, {}),
+        "dual_patchnorm": ({"stem": "dual_patchnorm"}, {}),
+        "post_ln": ({"attn_norm": "post", "mlp_norm": "post"}, {}),
+        "peri_ln": ({"attn_norm": "pre_post", "mlp_norm": "pre_post"}, {}),
+        "deepnorm": ({"block_style": "deepnorm"}, {}),
+        "conv_stem": ({"stem": "conv"}, {}),
+        "rmsnorm": ({"norm": "rmsnorm"}, {}),
+        "dyt": ({"norm": "dyt"}, {}),
+        "batchnorm": ({"norm": "batchnorm"}, {}),
+    },
     **{group: variants for group, (variants, _) in _FACTOR_GROUPS.items()},
 }
 
