@@ -67,22 +67,19 @@ def linear_probe_accuracy(train_features, train_labels, test_features, test_labe
         try:
             classifier.fit(train_features, train_labels)
         except ConvergenceWarning:
-            raise RuntimeError(
-                f"The linear probe did not converge in {PROBE_MAX_ITER} iterations "
-                f"({len(train_features)} examples of {train_features.shape[1]} features); "
-                "its accuracy would depend on where it stopped. Raise "
-                "keras_vitnorm.analysis.patch_norm.PROBE_MAX_ITER."
-            ) from None
+            raise RuntimeError(f"The linear probe did not converge in {PROBE_MAX_ITER} iterations "
+                               f"({len(train_features)} examples of {train_features.shape[1]} "
+                               "features); its accuracy would depend on where it stopped. Raise "
+                               "keras_vitnorm.analysis.patch_norm.PROBE_MAX_ITER.") from None
     return float(classifier.score(test_features.reshape(len(test_features), -1), test_labels))
 
 
 def patch_norm_probe(train_images, train_labels, test_images, test_labels, patch_size):
     """Linear-probe accuracies on views of the same images, and their patch statistics.
 
-    Returns a dict: the accuracies on `pixels` (the images as they are),
-    `standardized_patches` (after `LN_0`), `patch_mean_and_std` (only what `LN_0` removes) and
-    `floored_patches` (standardized with `VARIANCE_FLOOR`); `energy_in_means` and
-    `low_contrast` of the training patches; `removed_dims` (2) of `patch_dim`.
+    Returns a dict: the accuracies on `pixels`, `standardized_patches` (after `LN_0`),
+    `patch_mean_and_std` (only what `LN_0` removes) and `floored_patches` (`VARIANCE_FLOOR`);
+    `energy_in_means` and `low_contrast` of the training patches; `removed_dims` of `patch_dim`.
     """
     train = patch_vectors(train_images, patch_size)
     test = patch_vectors(test_images, patch_size)
@@ -145,9 +142,8 @@ def patch_statistics_reliance(model, images, labels, seed=0, batch_size=250):
     """What a trained model's predictions rest on: each patch's statistics, or its pattern.
 
     Each image is classified as it is, with the patch statistics and with the patterns of a
-    donor of another class (docs/normalization-guide.md). Returns a dict: `clean`,
-    `statistics_swapped`, `patterns_swapped` (accuracies), `*_to_donor` (share classified as
-    the donor's class) and `images`.
+    donor of another class (docs/normalization-guide.md). Returns a dict of `RELIANCE_KEYS`:
+    accuracies, `*_to_donor` the share classified as the donor's class, `images` the count.
     """
     images, labels = np.asarray(images), np.asarray(labels)
     if images.ndim != 4 or len(labels) != len(images):

@@ -1,6 +1,5 @@
 """Probes of a ViT's training dynamics: per-layer gradient norms, the residual stream, and the
-first stem norm's learned scale (the Dual PatchNorm paper's Figures 2 and 3).
-"""
+first stem norm's learned scale (the Dual PatchNorm paper's Figures 2 and 3)."""
 
 import csv
 import os
@@ -10,6 +9,7 @@ import keras
 import numpy as np
 
 from keras_vitnorm.backend import gradients_function
+from keras_vitnorm.validation import check_positive_int
 
 #: Variable-path prefix of the stem's patch embedding.
 PATCH_EMBEDDING = "stem/projection"
@@ -55,10 +55,9 @@ class GradientNormRecorder(keras.callbacks.Callback):
 
     def __init__(self, images, labels, every=50, path=None, group=layer_of):
         super().__init__()
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive integer, got {every!r}.")
+        self.every = check_positive_int("every", every)
         self.images, self.labels = np.asarray(images), np.asarray(labels)
-        self.every, self.path, self.group = every, path, group
+        self.path, self.group = path, group
         self.records = {}
         self._written = set()
         self._gradients = None  # (model, its gradients function), made at the first record
@@ -112,10 +111,8 @@ class GradientNormRecorder(keras.callbacks.Callback):
 def residual_stream(model, images):
     """The tokens' RMS after each stage (`"stem"`, `"block_0"`, ...) on `images`, and their mean
     cosine similarity between consecutive stages: `{"names", "rms", "similarity"}` lists."""
-    names = ["stem"] + sorted(
-        (layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)),
-        key=lambda name: int(name.split("_")[1]),
-    )
+    blocks = [layer.name for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)]
+    names = ["stem"] + sorted(blocks, key=lambda name: int(name.split("_")[1]))
     probe = keras.Model(model.input, [model.get_layer(name).output for name in names])
     outputs = [np.asarray(keras.ops.convert_to_numpy(x), "float64") for x in probe(images)]
     rms = [float(np.sqrt(np.mean(np.square(x)))) for x in outputs]
@@ -134,13 +131,11 @@ def stem_scale_map(model):
     norm = getattr(stem, "patch_norm", None)
     config = model.get_config()
     if norm is None:
-        raise ValueError(
-            f"The model's stem ({config['stem']!r}) has no norm before the patch embedding; "
-            "stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'.")
+        raise ValueError(f"The model's stem ({config['stem']!r}) has no norm before the patch "
+                         "embedding; stem_scale_map needs 'dual_patchnorm' or 'pre_patchnorm'.")
     scales = [w for w in norm.weights if w.name in ("gamma", "scale")]
     if not scales:
-        raise ValueError(
-            f"The stem's first norm ({type(norm).__name__}) has no learnable scale "
-            "(stem_norm_learnable=False or a scale-free norm).")
+        raise ValueError(f"The stem's first norm ({type(norm).__name__}) has no learnable scale "
+                         "(stem_norm_learnable=False or a scale-free norm).")
     patch, channels = config["patch_size"], config["num_channels"]
     return np.asarray(keras.ops.convert_to_numpy(scales[0])).reshape(patch, patch, channels)

@@ -44,31 +44,27 @@ def add_arguments(parser):
     study.add_argument("--output-dir", dest="study_dir", required=True, help="study directory")
     add_verbose(study, PER_RUN_LEVELS)
     study.add_argument("--take-over-lock", action="store_true", help=TAKE_OVER_LOCK_HELP)
-    study.add_argument("--track", choices=("mlflow",),
-                       help="mlflow: the study is an MLflow run (its tables and figures its "
-                       "artifacts), each of its runs a child run with its settings and metrics "
-                       "(MLFLOW_TRACKING_URI, default ./mlflow.db)")
+    study.add_argument("--track", choices=("mlflow",), help="mlflow: the study is an MLflow run "
+                       "(its tables and figures its artifacts), each of its runs a child run with "
+                       "its settings and metrics (MLFLOW_TRACKING_URI, default ./mlflow.db)")
     study.add_argument("--parallel", type=int, default=1, metavar="N",
                        help="train N runs at once, each in its own process with its output in "
                        "<output-dir>/logs/ (default 1: one after another)")
-    study.add_argument("--threads-per-run", type=int, metavar="K",
-                       help="compute threads of each parallel run (default: the CPU cores "
-                       "shared out over --parallel)")
+    study.add_argument("--threads-per-run", type=int, metavar="K", help="compute threads of each "
+                       "parallel run (default: the CPU cores shared out over --parallel)")
     study.add_argument("--executor", choices=("local", "ray"), default="local",
                        help="local (default): train here (--parallel runs at once); ray: each "
                        "run a Ray task (a local Ray, or --ray-address), then the tables")
     study.add_argument("--ray-address", metavar="ADDRESS",
                        help="a running Ray cluster (default: start a local Ray); the study "
                        "directory must be on a file system its nodes share")
-    study.add_argument("--cpus-per-run", type=float, default=1, metavar="N",
-                       help="CPUs each run's Ray task asks for, and the run's compute "
-                       "threads (default 1)")
+    study.add_argument("--cpus-per-run", type=float, default=1, metavar="N", help="CPUs each run's "
+                       "Ray task asks for, and the run's compute threads (default 1)")
     study.add_argument("--gpus-per-run", type=float, default=0, metavar="N",
                        help="GPUs each run's Ray task asks for (default 0)")
-    study.add_argument("--tables-only", action="store_true",
-                       help="train nothing: write the tables and figures from the runs that "
-                       "have finished, naming the others (a study part-way re-tabled, or the "
-                       "runs of a --plan collected)")
+    study.add_argument("--tables-only", action="store_true", help="train nothing: write the tables "
+                       "and figures from the runs that have finished, naming the others (a study "
+                       "part-way re-tabled, or the runs of a --plan collected)")
     study.add_argument("--plan", action="store_true",
                        help="train nothing: write <output-dir>/plan/commands.txt, one command "
                        "per run that can train now (`keras-vitnorm ablate-job FILE`), for any "
@@ -89,8 +85,7 @@ def add_arguments(parser):
 
 def study_config(args):
     """`(base TrainConfig, groups, {group: [variants]}, {(group, variant): rates})` of the parsed
-    arguments, a `--variants-file` added as a group; the base records gradient norms every 25
-    steps and is the small recipe on plain ti16 unless the arguments say otherwise."""
+    arguments, a `--variants-file` added as a group."""
     preset = "ti16" if args.preset is None and args.recipe == "small" else args.preset
     config = train_config_from_args(args, preset=preset, output_dir=None)
     if config.grad_norm_every is None:

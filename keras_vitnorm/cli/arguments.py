@@ -55,10 +55,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def one_of(choices, registered=None):
-    """`add_argument` keywords for one of `choices`, naming the closest spelling of a bad value.
-
-    `registered` returns names allowed beside `choices` (a user's norms), asked only as needed.
-    """
+    """`add_argument` keywords for one of `choices`, naming the closest spelling of a bad value;
+    `registered` returns names allowed beside `choices` (a user's norms), asked only as needed."""
     def parse(text):
         names = [] if text in choices or not registered else registered()
         if text in choices or text in names:
@@ -133,12 +131,10 @@ def add_training_arguments(parser):
                       "directory or standard ViT checkpoint to fine-tune from "
                       "(docs/checkpoints.md; recipe default: ti16)")
     what.add_argument("--dataset", help="digits | tfds:<name> | folder:<path> (default: digits)")
-    what.add_argument("--val-fraction", type=float,
-                      help="training share held out for validation if the dataset has no "
-                      "validation split (default 0.1)")
-    what.add_argument("--train-examples", type=int,
-                      help="train on a subset of this many training examples (stratified "
-                      "by class, seed 0; tfds: the first ones). Default: all")
+    what.add_argument("--val-fraction", type=float, help="training share held out for validation "
+                      "if the dataset has no validation split (default 0.1)")
+    what.add_argument("--train-examples", type=int, help="train on a subset of this many training "
+                      "examples (stratified by class, seed 0; tfds: the first ones). Default: all")
     what.add_argument("--val-examples", type=int,
                       help="validate on this many training examples held apart from the "
                       "--train-examples, instead of the dataset's validation split")
@@ -146,8 +142,7 @@ def add_training_arguments(parser):
                       help="folder datasets: leave out (and list) files that are not whole "
                       "images instead of stopping with their names")
     what.add_argument("--data-dir", help="tensorflow-datasets data directory")
-    what.add_argument("--manual-dir", help="folder of manually downloaded archives "
-                      "(imagenet2012)")
+    what.add_argument("--manual-dir", help="folder of manually downloaded archives (imagenet2012)")
     what.add_argument("--input-pipeline", **one_of(INPUT_PIPELINES), default=None,
                       help="tf.data, or python (Keras' PyDataset: digits and folders without "
                       "TensorFlow); auto (default): tf.data where TensorFlow is installed")
@@ -155,9 +150,8 @@ def add_training_arguments(parser):
     model = parser.add_argument_group("model overrides (on top of the preset)")
     add_model_overrides(model)
     model.add_argument("--weight-standardization", dest="model_weight_standardization",
-                       action="store_true", default=None,
-                       help="standardize every stem and block kernel per output unit in the "
-                       "forward pass (Qiao et al. 2019)")
+                       action="store_true", default=None, help="standardize every stem and block "
+                       "kernel per output unit in the forward pass (Qiao et al. 2019)")
     add_set_option(model, "any other ViT config value, e.g. --set final_norm=false (JSON "
                    "values); repeatable")
 
@@ -172,9 +166,8 @@ def add_training_arguments(parser):
     schedule.add_argument("--warmup-steps", type=int, help="linear warm-up steps from 0")
     schedule.add_argument("--min-lr", dest="min_learning_rate", type=float,
                           help="learning rate at the end of the cosine decay (default 0)")
-    schedule.add_argument("--weight-decay", type=float,
-                          help="AdamW decoupled weight decay (Keras convention: times the "
-                          "learning rate); kernels only")
+    schedule.add_argument("--weight-decay", type=float, help="AdamW decoupled weight decay (Keras "
+                          "convention: times the learning rate); kernels only")
     schedule.add_argument("--optimizer", **one_of(OPTIMIZERS),
                           help="adamw (default) or sgd (with momentum, for fine-tuning)")
     schedule.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")

@@ -29,7 +29,6 @@ EXIT_STATUSES = (
     ("builtins", "ImportError", 2),  # a package to install, named in the message
 )
 
-
 #: The Keras backends; each is an extra of the package of the same name.
 BACKENDS = ("jax", "tensorflow", "torch")
 
@@ -39,10 +38,8 @@ def missing_backend(error):
     name = (getattr(error, "name", None) or "").split(".")[0]
     if not isinstance(error, ModuleNotFoundError) or name not in BACKENDS:
         return None
-    chosen = os.environ.get("KERAS_BACKEND")
     keras = sys.modules.get("keras")  # absent where importing it failed on its backend
-    if keras is not None and hasattr(keras, "config"):
-        chosen = keras.config.backend()
+    chosen = keras.config.backend() if hasattr(keras, "config") else os.environ.get("KERAS_BACKEND")
     if chosen not in (None, name):
         return None  # a module other than the backend (TensorFlow for tf.data under JAX)
     default = "" if os.environ.get("KERAS_BACKEND") else ", the default"
@@ -111,10 +108,9 @@ def signals_raise(received):
 
 def interrupted_message(command, args, error):
     """What a command stopped by a signal prints: what stopped it and how to continue."""
-    what = str(error) or "Interrupted."
     advice = (command.interrupted(args, error) if hasattr(command, "interrupted")
               else command.INTERRUPTED)
-    return f"{what} {advice}"
+    return f"{str(error) or 'Interrupted.'} {advice}"
 
 
 def run_command(command, args):

@@ -9,9 +9,9 @@ NAME = "fewshot"
 EXTRA = "study"
 INTERRUPTED = "Rerun the same command: the runs already scored are kept."
 HELP = "few-shot linear transfer of a study's trained models (big_vision's evaluator)"
-DESCRIPTION = ("Score every completed run of a study by few-shot linear transfer to a "
-               "dataset: a least-squares classifier on the model's pre-logit features, fitted on a "
-               "few training images per class, scored on the test split. Writes "
+DESCRIPTION = ("Score every completed run of a study by few-shot linear transfer to a dataset: a "
+               "regularized least-squares classifier on the model's pre-logit features, fitted on "
+               "a few training images per class, scored on the test split. Writes "
                "<study>/<group>_fewshot.md and <study>/fewshot.csv; each run's result is kept in "
                "its analysis.json, so a rerun computes only what it lacks.")
 
@@ -20,9 +20,7 @@ EXAMPLES = """examples:
   keras-vitnorm fewshot studies/digits --dataset digits --shots 5 10 --draws 3 \\
       --test-examples 200
 
-Each finished run's model is fitted by regularized least squares on its pre-logit
-features of SHOTS training images per class (big_vision's few-shot evaluator), DRAWS
-times, and scored on the dataset's test split. See docs/study.md.
+See docs/study.md.
 """
 
 

@@ -20,9 +20,7 @@ EXAMPLES = """examples:
   keras-vitnorm lit --preset runs/dpn/preset --dataset folder:/data/cifar10 --loss sigmoid \\
       --output-dir runs/lit-dpn
 
-The image tower is frozen (LiT) unless --trainable-image-tower; zero-shot accuracy is
-scored on the test split with prompt templates held out of training. See
-docs/contrastive.md.
+See docs/contrastive.md.
 """
 
 

@@ -12,10 +12,8 @@ def config_from_args(kind, args, **values):
 
 
 def run_seeds(args, train, config, score, describe, **options):
-    """Runs `train(config with the seed, run_dir, ...)` per seed in `<output_dir>/seed_<n>/` (a
-    finished one read back unless `args.overwrite`); prints `describe(metrics)` and the mean
-    `metrics[score]`, 95% CI. `options` go to `train` beside the run options of `args`.
-    """
+    """Trains `config` once per seed in `<output_dir>/seed_<n>/` (a finished run read back unless
+    `args.overwrite`); prints `describe(metrics)` per seed and the mean `metrics[score]`, 95% CI."""
     from keras_vitnorm import durable
     from keras_vitnorm.study.stats import confidence_interval
 

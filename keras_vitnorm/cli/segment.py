@@ -27,8 +27,7 @@ docs/segmentation.md.
 def add_arguments(parser):
     parser.add_argument("--dataset", default="digit_scenes",
                         help="digit_scenes (default, offline) | tfds:<name> | folder:<path>")
-    parser.add_argument("--num-classes", type=int,
-                        help="pixel classes (tfds and folder datasets)")
+    parser.add_argument("--num-classes", type=int, help="pixel classes (tfds and folder datasets)")
     parser.add_argument("--preset", default="ti16",
                         help="encoder: preset name, preset directory or checkpoint (default ti16)")
     parser.add_argument("--scenes", type=int, nargs=3, default=(2000, 400, 400),

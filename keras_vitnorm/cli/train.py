@@ -48,18 +48,16 @@ def add_arguments(parser):
                      help="steps between mid-epoch backups (default: each epoch end)")
     run.add_argument("--shuffle-buffer", type=int,
                      help="tf.data shuffle buffer size (the python pipeline shuffles whole passes)")
-    run.add_argument("--distribute", nargs="?", const="data", **one_of(DISTRIBUTIONS),
-                     default=None,
+    run.add_argument("--distribute", nargs="?", const="data", **one_of(DISTRIBUTIONS), default=None,
                      help="data: data-parallel over all local devices (JAX, TensorFlow), or over "
-                     "the processes torchrun started (PyTorch); the default when the flag is "
-                     "given alone. fsdp: also shard every block kernel and its optimizer state "
-                     "over the devices (JAX)")
+                     "the processes torchrun started (PyTorch); the default when the flag is given "
+                     "alone. fsdp: also shard every block kernel and its optimizer state over the "
+                     "devices (JAX)")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None,
                      help="do not write TensorBoard logs")
-    run.add_argument("--track", choices=("mlflow",),
-                     help="mlflow: log the settings, each epoch's and the final metrics to MLflow "
-                     "(MLFLOW_TRACKING_URI, default ./mlruns); a resumed run continues its "
-                     "MLflow run")
+    run.add_argument("--track", choices=("mlflow",), help="mlflow: log the settings, each epoch's "
+                     "and the final metrics to MLflow (MLFLOW_TRACKING_URI, default ./mlruns); a "
+                     "resumed run continues its MLflow run")
     add_verbose(run, PROGRESS_LEVELS)
 
 

@@ -13,9 +13,9 @@ EXTRA = "study"
 INTERRUPTED = "The same command resumes the sweep."
 HELP = "VTAB-1k transfer: fine-tune presets on 1,000 examples per task, rate sweep x seeds"
 DESCRIPTION = ("Fine-tune every preset on every dataset with 800 training and 200 validation "
-               "examples (VTAB-1k), at each learning rate and seed; choose the rate on "
-               "validation and write the test accuracy table (vtab.md). Rerunning skips finished "
-               "runs.")
+               "examples of its training split (VTAB-1k), at each learning rate and seed; choose "
+               "the rate with the best mean validation accuracy and write the test accuracy table "
+               "(vtab.md). Rerunning skips finished runs.")
 
 EXAMPLES = """examples:
   keras-vitnorm vtab --presets runs/b16/preset runs/b16_dpn/preset \\
@@ -23,8 +23,6 @@ EXAMPLES = """examples:
   keras-vitnorm vtab --presets runs/a/preset --datasets digits folder:/data/flowers \\
       --batch-size 64 --steps 300 --image-size 32 --output-dir runs/vtab-cpu
 
-Each task: 800 train + 200 validation examples of its training split, scored on its
-test split; the rate with the best mean validation accuracy is reported (vtab.md).
 See docs/transfer.md.
 """
 
