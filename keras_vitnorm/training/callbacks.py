@@ -79,13 +79,11 @@ def read_training_state(model, path):
 class RunCheckpoint(keras.callbacks.Callback):
     """Saves the whole training state as one unit: `<directory>/step-<N>/`.
 
-    Keras' `BackupAndRestore` restores the epoch only, restores inside `fit` and writes
-    weights and metadata as two files (a kill between them pairs weights with the wrong
-    step). Here a checkpoint is one directory renamed into place whole: `state.npz`
-    (`save_training_state`) and `state.json` (epoch, batch, step, `train_seconds`). On
-    PyTorch it carries the global generator dropout draws from, so masks depend on the
-    step only. Saves at every epoch end and every `save_freq` batches (an int); `flush`
-    callables run before each save, `after_save` ones after it.
+    Keras' `BackupAndRestore` restores the epoch only and writes weights and metadata as
+    two files (a kill between them pairs weights with the wrong step). Here a checkpoint
+    is one directory renamed into place whole (`state.npz`, `state.json`), with PyTorch's
+    dropout generator, so masks depend on the step only. Saves at every epoch end and
+    every `save_freq` batches; `flush` callables run before each save, `after_save` after.
     """
 
     def __init__(self, directory, save_freq="epoch"):
@@ -147,11 +145,9 @@ class RunCheckpoint(keras.callbacks.Callback):
             return values
         for variable, value in zip(training_variables_of(model), values):
             variable.assign(value)
-        return None
 
     def train_seconds(self):
-        """Training seconds of every step so far, this process's and the earlier runs'
-        (`None` if an earlier run's are unknown or training has not begun)."""
+        """Training seconds of every step so far, earlier runs' included (`None`: unknown)."""
         if self.seconds_before is None or self.began is None:
             return None
         return round(self.seconds_before + time.perf_counter() - self.began, 2)

@@ -110,7 +110,6 @@ class TrainConfig:
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
     drop_path: float = None
-    # Augmentation: the same fields (and defaults) as `data.Augmentation`.
     crop: str = Augmentation.crop
     crop_padding: int = Augmentation.crop_padding
     zoom: float = Augmentation.zoom
@@ -151,11 +150,9 @@ class TrainConfig:
             values.pop("steps", None)
         if "steps" in overrides:
             values.pop("epochs", None)
-        preset = overrides.get("preset", values.get("preset"))
-        recipe_model = values.get("model", {})
-        if names_trained_model(preset):
-            recipe_model = checkpoint_model
-        model = {**recipe_model, **overrides.pop("model", {})}
+        if names_trained_model(overrides.get("preset", values.get("preset"))):
+            values["model"] = checkpoint_model
+        model = {**values.get("model", {}), **overrides.pop("model", {})}
         config = cls(**{**values, **overrides, "model": model})
         config.validate()
         config.given = frozenset(overrides)

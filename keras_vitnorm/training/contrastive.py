@@ -1,8 +1,5 @@
-"""LiT training through `model.fit`: `keras-vitnorm lit` and its API (docs/contrastive.md).
-
-Training images are captioned from `TRAIN_TEMPLATES` with their class names; zero-shot
-accuracy is scored on the test split with `HELD_OUT_TEMPLATES`, unseen in training.
-"""
+"""LiT training through `model.fit`: `keras-vitnorm lit` and its API (docs/contrastive.md,
+"The offline data": the templates that caption the classes)."""
 import dataclasses
 import time
 

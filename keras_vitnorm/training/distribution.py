@@ -1,7 +1,5 @@
-"""Training on several devices: the layouts `TrainConfig.distribute` names.
-
-`"data"` is data-parallel; `"fsdp"` (JAX) also shards the kernels of `FSDP_LAYOUT` and
-their AdamW state. Backends: `keras_vitnorm.backend`; docs/training.md, "Scaling out".
+"""Training on several devices: `"data"` (data-parallel) or `"fsdp"` (JAX: the kernels of
+`FSDP_LAYOUT` sharded too), as docs/training.md, "Scaling out", describes.
 """
 
 from keras_vitnorm import backend
@@ -9,8 +7,7 @@ from keras_vitnorm.choices import DISTRIBUTIONS
 from keras_vitnorm.validation import check_choice
 
 #: Variable path pattern -> sharded axes, for `"fsdp"`: a kernel's first dimension (width
-#: or MLP size) divides by the device counts in use. The rest (under 2% of a ViT-B's
-#: parameters) stays replicated.
+#: or MLP size) divides by the device counts in use.
 FSDP_LAYOUT = {
     r"block_\d+/attention/(qkv|out)/kernel": ("batch", None),
     r"block_\d+/mlp/(fc1|fc2)/kernel": ("batch", None),

@@ -53,21 +53,18 @@ def plan_segments(total_steps, steps_per_epoch, start_epoch=0, batches_done=0):
     """
     epochs = math.ceil(total_steps / steps_per_epoch)
     last = total_steps - (epochs - 1) * steps_per_epoch
-
-    def length(epoch):
-        return last if epoch == epochs - 1 else steps_per_epoch
-
+    full_end = epochs if last == steps_per_epoch else epochs - 1
     segments = []
     epoch = start_epoch
     if batches_done and epoch < epochs:
-        segments.append((epoch, epoch + 1, length(epoch) - batches_done, batches_done))
+        length = last if epoch == epochs - 1 else steps_per_epoch
+        segments.append((epoch, epoch + 1, length - batches_done, batches_done))
         epoch += 1
-    full_end = epochs if last == steps_per_epoch else epochs - 1
     if epoch < full_end:
         segments.append((epoch, full_end, steps_per_epoch, 0))
         epoch = full_end
-    if epoch < epochs:
-        segments.append((epoch, epochs, length(epoch), 0))
+    if epoch < epochs:  # the shorter last epoch
+        segments.append((epoch, epochs, last, 0))
     return segments
 
 

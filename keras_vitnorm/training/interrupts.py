@@ -1,9 +1,6 @@
-"""SIGTERM and SIGINT end a training run at a step it resumes from.
-
-While steps run (`StopRequest.deferred`), a signal is recorded and `StopOnSignal` acts
-at the step's end, with a checkpoint: a KeyboardInterrupt inside a step is unreliable
-(JAX's Keras swallows it; during XLA compilation the process crashes on exit).
-Elsewhere it raises `RunInterrupted` at once. docs/training.md, "Interrupted runs".
+"""SIGTERM and SIGINT end a training run at a step it resumes from: while steps run
+(`StopRequest.deferred`) `StopOnSignal` acts at the step's end, with a checkpoint;
+elsewhere `RunInterrupted` is raised at once. docs/training.md, "Interrupted runs".
 """
 
 import contextlib
@@ -16,7 +13,6 @@ import keras
 
 from keras_vitnorm import stop_signals
 
-#: The signals that stop a run.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -23,9 +23,8 @@ def keeps_replaced_run(output_dir):
 
 
 def move_aside(output_dir):
-    """Moves the run in `output_dir` (what a run wrote there, but the lock) into
-    `REPLACED`. Each entry is renamed into `MOVING`, which is then renamed `REPLACED`
-    whole, so a kill part way leaves `MOVING`, whose entries the next command puts back."""
+    """Moves what the run in `output_dir` wrote (but the lock) into `REPLACED`, through
+    `MOVING`: a kill part way leaves `MOVING`, whose entries the next command puts back."""
     entries = run_entries(output_dir)
     if not entries:
         return
@@ -38,8 +37,7 @@ def move_aside(output_dir):
 
 
 def _put_back(output_dir):
-    """Moves the run that `move_aside` kept back into `output_dir`, through `MOVING` so
-    that a kill part way leaves what a kill in `move_aside` leaves."""
+    """Moves the run that `move_aside` kept back into `output_dir`, through `MOVING` too."""
     replaced, moving = (os.path.join(output_dir, name) for name in (REPLACED, MOVING))
     if os.path.isdir(replaced):
         os.rename(replaced, moving)

@@ -108,13 +108,10 @@ _NO_FILE_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class RunLock:
-    """An exclusive lock on a run or study directory: `<directory>/<name>`.
-
-    `flock` on the lock file, so it ends with its process however that ends; the file
-    records the holder. Where the file system keeps no locks the file is the lock, and
-    `take_over=True` replaces one whose holder is gone. Released with nothing added, it
-    removes what it made; `new=True` requires a new directory. docs/training.md.
-    """
+    """An exclusive lock on a run or study directory: `flock` on `<directory>/<name>`, a
+    file that records the holder (docs/training.md, "Interrupted runs"). `take_over=True`
+    replaces a lock file whose holder is gone, where the file system keeps no locks.
+    Released with nothing added, it removes what it made; `new=True` requires a new one."""
 
     def __init__(self, directory, name="run.lock", take_over=False, what="run directory",
                  new=False):

@@ -1,8 +1,6 @@
-"""What a training run's directory holds: its entries' names and paths.
-
-`RUN_ENTRIES` (docs/training.md, "What a run writes", and a few more) and their atomic
-writes' temporary names are all it holds: `--overwrite` refuses anything else.
-"""
+"""What a training run's directory holds: `RUN_ENTRIES` (docs/training.md, "What a run
+writes", and a few more) and their atomic writes' temporary names; `--overwrite` refuses
+anything else."""
 import csv
 import dataclasses
 import os

@@ -1,9 +1,6 @@
 """`--track mlflow`: a run's settings, per-epoch and final metrics in MLflow
-(docs/your-norm.md, "Tracking in MLflow").
-
-A run directory keeps its MLflow run's id in `mlflow_run.json`, so a resumed run
-continues it. `MlflowClient` takes run ids explicitly: a study's runs never share
-MLflow's global active run.
+(docs/your-norm.md, "Tracking in MLflow"). `MlflowClient` takes run ids explicitly: a
+study's runs never share MLflow's global active run.
 """
 
 import json
