@@ -1,8 +1,6 @@
 """keras_vitnorm: Vision Transformers where the normalization is a config choice.
 
-The names load on first use, so `import keras_vitnorm` alone does not import Keras; where
-Keras is imported already they load at once, registering the models for `load_model`.
-"""
+The names load on first use, so `import keras_vitnorm` alone does not import Keras."""
 
 import importlib
 import sys
@@ -27,5 +25,5 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-if "keras" in sys.modules:
+if "keras" in sys.modules:  # Keras is there already: register the models for `load_model`
     importlib.import_module("keras_vitnorm.models")

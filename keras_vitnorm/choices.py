@@ -1,6 +1,5 @@
 """The config vocabulary: every name a string option takes. Imports nothing, so the command
-line offers these choices without importing Keras.
-"""
+line offers these choices without importing Keras."""
 
 #: `norm`: the block norms (docs/normalization.md gives each one's formula).
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "dyt", "identity")

@@ -1,8 +1,6 @@
-"""Keeps the frameworks' own log lines off the terminal of the `keras-vitnorm` command.
-
+"""Keeps the frameworks' own log lines off the terminal of the `keras-vitnorm` command:
 TensorFlow and XLA log through Abseil's C++ logging straight to fd 2 (ignoring
-`TF_CPP_MIN_LOG_LEVEL` before `absl::InitializeLog()`), so only redirecting fd 2 holds them.
-"""
+`TF_CPP_MIN_LOG_LEVEL` before `absl::InitializeLog()`), so only redirecting fd 2 holds them."""
 
 import contextlib
 import os

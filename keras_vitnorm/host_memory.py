@@ -8,11 +8,9 @@ _SETTINGS = (("M_MMAP_MAX", -4, 0), ("M_TRIM_THRESHOLD", -1, -1), ("M_ARENA_MAX"
 
 
 def retain_freed_memory():
-    """Makes glibc keep freed memory for reuse, holding the peak until exit (docs/training.md).
-
-    Call it before the first computation. Returns `False`, changing nothing, where the C
-    library is not glibc; raises `OSError` where glibc refuses a setting.
-    """
+    """Makes glibc keep freed memory for reuse, holding the peak until exit (docs/training.md);
+    call it before the first computation. Returns `False`, changing nothing, where the C
+    library is not glibc; raises `OSError` where glibc refuses a setting."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     mallopt = ctypes.CDLL(None).mallopt

@@ -1,12 +1,8 @@
-"""Hub handles: checkpoints named by where they are published, fetched into the hub's cache.
-
-`hf://`, `hf-hub:` and `kaggle://` handles stand in for a local path (docs/checkpoints.md).
-The hub library downloads, so its cache, authentication and offline mode apply.
-"""
+"""Hub handles (`hf://`, `hf-hub:`, `kaggle://`): checkpoints named by where they are
+published, in place of a local path, fetched by the hub's library (docs/checkpoints.md)."""
 
 import importlib
 
-#: The prefixes of a hub handle.
 PREFIXES = ("hf://", "hf-hub:", "kaggle://")
 
 #: Files of a Hugging Face repository that a ViT checkpoint is made of (not the
@@ -24,11 +20,9 @@ def is_handle(name):
 
 
 def resolve(handle):
-    """The local path of what `handle` names, downloaded into the hub's cache if needed.
-
-    Raises `ValueError` (malformed handle), `ImportError` (the hub package is missing) or
-    `OSError` (the hub cannot provide it: unknown repository, offline and not cached, ...).
-    """
+    """The local path of what `handle` names, downloaded into the hub's cache if needed;
+    raises `ValueError` (malformed handle), `ImportError` (the hub package is missing) or
+    `OSError` (the hub cannot provide it: unknown repository, offline and not cached, ...)."""
     if handle.startswith("kaggle://"):
         parts = handle[len("kaggle://"):].split("/")
         if len(parts) not in (4, 5) or not all(parts):

@@ -1,8 +1,5 @@
-"""Datasets and their input pipelines for `keras-vitnorm train` and `evaluate`.
-
-Sources (`sources`) read by tf.data (`tf_pipeline`) or without TensorFlow
-(`python_pipeline`), as `load_dataset` chooses once (docs/training.md, "Datasets").
-"""
+"""Datasets and their input pipelines, tf.data or without TensorFlow (docs/training.md,
+"Datasets"), for `keras-vitnorm train` and `evaluate`."""
 
 import numpy as np
 
@@ -19,6 +16,7 @@ from keras_vitnorm.training.data.sources import Split
 from keras_vitnorm.training.data.sources import parse_dataset
 from keras_vitnorm.training.data.sources import subset
 from keras_vitnorm.validation import check_choice
+from keras_vitnorm.validation import check_positive_int
 
 __all__ = [
     "Augmentation", "DATASET_CHOICES", "Dataset", "IMAGE_EXTENSIONS", "Split", "check_pipeline",
@@ -49,9 +47,8 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
     if isinstance(val_fraction, bool) or not 0.0 < float(val_fraction) < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     for name, value in (("train_examples", train_examples), ("val_examples", val_examples)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if value is not None:
+            check_positive_int(name, value)
     kind, argument = parse_dataset(spec)
     pipeline = _PIPELINES[check_pipeline(pipeline, spec)]
     if pipeline is tf_pipeline:
@@ -64,7 +61,6 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
         data = tfds_source.classification(argument, val_fraction, data_dir, manual_dir)
     else:
         data = sources.folder(argument, val_fraction, skip_bad_images)
-    stratified = kind != "tfds"
     if val_examples is not None:
         count = data.train.size - val_examples if train_examples is None else train_examples
         if count < 1:
@@ -72,10 +68,10 @@ def load_dataset(spec, val_fraction=0.1, data_dir=None, manual_dir=None, train_e
                 f"val_examples={val_examples} leaves no training examples of the {data.train.size} "
                 f"in {spec} ({data.train.name})."
             )
-        pool = sources.train_subset(data.train, count + val_examples, stratified, name=spec)
-        data.train, data.validation = sources.split_off(pool, val_examples, stratified)
+        pool = sources.train_subset(data.train, count + val_examples, name=spec)
+        data.train, data.validation = sources.split_off(pool, val_examples)
     elif train_examples is not None:
-        data.train = sources.train_subset(data.train, train_examples, stratified, name=spec)
+        data.train = sources.train_subset(data.train, train_examples, name=spec)
     data.pipeline = pipeline
     return data
 

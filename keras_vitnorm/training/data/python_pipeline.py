@@ -1,6 +1,5 @@
 """The input pipeline without TensorFlow: digits and image folders as `keras.utils.PyDataset`,
-with the functions of `tf_pipeline` (docs/training.md, "Datasets").
-"""
+with the functions of `tf_pipeline` (docs/training.md, "Datasets")."""
 
 import contextlib
 import math
@@ -15,13 +14,6 @@ from keras_vitnorm.training.data.keyed_layers import PerImageRandAugment
 from keras_vitnorm.training.data.model_range import to_model_range
 
 NAME = "python"
-
-
-def train_batches(data, image_size, channels, batch_size, seed, augmentation, start_step, end_step,
-                  shuffle_buffer, share):
-    """`TrainBatches` (`data.train_stream`); each pass is shuffled whole, without a buffer."""
-    return TrainBatches(data, image_size, channels, batch_size, seed, augmentation, start_step,
-                        end_step, share)
 
 
 def errors_named(data):
@@ -49,11 +41,10 @@ class EvalBatches(keras.utils.PyDataset):
         indices = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.size))
         images = to_model_range(np.stack([self.read(i) for i in indices]))
         batch = (images, self.read.one_hot(indices, self.num_classes))
-        if self.pad:
+        if self.pad:  # weight-0 blanks fill the last batch
             blanks = self.batch_size - len(indices)
-            weights = np.concatenate([np.ones(len(indices)), np.zeros(blanks)]).astype(np.float32)
-            batch = tuple(np.concatenate([part, np.zeros((blanks, *part.shape[1:]), part.dtype)])
-                          for part in batch) + (weights,)
+            batch = tuple(np.pad(part, [(0, blanks)] + [(0, 0)] * (part.ndim - 1))
+                          for part in (*batch, np.ones(len(indices), np.float32)))
         if self.cache and self.read.fits:
             self.kept[index] = batch
         return batch
@@ -64,10 +55,11 @@ eval_batches = EvalBatches
 
 class TrainBatches(keras.utils.PyDataset):
     """Augmented training batches of steps `start_step` up to `end_step` (`data.train_stream`):
-    crops, flips and RandAugment keyed by each example's position, MixUp or CutMix by step."""
+    crops, flips and RandAugment keyed by each example's position, MixUp or CutMix by step.
+    Each pass is shuffled whole: `shuffle_buffer` is not used."""
 
     def __init__(self, data, image_size, channels, batch_size, seed, augmentation,
-                 start_step, end_step, share=(0, 1)):
+                 start_step, end_step, shuffle_buffer=None, share=(0, 1)):
         super().__init__()
         self.read = DecodedImages(data, data.train, image_size, channels)
         self.num_classes = data.num_classes
@@ -110,3 +102,6 @@ class TrainBatches(keras.utils.PyDataset):
         labels = self.read.one_hot(np.array(indices), self.num_classes)
         images, labels = self.mixing(images, labels, step)
         return np.clip(to_model_range(images), -1.0, 1.0), labels
+
+
+train_batches = TrainBatches

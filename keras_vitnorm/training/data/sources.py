@@ -1,6 +1,5 @@
-"""Dataset sources: digits, image folders and tfds, each read into three disjoint splits,
-a missing one carved off the training split with seed 0 (docs/training.md, "Datasets").
-"""
+"""Dataset sources: digits, image folders and tfds, each read into three disjoint splits
+(docs/training.md, "Datasets")."""
 
 import dataclasses
 import os
@@ -23,8 +22,6 @@ class Split:
     NumPy `arrays = (raws, labels)` (uint8 images of digits, a folder's file paths)."""
 
     def __init__(self, name, source=None, size=None, arrays=None):
-        if (source is None) == (arrays is None):
-            raise ValueError("A Split has either a tf.data source or arrays.")
         self.name, self.source, self.arrays = name, source, arrays
         self.size = len(arrays[1]) if size is None else size
 
@@ -78,11 +75,11 @@ def parse_dataset(spec):
     )
 
 
-def split_off(split, count, stratified):
+def split_off(split, count):
     """`(rest, held_out)` of `split` with `count` examples held out: the last ones
     (tfds order), or a class-stratified draw with seed 0."""
     keep = split.size - count
-    if not stratified:
+    if split.arrays is None:
         return (Split(f"first {keep} of {split.name}", split.source.take(keep), keep),
                 Split(f"next {count} of {split.name}", split.source.skip(keep).take(count), count))
     raws, labels = split.arrays
@@ -97,10 +94,10 @@ def subset(split, count, name):
     folders) or its first `count` (tfds). `name` (the dataset) is for error messages."""
     if count >= split.size:
         return split
-    return train_subset(split, count, stratified=split.arrays is not None, name=name)
+    return train_subset(split, count, name)
 
 
-def train_subset(split, count, stratified, name):
+def train_subset(split, count, name):
     """The first `count` examples of `split` (tfds) or a class-stratified subset."""
     if count > split.size:
         raise ValueError(
@@ -108,7 +105,7 @@ def train_subset(split, count, stratified, name):
             f"{name} ({split.name})."
         )
     description = f"{count} of {split.name}"
-    if not stratified:
+    if split.arrays is None:
         return Split(description, split.source.take(count), count)
     raws, labels = split.arrays
     if count < len(labels):
@@ -124,23 +121,23 @@ def train_subset(split, count, stratified, name):
     return Split(description + ", stratified", arrays=(raws, labels))
 
 
-def _stratified_split(labels, fraction, seed=0):
-    """Indices `(kept, held_out)` with `fraction` of every class held out."""
+def _stratified_split(labels, fraction):
+    """Indices `(kept, held_out)` with `fraction` of every class held out, seed 0."""
     from sklearn.model_selection import train_test_split
 
     indices = np.arange(len(labels))
     try:
         kept, held_out = train_test_split(indices, test_size=fraction, stratify=labels,
-                                          random_state=seed)
+                                          random_state=0)
     except ValueError:  # a class too small for scikit-learn to stratify
-        return _split_each_class(labels, fraction, seed)
+        return _split_each_class(labels, fraction)
     return np.sort(kept), np.sort(held_out)
 
 
-def _split_each_class(labels, fraction, seed=0):
-    """Indices `(kept, held_out)` for classes too small for scikit-learn: `fraction` of
-    each held out (a class keeps one), and one overall where a class has two."""
-    rng = np.random.default_rng(seed)
+def _split_each_class(labels, fraction):
+    """`_stratified_split` for classes too small for scikit-learn: each keeps one, and
+    one example is held out overall where a class has two."""
+    rng = np.random.default_rng(0)
     groups = [rng.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
     counts = [min(round(len(group) * fraction), len(group) - 1) for group in groups]
     if not sum(counts):
@@ -151,15 +148,11 @@ def _split_each_class(labels, fraction, seed=0):
 
 
 def _hold_out(split, fraction, held_out_name, kept_name=None):
-    """`(kept, held_out)` of a split `(raws, labels, name)`, `fraction` of every class held out."""
-    raws, labels, name = split
+    """`(kept, held_out)` of an arrays `Split`, `fraction` of every class held out."""
+    raws, labels = split.arrays
     kept, held = _stratified_split(labels, fraction)
-    return ((raws[kept], labels[kept], kept_name or name),
-            (raws[held], labels[held], held_out_name))
-
-
-def _splits(*splits):
-    return [Split(name, arrays=(raws, labels)) for raws, labels, name in splits]
+    return (Split(kept_name or split.name, arrays=(raws[kept], labels[kept])),
+            Split(held_out_name, arrays=(raws[held], labels[held])))
 
 
 def digits(val_fraction):
@@ -168,15 +161,15 @@ def digits(val_fraction):
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
     labels = digits.target.astype("int64")
-    train, test = _hold_out((images, labels, "train"), TEST_FRACTION,
+    train, test = _hold_out(Split("train", arrays=(images, labels)), TEST_FRACTION,
                             f"{TEST_FRACTION:.0%} of all images")
     train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of the non-test images")
-    return Dataset("digits", "digits", *_splits(train, val, test), num_classes=10, channels=1,
+    return Dataset("digits", "digits", train, val, test, num_classes=10, channels=1,
                    class_names=[str(i) for i in range(10)])
 
 
 def _list_images(directory, classes=None):
-    """`(paths, labels, classes)` of a class-per-folder tree."""
+    """`(Split of the image paths, classes)` of a class-per-folder tree."""
     # Hidden entries (".ipynb_checkpoints", ".DS_Store", ...) are neither classes nor images.
     found = sorted(entry for entry in os.listdir(directory)
                    if not entry.startswith(".") and os.path.isdir(os.path.join(directory, entry)))
@@ -214,20 +207,21 @@ def _list_images(directory, classes=None):
             f"{directory} holds no images in class subfolders (expected "
             f"{directory}/<class>/<image> with extensions {', '.join(IMAGE_EXTENSIONS)})."
         )
-    return np.array(paths), np.array(labels, "int64"), classes
+    return Split(directory, arrays=(np.array(paths), np.array(labels, "int64"))), classes
 
 
 def _check_folder_images(splits, skip_bad_images):
     """`(splits without unreadable files, [(path, why), ...])`; raises unless skipping."""
-    bad = [(str(file), why) for paths, _, _ in splits for file in paths
+    bad = [(str(file), why) for split in splits for file in split.arrays[0]
            if (why := check_image_file(file))]
     if bad and not skip_bad_images:
         raise unreadable_file_error(bad)
     rejected = {path for path, _ in bad}
     kept = []
-    for paths, labels, name in splits:
+    for split in splits:
+        paths, labels = split.arrays
         keep = np.array([str(p) not in rejected for p in paths], bool)
-        kept.append((paths[keep], labels[keep], name))
+        kept.append(Split(split.name, arrays=(paths[keep], labels[keep])))
     return kept, bad
 
 
@@ -248,36 +242,33 @@ def folder(path, val_fraction, skip_bad_images=False):
         raise ValueError(f"dataset folder {path!r} does not exist or is not a directory.")
     train_root = os.path.join(path, "train")
     if os.path.isdir(train_root):
-        paths, labels, classes = _list_images(train_root)
-        train = (paths, labels, train_root)
+        train, classes = _list_images(train_root)
         test_root = os.path.join(path, "test")
         if os.path.isdir(test_root):
-            test = (*_list_images(test_root, classes)[:2], test_root)
+            test = _list_images(test_root, classes)[0]
         else:
             train, test = _hold_out(train, TEST_FRACTION, f"{TEST_FRACTION:.0%} of {train_root}")
         val_roots = [os.path.join(path, name) for name in ("val", "validation")]
         val_root = next((root for root in val_roots if os.path.isdir(root)), None)
         if val_root:
-            val = (*_list_images(val_root, classes)[:2], val_root)
+            val = _list_images(val_root, classes)[0]
         else:
             train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of {train_root}",
                                    f"the rest of {train_root}")
     else:
-        paths, labels, classes = _list_images(path)
-        train, test = _hold_out((paths, labels, "the rest"), TEST_FRACTION,
-                                f"{TEST_FRACTION:.0%} of {path}")
+        rest, classes = _list_images(path)
+        train, test = _hold_out(rest, TEST_FRACTION, f"{TEST_FRACTION:.0%} of {path}", "the rest")
         train, val = _hold_out(train, val_fraction, f"{val_fraction:.0%} of the rest")
     if len(classes) < 2:
         raise ValueError(
             f"dataset folder {path!r} has {len(classes)} class folder(s); need at least 2.")
     (train, val, test), bad = _check_folder_images((train, val, test), skip_bad_images)
-    for split_paths, _, name in (train, val, test):
-        if not len(split_paths):
+    for split in (train, val, test):
+        if not split.size:
             raise ValueError(
-                f"dataset folder {path!r}: the split {name} has no readable images left.")
+                f"dataset folder {path!r}: the split {split.name} has no readable images left.")
     return Dataset(
-        f"folder:{path}", "folder", *_splits(train, val, test), num_classes=len(classes),
-        channels=_channels_of(train[0][0]), class_names=list(classes),
-        files=[str(p) for split_paths, _, _ in (train, val, test) for p in split_paths],
-        skipped=bad,
+        f"folder:{path}", "folder", train, val, test, num_classes=len(classes),
+        channels=_channels_of(train.arrays[0][0]), class_names=list(classes),
+        files=[str(p) for split in (train, val, test) for p in split.arrays[0]], skipped=bad,
     )

@@ -1,6 +1,5 @@
 """The tf.data input pipeline: every source, on every backend, with the functions of
-`python_pipeline`; RandAugment, MixUp and CutMix run with TensorFlow's ops.
-"""
+`python_pipeline`; RandAugment, MixUp and CutMix run with TensorFlow's ops."""
 
 import contextlib
 import importlib.util
@@ -133,7 +132,6 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
     positions = tf.data.Dataset.range(start_step * batch_size, end_step * batch_size)
     stream = tf.data.Dataset.zip((positions, stream))
     keyed = _keyed_augmentation(augmentation, image_size, channels, seed)
-    stateful = _stateful_augmentation(augmentation, channels, seed)
     read = _reader(data, image_size, channels)
     index, count = share
     local_batch = batch_size // count
@@ -147,9 +145,8 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
     stream = stream.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # RandAugment draws from a stateful generator: in order, so that thread timing does
     # not choose which image gets which draws.
-    if stateful:
-        [randaugment_layer] = stateful
-        stream = stream.map(lambda image, label: (randaugment_layer(image), label))
+    for layer in _stateful_augmentation(augmentation, channels, seed):
+        stream = stream.map(lambda image, label: (layer(image), label))
     stream = stream.batch(local_batch, drop_remainder=True)
     stream = tf.data.Dataset.zip((tf.data.Dataset.range(start_step, end_step), stream))
     random_batches = bool(augmentation.mixup or augmentation.cutmix)
@@ -159,8 +156,7 @@ def train_batches(data, image_size, channels, batch_size, seed, augmentation, st
 
 
 def _keyed_augmentation(augmentation, image_size, channels, seed):
-    """`f(image, position)`: the crop and flip of the example at `position` in the stream,
-    as Keras' layers make them but drawn statelessly from `(seed, position)`."""
+    """`f(image, position)`: its crop and flip, drawn statelessly from `(seed, position)`."""
     tf = import_tensorflow()
     height, width = image_size
 
@@ -183,8 +179,7 @@ def _keyed_augmentation(augmentation, image_size, channels, seed):
 
 
 def _stateful_augmentation(augmentation, channels, seed):
-    """`[Keras' RandAugment]` if asked for, counting histograms with TensorFlow's
-    `bincount` while the fast path `bincount_histogram` is on."""
+    """`randaugment`, counting histograms with TensorFlow's (fast path `bincount_histogram`)."""
     layers = randaugment(augmentation, channels, seed)
     if layers and fast_path_enabled("bincount_histogram"):
         count_histograms_with_bincount(getattr(layers[0], "equalization", None),
@@ -222,8 +217,7 @@ def _batch_augmentation(augmentation, seed):
 
 
 def resize_images_and_masks(images, masks, image_size):
-    """uint8 images (bilinear, antialiased) and integer masks (nearest) resized to
-    `image_size` squares, as NumPy arrays."""
+    """uint8 images (bilinear, antialiased) and integer masks (nearest), NumPy, at `image_size`."""
     tf = import_tensorflow()
     images = tf.image.resize(images, (image_size, image_size), method="bilinear", antialias=True)
     masks = tf.image.resize(masks[..., None], (image_size, image_size), method="nearest")[..., 0]
