@@ -103,10 +103,8 @@ def write_results(rows, output_dir):
                             (f"{group}_summary.md", factors.depth_table(group_rows, group))):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)
-    for name, table in (
-        ("gradient_norms.md", gradient_norm_table(rows)),
-        ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
-    ):
+    for name, table in (("gradient_norms.md", gradient_norm_table(rows)),
+                        ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows))):
         if table:
             durable.write_text(os.path.join(output_dir, name), table)
 
