@@ -309,12 +309,11 @@ class _Study:
 
     @staticmethod
     def _unfinished(jobs):
-        seen, unfinished = set(), []
+        """The first job of each unfinished run directory, in order."""
+        first = {}
         for job in jobs:
-            if job[3] not in seen and not is_finished(job[3]):
-                seen.add(job[3])
-                unfinished.append(job)
-        return unfinished
+            first.setdefault(job[3], job)
+        return [job for job in first.values() if not is_finished(job[3])]
 
 
 def _check_study_config(base, output_dir):

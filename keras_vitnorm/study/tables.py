@@ -118,7 +118,6 @@ def summarize(rows, metric="test_accuracy"):
     baseline and where either side has no finished run, NaN with one run on a side.
     """
     summary = []
-    baseline = None
     for name in dict.fromkeys(row["variant"] for row in rows):
         runs = [row for row in rows if row["variant"] == name]
         finished = [float(r[metric]) for r in runs if r["status"] == "completed"]
