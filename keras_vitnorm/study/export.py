@@ -5,15 +5,13 @@ import shutil
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.one_run import RUN_RESULT_FILES
-from keras_vitnorm.study.one_run import read_metrics
+from keras_vitnorm.study.one_run import is_finished
 
 
 def export_study(study_dir, destination):
     """Copies a study's settings, result files, tables, figures and the `RUN_RESULT_FILES`
-    of every finished run into `destination`; returns the number of runs copied.
-
-    Unfinished runs are left out: they could not resume without their checkpoints.
-    """
+    of every finished run into `destination`; returns the number of runs copied. Unfinished
+    runs are left out: they could not resume without their checkpoints."""
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
     study, target = os.path.abspath(study_dir), os.path.abspath(destination)
@@ -45,8 +43,7 @@ def export_study(study_dir, destination):
         elif relative_root.split(os.sep)[0] == "figures":
             kept = [name for name in sorted(files) if name.endswith((".png", ".md"))]
         else:
-            metrics = read_metrics(root) if "metrics.json" in files else None
-            if not metrics or metrics.get("status") not in ("completed", "diverged"):
+            if "metrics.json" not in files or not is_finished(root):
                 continue
             kept = [name for name in RUN_RESULT_FILES if name in files]
             runs += 1

@@ -195,10 +195,9 @@ def residual_stream_table(streams):
             continue
         rms = [stream["rms"] for stream in runs]
         similarity = [stream["similarity"] for stream in runs]
-        cells = [
-            [r[0] for r in rms], [r[len(r) // 2] for r in rms], [r[-1] for r in rms],
-            [float(np.mean(s)) for s in similarity], [float(np.mean(s[-3:])) for s in similarity],
-        ]
+        cells = [[r[0] for r in rms], [r[len(r) // 2] for r in rms], [r[-1] for r in rms],
+                 [float(np.mean(s)) for s in similarity],
+                 [float(np.mean(s[-3:])) for s in similarity]]
         table.append([label, str(len(runs)), *(
             mean_ci_text(c, 1, digits) for c, digits in zip(cells, (2, 2, 2, 3, 3)))])
     return table_text(header, table)

@@ -8,7 +8,8 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.factors import depth_table
-from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.stats import mean_ci_text
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.tables import write_rows
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.validation import check_distinct
@@ -166,9 +167,9 @@ def tie_margin(values, level=0.95):
 def selection_table(selection, rates, group, final_rows=()):
     """Markdown: per variant of `group`, its accuracy at each rate, the rate chosen and
     the rates within `tie_margin` of it (from `final_rows` at the chosen rate)."""
-    lines = ["| variant | " + " | ".join(f"lr {rate_text(r)}" for r in rates)
-             + " | chosen rate | tied within the seed noise |",
-             "|---|" + "---|" * (len(rates) + 2)]
+    header = ["variant", *(f"lr {rate_text(r)}" for r in rates), "chosen rate",
+              "tied within the seed noise"]
+    table = []
     for (row_group, name), choice in selection.items():
         if row_group != group:
             continue
@@ -187,8 +188,8 @@ def selection_table(selection, rates, group, final_rows=()):
                                   if (r["group"], r["variant"]) == (group, name)
                                   and r["status"] == "completed"
                                   and math.isclose(float(r["learning_rate"]), choice["rate"])])
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} | {ties} |")
-    return "\n".join(lines) + "\n"
+        table.append([name, *cells, chosen, ties])
+    return table_text(header, table)
 
 
 def _ties(choice, finals):
@@ -206,8 +207,7 @@ def _ties(choice, finals):
 def _score_text(score):
     parts = []
     if score["values"]:
-        mean, ci = confidence_interval(score["values"])
-        parts.append(f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}"))
+        parts.append(mean_ci_text(score["values"]))
     if score["diverged"]:
         parts.append(f"{score['diverged']} diverged")
     if score["missing"]:
@@ -216,8 +216,7 @@ def _score_text(score):
 
 
 def write_selection(rows, selection, rates, output_dir):
-    """Writes `lr_sweep.csv` and each group's selection table, figure and summary; returns
-    the paths written."""
+    """Writes `lr_sweep.csv` and each group's selection table, figure and summary; returns paths."""
     from keras_vitnorm.study import figures
 
     paths = [write_rows(rows, output_dir, "lr_sweep.csv")]

@@ -153,5 +153,4 @@ def plot_residual_stream(streams, title, path):
     rms_axes.set_yscale("log")
     similarity_axes.set_ylabel("cosine similarity with the previous stage")
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
     return save(figure, path)

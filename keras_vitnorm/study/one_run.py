@@ -15,6 +15,12 @@ def read_metrics(run_dir):
     return durable.read_json(os.path.join(run_dir, "metrics.json"))
 
 
+def is_finished(run_dir):
+    """Whether the run in `run_dir` has ended: completed or diverged."""
+    metrics = read_metrics(run_dir)
+    return metrics is not None and metrics.get("status") in ("completed", "diverged")
+
+
 def resolved_model(preset, model):
     """The model config `model` makes of a built-in `preset` (so that an override equal
     to the default equals none); `model` as it is for a saved model."""
@@ -28,10 +34,9 @@ def resolved_model(preset, model):
 
 
 def recorded_differences(config, run_dir):
-    """How the settings recorded in `run_dir` differ from the planned `config`:
-    `"learning_rate: planned 0.002, recorded 0.02; ..."`, `""` where they are the same,
-    `None` where the run recorded none. The run directory is not compared (a study may
-    move)."""
+    """How the settings recorded in `run_dir` differ from the planned `config`, as
+    `"learning_rate: planned 0.002, recorded 0.02; ..."`; `""` where the same, `None` where
+    none are recorded. The run directory is not compared (a study may move)."""
     recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
     if not isinstance(recorded, dict):
         return None

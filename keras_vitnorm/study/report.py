@@ -8,6 +8,7 @@ import numpy as np
 from keras_vitnorm import durable
 from keras_vitnorm.study import factors
 from keras_vitnorm.study.one_run import run_analysis
+from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.tables import summarize
 from keras_vitnorm.study.variants import DEPTHS
 from keras_vitnorm.study.variants import DPN_PATCH_SIZES
@@ -125,24 +126,21 @@ def dpn_mechanism(base, output_dir, patch_sizes=DPN_PATCH_SIZES, train_count=100
 
     train_images, train_labels = data_lib.eval_arrays(data, data.train, size, channels)
     test_images, test_labels = data_lib.eval_arrays(data, data.validation, size, channels)
-    lines = [
-        f"Linear probes (logistic regression) trained on {len(train_images):,} training images, "
-        f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}.",
-        "",
-        "| patch size | dims per patch | pixels (plain stem's input) | patches after LN_0 (DPN's input) "
-        f"| after LN_0 with variance floor {VARIANCE_FLOOR:g} "
-        "| only the mean and std per patch (what LN_0 removes) | energy in patch means "
-        "| patches with std below 0.1 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["patch size", "dims per patch", "pixels (plain stem's input)",
+              "patches after LN_0 (DPN's input)",
+              f"after LN_0 with variance floor {VARIANCE_FLOOR:g}",
+              "only the mean and std per patch (what LN_0 removes)", "energy in patch means",
+              "patches with std below 0.1"]
+    table = []
     for patch in patch_sizes:
         probe = patch_norm_probe(train_images, train_labels, test_images, test_labels, patch)
-        lines.append(
-            f"| {patch} | {probe['patch_dim']} (LN_0 removes 2) | {probe['pixels']:.1%} "
-            f"| {probe['standardized_patches']:.1%} | {probe['floored_patches']:.1%} "
-            f"| {probe['patch_mean_and_std']:.1%} | {probe['energy_in_means']:.1%} "
-            f"| {probe['low_contrast']:.1%} |"
-        )
+        table.append([str(patch), f"{probe['patch_dim']} (LN_0 removes 2)", *(
+            f"{probe[key]:.1%}" for key in ("pixels", "standardized_patches", "floored_patches",
+                                            "patch_mean_and_std", "energy_in_means",
+                                            "low_contrast"))])
     path = os.path.join(output_dir, "dpn_mechanism.md")
-    durable.write_text(path, "\n".join(lines) + "\n")
+    durable.write_text(path, (
+        f"Linear probes (logistic regression) trained on {len(train_images):,} training images, "
+        f"scored on {len(test_images):,} validation images; chance is {1 / data.num_classes:.0%}."
+        "\n\n" + table_text(header, table)))
     return path

@@ -14,7 +14,7 @@ from keras_vitnorm.study import workers
 from keras_vitnorm.study.report import dpn_mechanism
 from keras_vitnorm.study.report import make_figures
 from keras_vitnorm.study.one_run import probe_images
-from keras_vitnorm.study.one_run import read_metrics
+from keras_vitnorm.study.one_run import is_finished
 from keras_vitnorm.study.one_run import recorded_differences
 from keras_vitnorm.study.one_run import resolved_model
 from keras_vitnorm.study.one_run import run_one
@@ -266,7 +266,7 @@ class _Study:
         # that is stopped part-way already compares all its variants.
         order = sorted(range(len(jobs)), key=lambda i: seeds.index(jobs[i][2].seed))
         if self.mode != "train":
-            finished = [i for i in order if _finished(jobs[i][3])]
+            finished = [i for i in order if is_finished(jobs[i][3])]
             if self.mode == "plan":
                 self.planned += jobs
             elif not finished and required:
@@ -285,7 +285,7 @@ class _Study:
         done = {}  # job index -> result row; the tables list them in the plan's order
         for i in order:
             group, name, config, run_dir = jobs[i]
-            if _finished(run_dir) and self.left_out(jobs[i]):
+            if is_finished(run_dir) and self.left_out(jobs[i]):
                 continue
             verbose = self.verbose if self.mode == "train" else 0
             done[i] = run_one(config, group, name, run_dir, verbose, self.take_over_lock,
@@ -296,11 +296,10 @@ class _Study:
         return [done[i] for i in sorted(done)]
 
     def _write(self, jobs, sweep):
+        finished = [job for job in jobs if is_finished(job[3]) and not self.left_out(job)]
         self._write_rows([run_one(config, group, name, run_dir, 0, self.take_over_lock,
                                   self.probe_images)
-                          for group, name, config, run_dir in jobs
-                          if _finished(run_dir) and not self.left_out((group, name, config,
-                                                                       run_dir))], sweep)
+                          for group, name, config, run_dir in finished], sweep)
 
     def _write_rows(self, rows, sweep):
         if sweep:
@@ -310,17 +309,11 @@ class _Study:
 
     @staticmethod
     def _unfinished(jobs):
-        seen, unfinished = set(), []
+        """The first job of each unfinished run directory, in order."""
+        first = {}
         for job in jobs:
-            if job[3] not in seen and not _finished(job[3]):
-                seen.add(job[3])
-                unfinished.append(job)
-        return unfinished
-
-
-def _finished(run_dir):
-    metrics = read_metrics(run_dir)
-    return metrics is not None and metrics.get("status") in ("completed", "diverged")
+            first.setdefault(job[3], job)
+        return [job for job in first.values() if not is_finished(job[3])]
 
 
 def _check_study_config(base, output_dir):

@@ -103,10 +103,8 @@ def write_results(rows, output_dir):
                             (f"{group}_summary.md", factors.depth_table(group_rows, group))):
             if table:
                 durable.write_text(os.path.join(output_dir, name), table)
-    for name, table in (
-        ("gradient_norms.md", gradient_norm_table(rows)),
-        ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows)),
-    ):
+    for name, table in (("gradient_norms.md", gradient_norm_table(rows)),
+                        ("dpn_factors_against_dpn.md", factors.against_dpn_table(rows))):
         if table:
             durable.write_text(os.path.join(output_dir, name), table)
 
@@ -120,7 +118,6 @@ def summarize(rows, metric="test_accuracy"):
     baseline and where either side has no finished run, NaN with one run on a side.
     """
     summary = []
-    baseline = None
     for name in dict.fromkeys(row["variant"] for row in rows):
         runs = [row for row in rows if row["variant"] == name]
         finished = [float(r[metric]) for r in runs if r["status"] == "completed"]

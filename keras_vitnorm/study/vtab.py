@@ -11,6 +11,8 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study.stats import confidence_interval
+from keras_vitnorm.study.stats import table_text
+from keras_vitnorm.study.one_run import is_finished
 from keras_vitnorm.study.one_run import recorded_differences
 from keras_vitnorm.study.one_run import run_one
 from keras_vitnorm.training import run_files
@@ -81,8 +83,7 @@ def run_vtab(base, presets, datasets, output_dir, learning_rates=LEARNING_RATES,
 
 def _check_finished_run(config, run_dir):
     """Refuses a finished run in `run_dir` of other settings than `config`: tables would mix."""
-    metrics = durable.read_json(os.path.join(run_dir, "metrics.json"))
-    if not metrics or metrics.get("status") not in ("completed", "diverged"):
+    if not is_finished(run_dir):
         return  # an unfinished run of other settings is refused when it resumes
     differences = recorded_differences(config, run_dir)
     if differences:
@@ -111,14 +112,7 @@ def vtab_table(rows):
     chosen = select(rows)
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    lines = [
-        "Test accuracy (%) after VTAB-1k fine-tuning (800 train + 200 validation examples), mean +- "
-        "95% CI over seeds at the learning rate chosen on validation (in brackets).",
-        "",
-        "| task | " + " | ".join(presets) + " |",
-        "|---|" + "---|" * len(presets),
-    ]
-    means = {p: [] for p in presets}
+    table, means = [], {p: [] for p in presets}
     for dataset in datasets:
         cells = []
         for preset in presets:
@@ -130,8 +124,11 @@ def vtab_table(rows):
             means[preset].append(mean)
             ci = "" if math.isnan(half) else f" +- {half:.1f}"
             cells.append(f"{mean:.1f}{ci} (lr {rate:g}, n={len(scores)})")
-        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
+        table.append([dataset, *cells])
     if len(datasets) > 1:
-        lines.append("| mean over tasks | " + " | ".join(
-            f"{np.mean(means[p]):.1f}" if len(means[p]) == len(datasets) else "-" for p in presets) + " |")
-    return "\n".join(lines) + "\n"
+        table.append(["mean over tasks", *(f"{np.mean(means[p]):.1f}"
+                                           if len(means[p]) == len(datasets) else "-"
+                                           for p in presets)])
+    return ("Test accuracy (%) after VTAB-1k fine-tuning (800 train + 200 validation examples), "
+            "mean +- 95% CI over seeds at the learning rate chosen on validation (in brackets)."
+            "\n\n" + table_text(["task", *presets], table))
