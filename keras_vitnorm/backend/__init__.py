@@ -1,6 +1,5 @@
 """What differs per backend beyond the layers' ops: gradients, devices, processes, random
-state, and the compiled call of the input pipeline's RandAugment (docs/backends.md).
-"""
+state, and the compiled call of the input pipeline's RandAugment (docs/backends.md)."""
 
 import importlib
 
@@ -39,8 +38,7 @@ def _native():
 
 def value_and_gradients(model, inputs, loss_fn, training=False):
     """`(loss, input_gradient, {variable path: gradient})` as NumPy, `loss_fn` mapping the model's
-    output to a scalar; a weight the loss does not depend on gets a zero gradient.
-    """
+    output to a scalar; a weight the loss does not depend on gets a zero gradient."""
     return _as_numpy(model, *_native().value_and_gradients(model, inputs, loss_fn, training))
 
 

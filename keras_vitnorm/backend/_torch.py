@@ -1,8 +1,5 @@
-"""PyTorch forms of `keras_vitnorm.backend`: one `torchrun` process per device.
-
-Gradients are averaged by one `all_reduce` before the update; DDP's wrapper is not used,
-as Keras' `fit` calls the model itself and DDP's reducer would never run.
-"""
+"""PyTorch forms of `keras_vitnorm.backend`: one `torchrun` process per device, gradients
+averaged by one `all_reduce` (why not DDP's wrapper: docs/training.md, "Scaling out")."""
 
 import contextlib
 import os

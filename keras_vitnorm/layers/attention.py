@@ -88,9 +88,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         check_rate("dropout", dropout)
         check_bool("weight_standardization", weight_standardization)
 
-    def _norm(self, norm, name):
-        return make_norm(norm, epsilon=self.norm_epsilon, groups=self.norm_groups, name=name,
-                         dtype=self.dtype_policy)
+    def _norm(self, norm, name, shape):
+        layer = make_norm(norm, epsilon=self.norm_epsilon, groups=self.norm_groups, name=name,
+                          dtype=self.dtype_policy)
+        layer.build(shape)
+        return layer
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -116,18 +118,15 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.q_norm = self.k_norm = None
         if self.qk_norm is not None:
             head_shape = (None, None, self.num_heads, self.head_dim)
-            self.q_norm = self._norm(self.qk_norm, "q_norm")
-            self.k_norm = self._norm(self.qk_norm, "k_norm")
-            self.q_norm.build(head_shape)
-            self.k_norm.build(head_shape)
+            self.q_norm = self._norm(self.qk_norm, "q_norm", head_shape)
+            self.k_norm = self._norm(self.qk_norm, "k_norm", head_shape)
         self.head_gains = None
         if self.head_scale:
             self.head_gains = self.add_weight(name="head_scale", shape=(self.num_heads, 1),
                                               initializer="ones")
         self.inner_norm_layer = None
         if self.inner_norm is not None:
-            self.inner_norm_layer = self._norm(self.inner_norm, "inner_norm")
-            self.inner_norm_layer.build(input_shape)
+            self.inner_norm_layer = self._norm(self.inner_norm, "inner_norm", input_shape)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):

@@ -89,9 +89,8 @@ class LayerScale(keras.layers.Layer):
 class EncoderBlock(keras.layers.Layer):
     """One transformer block: attention sublayer, then MLP sublayer.
 
-    Each sublayer joins the residual stream as its placement says (`pre`, `post`, `pre_post`,
-    `none`); `block_style` adds NormFormer, Sub-LN or DeepNorm on top. The placement table,
-    block styles and their init gains are in docs/normalization.md.
+    Each sublayer joins the residual stream as its placement says; `block_style` adds NormFormer,
+    Sub-LN or DeepNorm on top (placements, styles and init gains: docs/normalization.md).
 
     Args:
         num_heads: int.
@@ -212,7 +211,6 @@ class EncoderBlock(keras.layers.Layer):
                                               name="drop_path", dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        # `residual_fence`: the identity, a gradient fence for XLA on a CPU (keras_vitnorm.ops).
         x = residual_fence(self._residual(
             x, self._attention_sublayer, self.resolved_attn_norm, self.attn_norms,
             self.attn_scale, training))

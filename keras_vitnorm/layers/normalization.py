@@ -1,8 +1,5 @@
-"""Normalization layers and `make_norm`, which maps a `norm` string to a layer.
-
-`RMSNorm` and `BatchNorm` keep float32 inputs in float32 where Keras' own overflow under
-`mixed_float16`; see docs/normalization.md.
-"""
+"""Normalization layers and `make_norm`, which maps a `norm` string to a layer; why some
+compute in float32: docs/normalization.md."""
 
 import importlib
 import importlib.util
@@ -32,6 +29,18 @@ def _float32(weight):
     return ops.cast(weight, "float32")
 
 
+class _Float32Norm(keras.layers.Layer):
+    """A shape-keeping layer that computes in float32 (no autocast) and passes masks on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.autocast = False
+        self.supports_masking = True
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class LayerNormalization(keras.layers.LayerNormalization):
     """Keras' `LayerNormalization` with its last-axis call through `ops.layer_norm`.
@@ -47,7 +56,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class RMSNorm(keras.layers.Layer):
+class RMSNorm(_Float32Norm):
     """RMSNorm over the last axis: `x / sqrt(mean(x**2) + epsilon) * scale`, in float32.
 
     Args:
@@ -68,8 +77,6 @@ class RMSNorm(keras.layers.Layer):
         check_bool("scale", scale)
         self.epsilon = epsilon
         self.scale = scale
-        self.autocast = False
-        self.supports_masking = True
 
     def build(self, input_shape):
         self.gamma = None
@@ -81,9 +88,6 @@ class RMSNorm(keras.layers.Layer):
         scale = None if self.gamma is None else _float32(self.gamma)
         y = ops.rms_normalization(ops.cast(x, "float32"), scale=scale, epsilon=self.epsilon)
         return ops.cast(y, self.compute_dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         return {**super().get_config(), "epsilon": self.epsilon, "scale": self.scale}
@@ -109,7 +113,7 @@ class BatchNorm(keras.layers.BatchNormalization):
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class DyT(keras.layers.Layer):
+class DyT(_Float32Norm):
     """Dynamic Tanh `gamma * tanh(alpha * x) + beta` (scalar `alpha`), in float32.
 
     Args:
@@ -130,8 +134,6 @@ class DyT(keras.layers.Layer):
         check_bool("affine", affine)
         self.alpha_init = alpha_init
         self.affine = affine
-        self.autocast = False
-        self.supports_masking = True
 
     def build(self, input_shape):
         self.alpha = self.add_weight(name="alpha", shape=(),
@@ -149,25 +151,17 @@ class DyT(keras.layers.Layer):
             y = y * _float32(self.gamma) + _float32(self.beta)
         return ops.cast(y, self.compute_dtype)
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
     def get_config(self):
         return {**super().get_config(), "alpha_init": self.alpha_init, "affine": self.affine}
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class Affine(keras.layers.Layer):
+class Affine(_Float32Norm):
     """`gamma * x + beta` per channel, no standardization: Dual PatchNorm's `stem_norm="affine"`.
 
     Example:
     >>> y = Affine()(keras.random.normal((2, 5, 8)))
     """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.autocast = False
-        self.supports_masking = True
 
     def build(self, input_shape):
         dim = input_shape[-1]
@@ -177,9 +171,6 @@ class Affine(keras.layers.Layer):
     def call(self, x):
         y = ops.cast(x, "float32") * _float32(self.gamma) + _float32(self.beta)
         return ops.cast(y, self.compute_dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
 
 #: The Keras serialization package `register_norm` registers a user's norm class in.

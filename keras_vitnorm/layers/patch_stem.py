@@ -52,10 +52,7 @@ def image_shape_hint(found, expected):
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class PatchStem(keras.layers.Layer):
     """Images `(batch, H, W, C)` to tokens `(batch, tokens, width)`: patch embedding, optional
-    class token and learned position embedding.
-
-    `stem` picks the patch embedding or one of the Dual PatchNorm variants or the conv stem;
-    the stem table (`N0`, `N1`, where the class token goes) is in docs/normalization.md.
+    class token and learned position embedding (the stems: docs/normalization.md, "Stems").
 
     Args:
         patch_size: int. Side of a square patch; for `conv` a power of two.

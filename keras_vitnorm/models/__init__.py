@@ -1,4 +1,3 @@
-from keras_vitnorm.models.checkpoints import load_checkpoint
 from keras_vitnorm.models.contrastive import LiT
 from keras_vitnorm.models.contrastive import TextEncoder
 from keras_vitnorm.models.contrastive import caption_vocabulary
@@ -9,6 +8,7 @@ from keras_vitnorm.models.segmenter import Segmenter
 from keras_vitnorm.models.segmenter import mean_iou
 from keras_vitnorm.models.segmenter import segmentation_loss
 from keras_vitnorm.models.vit import ViT
+from keras_vitnorm.models.vit import load_checkpoint
 from keras_vitnorm.models.weights import ConversionReport
 from keras_vitnorm.models.weights import build_from_checkpoint
 from keras_vitnorm.models.weights import transfer

@@ -15,11 +15,9 @@ from keras_vitnorm.models.vit_config import pixel_range_of
 def _static_shape(data):
     """`data`'s shape as a tuple (`None` for a dimension not known), or `None` if unknown."""
     shape = getattr(data, "shape", None)
-    if shape is None:
-        return None
     try:
         return tuple(None if size is None else int(size) for size in shape)
-    except (TypeError, ValueError):  # a shape of unknown rank
+    except (TypeError, ValueError):  # no shape, or a shape of unknown rank
         return None
 
 
@@ -117,11 +115,9 @@ class GuardedCalls:
             return dataset
 
         def check(*element):
-            first = element[0]
             checks = []
             for name in self.pixel_ranges():
-                images = first.get(name) if isinstance(first, dict) else (
-                    None if named_only else first)
+                images = _part(element[0], name, named_only)
                 if not isinstance(images, tf.Tensor) or not (images.dtype.is_floating
                                                              or images.dtype.is_integer):
                     continue  # another structure, a ragged or sparse tensor: not checked

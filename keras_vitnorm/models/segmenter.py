@@ -41,10 +41,10 @@ class PixelAccuracy(keras.metrics.SparseCategoricalAccuracy):
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
 class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
-    """A ViT encoder (`vit.backbone()`) with a zero-initialized linear per-patch head, upsampled.
+    """A ViT encoder (`vit.backbone()`) with a zero-initialized linear per-patch head, upsampled
+    bilinearly (the Dual PatchNorm paper's setup; why: docs/segmentation.md).
 
-    The Dual PatchNorm paper's setup: per-patch logits upsampled bilinearly, so the encoder's
-    features decide the result. Outputs float32 logits `(batch, height, width, num_classes)`.
+    Outputs float32 logits `(batch, height, width, num_classes)`.
 
     Args:
         vit: a `ViT`; its class token and classifier head are unused.

@@ -1,4 +1,5 @@
-"""The configurable Vision Transformer."""
+"""The configurable Vision Transformer, and `load_checkpoint`, which builds one from a
+standard checkpoint."""
 
 import inspect
 
@@ -17,8 +18,6 @@ from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models import weights
 from keras_vitnorm.models.presets import list_presets
 from keras_vitnorm.models.guarded_calls import GuardedCalls
-from keras_vitnorm.models.exports import SignedExports
-from keras_vitnorm.models.vit_config import default_final_norm
 from keras_vitnorm.models.vit_config import MODEL_RANGE
 from keras_vitnorm.models.vit_config import image_hw
 from keras_vitnorm.models.vit_config import pixel_range_of
@@ -28,7 +27,7 @@ from keras_vitnorm.validation import check_known_keys
 
 
 @keras.saving.register_keras_serializable(package="keras_vitnorm")
-class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
+class ViT(GuardedCalls, PortableCompileConfig, keras.Model):
     """Vision Transformer whose normalization is part of its JSON-safe config.
 
     Takes `(batch, height, width, channels)` images; returns float32 logits
@@ -80,8 +79,8 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         check_known_keys(kwargs, (*self.CONFIG_KEYS, "dtype", "name", "trainable"), "ViT argument")
         validate_config(config)
         attn_norm, mlp_norm = resolve_placements(block_style, attn_norm, mlp_norm)
-        if final_norm is None:
-            final_norm = default_final_norm(mlp_norm)
+        if final_norm is None:  # none after a "post" MLP norm, which ends each block
+            final_norm = mlp_norm != "post"
         height, image_width = image_hw(image_size)
         policy = keras.dtype_policies.get(dtype) if dtype is not None else None
         images = keras.Input((height, image_width, num_channels), name="images")
@@ -114,7 +113,6 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
             # big_vision zero-initializes the head for training from scratch.
             x = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="head",
                                    dtype=policy)(x)
-        # Logits (or features) are returned in float32 under mixed precision.
         outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(x)
         kwargs.setdefault("name", "vit")
         super().__init__(inputs=images, outputs=outputs, **kwargs)
@@ -152,6 +150,17 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         backbone = keras.Model(inputs=self.input, outputs=outputs, name=f"{self.name}_backbone")
         backbone.dtype_policy = self.dtype_policy
         return backbone
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        """`keras.Model.export`; for ONNX the input signature is filled in, batch size open, as
+        Keras needs it for a model never called (docs/deploy.md)."""
+        if input_signature is None and format == "onnx":
+            images = self.inputs[0]
+            input_signature = [keras.InputSpec(shape=(None, *images.shape[1:]),
+                                               dtype=images.dtype, name=images.name)]
+        return super().export(filepath, format=format, verbose=verbose,
+                              input_signature=input_signature, **kwargs)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -205,3 +214,26 @@ class ViT(GuardedCalls, SignedExports, PortableCompileConfig, keras.Model):
         checkpoint = Checkpoint("weights by path", "the given arrays", self.get_config(),
                                 dict(arrays), {path: path for path in arrays})
         weights.transfer(self, checkpoint, resample, strict=True)
+
+
+def load_checkpoint(path, verbose=False, num_heads=None, resample="bilinear", model_class=ViT,
+                    **overrides):
+    """Builds a `ViT` from a standard checkpoint; returns `(model, ConversionReport)`.
+
+    Args:
+        path: see `read_checkpoint`.
+        verbose: bool, default `False`. Print the report.
+        num_heads: int, only for state dicts that do not record their head count.
+        resample: str, default `"bilinear"` (big_vision) or `"bicubic"` (timm): how a
+            new `image_size` resamples the position embedding.
+        model_class: the class to build, default `ViT` (a subclass keeps its own).
+        **overrides: `ViT` config values that replace the checkpoint's: `image_size`,
+            `num_classes`, and any normalization setting (`stem`, `norm`, `attn_norm`,
+            `mlp_norm`, `block_style`, `layer_scale`, `qk_norm`, ...).
+
+    Example:
+    >>> model, report = load_checkpoint("vit_small_patch16_224.safetensors",
+    ...                                 stem="dual_patchnorm", num_classes=10)
+    """
+    return weights.read_and_build(path, model_class, verbose=verbose, num_heads=num_heads,
+                                  resample=resample, **overrides)

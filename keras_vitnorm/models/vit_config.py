@@ -89,11 +89,6 @@ def validate_config(config):
     pixel_range_of(c["pixel_range"])
 
 
-def default_final_norm(mlp_norm):
-    """Whether a norm follows the last block by default: not after a `"post"` MLP norm."""
-    return mlp_norm != "post"
-
-
 def sublayers(model):
     """Every layer inside `model`, at any depth, each once (Keras' `_flatten_layers` if present)."""
     flatten = getattr(model, "_flatten_layers", None)

@@ -52,14 +52,8 @@ def _corner_aligned_linear_matrix(in_size, out_size):
     """`(out_size, in_size)` weights of `scipy.ndimage.zoom(..., order=1)` along one axis."""
     step = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
     positions = np.arange(out_size) * step
-    low = np.clip(np.floor(positions).astype(int), 0, in_size - 1)
-    high = np.minimum(low + 1, in_size - 1)
-    fraction = positions - low
-    matrix = np.zeros((out_size, in_size))
-    rows = np.arange(out_size)
-    np.add.at(matrix, (rows, low), 1.0 - fraction)
-    np.add.at(matrix, (rows, high), fraction)
-    return matrix
+    sources = np.arange(in_size)
+    return np.stack([np.interp(positions, sources, one) for one in np.eye(in_size)], axis=1)
 
 
 def _cubic(x, a=-0.5):

@@ -1,8 +1,6 @@
-"""The few tensor operations the layers need beyond `keras.ops`, with their fast paths.
-
-Each op is written in `keras.ops`; a fast path (`keras_vitnorm.ops.switch`) gives the same
-values and gradients up to float32 round-off in a faster form (docs/backends.md).
-"""
+"""The few tensor operations the layers need beyond `keras.ops`, written in `keras.ops`, each
+fast path (`keras_vitnorm.ops.switch`) giving the same values and gradients up to float32
+round-off in a faster form (docs/backends.md)."""
 
 import functools
 import importlib
@@ -48,14 +46,10 @@ def _fast(name, *backends):
     return backend_name() in backends and fast_path_enabled(name)
 
 
+@functools.cache
 def _xla_or_graph_on_cpu():
     """JAX or TensorFlow computing on a CPU (no GPU or TPU in use)."""
-    return backend_name() in ("jax", "tensorflow") and _on_cpu()
-
-
-@functools.cache
-def _on_cpu():
-    return _native().on_cpu()
+    return backend_name() in ("jax", "tensorflow") and _native().on_cpu()
 
 
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-6, dtype=None):

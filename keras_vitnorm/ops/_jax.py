@@ -13,9 +13,8 @@ def on_cpu():
 
 def cudnn_attention_fits(q, k, v):
     """Whether JAX's cuDNN attention takes q, k and v once their tokens are padded."""
-    if jax.default_backend() != "gpu" or not q.dtype == k.dtype == v.dtype:
-        return False
-    if str(q.dtype) not in ("bfloat16", "float16"):
+    if (jax.default_backend() != "gpu" or not q.dtype == k.dtype == v.dtype
+            or str(q.dtype) not in ("bfloat16", "float16")):
         return False
     capability = getattr(jax.devices()[0], "compute_capability", None)
     try:
