@@ -54,6 +54,15 @@ def test_segmenter_maps_patch_tokens_to_upsampled_pixel_logits(pooling):
     np.testing.assert_allclose(_numpy(segmenter(images)), expected, atol=2e-5)
 
 
+def test_a_segmenter_on_a_non_square_vit_predicts_every_pixel_of_its_images():
+    vit = ViT(**{**TINY, "image_size": [16, 24]})
+    segmenter = Segmenter(vit, num_classes=3)
+    assert segmenter.grid_size == (4, 6)
+    images = np.zeros((2, 16, 24, 3), "float32")
+    assert tuple(segmenter(images).shape) == (2, 16, 24, 3)
+    assert segmenter.predict_masks(images).shape == (2, 16, 24)
+
+
 def test_loss_and_metrics_leave_out_the_ignore_label_as_numpy_does():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 4, 4, 3)).astype("float32")

@@ -6,6 +6,7 @@ from keras import ops
 from keras_vitnorm.models.vit import ViT
 from keras_vitnorm.models.compile_config import PortableCompileConfig
 from keras_vitnorm.models.guarded_calls import GuardedCalls
+from keras_vitnorm.models.vit_config import image_hw
 from keras_vitnorm.models.vit_config import vit_config_with_quantized_layers
 from keras_vitnorm.validation import check_positive_int
 
@@ -64,8 +65,9 @@ class Segmenter(GuardedCalls, PortableCompileConfig, keras.Model):
                 f"Segmenter needs a keras_vitnorm ViT as its encoder, got {type(vit).__name__}.")
         check_positive_int("num_classes", num_classes)
         config = vit.get_config()
-        size, patch = config["image_size"], config["patch_size"]
-        grid = (size // patch, size // patch)
+        height, width = image_hw(config["image_size"])
+        patch = config["patch_size"]
+        grid = (height // patch, width // patch)
         policy = vit.dtype_policy
         images = keras.Input(shape=vit.input.shape[1:], name="images")
         tokens = vit.backbone()(images)["tokens"]
