@@ -3,6 +3,7 @@ task that trains it in a child process (docs/your-norm.md, "Running on Ray")."""
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -19,7 +20,11 @@ def run_job_file(job, threads):
     returns `(job file, exit status)`. Imports nothing of this package (`task`).
 
     The wait is in short steps, so that Ray's cancellation (a `KeyboardInterrupt`) reaches
-    the task; the child is then stopped with SIGTERM, which checkpoints the run."""
+    the task; the child is then stopped with SIGTERM, which checkpoints the run. Ray raises
+    it as SIGINT would, which a worker ignores where Ray was started from a shell's
+    background job (`nohup ... &` ignores SIGINT for all it starts): the task listens."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     process = start_child(job, threads)
     try:
         while True:
