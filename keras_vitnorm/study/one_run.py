@@ -8,17 +8,19 @@ import os
 from keras_vitnorm import durable
 from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm.training import train
+from keras_vitnorm.training.run_layout import FINISHED_STATUSES
+from keras_vitnorm.training.run_layout import METRICS_FILE
 
 
 def read_metrics(run_dir):
     """A run's `metrics.json`, or `None` before its first save."""
-    return durable.read_json(os.path.join(run_dir, "metrics.json"))
+    return durable.read_json(os.path.join(run_dir, METRICS_FILE))
 
 
 def is_finished(run_dir):
     """Whether the run in `run_dir` has ended: completed or diverged."""
     metrics = read_metrics(run_dir)
-    return metrics is not None and metrics.get("status") in ("completed", "diverged")
+    return metrics is not None and metrics.get("status") in FINISHED_STATUSES
 
 
 def resolved_model(preset, model):
@@ -68,7 +70,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
             analyze=True, track=None):
     """Trains (or resumes, or skips if finished) one run; returns its results row."""
     metrics = read_metrics(run_dir)
-    if metrics is None or metrics.get("status") not in ("completed", "diverged"):
+    if metrics is None or metrics.get("status") not in FINISHED_STATUSES:
         config.validate()
         resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
         if verbose:

@@ -10,6 +10,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.training import replaced_run
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
+from keras_vitnorm.training.run_layout import FINISHED_STATUSES
 from keras_vitnorm.training.run_layout import LOCK_FILE
 from keras_vitnorm.training.run_layout import METRICS_FILE
 from keras_vitnorm.training.run_layout import SETTINGS_FILE
@@ -56,7 +57,7 @@ def _settings_and_status(path):
     if not isinstance(settings, dict):
         return None, None
     status = metrics.get("status") if isinstance(metrics, dict) else None
-    return settings, status if status in ("completed", "diverged") else None
+    return settings, status if status in FINISHED_STATUSES else None
 
 
 def completed_metrics(path):

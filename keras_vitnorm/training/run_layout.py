@@ -8,6 +8,8 @@ import os
 LOCK_FILE = "run.lock"
 SETTINGS_FILE = "train_config.json"
 METRICS_FILE = "metrics.json"
+#: The `status` a run writes in `METRICS_FILE` when it ends, the one time it writes it.
+FINISHED_STATUSES = ("completed", "diverged")
 #: The run that `--overwrite` replaces, whole, until the new run's first checkpoint.
 REPLACED = ".replaced"
 #: `REPLACED` while the run's entries are renamed into it or back out of it.
