@@ -75,11 +75,10 @@ def test_runs_whose_ray_tasks_are_cancelled_or_killed_resume_from_their_checkpoi
     # 200 steps in epochs of 20, a checkpoint at each epoch's end: each task is cancelled
     # once its run has one, the first as `ray.cancel` asks a task to stop, the second by
     # killing its worker (force=True), as a node lost would. Neither run goes on training
-    # or holds its lock;
-    # the same command on Ray then resumes each from a checkpoint and finishes it. A norm
-    # that sleeps keeps each run training for seconds on any host. Ray is started with
-    # SIGINT ignored, as a command started in the background by a shell (`nohup ... &`)
-    # starts it: its workers inherit that, and the cancel must arrive all the same.
+    # or holds its lock; the same command on Ray then resumes each from a checkpoint and
+    # finishes it. A norm that sleeps keeps each run training for seconds on any host. Ray
+    # is started with SIGINT ignored, as a shell's background job (`nohup ... &`) starts
+    # it: its workers inherit that, and the cancel must arrive all the same.
     monkeypatch.setenv(NORM_MODULES_VARIABLE, SLOW_NORM)
     study = tmp_path / "ray"
     options = {**dict(zip(TINY[::2], TINY[1::2])), "--steps": "200", "--steps-per-epoch": "20",
