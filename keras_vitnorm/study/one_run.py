@@ -10,6 +10,7 @@ from keras_vitnorm.training import TrainingDiverged
 from keras_vitnorm.training import train
 from keras_vitnorm.training.run_layout import FINISHED_STATUSES
 from keras_vitnorm.training.run_layout import METRICS_FILE
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 
 
 def read_metrics(run_dir):
@@ -39,7 +40,7 @@ def recorded_differences(config, run_dir):
     """How the settings recorded in `run_dir` differ from the planned `config`, as
     `"learning_rate: planned 0.002, recorded 0.02; ..."`; `""` where the same, `None` where
     none are recorded. The run directory is not compared (a study may move)."""
-    recorded = durable.read_json(os.path.join(run_dir, "train_config.json"))
+    recorded = durable.read_json(os.path.join(run_dir, SETTINGS_FILE))
     if not isinstance(recorded, dict):
         return None
     planned = json.loads(config.to_json())
@@ -72,7 +73,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
     metrics = read_metrics(run_dir)
     if metrics is None or metrics.get("status") not in FINISHED_STATUSES:
         config.validate()
-        resume = os.path.exists(os.path.join(run_dir, "train_config.json"))
+        resume = os.path.exists(os.path.join(run_dir, SETTINGS_FILE))
         if verbose:
             print(f"[{group}] {name} seed {config.seed}: "
                   f"{'resuming' if resume else 'training'} in {run_dir}")
@@ -118,7 +119,7 @@ def whole_train_seconds(metrics):
 
 ANALYSIS_FILE = "analysis.json"
 #: What `export_study` copies of a finished run: no weights, checkpoints or locks.
-RUN_RESULT_FILES = ("train_config.json", "metrics.json", "log.csv", "grad_norms.csv", ANALYSIS_FILE)
+RUN_RESULT_FILES = (SETTINGS_FILE, METRICS_FILE, "log.csv", "grad_norms.csv", ANALYSIS_FILE)
 
 
 def run_analysis(run_dir, probe_images=None):
