@@ -1571,13 +1571,18 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
     rows = run_study(*args, verbose=0, lr_sweep=rates, sweep_seeds=[1])
     sweep = read_csv_rows(os.path.join(study, "lr_sweep.csv"))
     assert len(sweep) == 2 * 3 and {r["seed"] for r in sweep} == {"1"}
-    chosen = {}
+    chosen, tied = {}, {}
     for variant in ("layernorm", "rmsnorm"):
         runs_ = [r for r in sweep if r["variant"] == variant]
         assert {r["status"] for r in runs_ if float(r["learning_rate"]) == 1e38} == {"diverged"}
-        finished = {float(r["learning_rate"]): float(r["val_accuracy"]) for r in runs_
-                    if r["status"] == "completed"}
-        chosen[variant] = max(sorted(finished), key=lambda rate: finished[rate])
+        finished = {float(r["learning_rate"]): {"values": [float(r["val_accuracy"])],
+                                                 "examples": [int(r["val_examples"])]}
+                    for r in runs_ if r["status"] == "completed"}
+        best = max(sorted(finished), key=lambda rate: finished[rate]["values"])
+        tied[variant] = [rate for rate in sorted(finished) if finished[best]["values"][0]
+                         - finished[rate]["values"][0]
+                         <= lr_sweep.noise_margin(finished[best], finished[rate])]
+        chosen[variant] = tied[variant][0]  # the lowest of the rates tied with the best
     # the final runs: each variant at its chosen rate, the sweep's seed-1 run shared
     assert [(r["variant"], r["seed"], r["learning_rate"]) for r in rows] == [
         (v, s, chosen[v]) for v in ("layernorm", "rmsnorm") for s in (0, 1)]
@@ -1591,8 +1596,12 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
     assert table[0] == ("| variant | lr 0.0001 | lr 0.003 | lr 1e+38 | chosen rate "
                         "| tied within the seed noise |")
     line = next(line for line in table if line.startswith("| rmsnorm |"))
-    edge = " (edge of the grid)" if chosen["rmsnorm"] == 1e-4 else ""  # 1e38 is the other edge
-    assert "1 diverged" in line and f"| {chosen['rmsnorm']:g}{edge} | " in line
+    notes = ["edge of the grid"] if chosen["rmsnorm"] == 1e-4 else []  # 1e38: the other edge
+    if len(tied["rmsnorm"]) > 1:
+        notes.append(f"the lowest of {', '.join(f'{r:g}' for r in tied['rmsnorm'])}, within the "
+                     "validation noise of the best")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    assert "1 diverged" in line and f"| {chosen['rmsnorm']:g}{note} | " in line
     # the margin of a tie comes from the final runs' two seeds at the chosen rate
     finals = [float(r["val_accuracy"]) for r in rows if r["variant"] == "rmsnorm"]
     assert line.endswith(f"(margin {100 * lr_sweep.tie_margin(finals):.2f} points) |")
@@ -1783,6 +1792,40 @@ def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_d
     assert selection[("g", "b")]["reason"] == "1 sweep run(s) not finished"
     assert selection[("g", "c")] == {**selection[("g", "c")], "rate": None,
                                      "reason": "a run diverged at every rate"}
+
+
+def test_rates_within_the_validation_noise_of_the_best_tie_and_the_lowest_is_chosen():
+    from keras_vitnorm.study.lr_sweep import extend
+    from keras_vitnorm.study.lr_sweep import noise_margin
+    from keras_vitnorm.study.lr_sweep import select
+    from keras_vitnorm.study.lr_sweep import selection_table
+
+    rates = [5e-4, 1e-3, 2e-3]
+    finals = {"stalled": (0.1246, 0.1257, 0.1045),  # a variant that learns at no rate
+              "learns": (0.529, 0.436, 0.325)}
+    rows = [{"group": "g", "variant": v, "learning_rate": rate, "seed": 0,
+             "status": "completed", "val_accuracy": a, "val_examples": "947"}
+            for v, accuracies in finals.items() for rate, a in zip(rates, accuracies)]
+    plan = [("g", [(v, ({}, {})) for v in finals])]
+    selection = select(rows, plan, rates, [0])
+    # 1e-3 is best by 1 image in 947 and 2e-3 by 20: chance alone spreads them that far
+    assert selection[("g", "stalled")]["rate"] == 5e-4
+    assert selection[("g", "stalled")]["tied"] == rates
+    assert selection[("g", "learns")]["rate"] == 5e-4 and selection[("g", "learns")]["tied"] == []
+    # so the stalled variant's sweep goes on to lower rates, as the learning one's does
+    grids = {key: list(rates) for key in selection}
+    assert extend(grids, selection, rates)[("g", "stalled")] == [2.5e-4, *rates]
+    table = selection_table(selection, rates, "g")
+    assert "| 0.0005 (edge of the grid; the lowest of 0.0005, 0.001, 0.002, within the " \
+           "validation noise of the best) |" in table
+    # the margin: 1.96 standard errors of a difference of proportions over the images
+    best, other = selection[("g", "learns")]["scores"][5e-4], {"values": [0.5], "examples": [947]}
+    assert noise_margin(best, other) == pytest.approx(
+        1.96 * math.sqrt((0.529 * 0.471 + 0.5 * 0.5) / 947))
+    # runs that do not record their validation images: only an exact tie is one
+    for row in rows:
+        del row["val_examples"]
+    assert select(rows, plan, rates, [0])[("g", "stalled")]["rate"] == 1e-3
 
 
 @pytest.mark.one_backend

@@ -107,8 +107,10 @@ def select(rows, plan, rates, seeds):
     or a `{(group, variant): rates}` dict).
 
     Returns:
-        `{(group, variant): {"rate": chosen or None, "reason": why none, "scores": {rate:
-        {"values": final validation accuracies, "diverged": count, "missing": count}}}}`.
+        `{(group, variant): {"rate": chosen or None, "reason": why none, "tied": the best rate
+        and those within `noise_margin` of it (empty where none is), "scores": {rate: {"values": final validation
+        accuracies, "examples": their validation images, "diverged": count, "missing":
+        count}}}}`. The choice is the lowest of the best rate and those tied with it.
     """
     grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}
@@ -121,21 +123,46 @@ def select(rows, plan, rates, seeds):
                 completed = [r for r in runs if r["status"] == "completed"]
                 scores[rate] = {
                     "values": [float(r["val_accuracy"]) for r in completed],
+                    "examples": [int(r["val_examples"]) for r in completed
+                                 if r.get("val_examples") not in (None, "")],
                     "diverged": sum(r["status"] == "diverged" for r in runs),
                     "missing": len(seeds) - len(runs),
                 }
             pending = sum(score["missing"] for score in scores.values())
             eligible = {rate: float(np.mean(s["values"])) for rate, s in scores.items()
                         if not s["diverged"] and not s["missing"]}
-            rate, reason = None, None
+            rate, reason, tied = None, None, []
             if pending:
                 reason = f"{pending} sweep run(s) not finished"
             elif not eligible:
                 reason = "a run diverged at every rate"
             else:
-                rate = max(eligible, key=lambda r: (eligible[r], -r))  # a tie: the lower rate
-            selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores}
+                best = max(eligible, key=lambda r: (eligible[r], -r))
+                tied = sorted(r for r in eligible if eligible[best] - eligible[r]
+                              <= noise_margin(scores[best], scores[r]))
+                tied = tied if len(tied) > 1 else []
+                rate = min(tied or [best])  # a tie: the lower rate
+            selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores,
+                                        "tied": tied}
     return selection
+
+
+def noise_margin(first, second, z=1.96):
+    """The 95% margin of the difference of two rates' mean validation accuracies from the
+    validation images' sampling alone: `z` standard errors of a difference of proportions,
+    each over its runs' images (`scores` entries with `examples`); 0 where either has none.
+
+    The seeds' own spread is not in it (one sweep seed has none to measure), so it is the
+    least noise a difference carries: a difference inside it is a tie, never a choice.
+    """
+    variance = 0.0
+    for score in (first, second):
+        images = sum(score.get("examples") or [0])
+        if not images or len(score.get("examples") or ()) != len(score["values"]):
+            return 0.0
+        accuracy = float(np.mean(score["values"]))
+        variance += accuracy * (1 - accuracy) / images
+    return z * math.sqrt(variance)
 
 
 def at_chosen_rates(plan, selection, say=None):
@@ -180,10 +207,15 @@ def selection_table(selection, rates, group, final_rows=()):
             chosen = f"none ({choice['reason']})"
         else:
             chosen = rate_text(choice["rate"])
+            notes = []
             if len(scores) == 1:
-                chosen += " (its only rate)"
+                notes.append("its only rate")
             elif choice["rate"] in (min(scores), max(scores)):
-                chosen += " (edge of the grid)"
+                notes.append("edge of the grid")
+            if choice.get("tied"):
+                notes.append("the lowest of " + ", ".join(map(rate_text, choice["tied"]))
+                             + ", within the validation noise of the best")
+            chosen += f" ({'; '.join(notes)})" if notes else ""
             ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
                                   if (r["group"], r["variant"]) == (group, name)
                                   and r["status"] == "completed"

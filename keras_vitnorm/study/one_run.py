@@ -90,7 +90,8 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
     return {"group": group, "variant": name, "seed": config.seed,
             "learning_rate": config.learning_rate, "status": metrics["status"],
             **{key: metrics.get(key)
-               for key in ("test_accuracy", "val_accuracy", "diverged_at_step", "steps")},
+               for key in ("test_accuracy", "val_accuracy", "val_examples", "diverged_at_step",
+                           "steps")},
             "train_seconds": whole_train_seconds(metrics), "run_dir": run_dir}
 
 

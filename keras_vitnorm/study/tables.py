@@ -23,7 +23,8 @@ from keras_vitnorm.study.time_to_accuracy import time_to_accuracy_table
 from keras_vitnorm.study.variants import STEM_PAIRS
 
 RESULT_FIELDS = ("group", "variant", "seed", "learning_rate", "status", "test_accuracy",
-                 "val_accuracy", "diverged_at_step", "steps", "train_seconds", "run_dir")
+                 "val_accuracy", "val_examples", "diverged_at_step", "steps", "train_seconds",
+                 "run_dir")
 
 PATCH_EMBEDDING_LAYER = "stem/projection"
 _BLOCK_LAYER = re.compile(r"block_\d+/(attention/(qkv|out)|mlp/(fc1|fc2))")
