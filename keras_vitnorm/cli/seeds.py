@@ -15,12 +15,13 @@ def run_seeds(args, train, config, score, describe, **options):
     """Trains `config` once per seed in `<output_dir>/seed_<n>/` (a finished run read back unless
     `args.overwrite`); prints `describe(metrics)` per seed and the mean `metrics[score]`, 95% CI."""
     from keras_vitnorm import durable
+    from keras_vitnorm.training.run_layout import METRICS_FILE
     from keras_vitnorm.study.stats import confidence_interval
 
     scores = []
     for seed in args.seeds:
         run_dir = os.path.join(args.output_dir, f"seed_{seed}")
-        metrics = durable.read_json(os.path.join(run_dir, "metrics.json"))
+        metrics = durable.read_json(os.path.join(run_dir, METRICS_FILE))
         if metrics and not args.overwrite:
             if args.verbose:
                 print(f"seed {seed}: finished earlier in {run_dir}")

@@ -6,6 +6,7 @@ import shutil
 from keras_vitnorm import durable
 from keras_vitnorm.study.one_run import RUN_RESULT_FILES
 from keras_vitnorm.study.one_run import is_finished
+from keras_vitnorm.training.run_layout import METRICS_FILE
 
 
 def export_study(study_dir, destination):
@@ -43,7 +44,7 @@ def export_study(study_dir, destination):
         elif relative_root.split(os.sep)[0] == "figures":
             kept = [name for name in sorted(files) if name.endswith((".png", ".md"))]
         else:
-            if "metrics.json" not in files or not is_finished(root):
+            if METRICS_FILE not in files or not is_finished(root):
                 continue
             kept = [name for name in RUN_RESULT_FILES if name in files]
             runs += 1

@@ -18,6 +18,7 @@ from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.variants import DPN_ABLATIONS
 from keras_vitnorm.study.variants import LEVEL_COLUMNS
 from keras_vitnorm.study.variants import variant_factors
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 
 #: A completed run whose test accuracy stays below this has stalled (chance: 0.1 on CIFAR-10).
 STALL_ACCURACY = 0.2
@@ -138,7 +139,7 @@ def _gradient_ratio_cell(runs):
 def peak_step(run_dir):
     """The step ending the epoch of a run's best validation accuracy, or `None`."""
     metrics = read_metrics(run_dir) or {}
-    config = durable.read_json(os.path.join(run_dir, "train_config.json")) or {}
+    config = durable.read_json(os.path.join(run_dir, SETTINGS_FILE)) or {}
     if not metrics.get("best_epoch") or not config.get("steps_per_epoch"):
         return None
     return metrics["best_epoch"] * config["steps_per_epoch"]

@@ -11,6 +11,7 @@ from keras_vitnorm.analysis.patch_norm import RELIANCE_KEYS
 from keras_vitnorm.study.one_run import ANALYSIS_FILE
 from keras_vitnorm.study.stats import mean_ci_text
 from keras_vitnorm.study.stats import table_text
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 
 #: Images of each split every model classifies: at 2,000 the binomial standard error of
 #: an accuracy is at most 1.1 points.
@@ -62,7 +63,7 @@ def run_patch_statistics(run_dir, images_for, count=IMAGES, say=None):
     if say:
         say(f"patch statistics of {run_dir}")
     model = ViT.from_preset(preset)
-    run_config = durable.read_json(os.path.join(run_dir, "train_config.json"))
+    run_config = durable.read_json(os.path.join(run_dir, SETTINGS_FILE))
     images = images_for(run_config, tuple(model.input_shape[1:]), count)
     result = {"requested": count}
     for split, (x, y) in images.items():

@@ -24,6 +24,7 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 from keras_vitnorm.study.variants import get_variants
 from keras_vitnorm.training import run_files
 from keras_vitnorm.training.config import setting_changes
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 from keras_vitnorm.training.run_plan import FITTED_SETTINGS
 from keras_vitnorm.training.run_plan import fit_to_data
 from keras_vitnorm.training.trainer import load_training_data
@@ -70,7 +71,7 @@ def run_study(base, groups, seeds, output_dir, variants=None, verbose=1, take_ov
         raise ValueError("parallel and threads_per_run (--parallel, --threads-per-run) set how "
                          f"runs train here; with mode {mode!r} ({flag}) nothing trains here: "
                          "leave them out.")
-    if os.path.isfile(os.path.join(output_dir, "train_config.json")):
+    if os.path.isfile(os.path.join(output_dir, SETTINGS_FILE)):
         raise ValueError(f"{output_dir} is a training run's directory (it holds "
                          "train_config.json), not a study's: the study's files would mix with "
                          "the run's. Point --output-dir at a study directory, or a new one.")

@@ -14,6 +14,7 @@ from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.one_run import whole_train_seconds
 from keras_vitnorm.study.stats import kaplan_meier_median
 from keras_vitnorm.study.stats import table_text
+from keras_vitnorm.training.run_layout import SETTINGS_FILE
 from keras_vitnorm.training.run_layout import read_log
 
 
@@ -33,7 +34,7 @@ class Arrival(NamedTuple):
 
 def evaluation_steps(run_dir):
     """`(steps, validation accuracies)` of a finished run's evaluations, or `None`."""
-    settings = durable.read_json(os.path.join(run_dir, "train_config.json"))
+    settings = durable.read_json(os.path.join(run_dir, SETTINGS_FILE))
     metrics = read_metrics(run_dir)
     if settings is None or metrics is None:
         return None
