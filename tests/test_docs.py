@@ -11,12 +11,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.one_backend
 def test_every_number_of_the_guides_short_answer_recomputes_from_the_committed_results():
-    """tools/check_guide.py recomputes each number the short answer states from
+    """tools/check_guide.py recomputes each number the guide's answer states from
     docs/study-results/ and finds it in the text."""
     done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "check_guide.py")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "numbers found as computed" in done.stdout
+
+
+def test_the_guide_check_flags_a_figure_of_the_answer_that_no_check_recomputes():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import check_guide
+    finally:
+        sys.path.pop(0)
+    answer = "DeepNorm +7.4 ± 1.6 points, 3.1x the gradient, at p < 0.05; +7.4 again, 1e-3"
+    assert check_guide.unchecked_figures(answer, ["+7.4 ± 1.6", "not stated"]) == ["3.1x", "+7.4"]
+    assert check_guide.unchecked_figures(answer, ["+7.4 ± 1.6", "3.1x", "+7.4"]) == []
+
+
+def test_the_guide_answers_in_one_minute():
+    """A recommendation table within the guide's first 30 lines, then a short answer of
+    at most 600 words."""
+    with open(os.path.join(ROOT, "docs", "normalization-guide.md")) as f:
+        text = f.read()
+    head = text.splitlines()[:30]
+    assert "| your situation | use | the evidence |" in head
+    short = text.split("## The short answer", 1)[1].split("\n## ", 1)[0]
+    assert len(short.split()) <= 600
 
 
 @pytest.mark.one_backend

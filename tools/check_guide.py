@@ -1,14 +1,16 @@
-"""Recomputes the numbers of the normalization guide's short answer from the committed
-result files, and checks that the guide states each of them.
+"""Recomputes the numbers of the normalization guide's answer from the committed result
+files, and checks that the guide states each of them and no other.
 
     python tools/check_guide.py            # exit 0: every number checked is in the text
 
 Each check computes one number (or a few, as they are written in the guide) from a
 study folder under docs/study-results/ with the study's own statistics
-(`keras_vitnorm.study.stats`) and looks for the formatted text in the guide's short
-answer, with line breaks and repeated spaces ignored. A number that moved in the
+(`keras_vitnorm.study.stats`) and looks for the formatted text in the guide's findings
+in detail, with line breaks and repeated spaces ignored. A number that moved in the
 results, or a sentence rewritten without its number, fails the check, which names
-both.
+both. The one-minute answer and the short answer above it are held tighter: every
+decimal figure they state must lie inside a computed text that they state, or be one
+of `NOT_RESULTS` (the paper's figures, the model's size).
 """
 
 import csv
@@ -117,6 +119,8 @@ def checks():
                       difference(*c, variant, "pre_ln", signed=signed)))
         found.append((f"converged {label} against pre-LN by seed",
                       seed_differences(*c, variant, "pre_ln")))
+    found.append(("converged post-LN against pre-LN, signed",
+                  difference(*c, "post_ln", "pre_ln")))
     significant = [converged_p_values(v)[1] for v in ("deepnorm", "conv_stem", "post_ln",
                                                        "batchnorm")]
     found.append(("range of their Holm-adjusted p",
@@ -180,6 +184,8 @@ def checks():
         p = float(table_cell("cifar10-deep-cpu/deep_differences.md", f"| {variant} |", 6)
                   .rstrip(" *").lstrip("<"))
         verdict = "significant" if p < 0.05 else "not significant"
+        found.append((f"deep {variant} against pre-LN at each one's rate, the difference",
+                      difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')))
         found.append((f"deep {variant} against pre-LN at each one's rate", f"{label} against "
                       f"pre-LN: {difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')} "
                       f"points {seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
@@ -239,6 +245,8 @@ def checks():
             for model in ("S/16", "B/16") for backend in ("jax", "tensorflow", "torch")]
     found.append(("the conv stem's training throughput, CPU",
                   f"setting ({min(conv):.2f}x to {max(conv):.2f}x)"))
+    found.append(("the conv stem's training throughput, CPU, as the answer states it",
+                  f"{min(conv):.2f}x to {max(conv):.2f}x"))
     steps = {v: table_cell(table, "| steps to ", c).split(" ")[0] for v, c in columns.items()}
     found.append(("steps to pre-LN's final validation accuracy",
                   f"DeepNorm and the convolutional stem reach pre-LN's final validation accuracy "
@@ -250,20 +258,59 @@ def checks():
     return found
 
 
-def short_answer():
+#: Decimal figures the answer may state that are no result of this project's studies.
+NOT_RESULTS = {
+    "+0.2": "the paper's smallest DPN gain on ImageNet-1k (Table 1)",
+    "+1.9": "the paper's largest DPN gain on ImageNet-1k (Table 1)",
+    "+1.4": "the paper's DPN gain for Ti/16 on ImageNet-1k (Table 1)",
+    "1.2M": "the CIFAR-10 study's model size",
+    "0.05": "the significance level",
+}
+TOP, DETAIL, END = ("## The answer in one minute", "## The CIFAR-10 and digits findings in detail",
+                    "## What the paper reports")
+#: A decimal figure: 0.38x, +7.4, -6.6, 0.010, 12.5%, 1.2M (not 3,000 or 1e-3).
+DECIMAL = re.compile(r"[+-]?\d+\.\d+[xM%]?")
+
+
+def sections():
+    """`(answer, detail)`: the guide's one-minute and short answers, then its findings in
+    detail, each with line breaks and repeated spaces as one space."""
     with open(GUIDE) as f:
         text = f.read()
-    section = text.split("## The short answer", 1)[1].split("\n## ", 1)[0]
-    return re.sub(r"\s+", " ", section)
+    for heading in (TOP, DETAIL, END):
+        if heading not in text:
+            raise SystemExit(f"{GUIDE} has no section {heading!r}")
+    answer = text.split(TOP, 1)[1].split(DETAIL, 1)[0]
+    detail = text.split(DETAIL, 1)[1].split(END, 1)[0]
+    return re.sub(r"\s+", " ", answer), re.sub(r"\s+", " ", detail)
+
+
+def unchecked_figures(answer, computed):
+    """The decimal figures of `answer` found inside no `computed` text it states and not in
+    `NOT_RESULTS`, in order, each once."""
+    spans = []
+    for expected in computed:
+        start = answer.find(expected)
+        while start != -1:
+            spans.append((start, start + len(expected)))
+            start = answer.find(expected, start + 1)
+    loose = [m.group() for m in DECIMAL.finditer(answer)
+             if not any(a <= m.start() and m.end() <= b for a, b in spans)]
+    return list(dict.fromkeys(f for f in loose if f not in NOT_RESULTS))
 
 
 def main():
-    text = short_answer()
-    missing = [(what, expected) for what, expected in checks() if expected not in text]
+    answer, detail = sections()
+    found = checks()
+    missing = [(what, expected) for what, expected in found if expected not in detail]
     for what, expected in missing:
-        print(f"not in the short answer: {what}: {expected!r}")
-    print(f"{len(checks()) - len(missing)} of {len(checks())} numbers found as computed")
-    return 1 if missing else 0
+        print(f"not in the findings in detail: {what}: {expected!r}")
+    loose = unchecked_figures(answer, [expected for _, expected in found])
+    for figure in loose:
+        print(f"in the answer but recomputed by no check: {figure!r}")
+    print(f"{len(found) - len(missing)} of {len(found)} numbers found as computed; "
+          f"{len(loose)} figure(s) of the answer unchecked")
+    return 1 if missing or loose else 0
 
 
 if __name__ == "__main__":
