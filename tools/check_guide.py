@@ -3,10 +3,12 @@ files, and checks that the guide states each of them and no other.
 
     python tools/check_guide.py            # exit 0: every number checked is in the text
 
-Each check computes one number (or a few, as they are written in the guide) from a
-study folder under docs/study-results/ with the study's own statistics
-(`keras_vitnorm.study.stats`) and looks for the formatted text in the guide's findings
-in detail, with line breaks and repeated spaces ignored. A number that moved in the
+Each check computes one number (or a few, as they are written in the guide) from the
+raw files of a study folder under docs/study-results/ (results.csv, lr_sweep.csv, each
+run's own files, the benchmark JSON files of efficiency/) with the study's statistics
+and the functions that write its tables, never from a committed table, and looks for
+the formatted text in the guide's findings in detail, with line breaks and repeated
+spaces ignored. A number that moved in the
 results, or a sentence rewritten without its number, fails the check, which names
 both. The one-minute answer and the short answer above it are held tighter: every
 decimal figure they state must lie inside a computed text that they state, or be one
@@ -27,20 +29,34 @@ RESULTS = os.path.join(ROOT, "docs", "study-results")
 GUIDE = os.path.join(ROOT, "docs", "normalization-guide.md")
 sys.path.insert(0, ROOT)
 
+from efficiency_table import benchmark_rows  # noqa: E402
+from efficiency_table import study_runs  # noqa: E402
+from efficiency_table import time_to_accuracy_rows  # noqa: E402
+from keras_vitnorm.study.factors import depth_table  # noqa: E402
+from keras_vitnorm.study.factors import dpn_factor_table  # noqa: E402
+from keras_vitnorm.study.one_run import run_analysis  # noqa: E402
 from keras_vitnorm.study.stats import difference_interval  # noqa: E402
 from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
-from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
+from keras_vitnorm.study.tables import gradient_norm_table  # noqa: E402
+from keras_vitnorm.study.tables import summarize  # noqa: E402
 
 
 def rows(folder, name="results.csv"):
+    """The rows of a study folder's `name`, each `run_dir` the run's committed folder."""
     with open(os.path.join(RESULTS, folder, name), newline="") as f:
-        return list(csv.DictReader(f))
+        return [dict(r, run_dir=os.path.join(RESULTS, folder, r["run_dir"]))
+                for r in csv.DictReader(f)]
+
+
+def completed(folder, group, variant):
+    """The rows of the completed runs of a variant."""
+    return [r for r in rows(folder)
+            if r["group"] == group and r["variant"] == variant and r["status"] == "completed"]
 
 
 def accuracies(folder, group, variant, column="test_accuracy"):
     """`{seed: value}` of the completed runs of a variant."""
-    return {int(r["seed"]): float(r[column]) for r in rows(folder)
-            if r["group"] == group and r["variant"] == variant and r["status"] == "completed"}
+    return {int(r["seed"]): float(r[column]) for r in completed(folder, group, variant)}
 
 
 def points(value, signed=True, digits=1):
@@ -60,37 +76,21 @@ def seed_differences(folder, group, variant, baseline):
     return "(" + ", ".join(points(treated[s] - control[s]) for s in sorted(treated))
 
 
-def converged_p_values(variant):
-    """Welch and Holm-adjusted p of a converged variant against pre-LN, over the
-    comparisons of `converged_differences.md`."""
-    names = list(dict.fromkeys(r["variant"] for r in rows("cifar10-converged")))[1:]
-    control = list(accuracies("cifar10-converged", "converged", "pre_ln").values())
-    p = [welch_p_value(list(accuracies("cifar10-converged", "converged", n).values()), control)
-         for n in names]
-    adjusted = holm_adjusted(p)
-    return p[names.index(variant)], adjusted[names.index(variant)]
+def p_values(folder, group, variant):
+    """Welch and Holm-adjusted p of a variant against its group's baseline (the first), over
+    the comparisons of `<group>_differences.md`, as `tables.summarize` gives them."""
+    summary = summarize([r for r in rows(folder) if r["group"] == group])[1:]
+    p = [entry["p_value"] for entry in summary]
+    index = [entry["variant"] for entry in summary].index(variant)
+    return p[index], holm_adjusted(p)[index]
 
 
-def table_row(path, row_start):
-    """The one row of a committed markdown table whose text starts with `row_start`."""
-    with open(os.path.join(RESULTS, path)) as f:
-        lines = [line for line in f if line.startswith(row_start)]
+def markdown_cells(table, row_start):
+    """The cells of the one row of a markdown table's text that starts with `row_start`."""
+    lines = [line for line in table.splitlines() if line.startswith(row_start)]
     if len(lines) != 1:
-        raise ValueError(f"{path}: {len(lines)} rows start with {row_start!r}")
-    return lines[0]
-
-
-def row_cells(row):
-    return [cell.strip() for cell in row.strip().strip("|").split("|")]
-
-
-def table_cell(path, row_start, column):
-    """A cell of a committed markdown table: the row whose text starts with `row_start`."""
-    return row_cells(table_row(path, row_start))[column]
-
-
-def mean_of_table(path, row_start, column):
-    return float(table_cell(path, row_start, column).split(" ± ")[0])
+        raise ValueError(f"{len(lines)} rows of the table start with {row_start!r}")
+    return [cell.strip() for cell in lines[0].strip().strip("|").split("|")]
 
 
 def step_time_ratio(name, backend, variant):
@@ -121,14 +121,13 @@ def checks():
                       seed_differences(*c, variant, "pre_ln")))
     found.append(("converged post-LN against pre-LN, signed",
                   difference(*c, "post_ln", "pre_ln")))
-    significant = [converged_p_values(v)[1] for v in ("deepnorm", "conv_stem", "post_ln",
-                                                       "batchnorm")]
+    significant = [p_values(*c, v)[1] for v in ("deepnorm", "conv_stem", "post_ln", "batchnorm")]
     found.append(("range of their Holm-adjusted p",
                   f"Holm-adjusted p {min(significant):.3f} to {max(significant):.3f}"))
-    dpn_p, dpn_holm = converged_p_values("dual_patchnorm")
+    dpn_p, dpn_holm = p_values(*c, "dual_patchnorm")
     found.append(("converged DPN's p, alone and after Holm",
                   f"p-value is {dpn_p:.3f} alone and {dpn_holm:.3f} after Holm's correction"))
-    dyt_p, dyt_holm = converged_p_values("dyt")
+    dyt_p, dyt_holm = p_values(*c, "dyt")
     found.append(("converged DyT below pre-LN", difference(*c, "pre_ln", "dyt", signed=False)))
     found.append(("converged DyT by seed", seed_differences(*c, "dyt", "pre_ln")))
     found.append(("converged DyT's p", f"p {dyt_p:.3f} alone, {dyt_holm:.3f} after correction"))
@@ -137,8 +136,9 @@ def checks():
         depth_mean(f"deepnorm-depth_{d}") + "%" for d in (6, 12, 24))))
     found.append(("pre-LN by depth", " / ".join(
         depth_mean(f"pre_ln-depth_{d}") for d in (6, 12, 24))))
-    rms = mean_of_table("cifar10-depth/figures/depth_stability_residual_stream.md",
-                        "| pre_ln-depth_24 |", 4)
+    # the residual stream's RMS after the last block, the mean over seeds (analysis.json)
+    rms = np.mean([run_analysis(r["run_dir"])["residual_stream"]["rms"][-1]
+                   for r in completed("cifar10-depth", "depth_stability", "pre_ln-depth_24")])
     found.append(("pre-LN's residual-stream RMS after 24 blocks", f"(RMS {rms:.0f} after 24"))
     stalled = [float(r["test_accuracy"]) for r in rows("cifar10-depth")
                if r["group"] == "depth_stability" and r["variant"].startswith("post_ln-depth_")
@@ -148,9 +148,11 @@ def checks():
     found.append(("post-LN from 12 blocks: at chance and above",
                   f"in all {len(stalled)} runs ({at_chance} at chance, {len(above)} at "
                   f"{above[0]:.1f} to {above[-1]:.1f}%)"))
+    # as depth_stability_summary.md, from post-LN's runs at 24 blocks (grad_norms.csv)
+    deepest = depth_table([r for r in rows("cifar10-depth")
+                           if r["variant"].startswith("post_ln-depth_24")], "depth_stability")
     for warmup, key in (("yes", "with"), ("no", "without")):
-        cell = table_cell("cifar10-depth/depth_stability_summary.md",
-                          f"| post_ln | 24 | {warmup} |", 8).split(" ")[0]
+        cell = markdown_cells(deepest, f"| post_ln | 24 | {warmup} |")[8].split(" ")[0]
         exponent = math.floor(math.log10(float(cell)))
         rounded = f"{round(float(cell) / 10**exponent):d}e{exponent:d}".replace("e-0", "e-")
         found.append((f"post-LN's first-to-last gradient at depth 24 {key} warm-up", rounded))
@@ -162,11 +164,11 @@ def checks():
                   f"{100 * behind[0]:.0f} points behind pre-LN with warm-up and "
                   f"{100 * behind[1]:.0f} without"))
     # deep post-LN on the CPU: what trains at each rate of the sweep (seed 0)
-    summary = "cifar10-deep-cpu/deep_lr_sweep_summary.md"
+    summary = depth_table(rows("cifar10-deep-cpu", "lr_sweep.csv"), "deep")  # its _summary.md
     sweep = ("0.000125", "0.00025", "0.0005", "0.001")
-    post = {rate: table_row(summary, f"| post_ln | 12 | yes | {rate} |") for rate in sweep}
-    trained = [row_cells(post[r]) for r in ("0.000125", "0.00025")]
-    stalled = [row_cells(post[r]) for r in ("0.0005", "0.001")]
+    post = {rate: markdown_cells(summary, f"| post_ln | 12 | yes | {rate} |") for rate in sweep}
+    trained = [post[r] for r in ("0.000125", "0.00025")]
+    stalled = [post[r] for r in ("0.0005", "0.001")]
     assert all(c[5] == "1" for c in trained) and all(c[5] == "0" for c in stalled), \
         "deep_cpu: post-LN no longer trains at the two lowest rates and stalls at the others"
     found.append(("deep post-LN's test accuracy at the two lowest rates",
@@ -181,8 +183,7 @@ def checks():
     # each at its own rate, 3 seeds: the Welch interval and the seeds, and significance
     # after Holm's correction over the table's 2 comparisons
     for variant, label in (("post_ln", "post-LN"), ("deepnorm", "DeepNorm")):
-        p = float(table_cell("cifar10-deep-cpu/deep_differences.md", f"| {variant} |", 6)
-                  .rstrip(" *").lstrip("<"))
+        p = p_values("cifar10-deep-cpu", "deep", variant)[1]
         verdict = "significant" if p < 0.05 else "not significant"
         found.append((f"deep {variant} against pre-LN at each one's rate, the difference",
                       difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')))
@@ -190,8 +191,7 @@ def checks():
                       f"pre-LN: {difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')} "
                       f"points {seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
                       f"{verdict})"))
-    deepnorm = [row_cells(table_row(summary, f"| deepnorm | 12 | yes | {rate} |"))
-                for rate in sweep]
+    deepnorm = [markdown_cells(summary, f"| deepnorm | 12 | yes | {rate} |") for rate in sweep]
     assert all(c[5] == "1" for c in deepnorm), "deep_cpu: DeepNorm no longer trains at every rate"
     test = sorted(float(c[8]) for c in deepnorm)
     found.append(("deep DeepNorm's test accuracy over the sweep",
@@ -203,8 +203,9 @@ def checks():
             - np.mean(list(accuracies(*f, f"dpn-{lv}").values())) for lv in levels]
     found.append(("DPN's 3,000-step deficit range",
                   f"{100 * min(gaps):.1f} to {100 * max(gaps):.1f} points below"))
-    found.append(("DPN at 40,000 images, Holm-adjusted p", "p " + table_cell(
-        "cifar10-factors/dpn_factors_differences.md", "| 4 | 40,000 | dpn |", 8)))
+    differences = dpn_factor_table(rows("cifar10-factors"))  # dpn_factors_differences.md
+    found.append(("DPN at 40,000 images, Holm-adjusted p",
+                  "p " + markdown_cells(differences, "| 4 | 40,000 | dpn |")[8]))
     schedule = [difference("cifar10-factors", "dpn_schedule", f"dpn-s{n}", f"patch-s{n}",
                            digits=2) for n in (3000, 12000)]
     found.append(("DPN by schedule length", f"from {schedule[0]} points to {schedule[1]}"))
@@ -213,41 +214,37 @@ def checks():
             ("cifar10-factors", "dpn_factors", ("patch-p4-n10000", "dpn-p4-n10000"), "3,000 steps"),
             ("cifar10-factors", "dpn_schedule", ("patch-s12000", "dpn-s12000"), "12,000 steps"),
             ("cifar10-converged", "converged", ("pre_ln", "dual_patchnorm"), "converged")):
-        cells = [table_cell(f"{folder}/gradient_norms.md", f"| {group} | {stem} |", 6)
-                 .split(" ± ")[0] for stem in stems]
-        ratios = [table_cell(f"{folder}/gradient_norms.md", f"| {group} | {stem} |", 3)
-                  .split(" ± ")[0] for stem in stems]
-        found.append((f"patch embedding's gradient norm, {label}", f"{cells[0]} to {cells[1]}"))
+        table = gradient_norm_table(rows(folder))  # <folder>/gradient_norms.md
+        means = [[cell.split(" ± ")[0] for cell in markdown_cells(table, f"| {group} | {stem} |")]
+                 for stem in stems]
+        found.append((f"patch embedding's gradient norm, {label}",
+                      f"{means[0][6]} to {means[1][6]}"))
         found.append((f"its ratio to the largest block layer, {label}",
-                      f"{ratios[0]}x and {ratios[1]}x"))
-    early = [table_cell("cifar10/gradient_norms.md", f"| {stem} |", 2).split(" ± ")[0]
-             for stem in ("patch", "dual_patchnorm")]
-    found.append(("early gradient-norm ratios", f"{early[0]}x without DPN and {early[1]}x"))
-    digits = [table_cell("digits/gradient_norms.md", f"| {stem} |", 2).split(" ± ")[0]
-              for stem in ("patch", "dual_patchnorm")]
-    found.append(("digits gradient-norm ratios", f"ratio is {digits[0]} without DPN, {digits[1]}"))
+                      f"{means[0][3]}x and {means[1][3]}x"))
     # stems in the early studies
     for folder, label in (("digits", "*digits*"), ("cifar10", "*early*")):
-        gain = float(table_cell(f"{folder}/stems_differences.md", "| conv |", 4).split(" ± ")[0])
-        found.append((f"{label} conv stem", f"{label} {gain:+.1f}"))
-    # efficiency: the CPU half of the efficiency table and the converged steps to accuracy
-    table = "efficiency/efficiency_table_cpu.md"
-    header = row_cells(table_row(table, "| setting |"))
-    columns = {v: header.index(v) for v in ("dual_patchnorm", "post_ln", "deepnorm", "conv_stem",
-                                             "dyt", "batchnorm")}
+        stems = summarize([r for r in rows(folder) if r["group"] == "stems"])
+        gain = next(entry["gain"] for entry in stems if entry["variant"] == "conv")
+        found.append((f"{label} conv stem", f"{label} {points(gain)}"))
+    # efficiency: the rows of efficiency_table_cpu.md, from its benchmark files (the CPU
+    # training throughput) and the converged study's runs (the steps to accuracy)
+    training = {row["setting"].split(" (")[0]: row["cells"] for model in ("s16", "b16")
+                for row in benchmark_rows(os.path.join(RESULTS, "efficiency",
+                                                       f"variants_{model}_cpu.json"))}
     found.append(("DyT's training throughput on JAX at S/16, withdrawn as it does not replicate",
                   "DyT on JAX at S/16 was "
-                  + table_cell(table, "| S/16 training, CPU jax ", columns["dyt"]).split(" ")[0]
+                  + training["S/16 training, CPU jax"]["dyt"].split(" ")[0]
                   + " pre-LN's throughput in the efficiency table's benchmark and "
                   + f"{step_time_ratio('variants_s16_float32.json', 'jax', 'dyt'):.3f}x"))
-    conv = [float(table_cell(table, f"| {model} training, CPU {backend} ", columns["conv_stem"])
-                  .split("x")[0])
+    conv = [float(training[f"{model} training, CPU {backend}"]["conv_stem"].split("x")[0])
             for model in ("S/16", "B/16") for backend in ("jax", "tensorflow", "torch")]
     found.append(("the conv stem's training throughput, CPU",
                   f"setting ({min(conv):.2f}x to {max(conv):.2f}x)"))
     found.append(("the conv stem's training throughput, CPU, as the answer states it",
                   f"{min(conv):.2f}x to {max(conv):.2f}x"))
-    steps = {v: table_cell(table, "| steps to ", c).split(" ")[0] for v, c in columns.items()}
+    _, runs = study_runs(os.path.join(RESULTS, "cifar10-converged"), "converged")
+    steps_row = time_to_accuracy_rows("pre-LN's final validation accuracy", runs)[0]
+    steps = {v: cell.split(" ")[0] for v, cell in steps_row["cells"].items()}
     found.append(("steps to pre-LN's final validation accuracy",
                   f"DeepNorm and the convolutional stem reach pre-LN's final validation accuracy "
                   f"in {steps['deepnorm']} its steps, post-LN in {steps['post_ln']}, BatchNorm "
