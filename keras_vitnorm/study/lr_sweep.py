@@ -118,21 +118,42 @@ def select(rows, plan, rates, seeds):
                 completed = [r for r in runs if r["status"] == "completed"]
                 scores[rate] = {
                     "values": [float(r["val_accuracy"]) for r in completed],
+                    "examples": [int(r["val_examples"]) for r in completed
+                                 if r.get("val_examples") not in (None, "")],
                     "diverged": sum(r["status"] == "diverged" for r in runs),
                     "missing": len(seeds) - len(runs),
                 }
             pending = sum(score["missing"] for score in scores.values())
             eligible = {rate: float(np.mean(s["values"])) for rate, s in scores.items()
                         if not s["diverged"] and not s["missing"]}
-            rate, reason = None, None
+            rate, reason, tied = None, None, []
             if pending:
                 reason = f"{pending} sweep run(s) not finished"
             elif not eligible:
                 reason = "a run diverged at every rate"
             else:
-                rate = max(eligible, key=lambda r: (eligible[r], -r))  # a tie: the lower rate
-            selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores}
+                best = max(eligible, key=lambda r: (eligible[r], -r))
+                tied = sorted(r for r in eligible if eligible[best] - eligible[r]
+                              <= noise_margin(scores[best], scores[r]))
+                tied = tied if len(tied) > 1 else []
+                rate = min(tied or [best])  # a tie: the lower rate
+            selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores,
+                                        "tied": tied}
     return selection
+
+
+def noise_margin(first, second, z=1.96):
+    """The 95% margin of the difference of two rates' mean validation accuracies from the
+    validation images' sampling alone (`z` standard errors of a difference of
+    proportions); 0 where either score has no `examples`."""
+    variance = 0.0
+    for score in (first, second):
+        images = sum(score.get("examples") or [0])
+        if not images or len(score.get("examples") or ()) != len(score["values"]):
+            return 0.0
+        accuracy = float(np.mean(score["values"]))
+        variance += accuracy * (1 - accuracy) / images
+    return z * math.sqrt(variance)
 
 
 def at_chosen_rates(plan, selection, say=None):
@@ -184,8 +205,11 @@ def selection_table(selection, rates, group, final_rows=()):
             chosen = f"none ({choice['reason']})"
         else:
             chosen = rate_text(choice["rate"])
-            if choice["rate"] in (min(scores), max(scores)):
-                chosen += " (edge of the grid)"
+            notes = ["edge of the grid"] if choice["rate"] in (min(scores), max(scores)) else []
+            if choice.get("tied"):
+                notes.append("the lowest of " + ", ".join(map(rate_text, choice["tied"]))
+                             + ", within the validation noise of the best")
+            chosen += f" ({'; '.join(notes)})" if notes else ""
             ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
                                   if (r["group"], r["variant"]) == (group, name)
                                   and r["status"] == "completed"

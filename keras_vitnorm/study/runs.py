@@ -59,6 +59,7 @@ def run_one(config, group, name, run_dir, verbose, take_over_lock=False, probe_i
         "status": metrics["status"],
         "test_accuracy": metrics.get("test_accuracy"),
         "val_accuracy": metrics.get("val_accuracy"),
+        "val_examples": metrics.get("val_examples"),
         "diverged_at_step": metrics.get("diverged_at_step"),
         "steps": metrics.get("steps"),
         "train_seconds": whole_train_seconds(metrics),

@@ -30,7 +30,7 @@ from keras_vitnorm.study.variants import STEM_PAIRS
 
 RESULT_FIELDS = (
     "group", "variant", "seed", "learning_rate", "status", "test_accuracy", "val_accuracy",
-    "diverged_at_step", "steps", "train_seconds", "run_dir",
+    "val_examples", "diverged_at_step", "steps", "train_seconds", "run_dir",
 )
 
 
