@@ -221,6 +221,16 @@ def checks():
                       f"{means[0][6]} to {means[1][6]}"))
         found.append((f"its ratio to the largest block layer, {label}",
                       f"{means[0][3]}x and {means[1][3]}x"))
+    # Imagenette in 16-px patches: post-LN's seed-0 sweep, where no rate learns (below 20%
+    # validation and test accuracy, chance being 10%, in every run)
+    post = sorted((r for r in rows("imagenette-cpu", "lr_sweep.csv") if r["variant"] == "post_ln"),
+                  key=lambda r: float(r["learning_rate"]))
+    assert all(r["status"] == "completed" and max(float(r["val_accuracy"]),
+                                                  float(r["test_accuracy"])) < 0.2 for r in post), \
+        "imagenette-cpu: post-LN learns at a rate of its sweep"
+    rates = [f"{float(r['learning_rate']):.0e}".replace("e-0", "e-") for r in post]
+    found.append(("Imagenette post-LN's sweep rates, none of which learns",
+                  f"learns at none of the rates {', '.join(rates[:-1])} and {rates[-1]}"))
     # stems in the early studies
     for folder, label in (("digits", "*digits*"), ("cifar10", "*early*")):
         stems = summarize([r for r in rows(folder) if r["group"] == "stems"])
@@ -263,7 +273,7 @@ NOT_RESULTS = {
     "1.2M": "the CIFAR-10 study's model size",
     "0.05": "the significance level",
 }
-TOP, DETAIL, END = ("## The answer in one minute", "## The CIFAR-10 and digits findings in detail",
+TOP, DETAIL, END = ("## The answer in one minute", "## The findings in detail",
                     "## What the paper reports")
 #: A decimal figure: 0.38x, +7.4, -6.6, 0.010, 12.5%, 1.2M (not 3,000 or 1e-3).
 DECIMAL = re.compile(r"[+-]?\d+\.\d+[xM%]?")
