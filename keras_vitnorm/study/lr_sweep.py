@@ -107,10 +107,10 @@ def select(rows, plan, rates, seeds):
     or a `{(group, variant): rates}` dict).
 
     Returns:
-        `{(group, variant): {"rate": chosen or None, "reason": why none, "tied": the best rate
-        and those within `noise_margin` of it (empty where none is), "scores": {rate: {"values": final validation
-        accuracies, "examples": their validation images, "diverged": count, "missing":
-        count}}}}`. The choice is the lowest of the best rate and those tied with it.
+        `{(group, variant): {"rate": chosen or None, "reason": why none, "tied": the best
+        rate and those within `noise_margin` of it (empty where none is), "scores": {rate:
+        {"values": final validation accuracies, "examples": their validation images,
+        "diverged": count, "missing": count}}}}`. The choice is the lowest tied rate.
     """
     grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}
