@@ -1578,11 +1578,10 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
         finished = {float(r["learning_rate"]): {"values": [float(r["val_accuracy"])],
                                                  "examples": [int(r["val_examples"])]}
                     for r in runs_ if r["status"] == "completed"}
-        best = max(sorted(finished), key=lambda rate: finished[rate]["values"])
-        tied[variant] = [rate for rate in sorted(finished) if finished[best]["values"][0]
-                         - finished[rate]["values"][0]
-                         <= lr_sweep.noise_margin(finished[best], finished[rate])]
-        chosen[variant] = tied[variant][0]  # the lowest of the rates tied with the best
+        chosen[variant] = max(sorted(finished), key=lambda rate: finished[rate]["values"])
+        tied[variant] = [rate for rate in sorted(finished)
+                         if finished[chosen[variant]]["values"][0] - finished[rate]["values"][0]
+                         <= lr_sweep.noise_margin(finished[chosen[variant]], finished[rate])]
     # the final runs: each variant at its chosen rate, the sweep's seed-1 run shared
     assert [(r["variant"], r["seed"], r["learning_rate"]) for r in rows] == [
         (v, s, chosen[v]) for v in ("layernorm", "rmsnorm") for s in (0, 1)]
@@ -1598,8 +1597,8 @@ def test_each_variant_trains_at_the_rate_its_sweep_chose_on_validation(tmp_path,
     line = next(line for line in table if line.startswith("| rmsnorm |"))
     notes = ["edge of the grid"] if chosen["rmsnorm"] == 1e-4 else []  # 1e38: the other edge
     if len(tied["rmsnorm"]) > 1:
-        notes.append(f"the lowest of {', '.join(f'{r:g}' for r in tied['rmsnorm'])}, within the "
-                     "validation noise of the best")
+        notes.append("tied within the validation noise: "
+                     + ", ".join(f"{r:g}" for r in tied["rmsnorm"]))
     note = f" ({'; '.join(notes)})" if notes else ""
     assert "1 diverged" in line and f"| {chosen['rmsnorm']:g}{note} | " in line
     # the margin of a tie comes from the final runs' two seeds at the chosen rate
@@ -1794,7 +1793,7 @@ def test_a_rate_is_chosen_only_when_its_sweep_has_finished_and_not_where_a_run_d
                                      "reason": "a run diverged at every rate"}
 
 
-def test_rates_within_the_validation_noise_of_the_best_tie_and_the_lowest_is_chosen():
+def test_rates_within_the_validation_noise_of_the_chosen_one_tie_and_widen_the_sweep():
     from keras_vitnorm.study.lr_sweep import extend
     from keras_vitnorm.study.lr_sweep import noise_margin
     from keras_vitnorm.study.lr_sweep import select
@@ -1802,30 +1801,36 @@ def test_rates_within_the_validation_noise_of_the_best_tie_and_the_lowest_is_cho
 
     rates = [5e-4, 1e-3, 2e-3]
     finals = {"stalled": (0.1246, 0.1257, 0.1045),  # a variant that learns at no rate
-              "learns": (0.529, 0.436, 0.325)}
-    rows = [{"group": "g", "variant": v, "learning_rate": rate, "seed": 0,
+              "learns": (0.529, 0.436, 0.325), "flat_top": (0.40, 0.50, 0.51)}
+    rows = [{"group": "g", "variant": v, "learning_rate": rate, "seed": seed,
              "status": "completed", "val_accuracy": a, "val_examples": "947"}
-            for v, accuracies in finals.items() for rate, a in zip(rates, accuracies)]
+            for v, accuracies in finals.items() for rate, a in zip(rates, accuracies)
+            for seed in (0, 1)]  # two seeds score the same 947 images
     plan = [("g", [(v, ({}, {})) for v in finals])]
-    selection = select(rows, plan, rates, [0])
-    # 1e-3 is best by 1 image in 947 and 2e-3 by 20: chance alone spreads them that far
-    assert selection[("g", "stalled")]["rate"] == 5e-4
+    selection = select(rows, plan, rates, [0, 1])
+    # the best mean is the choice; 1e-3 is best by 1 image in 947 and 2e-3 behind by 20:
+    # chance alone spreads rates that far, so all three tie and the grid widens both ways
+    assert selection[("g", "stalled")]["rate"] == 1e-3
     assert selection[("g", "stalled")]["tied"] == rates
     assert selection[("g", "learns")]["rate"] == 5e-4 and selection[("g", "learns")]["tied"] == []
-    # so the stalled variant's sweep goes on to lower rates, as the learning one's does
+    # the top rate is best by one point, tied with 1e-3: the grid widens upward only
+    assert selection[("g", "flat_top")]["rate"] == 2e-3
+    assert selection[("g", "flat_top")]["tied"] == [1e-3, 2e-3]
     grids = {key: list(rates) for key in selection}
-    assert extend(grids, selection, rates)[("g", "stalled")] == [2.5e-4, *rates]
+    assert extend(grids, selection, rates) == {("g", "stalled"): [2.5e-4, *rates, 4e-3],
+                                               ("g", "learns"): [2.5e-4, *rates],
+                                               ("g", "flat_top"): [*rates, 4e-3]}
     table = selection_table(selection, rates, "g")
-    assert "| 0.0005 (edge of the grid; the lowest of 0.0005, 0.001, 0.002, within the " \
-           "validation noise of the best) |" in table
-    # the margin: 1.96 standard errors of a difference of proportions over the images
+    assert "| 0.001 (tied within the validation noise: 0.0005, 0.001, 0.002) |" in table
+    # the margin: 1.96 standard errors of a difference of proportions over the images one
+    # run scores (the seeds' runs score the same images, so they add none)
     best, other = selection[("g", "learns")]["scores"][5e-4], {"values": [0.5], "examples": [947]}
     assert noise_margin(best, other) == pytest.approx(
         1.96 * math.sqrt((0.529 * 0.471 + 0.5 * 0.5) / 947))
     # runs that do not record their validation images: only an exact tie is one
     for row in rows:
         del row["val_examples"]
-    assert select(rows, plan, rates, [0])[("g", "stalled")]["rate"] == 1e-3
+    assert select(rows, plan, rates, [0, 1])[("g", "stalled")]["tied"] == []
 
 
 @pytest.mark.one_backend

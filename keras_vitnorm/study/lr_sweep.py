@@ -65,19 +65,21 @@ def grids_of(plan, rates=None, own=None, base_rate=None):
 
 
 def extend(grids, selection, base, limit=EXTEND_LIMIT):
-    """`grids` with the next rate, at the grid's ratio, beyond the end of a variant's grid
-    where its choice is that end (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets 4e-3), while fewer
-    than `limit` rates lie beyond that end of its `base` grid (a list, or a dict)."""
+    """`grids` with the next rate, at the grid's ratio, beyond each end of a variant's grid
+    that is its choice or tied with it (5e-4, 1e-3, 2e-3 chosen at 2e-3 gets 4e-3; all
+    three tied get 2.5e-4 and 4e-3), while fewer than `limit` rates lie beyond that end of
+    its `base` grid (a list, or a dict)."""
     wider = {}
     for key, grid in grids.items():
-        grid, rate = list(grid), selection[key]["rate"]
+        grid, choice = list(grid), selection[key]
         rates = base[key] if isinstance(base, dict) else base
-        if len(rates) < 2 or rate is None:
-            pass
-        elif rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
-            grid.append(float(f"{grid[-1] * grid[-1] / grid[-2]:.6g}"))
-        elif rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
-            grid.insert(0, float(f"{grid[0] * grid[0] / grid[1]:.6g}"))
+        best = {choice["rate"], *choice.get("tied", ())} - {None}
+        if len(rates) >= 2 and best:
+            top, bottom = grid[-1] in best, grid[0] in best
+            if top and sum(r > rates[-1] for r in grid) < limit:
+                grid.append(float(f"{grid[-1] * grid[-1] / grid[-2]:.6g}"))
+            if bottom and sum(r < rates[0] for r in grid) < limit:
+                grid.insert(0, float(f"{grid[0] * grid[0] / grid[1]:.6g}"))
         wider[key] = grid
     return wider
 
@@ -107,10 +109,11 @@ def select(rows, plan, rates, seeds):
     or a `{(group, variant): rates}` dict).
 
     Returns:
-        `{(group, variant): {"rate": chosen or None, "reason": why none, "tied": the best
+        `{(group, variant): {"rate": chosen or None, "reason": why none, "tied": the chosen
         rate and those within `noise_margin` of it (empty where none is), "scores": {rate:
         {"values": final validation accuracies, "examples": their validation images,
-        "diverged": count, "missing": count}}}}`. The choice is the lowest tied rate.
+        "diverged": count, "missing": count}}}}`. The choice is the best mean; the rates
+        tied with it say where else the peak may lie (`extend` widens the grid there).
     """
     grids = rates if isinstance(rates, dict) else grids_of(plan, rates)
     selection = {}
@@ -137,11 +140,10 @@ def select(rows, plan, rates, seeds):
             elif not eligible:
                 reason = "a run diverged at every rate"
             else:
-                best = max(eligible, key=lambda r: (eligible[r], -r))
-                tied = sorted(r for r in eligible if eligible[best] - eligible[r]
-                              <= noise_margin(scores[best], scores[r]))
+                rate = max(eligible, key=lambda r: (eligible[r], -r))  # a tie: the lower rate
+                tied = sorted(r for r in eligible if eligible[rate] - eligible[r]
+                              <= noise_margin(scores[rate], scores[r]))
                 tied = tied if len(tied) > 1 else []
-                rate = min(tied or [best])  # a tie: the lower rate
             selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores,
                                         "tied": tied}
     return selection
@@ -149,16 +151,18 @@ def select(rows, plan, rates, seeds):
 
 def noise_margin(first, second, z=1.96):
     """The 95% margin of the difference of two rates' mean validation accuracies from the
-    validation images' sampling alone: `z` standard errors of a difference of proportions,
-    each over its runs' images (`scores` entries with `examples`); 0 where either has none.
+    sampling of the validation images alone: `z` standard errors of a difference of two
+    proportions, each over the images one run scores (`scores` entries with `examples`;
+    the sweep's seeds score the same images); 0 where a run did not record its count.
 
-    The seeds' own spread is not in it (one sweep seed has none to measure), so it is the
-    least noise a difference carries: a difference inside it is a tie, never a choice.
+    The seeds' own spread is not in it (one sweep seed has none to measure): two rates
+    closer than this are not told apart by the validation set.
     """
     variance = 0.0
     for score in (first, second):
-        images = sum(score.get("examples") or [0])
-        if not images or len(score.get("examples") or ()) != len(score["values"]):
+        examples = score.get("examples") or []
+        images = min(examples, default=0)
+        if not images or len(examples) != len(score["values"]):
             return 0.0
         accuracy = float(np.mean(score["values"]))
         variance += accuracy * (1 - accuracy) / images
@@ -213,8 +217,8 @@ def selection_table(selection, rates, group, final_rows=()):
             elif choice["rate"] in (min(scores), max(scores)):
                 notes.append("edge of the grid")
             if choice.get("tied"):
-                notes.append("the lowest of " + ", ".join(map(rate_text, choice["tied"]))
-                             + ", within the validation noise of the best")
+                notes.append("tied within the validation noise: "
+                             + ", ".join(map(rate_text, choice["tied"])))
             chosen += f" ({'; '.join(notes)})" if notes else ""
             ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
                                   if (r["group"], r["variant"]) == (group, name)
