@@ -61,10 +61,11 @@ def extend(grids, selection, rates, limit=EXTEND_LIMIT):
     `rates`. A variant with no choice yet keeps its grid."""
     wider = {}
     for key, grid in grids.items():
-        grid, rate = list(grid), selection[key]["rate"]
-        if rate is not None and rate == grid[-1] and sum(r > rates[-1] for r in grid) < limit:
+        grid, choice = list(grid), selection[key]
+        best = {choice["rate"], *choice.get("tied", ())} - {None}  # an end tied with it too
+        if grid[-1] in best and sum(r > rates[-1] for r in grid) < limit:
             grid.append(_rounded(grid[-1] * grid[-1] / grid[-2]))
-        elif rate is not None and rate == grid[0] and sum(r < rates[0] for r in grid) < limit:
+        if grid[0] in best and sum(r < rates[0] for r in grid) < limit:
             grid.insert(0, _rounded(grid[0] * grid[0] / grid[1]))
         wider[key] = grid
     return wider
@@ -132,11 +133,10 @@ def select(rows, plan, rates, seeds):
             elif not eligible:
                 reason = "a run diverged at every rate"
             else:
-                best = max(eligible, key=lambda r: (eligible[r], -r))
-                tied = sorted(r for r in eligible if eligible[best] - eligible[r]
-                              <= noise_margin(scores[best], scores[r]))
+                rate = max(eligible, key=lambda r: (eligible[r], -r))  # a tie: the lower rate
+                tied = sorted(r for r in eligible if eligible[rate] - eligible[r]
+                              <= noise_margin(scores[rate], scores[r]))
                 tied = tied if len(tied) > 1 else []
-                rate = min(tied or [best])  # a tie: the lower rate
             selection[(group, name)] = {"rate": rate, "reason": reason, "scores": scores,
                                         "tied": tied}
     return selection
@@ -148,8 +148,9 @@ def noise_margin(first, second, z=1.96):
     proportions); 0 where either score has no `examples`."""
     variance = 0.0
     for score in (first, second):
-        images = sum(score.get("examples") or [0])
-        if not images or len(score.get("examples") or ()) != len(score["values"]):
+        examples = score.get("examples") or []
+        images = min(examples, default=0)  # the sweep's seeds score the same images
+        if not images or len(examples) != len(score["values"]):
             return 0.0
         accuracy = float(np.mean(score["values"]))
         variance += accuracy * (1 - accuracy) / images
@@ -207,8 +208,8 @@ def selection_table(selection, rates, group, final_rows=()):
             chosen = rate_text(choice["rate"])
             notes = ["edge of the grid"] if choice["rate"] in (min(scores), max(scores)) else []
             if choice.get("tied"):
-                notes.append("the lowest of " + ", ".join(map(rate_text, choice["tied"]))
-                             + ", within the validation noise of the best")
+                notes.append("tied within the validation noise: "
+                             + ", ".join(map(rate_text, choice["tied"])))
             chosen += f" ({'; '.join(notes)})" if notes else ""
             ties = _ties(choice, [float(r["val_accuracy"]) for r in final_rows
                                   if (r["group"], r["variant"]) == (group, name)
