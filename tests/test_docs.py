@@ -19,6 +19,7 @@ def test_every_number_of_the_guides_answer_recomputes_from_the_committed_results
     assert "numbers found as computed" in done.stdout
 
 
+@pytest.mark.one_backend
 def test_the_guide_check_flags_a_figure_of_the_answer_that_no_check_recomputes():
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
@@ -34,6 +35,7 @@ def test_the_guide_check_flags_a_figure_of_the_answer_that_no_check_recomputes()
                                                   *exempt]) == []
 
 
+@pytest.mark.one_backend
 def test_the_guide_answers_in_one_minute():
     """A recommendation table within the guide's first 30 lines, then a short answer of
     at most 600 words."""

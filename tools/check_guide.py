@@ -8,11 +8,11 @@ raw files of a study folder under docs/study-results/ (results.csv, lr_sweep.csv
 run's own files, the benchmark JSON files of efficiency/) with the study's statistics
 and the functions that write its tables, never from a committed table, and looks for
 the formatted text in the guide's findings in detail, with line breaks and repeated
-spaces ignored. A number that moved in the
-results, or a sentence rewritten without its number, fails the check, which names
-both. The one-minute answer and the short answer after it are held tighter: every
-decimal figure they state must lie inside a computed text that they state, or inside
-one of the phrases of `NOT_RESULTS` (the paper's figures, the model's size).
+spaces ignored. A number that moved in the results, or a sentence rewritten without
+its number, fails the check, which names both. The one-minute answer and the short
+answer after it are held tighter: every decimal figure they state must lie inside a
+computed text that they state, or inside one of the phrases of `NOT_RESULTS` (the
+paper's figures, the model's size).
 """
 
 import csv
@@ -190,11 +190,11 @@ def checks():
     for variant, label in (("post_ln", "post-LN"), ("deepnorm", "DeepNorm")):
         p = p_values("cifar10-deep-cpu", "deep", variant)[1]
         verdict = "significant" if p < 0.05 else "not significant"
-        found.append((f"deep {variant} against pre-LN at each one's rate, the difference",
-                      difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')))
+        gain = difference("cifar10-deep-cpu", "deep", variant, "pre_ln")
+        found.append((f"deep {variant} against pre-LN at each one's rate, the difference", gain))
         found.append((f"deep {variant} against pre-LN at each one's rate", f"{label} against "
-                      f"pre-LN: {difference('cifar10-deep-cpu', 'deep', variant, 'pre_ln')} "
-                      f"points {seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
+                      f"pre-LN: {gain} points "
+                      f"{seed_differences('cifar10-deep-cpu', 'deep', variant, 'pre_ln')}; "
                       f"{verdict})"))
     deepnorm = [markdown_cells(summary, f"| deepnorm | 12 | yes | {rate} |") for rate in sweep]
     assert all(c[5] == "1" for c in deepnorm), "deep_cpu: DeepNorm no longer trains at every rate"
@@ -279,7 +279,6 @@ def checks():
     return found
 
 
-#: Decimal figures the answer may state that are no result of this project's studies.
 #: The phrases, as the answer states them, whose decimal figures are no result of this
 #: project's studies: each figure is exempt only inside its phrase.
 NOT_RESULTS = {

@@ -15,8 +15,8 @@ def run_seeds(args, train, config, score, describe, **options):
     """Trains `config` once per seed in `<output_dir>/seed_<n>/` (a finished run read back unless
     `args.overwrite`); prints `describe(metrics)` per seed and the mean `metrics[score]`, 95% CI."""
     from keras_vitnorm import durable
-    from keras_vitnorm.training.run_layout import METRICS_FILE
     from keras_vitnorm.study.stats import confidence_interval
+    from keras_vitnorm.training.run_layout import METRICS_FILE
 
     scores = []
     for seed in args.seeds:
