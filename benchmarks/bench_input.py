@@ -15,7 +15,8 @@ then again from the decoded images it keeps, as in every pass after the first); 
 model on one batch already on the device (as tf.data's prefetch gives it), in
 `--mixed-precision` (the study recipes train in `mixed_bfloat16`). Each is the median
 over `--rounds` rounds. The input is not the bottleneck while a pipeline's images per
-second stay well above the step's: the table gives the ratio.
+second stay well above the step's: the table gives the ratio, and the input's share
+of the time where input and step take turns on one core (a study run's one thread).
 
 Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
 
@@ -133,13 +134,27 @@ def main(argv=None):
         steps.append((time.perf_counter() - began) / 3)
     step_rate = args.batch_size / statistics.median(steps)
 
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
-          f"{args.batch_size}, recipe {args.recipe}, {os.cpu_count()} CPU cores; median of "
-          f"{args.rounds} rounds\n")
-    print("| what | images/s | vs the training step |\n|---|---|---|")
+          f"{args.batch_size}, recipe {args.recipe}, {cores} CPU core(s) for this process; "
+          f"median of {args.rounds} rounds\n")
+    print("| what | images/s | vs the training step | share of a step on one core |\n"
+          "|---|---|---|---|")
     for name, rate in rows:
-        print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x |")
-    print(f"| training step ({model_name}, {args.mixed_precision}) | {step_rate:,.0f} | 1.0x |")
+        print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x | "
+              f"{input_share(rate, step_rate):.0%} |")
+    print(f"| training step ({model_name}, {args.mixed_precision}) | {step_rate:,.0f} | 1.0x "
+          "| |")
+
+
+def input_share(input_rate, step_rate):
+    """The input's share of the time when input and step take turns on one core.
+
+    Reading an image takes 1/input_rate seconds and training on it 1/step_rate, so the
+    input's share of the two is step_rate / (input_rate + step_rate): how much slower a
+    run gets when its one core also feeds it.
+    """
+    return step_rate / (input_rate + step_rate)
 
 
 if __name__ == "__main__":

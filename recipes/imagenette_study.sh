@@ -23,9 +23,10 @@
 # The CPU recipe: AdamW at batch 64, 3,990 steps (30 passes over 8,522 training images),
 # 399 warm-up steps (3 passes) then cosine decay, decoupled weight decay 0.1, clipping
 # at 1.0; random zoom-in crops and flips, MixUp 0.2 and stochastic depth 0.1, without
-# RandAugment (on 2 cores its tf.data input reads 122 images/s against the step's 137:
-# it would halve the training rate; without it the input takes 4% of the step,
-# docs/normalization-guide.md, "The Imagenette CPU study"). The images are resized
+# RandAugment: on the one core each run has, its tf.data input reads 61 images/s
+# against the step's 67, so it would take 52% of a run's time; without it the input
+# reads 1,157 images/s, 5% of the time (benchmarks/bench_input.py, recipes
+# imagenette and imagenette_cpu; docs/study-results/imagenette-cpu). The images are resized
 # once to 112 px with an antialiased filter (tools/resize_folder.py, into
 # <out>/imagenette_112) and kept decoded in memory by the input pipeline.
 #

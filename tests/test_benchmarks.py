@@ -512,7 +512,20 @@ def test_input_benchmark_times_each_pipeline_against_the_training_step(capsys):
     if importlib.util.find_spec("tensorflow"):
         expected.append("tf.data input")
     assert sorted(set(rows) - {"what"}) == sorted(expected)
-    assert rows[step].endswith("| 1.0x |")
+    assert rows[step].endswith("| 1.0x | |")
+    step_rate = float(rows[step].split("|")[2].replace(",", ""))
+    for name in set(expected) - {step}:
+        cells = [cell.strip() for cell in rows[name].split("|")]
+        rate, share = float(cells[2].replace(",", "")), float(cells[4].rstrip("%"))
+        # Input and step taking turns on one core: the input's share of their time.
+        assert abs(share - 100 * step_rate / (rate + step_rate)) < 1.5, rows[name]
+
+
+def test_input_share_is_the_inputs_part_of_a_turn_taking_core():
+    # 1 s to read 100 images, 1 s to train on them: half the time is input.
+    assert bench_input.input_share(100, 100) == 0.5
+    # Input 3x as fast as the step: a quarter of the time.
+    assert bench_input.input_share(300, 100) == 0.25
 
 
 def test_parallel_worker_waits_at_the_barrier_and_the_table_gives_the_ratio(tmp_path, monkeypatch):
