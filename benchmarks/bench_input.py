@@ -138,7 +138,7 @@ def main(argv=None):
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
           f"{args.batch_size}, recipe {args.recipe}, {cores} CPU core(s) for this process; "
           f"median of {args.rounds} rounds\n")
-    print("| what | images/s | vs the training step | share of a step on one core |\n"
+    print("| what | images/s | vs the training step | input's share of one core's time |\n"
           "|---|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / step_rate:.1f}x | "
@@ -151,8 +151,8 @@ def input_share(input_rate, step_rate):
     """The input's share of the time when input and step take turns on one core.
 
     Reading an image takes 1/input_rate seconds and training on it 1/step_rate, so the
-    input's share of the two is step_rate / (input_rate + step_rate): how much slower a
-    run gets when its one core also feeds it.
+    input's share of the two is step_rate / (input_rate + step_rate): the part of a
+    run's time its one core spends feeding it.
     """
     return step_rate / (input_rate + step_rate)
 
