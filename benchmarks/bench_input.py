@@ -30,7 +30,6 @@ Recipes (those of recipes/cifar10_study.sh and recipes/imagenette_study.sh):
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -80,6 +79,7 @@ def main(argv=None):
     import numpy as np
 
     from keras_vitnorm import ViT
+    from keras_vitnorm.study.workers import usable_cores
     from keras_vitnorm.training import data as data_lib
 
     size = (args.image_size, args.image_size)
@@ -134,7 +134,7 @@ def main(argv=None):
         steps.append((time.perf_counter() - began) / 3)
     step_rate = args.batch_size / statistics.median(steps)
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     print(f"{keras.backend.backend()} backend, {args.dataset} at {size[0]}x{size[1]}, batch "
           f"{args.batch_size}, recipe {args.recipe}, {cores} CPU core(s) for this process; "
           f"median of {args.rounds} rounds\n")

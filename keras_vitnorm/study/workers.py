@@ -45,10 +45,15 @@ def thread_environment(threads, environ=None):
     return env
 
 
+def usable_cores():
+    """The CPU cores this process may run on (its affinity, e.g. under `taskset`);
+    `None` where the platform cannot tell."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def default_threads_per_run(parallel):
     """The CPU cores this process may use, shared out over `parallel` runs (at least 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // parallel)
+    return max(1, (usable_cores() or 1) // parallel)
 
 
 def child_command(job_file):
