@@ -133,6 +133,9 @@ def test_bad_input_is_named():
         LiT(ViT(**TOWER), ["a", "b"])
 
 
+# The command's seeds, report and skipping; LiT's training on each backend is
+# test_validation_batches_mix_classes's, its file test_keras_models.py's.
+@pytest.mark.one_backend
 def test_lit_command_trains_seeds_and_reports_zero_shot_accuracy(tmp_path, capsys):
     argv = ["lit", "--output-dir", str(tmp_path), "--image-size", "16", "--set", "patch_size=4", "--set", "width=32",
             "--set", "depth=1", "--set", "num_heads=4", "--set", "mlp_dim=64", "--embed-dim", "16",

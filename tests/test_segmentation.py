@@ -211,6 +211,9 @@ def test_train_segmenter_writes_its_run_and_refuses_to_replace_it(tmp_path):
         SegmentationConfig(epochs=0)
 
 
+# The command's seeds, skipping and report; the segmenter's training on each backend is
+# test_train_segmenter_writes_its_run_and_refuses_to_replace_it's.
+@pytest.mark.one_backend
 def test_segment_command_runs_seeds_skips_finished_ones_and_reports_a_ci(tmp_path, capsys):
     from keras_vitnorm.cli import main
 

@@ -138,6 +138,9 @@ def base_config():
                                    warmup_steps=1, tensorboard=False, grad_norm_every=2)
 
 
+# The runner's skipping, tables, figures and export; training on each backend is
+# test_divergent_runs_are_recorded_not_dropped's and test_analysis.py's.
+@pytest.mark.one_backend
 def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, capsys):
     import matplotlib.pyplot as plt
 

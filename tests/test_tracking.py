@@ -33,6 +33,8 @@ def _history(client, run_id, key):
                                                key=lambda m: m.step)]
 
 
+# MLflow's records of a run, written from Keras' callbacks: no backend enters them.
+@pytest.mark.one_backend
 def test_a_run_killed_and_resumed_is_one_mlflow_run_with_every_epoch_once(tmp_path, monkeypatch):
     client = _client(tmp_path, monkeypatch)
     out = tmp_path / "run"
@@ -70,6 +72,8 @@ def test_a_run_killed_and_resumed_is_one_mlflow_run_with_every_epoch_once(tmp_pa
     assert run.data.metrics["final_test_accuracy"] == pytest.approx(metrics["test_accuracy"])
 
 
+# MLflow's records of a study, written from Keras' callbacks: no backend enters them.
+@pytest.mark.one_backend
 def test_a_study_is_the_parent_of_its_runs_with_its_tables(tmp_path, monkeypatch):
     client = _client(tmp_path, monkeypatch)
     study = tmp_path / "s"

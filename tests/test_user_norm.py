@@ -109,6 +109,9 @@ def test_register_norm_refuses_built_in_names_clashes_and_non_layers():
                           stem_norm_learnable=False)
 
 
+# The command line's lookup of a registered name; the norm on each backend is
+# test_a_user_norm_in_every_slot_trains_saves_and_reloads's.
+@pytest.mark.one_backend
 def test_the_command_line_takes_a_registered_norm_by_name(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
     status = cli.main(["train", *TINY_ARGV, "--norm", "scalenorm", "--stem", "dual_patchnorm",
@@ -139,6 +142,9 @@ train = { learning_rate = 0.002 }
 """
 
 
+# The variants file's study; the norm on each backend is
+# test_a_user_norm_in_every_slot_trains_saves_and_reloads's.
+@pytest.mark.one_backend
 def test_a_two_variant_study_from_a_variants_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(normalization.NORM_MODULES_VARIABLE, MODULE_PATH)
     (tmp_path / "study.toml").write_text(VARIANTS)

@@ -68,6 +68,8 @@ def test_the_rate_is_chosen_on_mean_validation_accuracy_and_reported_on_test():
     assert vtab.preset_label("runs/b16_dpn/preset") == "b16_dpn" and vtab.preset_label("x.npz") == "x.npz"
 
 
+# The sweep's runs, skipping and table; fine-tuning on each backend is test_training.py's.
+@pytest.mark.one_backend
 def test_vtab_sweep_trains_each_rate_and_seed_resumes_and_writes_the_table(tmp_path, capsys):
     ViT(**TINY, num_classes=10).save_to_preset(tmp_path / "model_a")
     argv = ["vtab", "--presets", str(tmp_path / "model_a"), "--datasets", "digits", "--lrs", "0.01", "0.001",
