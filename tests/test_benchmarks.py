@@ -446,7 +446,7 @@ def test_variant_memory_worker_measures_the_variant_it_is_given(monkeypatch):
 @pytest.mark.skipif(not sys.platform.startswith("linux"),
                     reason="the peak restarts only on Linux (/proc/self/clear_refs)")
 def test_peak_memory_on_the_cpu_counts_what_the_run_held_at_most():
-    size = 64 * 2 ** 20
+    size = 128 * 2 ** 20
 
     def run():
         held = np.ones(size, np.uint8)  # every page touched
@@ -454,7 +454,11 @@ def test_peak_memory_on_the_cpu_counts_what_the_run_held_at_most():
 
     peak, what = _memory.peak_memory(run, "cpu", "torch")
     assert what == "host peak RSS"
-    assert size - 2 ** 20 <= peak < 2 * size  # within a MiB: the kernel counts pages lazily
+    # Within a tenth: the kernel counts resident pages lazily, and after a thousand tests
+    # the process's other threads may free or take a few MiB while `run` holds its array.
+    # Reading the current memory instead of the peak gives about 0, a peak never reset
+    # the process's whole high-water mark above what it holds now.
+    assert 0.9 * size <= peak < 1.5 * size
 
 
 @pytest.mark.one_backend
