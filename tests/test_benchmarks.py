@@ -456,8 +456,7 @@ def test_peak_memory_on_the_cpu_counts_what_the_run_held_at_most():
     assert what == "host peak RSS"
     # Within a tenth: the kernel counts resident pages lazily, and after a thousand tests
     # the process's other threads may free or take a few MiB while `run` holds its array.
-    # Reading the current memory instead of the peak gives about 0, a peak never reset
-    # the process's whole high-water mark above what it holds now.
+    # Reading the current memory instead of the peak would give about 0.
     assert 0.9 * size <= peak < 1.5 * size
 
 
