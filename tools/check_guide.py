@@ -228,19 +228,18 @@ def checks():
                       f"{means[0][3]}x and {means[1][3]}x"))
     # Imagenette in 16-px patches, the seed-0 sweep: the rates at which a variant learns
     # (validation and test accuracy at 20% or more, chance being 10%) and those where not
-    def imagenette_rates(variant, learns):
-        sweep = sorted((r for r in rows("imagenette-cpu", "lr_sweep.csv")
-                        if r["variant"] == variant and r["seed"] == "0"),
-                       key=lambda r: float(r["learning_rate"]))
-        assert all(r["status"] == "completed" for r in sweep), f"imagenette-cpu: {variant}"
-        return [rate_text(float(r["learning_rate"])) for r in sweep
-                if (min(float(r["val_accuracy"]), float(r["test_accuracy"])) >= 0.2) == learns]
-
     def listed(rates):
         return ", ".join(rates[:-1]) + " and " + rates[-1] if len(rates) > 1 else rates[0]
 
     def where_it_learns(variant, name):
-        learns, stalls = imagenette_rates(variant, True), imagenette_rates(variant, False)
+        sweep = sorted((r for r in rows("imagenette-cpu", "lr_sweep.csv")
+                        if r["variant"] == variant and r["seed"] == "0"),
+                       key=lambda r: float(r["learning_rate"]))
+        assert all(r["status"] == "completed" for r in sweep), f"imagenette-cpu: {variant}"
+        learns, stalls = [], []
+        for r in sweep:
+            learned = min(float(r["val_accuracy"]), float(r["test_accuracy"])) >= 0.2
+            (learns if learned else stalls).append(rate_text(float(r["learning_rate"])))
         if not learns:
             return f"{name} learns at none of the rates {listed(stalls)}"
         if not stalls:
