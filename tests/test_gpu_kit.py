@@ -361,9 +361,10 @@ def test_a_data_part_is_what_a_call_carries_beside_the_tree_and_the_wheels(tmp_p
     with pytest.raises(ValueError, match=r"the working tree \(60,000,000\) and the wheels "
                                          r"\(3,000,000\) with a margin of 4,000,000 leave 0"):
         carry.part_size(60_000_000, 3_000_000)
-    # The committed tree leaves parts of at least 30 MB beside the wheels (2.9 MB), so
-    # that CIFAR-10 stages in at most 4 calls and Imagenette in 6.
-    assert carry.part_size(carry.tree_bytes(ROOT), 3_000_000) >= 30_000_000
+    # The committed tree leaves parts of at least 38 MB beside the wheels (2.9 MB), so
+    # that CIFAR-10 (92.7 MB) stages in 3 calls and Imagenette (150.5 MB) in 4, as
+    # tools/gpu/README.md plans them.
+    assert carry.part_size(carry.tree_bytes(ROOT), 3_000_000) >= 38_000_000
     wheels = tmp_path / "whl"
     os.makedirs(wheels)
     (wheels / "keras.whl").write_bytes(b"0" * 1000)

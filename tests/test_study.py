@@ -1,6 +1,7 @@
 """The ablation runner: statistics, restart without redoing runs, tables, figures, CLI."""
 
 import dataclasses
+import gzip
 import math
 import os
 
@@ -216,13 +217,24 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     assert not any(part in ("preset", "checkpoints", "backup") for path in copied
                    for part in path.split(os.sep))
     dpn_run = os.path.join("stems", "dual_patchnorm", "seed_0")
-    assert {os.path.join(dpn_run, name) for name in one_run.RUN_RESULT_FILES} <= copied
+    kept = set(one_run.RUN_RESULT_FILES) - {"grad_norms.csv"} | {"grad_norms.csv.gz"}
+    assert {os.path.join(dpn_run, name) for name in kept} <= copied
+    # the gradient norms travel gzip-compressed, the same bytes at every export
+    assert not any(path.endswith("grad_norms.csv") for path in copied)
+    compressed = os.path.join(exported, dpn_run, "grad_norms.csv.gz")
+    with gzip.open(compressed, "rb") as f:
+        assert f.read() == open(os.path.join(study, dpn_run, "grad_norms.csv"), "rb").read()
+    first = open(compressed, "rb").read()
+    assert export_study(study, exported) == 4
+    assert open(compressed, "rb").read() == first
     analysis = one_run.run_analysis(os.path.join(exported, dpn_run))
     np.testing.assert_array_equal(
         analysis["stem_scale"], stem_scale_map(ViT.from_preset(os.path.join(study, dpn_run, "preset"))))
     assert one_run.run_analysis(os.path.join(exported, "stems", "patch", "seed_0"))["stem_scale"] is None
     shutil.rmtree(os.path.join(exported, "figures"))
     os.remove(os.path.join(exported, "stems_patch_statistics.md"))
+    gradient_table = open(os.path.join(exported, "gradient_norms.md")).read()
+    os.remove(os.path.join(exported, "gradient_norms.md"))
     trained.clear()
     redrawn = run_study(base_config(), ["stems"], [0, 1], exported, subset, verbose=0)
     assert trained == []
@@ -230,6 +242,7 @@ def test_runner_skips_finished_runs_and_makes_figures(tmp_path, monkeypatch, cap
     for name in ("stems_stem_scales.png", "stems_residual_stream.png", "stems_gradient_norms.png"):
         assert os.path.exists(os.path.join(exported, "figures", name)), name
     assert open(os.path.join(exported, "stems_patch_statistics.md")).read() == statistics
+    assert open(os.path.join(exported, "gradient_norms.md")).read() == gradient_table
     # Without weights, a result made for another number of images is left out, not mixed in.
     from keras_vitnorm.study.patch_statistics import run_patch_statistics
 

@@ -1,9 +1,12 @@
 """Copying a study's results, without weights, to another directory (docs/study.md)."""
 
+import gzip
 import os
 import shutil
 
 from keras_vitnorm import durable
+from keras_vitnorm.study.one_run import COMPRESSED_GRAD_NORMS_FILE
+from keras_vitnorm.study.one_run import GRAD_NORMS_FILE
 from keras_vitnorm.study.one_run import RUN_RESULT_FILES
 from keras_vitnorm.study.one_run import is_finished
 from keras_vitnorm.training.run_layout import METRICS_FILE
@@ -12,7 +15,9 @@ from keras_vitnorm.training.run_layout import METRICS_FILE
 def export_study(study_dir, destination):
     """Copies a study's settings, result files, tables, figures and the `RUN_RESULT_FILES`
     of every finished run into `destination`; returns the number of runs copied. Unfinished
-    runs are left out: they could not resume without their checkpoints."""
+    runs are left out: they could not resume without their checkpoints. A run's
+    `grad_norms.csv` is kept gzip-compressed, as `grad_norms.csv.gz`, byte for byte the
+    same at every export of the same run."""
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
     study, target = os.path.abspath(study_dir), os.path.abspath(destination)
@@ -28,10 +33,14 @@ def export_study(study_dir, destination):
                          "another directory.")
 
     def copy(relative):
-        target = os.path.join(destination, relative)
+        source, target = os.path.join(study_dir, relative), os.path.join(destination, relative)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        durable.write_file(target, lambda temporary: shutil.copyfile(
-            os.path.join(study_dir, relative), temporary))
+        if os.path.basename(relative) != GRAD_NORMS_FILE:
+            durable.write_file(target, lambda temporary: shutil.copyfile(source, temporary))
+            return
+        durable.write_file(target + ".gz", lambda temporary: compress(source, temporary))
+        if os.path.exists(target):  # left by an export that copied it uncompressed
+            os.remove(target)
 
     runs = 0
     for root, directories, files in os.walk(study_dir):
@@ -46,8 +55,17 @@ def export_study(study_dir, destination):
         else:
             if METRICS_FILE not in files or not is_finished(root):
                 continue
-            kept = [name for name in RUN_RESULT_FILES if name in files]
+            kept = [name for name in RUN_RESULT_FILES + (COMPRESSED_GRAD_NORMS_FILE,)
+                    if name in files]
             runs += 1
         for name in kept:
             copy(os.path.normpath(os.path.join(relative_root, name)))
     return runs
+
+
+def compress(source, target):
+    """Writes `source` gzip-compressed to `target`, with no name or time in the header,
+    so that the same file always gives the same bytes."""
+    with open(source, "rb") as plain, open(target, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed:
+            shutil.copyfileobj(plain, packed)

@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from keras_vitnorm import durable
+from keras_vitnorm.study.one_run import grad_norms_file
 from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.one_run import read_metrics
 from keras_vitnorm.study.stats import difference_interval
@@ -123,9 +124,9 @@ def first_to_last_block_gradient(grad_norms_csv):
 
 def _gradient_ratio_cell(runs):
     """Geometric mean and range over `runs` of `first_to_last_block_gradient`."""
-    paths = [os.path.join(r["run_dir"], "grad_norms.csv") for r in runs
+    paths = [grad_norms_file(r["run_dir"]) for r in runs
              if r["status"] == "completed" and r.get("run_dir")]
-    ratios = [first_to_last_block_gradient(path) for path in paths if os.path.exists(path)]
+    ratios = [first_to_last_block_gradient(path) for path in paths if path]
     ratios = [r for r in ratios if not math.isnan(r)]
     if not ratios:
         return "n/a"

@@ -1,7 +1,6 @@
 """Matplotlib figures of what is inside a study's trained models, saved as PNG:
 accuracy and gradient norms by depth, the stem's learned scale, the residual stream."""
 
-import csv
 import math
 import re
 
@@ -10,6 +9,7 @@ import numpy as np
 from keras_vitnorm.analysis.probes import depth_group
 from keras_vitnorm.study.figures import pyplot
 from keras_vitnorm.study.figures import save
+from keras_vitnorm.study.one_run import grad_norm_records
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.variants import variant_factors
 
@@ -61,11 +61,10 @@ def depth_profile(grad_norms_csv):
     the records; step 0 (where the zero head leaves every other gradient zero) is left
     out when later records exist."""
     per_step = {}
-    with open(grad_norms_csv, newline="") as f:
-        for row in csv.DictReader(f):
-            group = depth_group(row["group"] + "/weight")
-            step = per_step.setdefault(int(row["step"]), {})
-            step[group] = step.get(group, 0.0) + float(row["norm"]) ** 2
+    for step, layer, norm in grad_norm_records(grad_norms_csv):
+        group = depth_group(layer + "/weight")
+        groups = per_step.setdefault(step, {})
+        groups[group] = groups.get(group, 0.0) + norm**2
     if len(per_step) > 1:
         per_step.pop(0, None)
     groups = sorted({g for step in per_step.values() for g in step}, key=_depth_order)

@@ -2,6 +2,7 @@
 model gives the study's figures (`run_one`, in the study's process or a worker's)."""
 
 import csv
+import gzip
 import json
 import os
 
@@ -56,13 +57,38 @@ def recorded_differences(config, run_dir):
     return "; ".join(f"{key}: planned {plan!r}, recorded {run!r}" for key, plan, run in changes)
 
 
-def read_grad_norms(grad_norms_csv):
-    """A run's `grad_norms.csv` as `{step: {layer: norm}}`, without the records where
-    the zero-initialized head leaves every other gradient zero."""
-    steps = {}
-    with open(grad_norms_csv, newline="") as f:
+#: A run's per-layer gradient norms (`train --grad-norm-every`): the one result file that
+#: grows with the run's length and its depth, so `export_study` keeps it gzip-compressed
+#: (a fifth of the bytes), under `COMPRESSED_GRAD_NORMS_FILE`.
+GRAD_NORMS_FILE = "grad_norms.csv"
+COMPRESSED_GRAD_NORMS_FILE = GRAD_NORMS_FILE + ".gz"
+
+
+def grad_norms_file(run_dir):
+    """The path of the run's gradient norms, its `grad_norms.csv` or, in an exported
+    study, `grad_norms.csv.gz`; `None` where it has neither."""
+    for name in (GRAD_NORMS_FILE, COMPRESSED_GRAD_NORMS_FILE):
+        path = os.path.join(run_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def grad_norm_records(grad_norms_csv):
+    """The `(step, layer, norm)` records of a `grad_norms.csv`, read gzip-compressed where
+    its name ends in `.gz`."""
+    opener = gzip.open if os.fspath(grad_norms_csv).endswith(".gz") else open
+    with opener(grad_norms_csv, "rt", newline="") as f:
         for row in csv.DictReader(f):
-            steps.setdefault(int(row["step"]), {})[row["group"]] = float(row["norm"])
+            yield int(row["step"]), row["group"], float(row["norm"])
+
+
+def read_grad_norms(grad_norms_csv):
+    """A run's `grad_norms.csv` (or `.csv.gz`) as `{step: {layer: norm}}`, without the
+    records where the zero-initialized head leaves every other gradient zero."""
+    steps = {}
+    for step, layer, norm in grad_norm_records(grad_norms_csv):
+        steps.setdefault(step, {})[layer] = norm
     return {step: layers for step, layers in steps.items()
             if any(norm for layer, norm in layers.items() if layer != "head")}
 
@@ -120,7 +146,7 @@ def whole_train_seconds(metrics):
 
 ANALYSIS_FILE = "analysis.json"
 #: What `export_study` copies of a finished run: no weights, checkpoints or locks.
-RUN_RESULT_FILES = (SETTINGS_FILE, METRICS_FILE, "log.csv", "grad_norms.csv", ANALYSIS_FILE)
+RUN_RESULT_FILES = (SETTINGS_FILE, METRICS_FILE, "log.csv", GRAD_NORMS_FILE, ANALYSIS_FILE)
 
 
 def run_analysis(run_dir, probe_images=None):

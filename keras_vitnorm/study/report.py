@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_vitnorm import durable
 from keras_vitnorm.study import factors
+from keras_vitnorm.study.one_run import grad_norms_file
 from keras_vitnorm.study.one_run import run_analysis
 from keras_vitnorm.study.stats import table_text
 from keras_vitnorm.study.tables import summarize
@@ -62,12 +63,12 @@ def make_figures(rows, figure_dir, probe_images=None):
 
 
 def _grad_norm_runs(finished, variants):
-    """`{"<variant> (seed <s>)": grad_norms.csv}` of each of `variants`' first run."""
+    """`{"<variant> (seed <s>)": gradient norms file}` of each of `variants`' first run."""
     found = {}
     for variant in variants:
         run = next((r for r in finished if r["variant"] == variant), None)
-        path = run and os.path.join(run["run_dir"], "grad_norms.csv")
-        if path and os.path.exists(path):
+        path = run and grad_norms_file(run["run_dir"])
+        if path:
             found[f"{variant} (seed {run['seed']})"] = path
     return found
 

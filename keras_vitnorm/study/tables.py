@@ -11,6 +11,7 @@ from keras_vitnorm import durable
 from keras_vitnorm.study import factors
 from keras_vitnorm.study.overview import overview_table
 from keras_vitnorm.study.overview import read_step_times
+from keras_vitnorm.study.one_run import grad_norms_file
 from keras_vitnorm.study.one_run import read_grad_norms
 from keras_vitnorm.study.stats import confidence_interval
 from keras_vitnorm.study.stats import difference_interval
@@ -59,11 +60,10 @@ def gradient_norm_table(rows):
         for variant in variants:
             runs = [r for r in rows if r["group"] == group and r["variant"] == variant
                     and r["status"] == "completed"
-                    and os.path.exists(os.path.join(r["run_dir"], "grad_norms.csv"))]
+                    and grad_norms_file(r["run_dir"])]
             if not runs:
                 continue
-            stats = [patch_embedding_gradient_ratio(os.path.join(r["run_dir"], "grad_norms.csv"))
-                     for r in runs]
+            stats = [patch_embedding_gradient_ratio(grad_norms_file(r["run_dir"])) for r in runs]
             ratio_to_max, ratio_to_median, patch, block = (
                 mean_ci_text([s[key] for s in stats], 1) for key in
                 ("ratio_to_max", "ratio_to_median", "patch_norm", "largest_block_norm"))

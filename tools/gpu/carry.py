@@ -39,7 +39,7 @@ def part_size(tree, wheels, margin=MARGIN):
             f"a device call carries {LIMIT:,} bytes; the working tree ({tree:,}) and the wheels "
             f"({wheels:,}) with a margin of {margin:,} leave {max(size, 0):,} for a data part, "
             f"under the {MINIMUM:,} a staging call should carry: make the committed study "
-            "results smaller (most of their bytes are the runs' grad_norms.csv)")
+            "results smaller (most of their bytes are the runs' grad_norms.csv.gz)")
     return size
 
 
