@@ -9,15 +9,16 @@ from keras_vitnorm.study.one_run import COMPRESSED_GRAD_NORMS_FILE
 from keras_vitnorm.study.one_run import GRAD_NORMS_FILE
 from keras_vitnorm.study.one_run import RUN_RESULT_FILES
 from keras_vitnorm.study.one_run import is_finished
+from keras_vitnorm.study.overview import STEP_TIMES_FILE
 from keras_vitnorm.training.run_layout import METRICS_FILE
 
 
 def export_study(study_dir, destination):
-    """Copies a study's settings, result files, tables, figures and the `RUN_RESULT_FILES`
-    of every finished run into `destination`; returns the number of runs copied. Unfinished
-    runs are left out: they could not resume without their checkpoints. A run's
-    `grad_norms.csv` is kept gzip-compressed, as `grad_norms.csv.gz`, byte for byte the
-    same at every export of the same run."""
+    """Copies a study's settings, result files, step times (`STEP_TIMES_FILE`), tables,
+    figures and the `RUN_RESULT_FILES` of every finished run into `destination`; returns
+    the number of runs copied. Unfinished runs are left out: they could not resume without
+    their checkpoints. A run's `grad_norms.csv` is kept gzip-compressed, as
+    `grad_norms.csv.gz`, byte for byte the same at every export of the same run."""
     if not os.path.isfile(os.path.join(study_dir, "study_config.json")):
         raise ValueError(f"{study_dir!r} is not a study directory (no study_config.json).")
     study, target = os.path.abspath(study_dir), os.path.abspath(destination)
@@ -49,7 +50,8 @@ def export_study(study_dir, destination):
         relative_root = os.path.relpath(root, study_dir)
         if relative_root == ".":
             kept = [name for name in sorted(files) if name.endswith(".md") or name in (
-                "study_config.json", "results.csv", "lr_sweep.csv", "fewshot.csv")]
+                "study_config.json", "results.csv", "lr_sweep.csv", "fewshot.csv",
+                STEP_TIMES_FILE)]
         elif relative_root.split(os.sep)[0] == "figures":
             kept = [name for name in sorted(files) if name.endswith((".png", ".md"))]
         else:
