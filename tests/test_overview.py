@@ -302,15 +302,20 @@ def test_step_times_tool_writes_the_groups_median_step_times(tmp_path, capsys):
 
 def test_an_exported_study_keeps_its_step_times_and_redraws_the_same_overview(tmp_path):
     """The overview's step-time column comes from step_times.json: export_study copies it
-    with results.csv, so the tables redrawn from the copy are the study's own."""
+    with results.csv, so the overview drawn from the copy is the study's own."""
     from keras_vitnorm.study import export_study
 
     rows = overview_rows(tmp_path)
     study = tmp_path / "study"
-    tables.write_results(rows, str(study))
+    study.mkdir()
     (study / "study_config.json").write_text("{}")
     step_times = {"base": 0.1, "fast": 0.05, "slow": 0.2}
     (study / "step_times.json").write_text(json.dumps(step_times))
+    tables.write_results(rows, str(study))
     exported = tmp_path / "exported"
     export_study(str(study), str(exported))
     assert read_step_times(str(exported), step_times) == step_times
+    redrawn = overview_table(rows, tables.summarize(rows),
+                             read_step_times(str(exported), step_times))
+    assert redrawn == (study / "g_overview.md").read_text()
+    assert "Step time: from `step_times.json`, measured alone." in redrawn
