@@ -314,8 +314,8 @@ def test_an_exported_study_keeps_its_step_times_and_redraws_the_same_overview(tm
     tables.write_results(rows, str(study))
     exported = tmp_path / "exported"
     export_study(str(study), str(exported))
-    assert read_step_times(str(exported), step_times) == step_times
-    redrawn = overview_table(rows, tables.summarize(rows),
-                             read_step_times(str(exported), step_times))
+    copied = read_step_times(str(exported), step_times)
+    assert copied == step_times
+    redrawn = overview_table(rows, tables.summarize(rows), copied)
     assert redrawn == (study / "g_overview.md").read_text()
     assert "Step time: from `step_times.json`, measured alone." in redrawn
