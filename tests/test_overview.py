@@ -270,34 +270,71 @@ def test_step_times_tool_writes_the_groups_median_step_times(tmp_path, capsys):
     tables.write_rows(rows, str(study), "results.csv")
     durable.write_json(str(study / "study_config.json"), {"batch_size": 32})
     durable.write_json(str(study / "step_times.json"), {"other": 2.0, "base": 9.0})
-    bench = bench_file(tmp_path / "bench.json", {"pre_ln": [0.1, 0.3, 0.2], "fast": [0.05, 0.05],
+    bench = bench_file(tmp_path / "bench.json", {"pre_ln": [0.1, 0.3, 0.2],
+                                                 "fast": [0.05, 0.05, 0.05],
                                                  "post_ln": [0.4, 0.2, 0.2]})
     assert step_times_tool.main([f"{bench}:torch", "--study", str(study), "--group", "g",
                                  "--name", "base=pre_ln", "--name", "slow=post_ln"]) == 0
-    # each the median over rounds; another group's entry kept, this group's replaced
+    # the baseline's median over rounds, 0.2, times each variant's median ratio to it
+    # within a round (fast: 0.5, 1/6, 1/4; slow: 4, 2/3, 1); another group's entry kept,
+    # this group's replaced
     assert durable.read_json(str(study / "step_times.json")) == {
         "other": 2.0, "base": 0.2, "fast": 0.05, "slow": 0.2}
     assert "base: 200.0 ms per step" in capsys.readouterr().out
     # a variant the benchmark lacks is named
     with pytest.raises(ValueError, match=r"has no training-step time of 'slow' of group 'g'; "
                                          r"it measured pre_ln, fast, post_ln"):
-        step_times_tool.step_times(f"{bench}:torch", str(study), "g", ["base=pre_ln"])
+        step_times_tool.step_times([f"{bench}:torch"], str(study), "g", ["base=pre_ln"])
     with pytest.raises(ValueError, match=r"'base' \(as 'layernorm'\)"):
-        step_times_tool.step_times(f"{bench}:torch", str(study), "g",
+        step_times_tool.step_times([f"{bench}:torch"], str(study), "g",
                                    ["base=layernorm", "slow=post_ln"])
     with pytest.raises(ValueError, match="--name maps nope, not variants of 'g'"):
-        step_times_tool.step_times(f"{bench}:torch", str(study), "g", ["nope=pre_ln"])
+        step_times_tool.step_times([f"{bench}:torch"], str(study), "g", ["nope=pre_ln"])
     with pytest.raises(ValueError, match="has no training times for 'jax'"):
-        step_times_tool.step_times(f"{bench}:jax", str(study), "g", ["base=pre_ln"])
+        step_times_tool.step_times([f"{bench}:jax"], str(study), "g", ["base=pre_ln"])
     other_batch = bench_file(tmp_path / "b64.json", {"pre_ln": [0.1]}, batch_size=64)
     with pytest.raises(ValueError, match="measured batch 64, the study .* trains batch 32"):
-        step_times_tool.step_times(f"{other_batch}:torch", str(study), "g", [])
+        step_times_tool.step_times([f"{other_batch}:torch"], str(study), "g", [])
     (tmp_path / "bad.json").write_text('{"results": []}')
     with pytest.raises(ValueError, match="bad.json is not a bench_variants.py --json file"):
-        step_times_tool.step_times(f"{tmp_path / 'bad.json'}:torch", str(study), "g", [])
+        step_times_tool.step_times([f"{tmp_path / 'bad.json'}:torch"], str(study), "g", [])
     with pytest.raises(SystemExit):
         step_times_tool.main([f"{bench}:torch", "--study", str(study), "--group", "h"])
     assert "group 'h' is not in" in capsys.readouterr().err
+
+
+def test_step_times_tool_pools_benchmarks_by_the_ratio_within_each_round(tmp_path):
+    """Several benchmark files: the baseline gets its median over every round of all of
+    them, each other variant the baseline's times the median of its ratio to the
+    baseline within each round, so that a host's load drifting between rounds, or
+    between the benchmarks, cancels."""
+    rows = overview_rows(tmp_path / "runs")
+    study = tmp_path / "study"
+    tables.write_rows(rows, str(study), "results.csv")
+    durable.write_json(str(study / "study_config.json"), {"batch_size": 32})
+    # the host twice as slow in the second file; within a round 'fast' is always 0.5x
+    first = bench_file(tmp_path / "a.json", {"pre_ln": [0.1, 0.2, 0.1],
+                                             "fast": [0.05, 0.1, 0.05], "slow": [0.3, 0.3, 0.15]})
+    second = bench_file(tmp_path / "b.json", {"pre_ln": [0.2, 0.4], "fast": [0.1, 0.2],
+                                              "slow": [0.24, 0.48]})
+    found = step_times_tool.step_times([f"{first}:torch", f"{second}:torch"], str(study), "g",
+                                       ["base=pre_ln"])
+    assert found["base"] == pytest.approx(0.2)  # median of 0.1, 0.2, 0.1, 0.2, 0.4
+    assert found["fast"] == pytest.approx(0.1)  # 0.2 times the ratio 0.5 of every round
+    assert found["slow"] == pytest.approx(0.3)  # ratios 3, 1.5, 1.5, 1.2, 1.2: median 1.5
+    # one file by the same rule: 'slow' is 0.1 times 1.5, not its own median 0.3 (the
+    # 0.3 s rounds are the rounds where the baseline was slow too)
+    alone = step_times_tool.step_times([f"{first}:torch"], str(study), "g", ["base=pre_ln"])
+    assert alone["base"] == pytest.approx(0.1) and alone["slow"] == pytest.approx(0.15)
+    # rounds are paired within a file: a variant measured in fewer rounds is named
+    uneven = bench_file(tmp_path / "c.json", {"pre_ln": [0.1, 0.2], "fast": [0.05],
+                                              "slow": [0.2, 0.2]})
+    with pytest.raises(ValueError, match=r"c.json measured 'fast' in 1 round\(s\) and the "
+                                         r"baseline 'pre_ln' in 2"):
+        step_times_tool.step_times([f"{uneven}:torch"], str(study), "g", ["base=pre_ln"])
+    assert step_times_tool.main([f"{first}:torch", f"{second}:torch", "--study", str(study),
+                                 "--group", "g", "--name", "base=pre_ln"]) == 0
+    assert durable.read_json(str(study / "step_times.json")) == pytest.approx(found)
 
 
 def test_an_exported_study_keeps_its_step_times_and_redraws_the_same_overview(tmp_path):

@@ -1,18 +1,24 @@
-"""Writes a study's `step_times.json` from a `benchmarks/bench_variants.py --json` file.
+"""Writes a study's `step_times.json` from `benchmarks/bench_variants.py --json` files.
 
-    python tools/step_times.py bench.json:tensorflow --study runs/cpu --group core \\
-        [--name STUDY_VARIANT=BENCH_VARIANT ...]
+    python tools/step_times.py bench.json:tensorflow [bench2.json:tensorflow ...] \\
+        --study runs/cpu --group core [--name STUDY_VARIANT=BENCH_VARIANT ...]
 
 The study's `<group>_overview.md` and `<group>_time_to_accuracy.md`
 (`keras_vitnorm.study.overview`) turn steps into seconds with these step times,
 measured alone, in place of the runs' own rates, which count whatever shared the
 device with them. Redraw the tables afterwards (`keras-vitnorm ablate ... --tables-only`).
 
-Each variant of the group (from the study's `results.csv`) gets the median over the
-benchmark's rounds of its training-step seconds on BACKEND, under the same name in
-the benchmark or the one `--name` maps it to. A variant the benchmark lacks, or a
-benchmark measured at another batch size than the study's, is an error. Entries the
-file already holds for other variants (another group's) are kept.
+The group's baseline (its first variant in the study's `results.csv`) gets the median
+of its training-step seconds on BACKEND over every round of every file; each other
+variant gets the baseline's figure times the median, over the same rounds, of its
+ratio to the baseline within the round. A round of `bench_variants.py` times each
+variant in turn, so the ratio within it cancels the host's load drifting between
+rounds and between benchmarks run at different times; a single round where the host
+was busy moves the median of the ratios little. Variants are looked up under the same
+name in the benchmarks or the one `--name` maps them to. A variant a benchmark lacks
+or timed in fewer rounds than the baseline, or a benchmark measured at another batch
+size than the study's, is an error. Entries the file already holds for other variants
+(another group's) are kept.
 """
 
 import argparse
@@ -55,9 +61,38 @@ def _check_batch_size(spec, study_dir):
                          f"batch {study['batch_size']}: its step times are not the study's")
 
 
-def step_times(spec, study_dir, group, names=()):
-    """`{variant: seconds per training step}` of the group's variants from `FILE:BACKEND`;
-    `names`: `STUDY_VARIANT=BENCH_VARIANT` pairs for variants named otherwise there."""
+def _round_seconds(spec, study_dir, group, variants, mapping):
+    """`{variant: [seconds of each round]}` of one `FILE:BACKEND`, in the study's names."""
+    path = spec.rpartition(":")[0]
+    try:
+        _check_batch_size(spec, study_dir)
+        seconds = step_time(spec)[1] or {}  # {} where it lacks the baseline
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not a bench_variants.py --json file "
+                         f"({type(error).__name__}: {error})") from None
+    missing = [v for v in variants if mapping.get(v, v) not in seconds]
+    if missing:
+        raise ValueError(f"{spec} has no training-step time of "
+                         + ", ".join(f"{v!r}" + (f" (as {mapping[v]!r})" if v in mapping else "")
+                                     for v in missing)
+                         + f" of group {group!r}; it measured {', '.join(seconds)} "
+                         "(map a name with --name STUDY_VARIANT=BENCH_VARIANT)")
+    rounds = {v: list(seconds[mapping.get(v, v)]) for v in variants}
+    baseline = variants[0]
+    for variant, times in rounds.items():
+        if len(times) != len(rounds[baseline]):
+            raise ValueError(f"{path} measured {mapping.get(variant, variant)!r} in "
+                             f"{len(times)} round(s) and the baseline "
+                             f"{mapping.get(baseline, baseline)!r} in {len(rounds[baseline])}: "
+                             "its rounds cannot be paired")
+    return rounds
+
+
+def step_times(specs, study_dir, group, names=()):
+    """`{variant: seconds per training step}` of the group's variants from the
+    `FILE:BACKEND` benchmarks `specs`, the baseline's median times each variant's median
+    ratio to it within a round; `names`: `STUDY_VARIANT=BENCH_VARIANT` pairs for variants
+    named otherwise there."""
     mapping = {}
     for pair in names:
         study_name, sep, bench_name = pair.partition("=")
@@ -69,26 +104,21 @@ def step_times(spec, study_dir, group, names=()):
     if unknown:
         raise ValueError(f"--name maps {', '.join(unknown)}, not variants of {group!r} "
                          f"({', '.join(variants)})")
-    try:
-        _check_batch_size(spec, study_dir)
-        seconds = step_time(spec)[1] or {}  # {} where it lacks the baseline
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{spec.rpartition(':')[0]} is not a bench_variants.py --json file "
-                         f"({type(error).__name__}: {error})") from None
-    missing = [v for v in variants if mapping.get(v, v) not in seconds]
-    if missing:
-        raise ValueError(f"{spec} has no training-step time of "
-                         + ", ".join(f"{v!r}" + (f" (as {mapping[v]!r})" if v in mapping else "")
-                                     for v in missing)
-                         + f" of group {group!r}; it measured {', '.join(seconds)} "
-                         "(map a name with --name STUDY_VARIANT=BENCH_VARIANT)")
-    return {v: statistics.median(seconds[mapping.get(v, v)]) for v in variants}
+    rounds = {v: [] for v in variants}
+    for spec in specs:
+        for variant, times in _round_seconds(spec, study_dir, group, variants, mapping).items():
+            rounds[variant].extend(times)
+    baseline = rounds[variants[0]]
+    return {v: statistics.median(baseline)
+            * statistics.median([t / b for t, b in zip(rounds[v], baseline)])
+            for v in variants}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("benchmark", help="FILE:BACKEND, a bench_variants.py --json file and "
-                                          "the backend whose training-step times to take")
+    parser.add_argument("benchmarks", nargs="+", metavar="FILE:BACKEND",
+                        help="bench_variants.py --json files, each with the backend whose "
+                             "training-step times to take")
     parser.add_argument("--study", required=True, help="the study folder (results.csv)")
     parser.add_argument("--group", required=True, help="the study's variant group")
     parser.add_argument("--name", action="append", default=[],
@@ -96,7 +126,7 @@ def main(argv=None):
                              "the benchmark (repeat for several)")
     args = parser.parse_args(argv)
     try:
-        found = step_times(args.benchmark, args.study, args.group, args.name)
+        found = step_times(args.benchmarks, args.study, args.group, args.name)
         known = read_step_times(args.study, []) or {}
     except (OSError, ValueError) as error:
         parser.error(str(error))
