@@ -109,8 +109,8 @@ def step_times(specs, study_dir, group, names=()):
         for variant, times in _round_seconds(spec, study_dir, group, variants, mapping).items():
             rounds[variant].extend(times)
     baseline = rounds[variants[0]]
-    return {v: statistics.median(baseline)
-            * statistics.median([t / b for t, b in zip(rounds[v], baseline)])
+    baseline_seconds = statistics.median(baseline)
+    return {v: baseline_seconds * statistics.median([t / b for t, b in zip(rounds[v], baseline)])
             for v in variants}
 
 
