@@ -368,3 +368,25 @@ def test_a_folder_dataset_draws_from_all_of_train_and_scores_on_test(tmp_path):
     with pytest.raises(ValueError, match=r"7 shots need 7 training images of every class; "
                        r"class\(es\) 'cat' \(6\), 'dog' \(6\) have fewer"):
         fewshot.TransferData(dataset, shots=(7,), draws=1)
+
+
+def test_the_table_names_an_image_folder_not_its_path(tmp_path):
+    """A study's tables travel with its results: the header names the image folder it was
+    scored on by the folder's own name, never by its path on the scoring machine."""
+    from types import SimpleNamespace
+
+    folder = tmp_path / "private" / "cifar10"
+    rows = [{"group": "core", "variant": v, "seed": str(s), "learning_rate": "0.001",
+             "status": "completed", "run_dir": str(tmp_path / f"{v}-{s}")}
+            for v in ("pre_ln", "dyt") for s in range(2)]
+    found = {row["run_dir"]: {"accuracy": {"2": [0.3 + 0.01 * i, 0.31]}, "test_images": 4}
+             for i, row in enumerate(rows)}
+    transfer = SimpleNamespace(
+        request={"dataset": f"folder:{folder}", "shots": (2,), "draws": 2,
+                 "l2_regularization": 1024.0},
+        shots=(2,), test=SimpleNamespace(size=4))
+    tables = fewshot._write_outputs(str(tmp_path), rows, found, transfer)
+    written = (tmp_path / "core_fewshot.md").read_text()
+    assert written == tables["core"]
+    assert "Few-shot linear transfer to the image folder 'cifar10': " in written
+    assert str(tmp_path) not in written

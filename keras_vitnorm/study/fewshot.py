@@ -250,11 +250,21 @@ def write_fewshot(study_dir, dataset, shots=SHOTS, draws=DRAWS, test_examples=No
             return _write_outputs(study_dir, rows, found, transfer)
 
 
+def dataset_text(dataset):
+    """`dataset` as the tables name it: an image folder by its own name, not by the path it
+    had on the machine that scored it (the tables travel, with a study's results, to
+    machines where that path means nothing)."""
+    if dataset.startswith("folder:"):
+        return f"the image folder '{os.path.basename(os.path.normpath(dataset[len('folder:'):]))}'"
+    return dataset
+
+
 def _write_outputs(study_dir, rows, found, transfer):
     tables, records = {}, []
     request = transfer.request
-    header = (f"Few-shot linear transfer to {request['dataset']}: regularized least squares "
-              f"(l2 {request['l2_regularization']:g}) on each model's pre-logit features, "
+    header = (f"Few-shot linear transfer to {dataset_text(request['dataset'])}: regularized "
+              f"least squares (l2 {request['l2_regularization']:g}) on each model's pre-logit "
+              "features, "
               f"{request['draws']} draws of the training images per shot count, scored on "
               f"{transfer.test.size} test images (keras_vitnorm.study.fewshot, as big_vision's "
               "fewshot_lsr). A run's accuracy is its mean over the draws; mean ± 95% CI over "
