@@ -12,7 +12,8 @@ spaces ignored. A number that moved in the results, or a sentence rewritten with
 its number, fails the check, which names both. The one-minute answer and the short
 answer after it are held tighter: every decimal figure they state must lie inside a
 computed text that they state, or inside one of the phrases of `NOT_RESULTS` (the
-paper's figures, the model's size).
+paper's figures, the model's size). The project README's summary table ("Which
+normalization?") is held to the same rule.
 """
 
 import csv
@@ -27,6 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "study-results")
 GUIDE = os.path.join(ROOT, "docs", "normalization-guide.md")
+README = os.path.join(ROOT, "README.md")
 sys.path.insert(0, ROOT)
 
 from efficiency_table import benchmark_rows  # noqa: E402
@@ -34,9 +36,14 @@ from efficiency_table import study_runs  # noqa: E402
 from efficiency_table import time_to_accuracy_rows  # noqa: E402
 from keras_vitnorm.study.factors import depth_table  # noqa: E402
 from keras_vitnorm.study.factors import dpn_factor_table  # noqa: E402
+from keras_vitnorm.study.fewshot import fewshot_table  # noqa: E402
 from keras_vitnorm.study.one_run import run_analysis  # noqa: E402
+from keras_vitnorm.study.overview import overview_table  # noqa: E402
+from keras_vitnorm.study.overview import read_step_times  # noqa: E402
+from keras_vitnorm.study.overview import validation_loss_trend  # noqa: E402
 from keras_vitnorm.study.stats import difference_interval  # noqa: E402
 from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
+from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 from keras_vitnorm.study.tables import gradient_norm_table  # noqa: E402
 from keras_vitnorm.study.tables import summarize  # noqa: E402
 
@@ -112,9 +119,117 @@ def depth_mean(variant):
                   signed=False)
 
 
+#: The Imagenette study: its folder and group, and how the guide names its variants.
+IMAGENETTE = ("imagenette-cpu", "core")
+NAMES = {"pre_ln": "pre-LN", "dual_patchnorm": "DPN", "post_ln": "post-LN",
+         "peri_ln": "Peri-LN", "deepnorm": "DeepNorm", "conv_stem": "the conv stem",
+         "rmsnorm": "RMSNorm", "dyt": "DyT", "batchnorm": "BatchNorm"}
+
+
+def imagenette_fewshot():
+    """`{shots: {variant: [each run's mean over its draws]}}` from the Imagenette study's
+    fewshot.csv (the per-draw accuracies), baseline first, as core_fewshot.md is written."""
+    draws = {}
+    with open(os.path.join(RESULTS, IMAGENETTE[0], "fewshot.csv"), newline="") as f:
+        for r in csv.DictReader(f):
+            if r["group"] == IMAGENETTE[1]:
+                draws.setdefault(int(r["shots"]), {}).setdefault(r["variant"], {}).setdefault(
+                    r["run_dir"], []).append(float(r["accuracy"]))
+    return {shots: {v: [float(np.mean(d)) for d in by_variant[v].values()]
+                    for v in NAMES if v in by_variant}
+            for shots, by_variant in sorted(draws.items())}
+
+
+def p_text(p):
+    """A Holm-adjusted p as the guide writes it: three decimals, or "p < 0.001"."""
+    return "p < 0.001" if p < 0.0005 else f"p {p:.3f}"
+
+
+def imagenette_checks():
+    """The Imagenette study's figures, each as the guide writes it: one row per variant
+    of the guide's table (the columns of core_overview.md and core_fewshot.md), then the
+    ranges its findings state."""
+    found = []
+    group = [r for r in rows(IMAGENETTE[0]) if r["group"] == IMAGENETTE[1]]
+    assert list(dict.fromkeys(r["variant"] for r in group)) == list(NAMES), \
+        f"imagenette-cpu: the variants are no longer {list(NAMES)}"
+    summary = summarize(group)
+    step_times = read_step_times(os.path.join(RESULTS, IMAGENETTE[0]), NAMES)
+    overview = overview_table(group, summary, step_times)  # core_overview.md
+    holm = dict(zip(NAMES, [None] + holm_adjusted([e["p_value"] for e in summary[1:]])))
+    fewshot = imagenette_fewshot()
+    fewshot_holm = {shots: dict(zip(NAMES, [None] + holm_adjusted(
+        [welch_p_value(values[v], values["pre_ln"]) for v in NAMES if v != "pre_ln"])))
+        for shots, values in fewshot.items()}
+    for variant, name in NAMES.items():
+        runs = sorted(completed(*IMAGENETTE, variant), key=lambda r: int(r["seed"]))
+        rates = {rate_text(float(r["learning_rate"])) for r in runs}
+        assert len(rates) == 1, f"imagenette-cpu: {variant} ran at {rates}"
+        test = [float(r["test_accuracy"]) for r in runs]
+        accuracy = (points(np.mean(test), signed=False) + " ("
+                    + ", ".join(points(a, signed=False) for a in test) + ")")
+        reach = markdown_cells(overview, f"| {variant} |")[8]
+        ratio = step_times[variant] / step_times["pre_ln"]
+        if variant == "pre_ln":
+            against, time = "—", f"{1000 * step_times[variant]:.0f} ms"
+            shots = [f"{points(np.mean(v['pre_ln']), signed=False)}%" for v in fewshot.values()]
+        else:
+            against = f"{difference(*IMAGENETTE, variant, 'pre_ln')}, {p_text(holm[variant])}"
+            time = f"{ratio:.2f}x pre-LN's"
+            shots = []
+            for count, values in fewshot.items():
+                gain, ci = difference_interval(values[variant], values["pre_ln"])
+                shots.append(f"{points(gain)} ± {points(ci, False)}, "
+                             + p_text(fewshot_holm[count][variant]))
+            found.append((f"Imagenette {name} against pre-LN, with its Holm-adjusted p", against))
+            found.append((f"Imagenette {name}'s step time over pre-LN's", time))
+        found.append((f"Imagenette {name}: the guide's table row",
+                      f"| {name} | {rates.pop()} | {accuracy} | {against} | {reach} | {time} | "
+                      + " | ".join(shots) + " |"))
+    target = markdown_cells(overview, "| variant |")[8].split("'s ")[1].split(":")[0]
+    found.append(("Imagenette: pre-LN's final validation accuracy, the time-to-accuracy target",
+                  f"pre-LN's final validation accuracy, {target}"))
+    base = np.mean(list(accuracies(*IMAGENETTE, "pre_ln").values()))
+    found.append(("Imagenette pre-LN's test accuracy", f"pre-LN ends at {points(base, False)}%"))
+    gaps = [float(markdown_cells(overview, f"| {v} |")[6].split(" ")[0]) for v in NAMES]
+    found.append(("Imagenette train minus validation accuracy over the variants",
+                  f"{min(gaps):+.1f} to {max(gaps):+.1f} points"))
+    trends = [validation_loss_trend(r["run_dir"]) for r in group if r["status"] == "completed"]
+    found.append(("Imagenette: where validation loss is lowest, over every run",
+                  f"lowest at pass {min(t[0] for t in trends)} to {max(t[0] for t in trends)} "
+                  f"of {trends[0][1]}, and the last at most "
+                  f"{100 * max(t[2] for t in trends):.1f}% above it"))
+    # each patch's mean and standard deviation swapped for another image's (analysis.json)
+    def swap_cost(variant):
+        tests = [run_analysis(r["run_dir"])["patch_statistics"]["test"]
+                 for r in completed(*IMAGENETTE, variant)]
+        return np.mean([t["clean"] - t["statistics_swapped"] for t in tests])
+
+    found.append(("Imagenette: the test accuracy that swapping patch statistics costs",
+                  f"pre-LN's test accuracy falls {points(swap_cost('pre_ln'), False)} points "
+                  f"and DPN's {points(swap_cost('dual_patchnorm'), False)}"))
+    # DPN's interval against the paper's own gain for the same model (Table 1, Ti/16)
+    gain, ci = difference_interval(list(accuracies(*IMAGENETTE, "dual_patchnorm").values()),
+                                   list(accuracies(*IMAGENETTE, "pre_ln").values()))
+    paper = 0.014
+    relation = ("ends below" if gain + ci < paper else
+                "starts above" if gain - ci > paper else "includes")
+    found.append(("Imagenette DPN's interval against the paper's gain for Ti/16",
+                  f"its interval {relation} the paper's +1.4 for Ti/16"))
+    for count, values in fewshot.items():
+        differences = [np.mean(values[v]) - np.mean(values["pre_ln"]) for v in NAMES
+                       if v != "pre_ln"]
+        significant = [NAMES[v] for v, p in fewshot_holm[count].items() if p and p < 0.05]
+        found.append((f"Imagenette {count}-shot transfer: the differences from pre-LN",
+                      f"{count}-shot: {points(min(differences))} to {points(max(differences))} "
+                      "points, " + ("significant for " + ", ".join(significant) if significant
+                                    else "none significant")))
+    return found
+
+
 def checks():
     """`(what, text the guide must state)` pairs, computed from the result files."""
-    found = []
+    found = imagenette_checks()
     c = ("cifar10-converged", "converged")
     for variant, label, signed in (("deepnorm", "DeepNorm", True), ("post_ln", "post-LN", False),
                                    ("conv_stem", "conv stem", True),
@@ -262,8 +377,9 @@ def checks():
     found.append(("DyT's training throughput on JAX at S/16, withdrawn as it does not replicate",
                   "DyT on JAX at S/16 was "
                   + training["S/16 training, CPU jax"]["dyt"].split(" ")[0]
-                  + " pre-LN's throughput in the efficiency table's benchmark and "
-                  + f"{step_time_ratio('variants_s16_float32.json', 'jax', 'dyt'):.3f}x"))
+                  + " pre-LN's throughput in the efficiency table's benchmark, and its "
+                  + f"training step took {step_time_ratio('variants_s16_float32.json', 'jax', 'dyt'):.3f}x"
+                  + " pre-LN's"))
     conv = [float(training[f"{model} training, CPU {backend}"]["conv_stem"].split("x")[0])
             for model in ("S/16", "B/16") for backend in ("jax", "tensorflow", "torch")]
     found.append(("the conv stem's training throughput, CPU",
@@ -286,10 +402,12 @@ def checks():
 #: The phrases, as the answer states them, whose decimal figures are no result of this
 #: project's studies: each figure is exempt only inside its phrase.
 NOT_RESULTS = {
-    "The paper: +0.2 to +1.9 on ImageNet-1k": "the paper's DPN gains (Table 1)",
+    "the paper's ImageNet-1k gains (+0.2 to +1.9)": "the paper's DPN gains (Table 1)",
+    "91.6% after 20 epochs": "fastai's Imagenette leaderboard, 128 px",
     "the paper's +1.4 for Ti/16": "the paper's DPN gain for Ti/16 (Table 1)",
     "1.2M parameters": "the CIFAR-10 study's model size",
-    "p < 0.05": "the significance level",
+    "a 5.5M-parameter ViT": "the Imagenette study's model size (5,498,122 parameters)",
+    "significant below 0.05": "the significance level",
 }
 TOP, DETAIL, END = ("## The answer in one minute", "## The findings in detail",
                     "## What the paper reports")
@@ -297,17 +415,26 @@ TOP, DETAIL, END = ("## The answer in one minute", "## The findings in detail",
 DECIMAL = re.compile(r"[+-]?\d+\.\d+[xM%]?")
 
 
+def _section(path, start, end):
+    """The text of `path` from `start` to the first `end` after it, with line breaks and
+    repeated spaces as one space."""
+    with open(path) as f:
+        text = f.read()
+    for heading in (start, end):
+        if heading not in text:
+            raise SystemExit(f"{path} has no section {heading.strip()!r}")
+    return re.sub(r"\s+", " ", text.split(start, 1)[1].split(end, 1)[0])
+
+
 def sections():
     """`(answer, detail)`: the guide's one-minute and short answers, then its findings in
-    detail, each with line breaks and repeated spaces as one space."""
-    with open(GUIDE) as f:
-        text = f.read()
-    for heading in (TOP, DETAIL, END):
-        if heading not in text:
-            raise SystemExit(f"{GUIDE} has no section {heading!r}")
-    answer = text.split(TOP, 1)[1].split(DETAIL, 1)[0]
-    detail = text.split(DETAIL, 1)[1].split(END, 1)[0]
-    return re.sub(r"\s+", " ", answer), re.sub(r"\s+", " ", detail)
+    detail."""
+    return _section(GUIDE, TOP, DETAIL), _section(GUIDE, DETAIL, END)
+
+
+def readme_summary():
+    """The project README's "Which normalization?" section, up to its next heading."""
+    return _section(README, "## Which normalization?", "\n## ")
 
 
 def unchecked_figures(answer, computed):
@@ -330,12 +457,17 @@ def main():
     missing = [(what, expected) for what, expected in found if expected not in detail]
     for what, expected in missing:
         print(f"not in the findings in detail: {what}: {expected!r}")
-    loose = unchecked_figures(answer, [expected for _, expected in found] + list(NOT_RESULTS))
+    computed = [expected for _, expected in found] + list(NOT_RESULTS)
+    loose = unchecked_figures(answer, computed)
     for figure in loose:
         print(f"in the answer but recomputed by no check: {figure!r}")
+    readme = unchecked_figures(readme_summary(), computed)
+    for figure in readme:
+        print(f"in README.md's summary but recomputed by no check: {figure!r}")
     print(f"{len(found) - len(missing)} of {len(found)} numbers found as computed; "
-          f"{len(loose)} figure(s) of the answer unchecked")
-    return 1 if missing or loose else 0
+          f"{len(loose)} figure(s) of the answer and {len(readme)} of README.md's summary "
+          "unchecked")
+    return 1 if missing or loose or readme else 0
 
 
 if __name__ == "__main__":
