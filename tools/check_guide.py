@@ -36,13 +36,13 @@ from efficiency_table import study_runs  # noqa: E402
 from efficiency_table import time_to_accuracy_rows  # noqa: E402
 from keras_vitnorm.study.factors import depth_table  # noqa: E402
 from keras_vitnorm.study.factors import dpn_factor_table  # noqa: E402
-from keras_vitnorm.study.fewshot import fewshot_table  # noqa: E402
 from keras_vitnorm.study.one_run import run_analysis  # noqa: E402
 from keras_vitnorm.study.overview import overview_table  # noqa: E402
 from keras_vitnorm.study.overview import read_step_times  # noqa: E402
 from keras_vitnorm.study.overview import validation_loss_trend  # noqa: E402
 from keras_vitnorm.study.stats import difference_interval  # noqa: E402
 from keras_vitnorm.study.stats import holm_adjusted  # noqa: E402
+from keras_vitnorm.study.stats import p_value_text  # noqa: E402
 from keras_vitnorm.study.stats import welch_p_value  # noqa: E402
 from keras_vitnorm.study.tables import gradient_norm_table  # noqa: E402
 from keras_vitnorm.study.tables import summarize  # noqa: E402
@@ -141,8 +141,9 @@ def imagenette_fewshot():
 
 
 def p_text(p):
-    """A Holm-adjusted p as the guide writes it: three decimals, or "p < 0.001"."""
-    return "p < 0.001" if p < 0.0005 else f"p {p:.3f}"
+    """A Holm-adjusted p as the guide writes it: the tables' text (`p_value_text`), so
+    "p 0.030" or "p < 0.001"."""
+    return "p " + p_value_text(p).replace("<", "< ")
 
 
 def imagenette_checks():
